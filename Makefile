@@ -1,0 +1,38 @@
+# The two commands a newcomer needs:
+#   make run    bring Colony up on embedded defaults (SQLite, private Redis, simulated nodes)
+#   make test   install everything and run the whole test suite
+# Both create .venv and install the pinned requirements (requirements.lock) on first use.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test lock clean
+
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $@
+
+run: $(STAMP)
+	$(BIN)/python -m cluster_ui.devstack $(ARGS)
+
+# Uses PostgreSQL when one answers on 127.0.0.1:5432 (as CI does), SQLite otherwise; the tests
+# start their own private Redis either way.
+test: $(STAMP)
+	@if [ -z "$$DATABASE_URL" ] && $(BIN)/python -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null; then \
+		export DATABASE_URL=postgres://postgres@127.0.0.1:5432/colony; echo "Testing on PostgreSQL (127.0.0.1:5432)"; \
+	else echo "Testing on $${DATABASE_URL:-SQLite}"; fi; \
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Re-pin after changing dependencies in pyproject.toml.
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
+	.venv-lock/bin/pip freeze --all --exclude-editable | grep -v '^pip==' > requirements.lock
+	rm -rf .venv-lock
+
+clean:
+	rm -rf $(VENV) var staticfiles

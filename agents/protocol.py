@@ -1,0 +1,185 @@
+"""The wire schema between node agents and the control plane.
+
+Both ends import this module: the agent to write and read messages, the server (``jobs``,
+``monitoring``) to validate what it reads from Redis. It must never import Django.
+
+Every message is one Redis stream entry with a single field ``m`` holding JSON. Each JSON object
+carries ``v`` (the protocol version) and ``kind`` (which message it is); anything that does not
+parse into one of the models below is rejected with a :class:`ProtocolError` naming the reason, so
+the reader can dead-letter it instead of half-applying it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+PROTOCOL_VERSION = 1
+
+# A generous cap: a registration of a 16-GPU node is ~3 KiB, an exit event with its output tail ~9 KiB.
+MAX_MESSAGE_BYTES = 64 * 1024
+OUTPUT_TAIL_BYTES = 8 * 1024
+
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+# Redis names. Agents write EVENTS_STREAM and read their own command stream.
+EVENTS_STREAM = "colony:events"
+DEAD_LETTER_STREAM = "colony:deadletter"
+DEAD_LETTER_COUNT_KEY = "colony:deadletter:count"
+AGENT_COMMAND_GROUP = "agent"
+# Approximate MAXLEN for streams; old entries are trimmed, never the unread ones in practice.
+STREAM_MAXLEN = 100_000
+
+
+def command_stream(node: str) -> str:
+    return f"colony:node:{node}:commands"
+
+
+def heartbeat_key(node: str) -> str:
+    return f"colony:node:{node}:heartbeat"
+
+
+class ProtocolError(ValueError):
+    """A message that is not a valid Colony message; ``reason`` says why in one line."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    v: Literal[1] = PROTOCOL_VERSION
+
+
+class _NodeMessage(_Message):
+    node: str
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        if not NODE_NAME_RE.match(value):
+            raise ValueError("node name must be 1-63 letters, digits, '.', '_' or '-'")
+        return value
+
+
+# ---------------------------------------------------------------- agent -> control plane events
+
+
+class GpuInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    index: int = Field(ge=0, lt=64)
+    uuid: str = Field(min_length=1, max_length=128)
+    model: str = Field(min_length=1, max_length=64)
+    memory_mib: int = Field(gt=0)
+
+
+class NodeRegistered(_NodeMessage):
+    """Sent when an agent starts (and whenever it reconnects): what the node has."""
+
+    kind: Literal["node_registered"] = "node_registered"
+    gpus: list[GpuInfo] = Field(max_length=64)
+    backend: str = Field(max_length=32)
+    agent_version: str = Field(max_length=32)
+    hostname: str = Field(max_length=255)
+
+
+class JobStarted(_NodeMessage):
+    kind: Literal["job_started"] = "job_started"
+    job_id: int = Field(gt=0)
+    pid: int = Field(gt=0)
+    started_at: float
+
+
+class JobExited(_NodeMessage):
+    """A job's process group is gone. ``stopped`` is true when a stop command ended it.
+
+    ``exit_code`` is the process's code, or ``-signal`` when a signal killed it; ``None`` with an
+    ``error`` means the process could not be started at all.
+    """
+
+    kind: Literal["job_exited"] = "job_exited"
+    job_id: int = Field(gt=0)
+    exit_code: int | None
+    stopped: bool = False
+    error: str | None = Field(default=None, max_length=2000)
+    output_tail: str = Field(default="", max_length=OUTPUT_TAIL_BYTES)
+    finished_at: float
+
+
+AgentEvent = Annotated[Union[NodeRegistered, JobStarted, JobExited], Field(discriminator="kind")]
+
+# ---------------------------------------------------------------- control plane -> agent commands
+
+
+class LaunchJob(_Message):
+    """Start ``argv`` (no shell) with ``CUDA_VISIBLE_DEVICES`` set to ``gpu_indices``."""
+
+    kind: Literal["launch"] = "launch"
+    command_id: str = Field(min_length=1, max_length=64)
+    job_id: int = Field(gt=0)
+    argv: list[Annotated[str, Field(max_length=4096)]] = Field(min_length=1, max_length=256)
+    gpu_indices: list[int] = Field(max_length=64)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class StopJob(_Message):
+    """Terminate the job's process group: SIGTERM, then SIGKILL after ``grace_seconds``."""
+
+    kind: Literal["stop"] = "stop"
+    command_id: str = Field(min_length=1, max_length=64)
+    job_id: int = Field(gt=0)
+    grace_seconds: float = Field(default=10.0, ge=0, le=600)
+
+
+NodeCommand = Annotated[Union[LaunchJob, StopJob], Field(discriminator="kind")]
+
+_event_adapter: TypeAdapter = TypeAdapter(AgentEvent)
+_command_adapter: TypeAdapter = TypeAdapter(NodeCommand)
+
+
+def encode(message: _Message) -> dict[str, str]:
+    """The stream entry fields for ``message`` (pass to XADD)."""
+    return {"m": message.model_dump_json()}
+
+
+def _payload(fields: dict) -> str:
+    if set(fields) - {"m", b"m"}:
+        raise ProtocolError("unexpected stream fields: " + ", ".join(sorted(map(_text, fields))))
+    raw = fields.get("m", fields.get(b"m"))
+    if raw is None:
+        raise ProtocolError("missing field 'm'")
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {len(raw)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("message is not UTF-8") from None
+    return raw
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _parse(adapter: TypeAdapter, fields: dict):
+    raw = _payload(fields)
+    try:
+        return adapter.validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "message"
+        raise ProtocolError(f"{where}: {first['msg']}") from None
+
+
+def decode_event(fields: dict) -> NodeRegistered | JobStarted | JobExited:
+    """Parse one events-stream entry; raises :class:`ProtocolError`."""
+    return _parse(_event_adapter, fields)
+
+
+def decode_command(fields: dict) -> LaunchJob | StopJob:
+    """Parse one command-stream entry; raises :class:`ProtocolError`."""
+    return _parse(_command_adapter, fields)

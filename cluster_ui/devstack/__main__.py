@@ -1,0 +1,3 @@
+from cluster_ui.devstack.supervisor import main
+
+raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""Colony settings. Everything that differs between machines comes from the environment.
+
+Defaults are the embedded developer set-up: SQLite under ``var/``, Redis on localhost. Production
+sets ``DATABASE_URL`` (PostgreSQL), ``REDIS_URL``, ``DJANGO_SECRET_KEY`` and ``DJANGO_DEBUG=0``.
+"""
+
+from pathlib import Path
+
+import dj_database_url
+
+from cluster_ui.env import env_bool, env_float, env_int, env_list, env_secret, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("COLONY_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = env_secret("DJANGO_SECRET_KEY", "insecure-dev-only-key-set-DJANGO_SECRET_KEY-in-production")
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "cluster_ui",
+    "monitoring",
+    "jobs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "cluster_ui.urls"
+WSGI_APPLICATION = "cluster_ui.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database(url: str) -> dict:
+    config = dj_database_url.parse(url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60))
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        # WAL + IMMEDIATE lets the web server, the worker and the test process share one file
+        # without "database is locked" on upgrade from a read to a write transaction.
+        config["CONN_MAX_AGE"] = 0
+        config["OPTIONS"] = {
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        }
+        # A file, not :memory:, so that worker and agent subprocesses in tests see the test DB.
+        config["TEST"] = {"NAME": str(VAR_DIR / "test-colony.sqlite3")}
+    return config
+
+
+DATABASES = {"default": _database(env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'colony.sqlite3'}"))}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "jobs:queue"
+LOGOUT_REDIRECT_URL = "login"
+
+# Oversized payloads are refused before any parsing (Django answers 400).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("COLONY_MAX_REQUEST_BYTES", 256 * 1024)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Colony API",
+    "DESCRIPTION": "Submit and follow GPU jobs on a shared, multi-tenant cluster.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# ---------------------------------------------------------------- Redis, Celery, scheduler
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+COLONY_SCHEDULER_INTERVAL = env_float("COLONY_SCHEDULER_INTERVAL", 2.0)
+COLONY_EVENTS_INTERVAL = env_float("COLONY_EVENTS_INTERVAL", 1.0)
+# A cycle holding the lock longer than this is presumed dead and another may start.
+COLONY_SCHEDULER_LOCK_LEASE = env_float("COLONY_SCHEDULER_LOCK_LEASE", 30.0)
+# Stop commands give a job this long after SIGTERM before SIGKILL.
+COLONY_STOP_GRACE_SECONDS = env_float("COLONY_STOP_GRACE_SECONDS", 10.0)
+
+# Beat entries expire just under their period so that missed ticks never pile up.
+CELERY_BEAT_SCHEDULE = {
+    "scheduling-cycle": {
+        "task": "jobs.tasks.scheduling_cycle",
+        "schedule": COLONY_SCHEDULER_INTERVAL,
+        "options": {"expires": COLONY_SCHEDULER_INTERVAL * 0.9},
+    },
+    "consume-agent-events": {
+        "task": "jobs.tasks.consume_agent_events",
+        "schedule": COLONY_EVENTS_INTERVAL,
+        "options": {"expires": COLONY_EVENTS_INTERVAL * 0.9},
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("COLONY_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,49 @@
+"""REST API v1 for jobs. Every queryset starts from ``Job.objects.visible_to(user)``."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from jobs.api.serializers import JobSerializer, JobSubmitSerializer
+from jobs.models import Job
+from jobs.services.submission import NotCancellable, cancel_job, submit_job
+
+
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                 viewsets.GenericViewSet):
+    serializer_class = JobSerializer
+
+    def get_queryset(self):
+        jobs = (
+            Job.objects.visible_to(self.request.user)
+            .select_related("tenant", "owner")
+            .prefetch_related("allocations__gpu__node")
+        )
+        state = self.request.query_params.get("state")
+        if state:
+            jobs = jobs.filter(state__in=[s.strip().upper() for s in state.split(",")])
+        tenant = self.request.query_params.get("tenant")
+        if tenant:
+            jobs = jobs.filter(tenant__slug=tenant)
+        return jobs
+
+    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
+    def create(self, request, *args, **kwargs):
+        submission = JobSubmitSerializer(data=request.data, context={"request": request})
+        submission.is_valid(raise_exception=True)
+        job = submit_job(owner=request.user, **submission.validated_data)
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: JobSerializer, 409: None})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        job = self.get_object()
+        try:
+            job = cancel_job(job)
+        except NotCancellable as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+

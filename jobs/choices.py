@@ -1,0 +1,24 @@
+"""Job states and tenant roles."""
+
+from django.db import models
+
+
+class JobState(models.TextChoices):
+    PENDING = "PENDING", "Pending"
+    PLACED = "PLACED", "Placed"  # GPUs allocated, launch command sent, not yet started
+    RUNNING = "RUNNING", "Running"
+    CANCELLING = "CANCELLING", "Cancelling"  # stop sent, waiting for the agent to confirm
+    SUCCEEDED = "SUCCEEDED", "Succeeded"
+    FAILED = "FAILED", "Failed"
+    CANCELLED = "CANCELLED", "Cancelled"
+
+
+# States in which a job holds GPUs.
+ACTIVE_STATES = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING)
+TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+CANCELLABLE_STATES = (JobState.PENDING, JobState.PLACED, JobState.RUNNING)
+
+
+class Role(models.TextChoices):
+    RESEARCHER = "researcher", "Researcher"
+    LEAD = "lead", "Tenant lead"

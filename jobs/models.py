@@ -1,0 +1,114 @@
+"""Tenants and their members, jobs and the GPUs allocated to them."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import F, Q
+
+from jobs.choices import ACTIVE_STATES, JobState, Role
+
+
+class Tenant(models.Model):
+    """A team sharing the cluster, with a guaranteed share and a borrowing ceiling."""
+
+    slug = models.SlugField(max_length=50, unique=True)
+    name = models.CharField(max_length=200)
+    guaranteed_gpus = models.PositiveIntegerField(default=0, help_text="GPUs the tenant is owed.")
+    max_gpus = models.PositiveIntegerField(default=0, help_text="Borrowing ceiling, guaranteed included.")
+    weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.01)],
+                               help_text="Share of spare capacity relative to other tenants.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(condition=Q(max_gpus__gte=F("guaranteed_gpus")), name="tenant_max_at_least_guaranteed"),
+            models.CheckConstraint(condition=Q(weight__gt=0), name="tenant_weight_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=20, choices=Role.choices, default=Role.RESEARCHER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant}"
+
+
+class JobQuerySet(models.QuerySet):
+    def visible_to(self, user) -> "JobQuerySet":
+        """The one tenancy filter: members see their tenants' jobs, staff see all, others none.
+
+        Every page and API view starts from this, so no endpoint writes its own filter.
+        """
+        if not user.is_authenticated:
+            return self.none()
+        if user.is_staff:
+            return self
+        return self.filter(tenant__memberships__user=user)
+
+    def active(self) -> "JobQuerySet":
+        return self.filter(state__in=ACTIVE_STATES)
+
+
+class Job(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=200)
+    command = models.JSONField(help_text="argv list; run without a shell.")
+    gpus = models.PositiveSmallIntegerField()
+    gpu_memory_mib = models.PositiveIntegerField(null=True, blank=True, help_text="Memory needed per GPU.")
+    priority = models.SmallIntegerField(default=0)
+
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    pending_reason = models.JSONField(null=True, blank=True, help_text="{code, message, details} while pending.")
+    exit_code = models.IntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    output_tail = models.TextField(blank=True)
+
+    submitted_at = models.DateTimeField(auto_now_add=True)
+    placed_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        indexes = [
+            models.Index(fields=["state", "submitted_at"], name="job_state_submitted"),
+            models.Index(fields=["tenant", "state"], name="job_tenant_state"),
+        ]
+        constraints = [models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive")]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+
+class Allocation(models.Model):
+    """A GPU held by a job, from placement until the agent reports the job's processes gone."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey("monitoring.Gpu", on_delete=models.PROTECT, related_name="allocations")
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # Whole-GPU scheduling: a GPU held by two live jobs is a bug the database refuses.
+            models.UniqueConstraint(
+                fields=["gpu"], condition=Q(released_at__isnull=True), name="allocation_one_live_job_per_gpu"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} on {self.gpu}"

@@ -1,0 +1,53 @@
+"""Submitting and cancelling jobs: the only places that create jobs or start a cancel."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.choices import JobState
+from jobs.models import Allocation, Job, Tenant
+from jobs.services.commands import send_stop
+from jobs.services.nudge import nudge_scheduler
+
+
+def tenants_of(user):
+    """Tenants a user may submit to."""
+    return Tenant.objects.filter(memberships__user=user)
+
+
+def submit_job(*, owner, tenant: Tenant, name: str, command: list[str], gpus: int,
+               gpu_memory_mib: int | None = None, priority: int = 0) -> Job:
+    job = Job.objects.create(
+        owner=owner, tenant=tenant, name=name, command=command, gpus=gpus,
+        gpu_memory_mib=gpu_memory_mib, priority=priority,
+    )
+    transaction.on_commit(nudge_scheduler)
+    return job
+
+
+class NotCancellable(Exception):
+    pass
+
+
+@transaction.atomic
+def cancel_job(job: Job) -> Job:
+    """Pending jobs end at once; placed or running ones are stopped on their node first."""
+    now = timezone.now()
+    if Job.objects.filter(pk=job.pk, state=JobState.PENDING).update(
+        state=JobState.CANCELLED, finished_at=now, pending_reason=None
+    ):
+        job.refresh_from_db()
+        return job
+    if not Job.objects.filter(pk=job.pk, state__in=(JobState.PLACED, JobState.RUNNING)).update(
+        state=JobState.CANCELLING
+    ):
+        job.refresh_from_db()
+        raise NotCancellable(f"job {job.pk} is {job.state.lower()} and cannot be cancelled")
+    nodes = set(
+        Allocation.objects.filter(job=job, released_at__isnull=True).values_list("gpu__node__name", flat=True)
+    )
+    for node in nodes:
+        transaction.on_commit(lambda node=node: send_stop(node, job.pk))
+    job.refresh_from_db()
+    return job

@@ -1,0 +1,1 @@
+"""Work that touches the database and Redis for the monitoring app."""

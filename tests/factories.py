@@ -1,0 +1,74 @@
+"""factory_boy factories for the Django models."""
+
+import factory
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from jobs.models import Job, Membership, Tenant
+from monitoring.models import Gpu, Node
+
+PASSWORD = "correct-horse-battery"
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+        django_get_or_create = ("username",)
+        skip_postgeneration_save = True
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    @factory.post_generation
+    def password(user, create, extracted, **kwargs):
+        user.set_password(extracted or PASSWORD)
+        if create:
+            user.save(update_fields=["password"])
+
+
+class TenantFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Tenant
+        django_get_or_create = ("slug",)
+
+    slug = factory.Sequence(lambda n: f"tenant{n}")
+    name = factory.LazyAttribute(lambda t: t.slug.title())
+    guaranteed_gpus = 8
+    max_gpus = 16
+
+
+class MembershipFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Membership
+
+    user = factory.SubFactory(UserFactory)
+    tenant = factory.SubFactory(TenantFactory)
+
+
+class JobFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Job
+
+    tenant = factory.SubFactory(TenantFactory)
+    owner = factory.SubFactory(UserFactory)
+    name = factory.Sequence(lambda n: f"job{n}")
+    command = ["python", "-c", "print(1)"]
+    gpus = 1
+
+
+class NodeFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Node
+        django_get_or_create = ("name",)
+
+    name = factory.Sequence(lambda n: f"node-{n}")
+    registered_at = factory.LazyFunction(timezone.now)
+
+
+class GpuFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Gpu
+
+    node = factory.SubFactory(NodeFactory)
+    index = factory.Sequence(lambda n: n)
+    uuid = factory.Sequence(lambda n: f"GPU-test-{n}")
+    model = "A100-80GB"
+    memory_mib = 81920

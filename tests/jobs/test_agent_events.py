@@ -1,0 +1,123 @@
+"""Agent events on the events stream move jobs through their states; garbage is dead-lettered."""
+
+import time
+
+import pytest
+
+from agents import protocol
+from jobs.choices import JobState
+from jobs.models import Allocation
+from jobs.services.agent_events import consume_events
+from monitoring.models import Node
+from tests.factories import GpuFactory, JobFactory, NodeFactory
+
+
+@pytest.fixture
+def placed_job(db):
+    node = NodeFactory(name="n1")
+    gpu = GpuFactory(node=node, index=0)
+    job = JobFactory(state=JobState.PLACED)
+    Allocation.objects.create(job=job, gpu=gpu)
+    return job
+
+
+def emit(redis_client, message):
+    redis_client.xadd(protocol.EVENTS_STREAM, protocol.encode(message))
+
+
+def started(job, node="n1"):
+    return protocol.JobStarted(node=node, job_id=job.pk, pid=1234, started_at=time.time())
+
+
+def exited(job, code, node="n1", **extra):
+    return protocol.JobExited(node=node, job_id=job.pk, exit_code=code, finished_at=time.time(), **extra)
+
+
+def dead_letters(redis_client):
+    return [fields for _, fields in redis_client.xrange(protocol.DEAD_LETTER_STREAM)]
+
+
+def test_registration_creates_the_node_and_its_gpus(db, redis_client, live_redis):
+    gpus = [protocol.GpuInfo(index=i, uuid=f"GPU-{i}", model="H100-80GB", memory_mib=81559) for i in range(8)]
+    emit(redis_client, protocol.NodeRegistered(node="fresh", gpus=gpus, backend="simulated",
+                                               agent_version="0.1.0", hostname="h"))
+    assert consume_events(redis_client) == 1
+    node = Node.objects.get(name="fresh")
+    assert node.gpus.filter(present=True).count() == 8
+
+
+def test_started_then_exit_0_succeeds_and_frees_the_gpus(placed_job, redis_client, live_redis):
+    emit(redis_client, started(placed_job))
+    emit(redis_client, exited(placed_job, 0, output_tail="hello\n"))
+    consume_events(redis_client)
+    placed_job.refresh_from_db()
+    assert placed_job.state == JobState.SUCCEEDED
+    assert (placed_job.exit_code, placed_job.output_tail) == (0, "hello\n")
+    assert placed_job.started_at and placed_job.finished_at
+    assert not Allocation.objects.filter(job=placed_job, released_at__isnull=True).exists()
+
+
+def test_nonzero_exit_fails_with_its_code(placed_job, redis_client, live_redis):
+    emit(redis_client, started(placed_job))
+    emit(redis_client, exited(placed_job, 3))
+    consume_events(redis_client)
+    placed_job.refresh_from_db()
+    assert (placed_job.state, placed_job.exit_code) == (JobState.FAILED, 3)
+
+
+def test_launch_error_fails_the_job_with_the_reason(placed_job, redis_client, live_redis):
+    emit(redis_client, exited(placed_job, None, error="No such file or directory: 'pyhton'"))
+    consume_events(redis_client)
+    placed_job.refresh_from_db()
+    assert placed_job.state == JobState.FAILED
+    assert "pyhton" in placed_job.error
+
+
+def test_exit_of_a_cancelling_job_cancels_it(placed_job, redis_client, live_redis):
+    placed_job.state = JobState.CANCELLING
+    placed_job.save()
+    emit(redis_client, exited(placed_job, -15, stopped=True))
+    consume_events(redis_client)
+    placed_job.refresh_from_db()
+    assert placed_job.state == JobState.CANCELLED
+
+
+def test_duplicate_exit_event_changes_nothing(placed_job, redis_client, live_redis):
+    emit(redis_client, exited(placed_job, 0))
+    emit(redis_client, exited(placed_job, 1))
+    consume_events(redis_client)
+    placed_job.refresh_from_db()
+    assert (placed_job.state, placed_job.exit_code) == (JobState.SUCCEEDED, 0)
+
+
+@pytest.mark.parametrize(
+    "fields, reason",
+    [
+        ({"m": "{not json"}, "Invalid JSON"),
+        ({"m": '{"v": 2, "kind": "job_started"}'}, "v"),
+        ({"m": '{"v": 1, "kind": "job_started", "node": "n1"}'}, "job_id"),
+        ({"m": b"\xff\xfe\x00garbage"}, "not UTF-8"),
+        ({"m": "x" * (protocol.MAX_MESSAGE_BYTES + 1)}, "exceeds"),
+        ({"other": "1"}, "unexpected stream fields"),
+    ],
+)
+def test_garbage_goes_to_dead_letters_and_changes_nothing(placed_job, redis_client, live_redis, fields, reason):
+    redis_client.xadd(protocol.EVENTS_STREAM, fields)
+    emit(redis_client, started(placed_job))  # a good event behind the bad one still applies
+    consume_events(redis_client)
+    (letter,) = dead_letters(redis_client)
+    assert reason in letter[b"reason"].decode()
+    assert redis_client.get(protocol.DEAD_LETTER_COUNT_KEY) == b"1"
+    placed_job.refresh_from_db()
+    assert placed_job.state == JobState.RUNNING
+    assert redis_client.xpending(protocol.EVENTS_STREAM, "control-plane")["pending"] == 0
+
+
+def test_node_cannot_report_on_a_job_placed_elsewhere(placed_job, redis_client, live_redis):
+    NodeFactory(name="intruder")
+    emit(redis_client, exited(placed_job, 0, node="intruder"))
+    consume_events(redis_client)
+    placed_job.refresh_from_db()
+    assert placed_job.state == JobState.PLACED
+    (letter,) = dead_letters(redis_client)
+    assert b"never placed on node intruder" in letter[b"reason"]

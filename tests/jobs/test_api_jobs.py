@@ -1,0 +1,171 @@
+"""REST API v1 /jobs: submission, validation, listing, cancel, and tenancy."""
+
+import pytest
+from rest_framework.authtoken.models import Token
+
+from jobs.choices import JobState
+from jobs.models import Job
+from tests.factories import JobFactory, MembershipFactory, TenantFactory
+
+URL = "/api/v1/jobs/"
+GOOD = {"name": "train", "command": ["python", "train.py", "--epochs", "3"], "gpus": 2}
+
+
+def test_submission_creates_a_pending_job_for_the_users_tenant(api, alice, inventory):
+    response = api(alice).post(URL, GOOD, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["state"] == "PENDING"
+    assert body["tenant"] == "vision"
+    assert body["owner"] == "alice"
+    assert body["command"] == GOOD["command"]
+    assert Job.objects.get(pk=body["id"]).gpus == 2
+
+
+def test_name_defaults_to_the_program(api, alice, inventory):
+    response = api(alice).post(URL, {"command": ["/usr/bin/python3", "-V"], "gpus": 1}, format="json")
+    assert response.json()["name"] == "python3"
+
+
+@pytest.mark.parametrize(
+    "payload, field, words",
+    [
+        ({**GOOD, "gpus": 0}, "gpus", "greater than or equal to 1"),
+        ({**GOOD, "gpus": -2}, "gpus", "greater than or equal to 1"),
+        ({**GOOD, "gpus": 9}, "gpus", "No node has 9 GPUs; the largest has 8"),
+        ({**GOOD, "gpus": "two"}, "gpus", "valid integer"),
+        ({k: v for k, v in GOOD.items() if k != "gpus"}, "gpus", "required"),
+        ({**GOOD, "gpu_memory_mib": 90000}, "gpu_memory_mib", "No GPU has 90000 MiB; the largest has 81920 MiB"),
+        ({**GOOD, "gpu_memory_mib": 0}, "gpu_memory_mib", "greater than or equal to 1"),
+        ({**GOOD, "command": []}, "command", "at least 1"),
+        ({**GOOD, "command": "python train.py"}, "command", "list"),
+        ({**GOOD, "command": ["python", 3]}, "command", "string"),
+        ({**GOOD, "command": [" "]}, "command", "must not be blank"),
+        ({**GOOD, "command": ["x"] * 300}, "command", "no more than 256"),
+        ({**GOOD, "gpu": 1}, "gpu", "Unknown field"),
+        ({**GOOD, "tenant": "nope"}, "tenant", "Unknown tenant 'nope'"),
+        ({**GOOD, "tenant": "nlp"}, "tenant", "Unknown tenant 'nlp'"),  # exists, but not hers
+    ],
+)
+def test_bad_submission_is_refused_naming_the_field_and_creates_nothing(api, alice, charlie, inventory,
+                                                                         payload, field, words):
+    response = api(alice).post(URL, payload, format="json")
+    assert response.status_code == 400
+    errors = response.json()
+    assert field in errors, errors
+    assert words in str(errors[field])
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("body", ["[1, 2]", "not json", '"just a string"'])
+def test_body_that_is_not_a_json_object_is_refused(api, alice, body):
+    response = api(alice).post(URL, body, content_type="application/json")
+    assert response.status_code == 400
+    assert not Job.objects.exists()
+
+
+def test_oversized_payload_is_refused(api, alice, settings):
+    payload = {**GOOD, "name": "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)}
+    response = api(alice).post(URL, payload, format="json")
+    assert response.status_code in (400, 413)
+    assert not Job.objects.exists()
+
+
+def test_member_of_several_tenants_must_choose(api, alice, inventory):
+    MembershipFactory(user=alice, tenant=TenantFactory(slug="speech"))
+    assert api(alice).post(URL, GOOD, format="json").json()["tenant"] == [
+        "You belong to several tenants; say which one."
+    ]
+    assert api(alice).post(URL, {**GOOD, "tenant": "speech"}, format="json").json()["tenant"] == "speech"
+
+
+def test_before_any_node_registers_submissions_are_accepted_and_wait(api, alice):
+    response = api(alice).post(URL, {**GOOD, "gpus": 64}, format="json")
+    assert response.status_code == 201
+
+
+def test_anonymous_requests_are_refused(api):
+    assert api().get(URL).status_code in (401, 403)
+    assert api().post(URL, GOOD, format="json").status_code in (401, 403)
+
+
+def test_token_from_username_and_password_authenticates(client, alice):
+    response = client.post("/api/v1/auth/token/", {"username": "alice", "password": "correct-horse-battery"})
+    token = response.json()["token"]
+    assert Token.objects.get(user=alice).key == token
+    listing = client.get(URL, HTTP_AUTHORIZATION=f"Token {token}")
+    assert listing.status_code == 200
+
+
+# ------------------------------------------------------------------ tenancy: owner, teammate, outsider
+
+
+def test_teammate_sees_the_job_and_outsider_gets_404(api, alice, bob, charlie):
+    job = JobFactory(tenant=alice.memberships.get().tenant, owner=alice)
+    assert api(alice).get(f"{URL}{job.pk}/").status_code == 200
+    assert api(bob).get(f"{URL}{job.pk}/").status_code == 200
+    assert api(charlie).get(f"{URL}{job.pk}/").status_code == 404
+
+
+def test_lists_hold_only_own_tenants_jobs(api, alice, charlie):
+    mine = JobFactory(tenant=alice.memberships.get().tenant, owner=alice)
+    theirs = JobFactory(tenant=charlie.memberships.get().tenant, owner=charlie)
+    ids = [j["id"] for j in api(alice).get(URL).json()["results"]]
+    assert ids == [mine.pk]
+    # Filtering by the other tenant's name reveals nothing either.
+    assert api(alice).get(URL, {"tenant": "nlp"}).json()["results"] == []
+    assert [j["id"] for j in api(charlie).get(URL).json()["results"]] == [theirs.pk]
+
+
+def test_outsider_cannot_cancel(api, alice, charlie):
+    job = JobFactory(tenant=alice.memberships.get().tenant, owner=alice)
+    assert api(charlie).post(f"{URL}{job.pk}/cancel/").status_code == 404
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING
+
+
+def test_staff_operator_sees_every_tenant(api, alice, charlie):
+    from tests.factories import UserFactory
+
+    JobFactory(tenant=alice.memberships.get().tenant, owner=alice)
+    JobFactory(tenant=charlie.memberships.get().tenant, owner=charlie)
+    operator = UserFactory(username="operator", is_staff=True)
+    assert api(operator).get(URL).json()["count"] == 2
+
+
+def test_state_filter(api, alice):
+    tenant = alice.memberships.get().tenant
+    JobFactory(tenant=tenant, owner=alice, state=JobState.SUCCEEDED)
+    pending = JobFactory(tenant=tenant, owner=alice)
+    assert [j["id"] for j in api(alice).get(URL, {"state": "pending"}).json()["results"]] == [pending.pk]
+
+
+# ------------------------------------------------------------------ cancel
+
+
+def test_cancelling_a_pending_job_ends_it_at_once(api, alice, bob):
+    job = JobFactory(tenant=alice.memberships.get().tenant, owner=alice)
+    response = api(bob).post(f"{URL}{job.pk}/cancel/")
+    assert response.status_code == 200
+    assert response.json()["state"] == "CANCELLED"
+    assert response.json()["finished_at"]
+
+
+def test_cancelling_a_finished_job_is_a_conflict(api, alice):
+    job = JobFactory(tenant=alice.memberships.get().tenant, owner=alice, state=JobState.SUCCEEDED)
+    response = api(alice).post(f"{URL}{job.pk}/cancel/")
+    assert response.status_code == 409
+    assert "succeeded" in response.json()["detail"]
+
+
+def test_openapi_schema_describes_the_jobs_api(api, alice):
+    response = api(alice).get("/api/schema/", HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    import json
+
+    schema = json.loads(response.content)
+    assert schema["openapi"].startswith("3.")
+    assert "/api/v1/jobs/" in schema["paths"]
+    assert "/api/v1/jobs/{id}/cancel/" in schema["paths"]
+    submit = schema["components"]["schemas"]["JobSubmit"]
+    assert set(submit["required"]) == {"command", "gpus"}

@@ -1,0 +1,87 @@
+"""The scheduling cycle service: snapshot from the DB + heartbeats, decisions persisted, launch
+commands published to the node's command stream after commit."""
+
+import pytest
+
+from agents import protocol
+from jobs.choices import JobState
+from jobs.models import Allocation
+from jobs.services.cycle import LOCK_KEY, run_scheduling_cycle
+from tests.factories import GpuFactory, JobFactory, NodeFactory
+
+
+@pytest.fixture
+def online_node(db, redis_client, live_redis):
+    node = NodeFactory(name="n1")
+    for i in range(4):
+        GpuFactory(node=node, index=i)
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=30)
+    return node
+
+
+def launches(redis_client, node="n1"):
+    return [protocol.decode_command(fields) for _, fields in redis_client.xrange(protocol.command_stream(node))]
+
+
+def test_pending_job_is_placed_and_its_node_told_to_launch(online_node, redis_client, django_capture_on_commit_callbacks):
+    job = JobFactory(gpus=2, command=["python", "-c", "print(1)"])
+    with django_capture_on_commit_callbacks(execute=True):
+        result = run_scheduling_cycle()
+    assert (result.ran, result.placed) == (True, 1)
+    job.refresh_from_db()
+    assert job.state == JobState.PLACED and job.placed_at
+    (launch,) = launches(redis_client)
+    assert launch.job_id == job.pk
+    assert launch.argv == ["python", "-c", "print(1)"]
+    assert sorted(launch.gpu_indices) == [0, 1]
+    assert sorted(Allocation.objects.filter(job=job).values_list("gpu__index", flat=True)) == [0, 1]
+
+
+def test_second_cycle_places_nothing_twice(online_node, redis_client, django_capture_on_commit_callbacks):
+    JobFactory(gpus=4)
+    with django_capture_on_commit_callbacks(execute=True):
+        run_scheduling_cycle()
+        second = run_scheduling_cycle()
+    assert second.placed == 0
+    assert len(launches(redis_client)) == 1
+
+
+def test_job_that_cannot_fit_stores_why(online_node):
+    job = JobFactory(gpus=8)
+    run_scheduling_cycle()
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING
+    assert job.pending_reason["code"] == "gang_larger_than_any_node"
+    assert "Needs 8 GPUs on one node" in job.pending_reason["message"]
+
+
+def test_node_without_heartbeat_gets_nothing(online_node, redis_client):
+    redis_client.delete(protocol.heartbeat_key("n1"))
+    job = JobFactory(gpus=1)
+    run_scheduling_cycle()
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING
+    assert job.pending_reason["code"] == "no_nodes_online"
+
+
+def test_cordoned_node_gets_nothing(online_node):
+    online_node.cordoned = True
+    online_node.save()
+    job = JobFactory(gpus=1)
+    run_scheduling_cycle()
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING
+
+
+def test_cycle_does_not_run_while_another_holds_the_lock(online_node, redis_client):
+    redis_client.set(LOCK_KEY, "someone-else", ex=30)
+    job = JobFactory(gpus=1)
+    assert run_scheduling_cycle().ran is False
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING
+
+
+def test_cancelled_job_is_not_placed(online_node):
+    job = JobFactory(gpus=1, state=JobState.CANCELLED)
+    assert run_scheduling_cycle().placed == 0
+    assert not Allocation.objects.filter(job=job).exists()
