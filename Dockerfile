@@ -1,0 +1,17 @@
+# One image for every Colony process (web, worker, beat, agents); docker-compose.yml picks the command.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 COLONY_VAR_DIR=/var/lib/colony
+WORKDIR /app
+
+COPY requirements.lock pyproject.toml README.md ./
+RUN pip install --no-cache-dir -r requirements.lock
+
+COPY . .
+RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \
+ && DJANGO_SECRET_KEY=build-only python manage.py collectstatic --noinput \
+ && useradd --system --create-home colony && mkdir -p /var/lib/colony && chown colony /var/lib/colony
+
+USER colony
+EXPOSE 8000
+CMD ["gunicorn", "cluster_ui.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "3"]

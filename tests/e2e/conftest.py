@@ -1,0 +1,108 @@
+"""Real processes for end-to-end tests: a Celery worker with embedded beat and a simulated agent,
+against the private Redis and the test database (committed data, so ``transactional_db``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+class Processes:
+    def __init__(self, env: dict[str, str], log_dir: Path):
+        self.env, self.log_dir = env, log_dir
+        self.started: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        log.close()
+        self.started.append((name, process))
+        return process
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
+
+    def stop_all(self) -> None:
+        for _, process in reversed(self.started):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for _, process in reversed(self.started):
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+
+
+@pytest.fixture
+def stack(transactional_db, live_redis, tmp_path, request):
+    """Worker + beat + one agent ``e2e-node`` with 2 simulated A100s; yields the Processes."""
+    from monitoring.models import Node
+
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "cluster_ui.settings",
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": live_redis,
+        "CELERY_BROKER_URL": live_redis,
+        "COLONY_VAR_DIR": str(tmp_path / "var"),
+        "COLONY_SCHEDULER_INTERVAL": "0.5",
+        "COLONY_EVENTS_INTERVAL": "0.2",
+        "COLONY_STOP_GRACE_SECONDS": "3",
+        "PYTHONUNBUFFERED": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    processes = Processes(env, tmp_path)
+    processes.start("worker", [sys.executable, "-m", "celery", "-A", "cluster_ui", "worker", "--beat",
+                               "--pool=solo", "--loglevel=INFO", "-s", str(tmp_path / "beat-schedule")])
+    processes.start("agent", [sys.executable, "-m", "agents", "--node", "e2e-node", "--simulate", "2xA100-80GB",
+                              "--redis", live_redis, "--interval", "0.2", "--workdir", str(tmp_path / "agent")])
+    try:
+        wait_for(lambda: Node.objects.filter(name="e2e-node").exists(), timeout=30, what="agent registration")
+        yield processes
+    except BaseException:
+        print(processes.logs())
+        raise
+    finally:
+        if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+            print(processes.logs())
+        processes.stop_all()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
