@@ -1,0 +1,381 @@
+"""The agent loop: Redis on one side, the job runner and GPU backend on the other.
+
+Every interval it refreshes the node's heartbeat, reads its command stream through a consumer
+group, applies each command idempotently, acks it, and reports job starts and exits on the events
+stream. Redis going away never stops jobs: events wait in a bounded outbox and are sent, in
+order, after the agent reconnects and registers again.
+
+What must not live here: process handling (:mod:`agents.runner`), GPU probing
+(:mod:`agents.backends`), message shapes (:mod:`agents.protocol`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import socket
+import threading
+import time
+from collections import OrderedDict, deque
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from agents import __version__, protocol
+from agents.backends.base import GpuBackend
+from agents.runner import FinishedJob, JobRunner, LaunchError
+
+log = logging.getLogger(__name__)
+
+READ_COUNT = 32
+DEAD_LETTER_RAW_BYTES = 1024
+OUTBOX_SIZE = 10_000
+# How many applied command ids and finished job ids are remembered for idempotency. Commands are
+# re-delivered only shortly after they were sent (pending entries, duplicates), so this is plenty.
+MEMORY_SIZE = 10_000
+BACKOFF_FIRST = 0.2
+BACKOFF_MAX = 5.0
+
+
+class _BoundedSet:
+    """A set that forgets its oldest members beyond ``size``."""
+
+    def __init__(self, size: int):
+        self._items: OrderedDict = OrderedDict()
+        self._size = size
+
+    def add(self, item) -> None:
+        self._items[item] = None
+        self._items.move_to_end(item)
+        while len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+    def __contains__(self, item) -> bool:
+        return item in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Agent:
+    """One node's agent. ``run(stop)`` until ``stop`` is set; ``step()`` is one iteration."""
+
+    def __init__(
+        self,
+        node: str,
+        backend: GpuBackend,
+        redis_url: str,
+        runner: JobRunner,
+        interval: float = 1.0,
+        heartbeat_ttl: float = 10.0,
+        *,
+        shutdown_grace: float = 5.0,
+        outbox_size: int = OUTBOX_SIZE,
+    ):
+        if not protocol.NODE_NAME_RE.match(node):
+            raise ValueError(f"invalid node name {node!r}")
+        if interval <= 0:
+            raise ValueError("interval must be positive")
+        self.node = node
+        self.backend = backend
+        self.redis_url = redis_url
+        self.runner = runner
+        self.interval = interval
+        self.heartbeat_ttl = heartbeat_ttl
+        self.shutdown_grace = shutdown_grace
+        self.hostname = socket.gethostname()[:255]
+        self.stream = protocol.command_stream(node)
+
+        self._redis: redis.Redis | None = None
+        self._stop = threading.Event()
+        self._outbox: deque = deque()
+        self._outbox_size = outbox_size
+        self.dropped_events = 0
+        self._applied_commands = _BoundedSet(MEMORY_SIZE)
+        self._finished_jobs = _BoundedSet(MEMORY_SIZE)
+        self._gpu_indices: set[int] = set()
+        self._read_pending = True
+        self._next_heartbeat = 0.0
+        self._next_connect = 0.0
+        self._backoff = BACKOFF_FIRST
+        self._disconnected_since: float | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._redis is not None
+
+    @property
+    def buffered_events(self) -> int:
+        """Events waiting to be sent (grows while Redis is unreachable)."""
+        return len(self._outbox)
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until ``stop`` is set, then stop every job and report their exits."""
+        self._stop = stop
+        log.info("agent %s starting (backend %s, interval %.2fs)", self.node, self.backend.name, self.interval)
+        try:
+            while not stop.is_set():
+                self.step()
+        finally:
+            self.shutdown()
+
+    def step(self) -> None:
+        """One iteration: reconnect if due, reap exits, heartbeat, read and apply commands."""
+        if self._redis is None and time.monotonic() >= self._next_connect:
+            self._connect()
+        self._report_exits()
+        if self._redis is None:
+            # Offline: keep reaping jobs every interval while waiting for the next attempt.
+            self._stop.wait(max(0.0, min(self.interval, self._next_connect - time.monotonic())))
+            return
+        try:
+            self._flush()
+            if time.monotonic() >= self._next_heartbeat:
+                self._heartbeat()
+            self._read_commands()
+            self._flush()
+        except redis.RedisError as exc:
+            self._lost(exc)
+
+    def shutdown(self) -> None:
+        """Stop all jobs (SIGTERM, SIGKILL after the grace), publish their exits best-effort."""
+        if self.runner.running():
+            log.info("stopping %d running job(s)", len(self.runner.running()))
+        for finished in self.runner.stop_all(self.shutdown_grace):
+            self._publish(self._exited(finished))
+        if self._redis is None and self._outbox:
+            self._connect(register=False)
+        if self._redis is not None:
+            try:
+                self._flush()
+            except redis.RedisError as exc:
+                log.warning("could not send %d event(s) on shutdown: %s", len(self._outbox), exc)
+            self._redis.close()
+            self._redis = None
+        elif self._outbox:
+            log.warning("Redis unreachable; %d event(s) not sent on shutdown", len(self._outbox))
+        log.info("agent %s stopped", self.node)
+
+    # ------------------------------------------------------------------ connection
+
+    def _connect(self, register: bool = True) -> None:
+        client = redis.Redis.from_url(
+            self.redis_url,
+            socket_connect_timeout=2.0,
+            # Must outlast the XREADGROUP block; a hung server is noticed a few seconds later.
+            socket_timeout=self.interval + 5.0,
+            # Our loop does the backoff; the client's own retries would stall the job reaping.
+            retry=Retry(NoBackoff(), 0),
+            protocol=2,  # the reply shapes _entries() expects
+        )
+        try:
+            client.ping()
+            self._redis = client
+            if register:
+                self._register()
+                self._ensure_group()
+        except redis.RedisError as exc:
+            self._redis = None
+            client.close()
+            self._schedule_reconnect(exc)
+            return
+        if self._disconnected_since is not None:
+            log.info(
+                "reconnected to Redis after %.1fs; sending %d buffered event(s)",
+                time.monotonic() - self._disconnected_since,
+                len(self._outbox),
+            )
+        else:
+            log.info("connected to Redis")
+        self._disconnected_since = None
+        self._backoff = BACKOFF_FIRST
+        self._read_pending = True  # entries delivered before the outage but never acked
+        self._next_heartbeat = 0.0
+
+    def _lost(self, exc: Exception) -> None:
+        if self._redis is not None:
+            self._redis.close()
+            self._redis = None
+        self._schedule_reconnect(exc)
+
+    def _schedule_reconnect(self, exc: Exception) -> None:
+        if self._disconnected_since is None:
+            # Log once per outage; jobs keep running and events are buffered meanwhile.
+            log.warning("Redis unavailable (%s); jobs keep running, events are buffered", exc)
+            self._disconnected_since = time.monotonic()
+        else:
+            log.debug("reconnect failed: %s", exc)
+        self._next_connect = time.monotonic() + self._backoff
+        self._backoff = min(BACKOFF_MAX, self._backoff * 2)
+
+    def _register(self) -> None:
+        gpus = self.backend.inventory()
+        self._gpu_indices = {gpu.index for gpu in gpus}
+        message = protocol.NodeRegistered(
+            node=self.node,
+            gpus=gpus,
+            backend=self.backend.name,
+            agent_version=__version__,
+            hostname=self.hostname,
+        )
+        self._xadd(protocol.EVENTS_STREAM, protocol.encode(message))
+        log.info("registered with %d GPU(s)", len(gpus))
+
+    def _ensure_group(self) -> None:
+        try:
+            self._redis.xgroup_create(self.stream, protocol.AGENT_COMMAND_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def _xadd(self, stream: str, fields: dict) -> None:
+        self._redis.xadd(stream, fields, maxlen=protocol.STREAM_MAXLEN, approximate=True)
+
+    # ------------------------------------------------------------------ outgoing
+
+    def _publish(self, message) -> None:
+        """Queue an event; :meth:`_flush` sends the queue in order while connected."""
+        if len(self._outbox) >= self._outbox_size:
+            self._outbox.popleft()
+            self.dropped_events += 1
+            if self.dropped_events == 1 or self.dropped_events % 1000 == 0:
+                log.warning("event buffer full; %d oldest event(s) dropped so far", self.dropped_events)
+        self._outbox.append(message)
+
+    def _flush(self) -> None:
+        while self._outbox and self._redis is not None:
+            self._xadd(protocol.EVENTS_STREAM, protocol.encode(self._outbox[0]))
+            self._outbox.popleft()  # only once Redis has it
+
+    def _heartbeat(self) -> None:
+        value = json.dumps({"ts": time.time(), "running": sorted(self.runner.running())})
+        self._redis.set(protocol.heartbeat_key(self.node), value, ex=max(1, math.ceil(self.heartbeat_ttl)))
+        self._next_heartbeat = time.monotonic() + self.interval
+
+    def _report_exits(self) -> None:
+        for finished in self.runner.poll():
+            self._finished_jobs.add(finished.job_id)
+            self._publish(self._exited(finished))
+
+    def _exited(self, finished: FinishedJob) -> protocol.JobExited:
+        return protocol.JobExited(
+            node=self.node,
+            job_id=finished.job_id,
+            exit_code=finished.exit_code,
+            stopped=finished.stopped,
+            output_tail=finished.output_tail,
+            finished_at=finished.finished_at,
+        )
+
+    # ------------------------------------------------------------------ incoming
+
+    def _read_commands(self) -> None:
+        if self._read_pending:
+            # Our own delivered-but-unacked entries first (id "0"); they come back immediately.
+            reply = self._redis.xreadgroup(
+                protocol.AGENT_COMMAND_GROUP, self.node, {self.stream: "0"}, count=READ_COUNT
+            )
+            entries = _entries(reply)
+            if not entries:
+                self._read_pending = False
+                return
+        else:
+            reply = self._redis.xreadgroup(
+                protocol.AGENT_COMMAND_GROUP,
+                self.node,
+                {self.stream: ">"},
+                count=READ_COUNT,
+                block=max(1, int(self.interval * 1000)),
+            )
+            entries = _entries(reply)
+        for entry_id, fields in entries:
+            self._handle_entry(entry_id, fields)
+            self._redis.xack(self.stream, protocol.AGENT_COMMAND_GROUP, entry_id)
+
+    def _handle_entry(self, entry_id, fields) -> None:
+        if fields is None:
+            # A pending entry trimmed from the stream before we acked it: nothing left to apply.
+            self._dead_letter(entry_id, {}, "entry was deleted from the stream before it was applied")
+            return
+        try:
+            command = protocol.decode_command(fields)
+        except protocol.ProtocolError as exc:
+            self._dead_letter(entry_id, fields, exc.reason)
+            return
+        if command.command_id in self._applied_commands:
+            log.info("command %s already applied; skipping", command.command_id)
+            return
+        try:
+            if isinstance(command, protocol.LaunchJob):
+                self._launch(command)
+            elif isinstance(command, protocol.StopJob):
+                self._stop_job(command)
+        except redis.RedisError:
+            raise  # not the command's fault: reconnect and re-read it from the pending list
+        except Exception as exc:
+            # A bug here must not take the node's running jobs down with the agent, nor be
+            # retried forever: park the command where operators look, and move on.
+            log.exception("command %s could not be applied", command.command_id)
+            self._dead_letter(entry_id, fields, f"agent failed to apply the command: {exc!r}"[:500])
+        self._applied_commands.add(command.command_id)
+
+    def _launch(self, command: protocol.LaunchJob) -> None:
+        job_id = command.job_id
+        if job_id in self.runner.running() or job_id in self._finished_jobs:
+            log.info("job %d already started on this node; ignoring launch %s", job_id, command.command_id)
+            return
+        missing = sorted(set(command.gpu_indices) - self._gpu_indices)
+        try:
+            if missing:
+                raise LaunchError(
+                    f"GPU index {missing} not on node {self.node} (it has {sorted(self._gpu_indices)})"
+                )
+            pid = self.runner.launch(command)
+        except LaunchError as exc:
+            log.warning("job %d could not start: %s", job_id, exc)
+            self._finished_jobs.add(job_id)
+            self._publish(
+                protocol.JobExited(
+                    node=self.node, job_id=job_id, exit_code=None, error=str(exc)[:2000], finished_at=time.time()
+                )
+            )
+            return
+        self._publish(protocol.JobStarted(node=self.node, job_id=job_id, pid=pid, started_at=time.time()))
+
+    def _stop_job(self, command: protocol.StopJob) -> None:
+        if command.job_id not in self.runner.running():
+            log.info("stop %s: job %d is not running here; nothing to do", command.command_id, command.job_id)
+            return
+        self.runner.stop(command.job_id, command.grace_seconds)
+
+    def _dead_letter(self, entry_id, fields: dict, reason: str) -> None:
+        raw = fields.get(b"m", fields.get("m"))
+        if raw is None:
+            raw = repr(fields)
+        if isinstance(raw, str):
+            raw = raw.encode("utf-8", "replace")
+        log.warning("command entry %s rejected: %s", _text(entry_id), reason)
+        self._xadd(
+            protocol.DEAD_LETTER_STREAM,
+            {
+                "source": self.stream,
+                "id": entry_id,
+                "node": self.node,
+                "reason": reason,
+                "raw": raw[:DEAD_LETTER_RAW_BYTES],
+            },
+        )
+        self._redis.incr(protocol.DEAD_LETTER_COUNT_KEY)
+
+
+def _entries(reply) -> list:
+    """The (id, fields) pairs of a one-stream XREADGROUP reply (RESP2: [[stream, entries]])."""
+    return reply[0][1] if reply else []
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

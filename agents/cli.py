@@ -1,0 +1,156 @@
+"""Command line of the node agent: parse arguments, pick a backend, run until SIGTERM/SIGINT.
+
+    python -m agents --node gpu-01 --simulate 8xA100-80GB --redis redis://127.0.0.1:6379/0
+
+Exit status: 0 after a clean shutdown on SIGTERM/SIGINT, 2 for bad arguments, 1 when the chosen
+GPU backend cannot run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from agents import __version__, protocol
+from agents.agent import Agent
+from agents.backends import nvml
+from agents.backends.base import BackendUnavailable, GpuBackend
+from agents.backends.simulated import SimulatedBackend
+from agents.runner import JobRunner
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+log = logging.getLogger("agents")
+
+
+def default_redis_url() -> str:
+    return os.environ.get("COLONY_REDIS_URL") or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+
+
+def _node_name(value: str) -> str:
+    if not protocol.NODE_NAME_RE.match(value):
+        raise argparse.ArgumentTypeError(
+            f"invalid node name {value!r}: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return value
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not number > 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {value!r}")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m agents", description="Colony node agent.")
+    parser.add_argument("--node", required=True, type=_node_name, help="this node's name in the cluster")
+    parser.add_argument(
+        "--simulate",
+        metavar="SPEC",
+        help="simulate GPUs instead of using NVML, e.g. 8xA100-80GB or 4xV100-32GB,4xT4-16GB",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "nvml", "simulated"),
+        default="auto",
+        help="auto (default): NVML when it finds a GPU, or simulated when --simulate is given",
+    )
+    parser.add_argument(
+        "--redis",
+        default=default_redis_url(),
+        metavar="URL",
+        help="Redis URL (default: $COLONY_REDIS_URL, else $REDIS_URL, else %(default)s)",
+    )
+    parser.add_argument("--interval", type=_positive_float, default=1.0, help="seconds per loop (default 1.0)")
+    parser.add_argument(
+        "--heartbeat-ttl", type=_positive_float, default=10.0, help="heartbeat key TTL in seconds (default 10)"
+    )
+    parser.add_argument("--workdir", type=Path, help="job directories and logs (default var/agent/<node>)")
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser.add_argument("--version", action="version", version=f"colony-agent {__version__}")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and cross-check the arguments; exits with status 2 on any mistake."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.simulate is not None:
+        if args.backend == "nvml":
+            parser.error("--simulate cannot be combined with --backend nvml")
+        args.backend = "simulated"
+        try:
+            SimulatedBackend(args.simulate, args.node)
+        except ValueError as exc:
+            parser.error(f"--simulate: {exc}")
+    elif args.backend == "simulated":
+        parser.error("--backend simulated needs --simulate SPEC, e.g. --simulate 8xA100-80GB")
+    if urlsplit(args.redis).scheme not in ("redis", "rediss", "unix"):
+        parser.error(f"--redis: expected a redis://, rediss:// or unix:// URL, got {args.redis!r}")
+    if args.heartbeat_ttl <= args.interval:
+        parser.error("--heartbeat-ttl must be longer than --interval, or the heartbeat lapses between refreshes")
+    if args.workdir is None:
+        args.workdir = Path("var") / "agent" / args.node
+    args.workdir = args.workdir.resolve()
+    return args
+
+
+def make_backend(args: argparse.Namespace) -> GpuBackend:
+    """The backend the arguments ask for; raises BackendUnavailable with a message for the operator."""
+    if args.backend == "simulated":
+        return SimulatedBackend(args.simulate, args.node)
+    if args.backend == "auto" and not nvml.available():
+        raise BackendUnavailable(
+            "no NVIDIA GPU found through NVML (is the driver loaded and nvidia-ml-py installed?); "
+            "pass --simulate SPEC to run with simulated GPUs"
+        )
+    return nvml.NvmlBackend(args.node)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        # The node name is validated to [A-Za-z0-9._-], so it is safe inside a format string.
+        format=f"%(asctime)s {args.node} %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        backend = make_backend(args)
+    except BackendUnavailable as exc:
+        log.error("%s", exc)
+        return 1
+
+    stop = threading.Event()
+
+    def request_stop(signum, _frame):
+        if stop.is_set():
+            log.info("already stopping")
+            return
+        log.info("received %s; stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        agent = Agent(
+            args.node,
+            backend,
+            args.redis,
+            JobRunner(args.workdir),
+            interval=args.interval,
+            heartbeat_ttl=args.heartbeat_ttl,
+        )
+        agent.run(stop)
+    finally:
+        backend.close()
+    return 0

@@ -1,0 +1,216 @@
+"""Starts, stops and reaps job processes on this node. No Redis and no protocol I/O here.
+
+Each job runs its argv without a shell as the leader of its own session and process group, so
+that stopping a job reaches everything it spawned (data loader workers, ``torchrun`` children),
+and nothing of a job outlives it. A process that calls ``setsid()`` itself escapes the group;
+containing that needs cgroups, which is out of scope here.
+
+Layout under ``workdir``: ``jobs/<job_id>/`` is the job's working directory and
+``jobs/<job_id>/output.log`` its stdout and stderr, appended.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agents.protocol import OUTPUT_TAIL_BYTES, LaunchJob
+
+log = logging.getLogger(__name__)
+
+# The agent's own settings that a tenant's job must not see: the Redis URL (often with a
+# password) would let a job forge commands for any node.
+_AGENT_ONLY_ENV = ("COLONY_REDIS_URL", "REDIS_URL")
+
+
+class LaunchError(RuntimeError):
+    """The job's process could not be started; the message says why, for the user."""
+
+
+@dataclass(frozen=True)
+class FinishedJob:
+    """A job whose leader exited and whose process group has been killed."""
+
+    job_id: int
+    #: The leader's exit status, or ``-signum`` when a signal killed it.
+    exit_code: int
+    #: True when :meth:`JobRunner.stop` was asked to end it.
+    stopped: bool
+    output_tail: str
+    finished_at: float
+
+
+@dataclass
+class _RunningJob:
+    job_id: int
+    process: subprocess.Popen
+    log_path: Path
+    stop_deadline: float | None = None  # monotonic; SIGKILL the group once it passes
+    killed: bool = False
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_deadline is not None
+
+
+class JobRunner:
+    """The job processes of one agent. Not thread-safe: one agent loop drives it."""
+
+    def __init__(self, workdir: str | os.PathLike):
+        self.workdir = Path(workdir)
+        self._jobs: dict[int, _RunningJob] = {}
+
+    def job_dir(self, job_id: int) -> Path:
+        return self.workdir / "jobs" / str(job_id)
+
+    def launch(self, cmd: LaunchJob) -> int:
+        """Start the job; return the leader's pid. Launching a running job returns its pid again."""
+        running = self._jobs.get(cmd.job_id)
+        if running is not None:
+            return running.process.pid
+        job_dir = self.job_dir(cmd.job_id)
+        log_path = job_dir / "output.log"
+        try:
+            job_dir.mkdir(parents=True, exist_ok=True)
+            output = open(log_path, "ab")
+        except OSError as exc:
+            raise LaunchError(f"cannot prepare job directory {job_dir}: {exc.strerror or exc}") from exc
+        try:
+            process = subprocess.Popen(
+                cmd.argv,
+                cwd=job_dir,
+                env=self._job_env(cmd),
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own session and process group: pgid == pid
+                close_fds=True,
+            )
+        except OSError as exc:  # missing executable, not executable, bad interpreter ...
+            raise LaunchError(f"cannot start {cmd.argv[0]!r}: {exc.strerror or exc}") from exc
+        except ValueError as exc:  # e.g. a NUL byte in argv or env
+            raise LaunchError(f"cannot start {cmd.argv[0]!r}: {exc}") from exc
+        finally:
+            output.close()  # the child holds its own copy
+        self._jobs[cmd.job_id] = _RunningJob(cmd.job_id, process, log_path)
+        log.info("job %d started: pid %d, GPUs %s", cmd.job_id, process.pid, cmd.gpu_indices or "none")
+        return process.pid
+
+    @staticmethod
+    def _job_env(cmd: LaunchJob) -> dict[str, str]:
+        env = {key: value for key, value in os.environ.items() if key not in _AGENT_ONLY_ENV}
+        env.update(cmd.env)
+        # Set last so a job cannot pick GPUs it was not given. CUDA numbers devices fastest-first
+        # unless told otherwise; PCI bus order is the order NVML (and so our indices) uses.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in cmd.gpu_indices)
+        env["COLONY_JOB_ID"] = str(cmd.job_id)
+        return env
+
+    def stop(self, job_id: int, grace_seconds: float) -> None:
+        """SIGTERM the job's process group; :meth:`poll` sends SIGKILL once the grace is over.
+
+        Unknown or already-finished jobs are ignored. A second stop never extends the deadline.
+        """
+        job = self._jobs.get(job_id)
+        if job is None:
+            return
+        deadline = time.monotonic() + max(0.0, grace_seconds)
+        if job.stop_deadline is not None and job.stop_deadline <= deadline:
+            return
+        job.stop_deadline = deadline
+        log.info("job %d: stopping (grace %.1fs)", job_id, grace_seconds)
+        self._signal_group(job, signal.SIGKILL if grace_seconds <= 0 else signal.SIGTERM)
+
+    def running(self) -> set[int]:
+        """Ids of jobs whose exit has not yet been returned by :meth:`poll`."""
+        return set(self._jobs)
+
+    def poll(self) -> list[FinishedJob]:
+        """Escalate overdue stops and return the jobs that finished since the last call."""
+        now = time.monotonic()
+        finished = []
+        for job in list(self._jobs.values()):
+            if job.stop_deadline is not None and now >= job.stop_deadline and not job.killed:
+                log.warning("job %d: still running after its grace period; killing it", job.job_id)
+                self._signal_group(job, signal.SIGKILL)
+            if not _has_exited(job.process):
+                continue
+            # The leader is a zombie until we reap it, so its pid (== the group id) cannot be
+            # reused yet: killing the group now reaches only this job's stragglers.
+            self._signal_group(job, signal.SIGKILL)
+            exit_code = job.process.wait()
+            del self._jobs[job.job_id]
+            finished.append(
+                FinishedJob(
+                    job_id=job.job_id,
+                    exit_code=exit_code,
+                    stopped=job.stopped,
+                    output_tail=read_tail(job.log_path),
+                    finished_at=time.time(),
+                )
+            )
+            log.info("job %d exited with %d%s", job.job_id, exit_code, " (stopped)" if job.stopped else "")
+        return finished
+
+    def stop_all(self, grace_seconds: float, give_up_after: float = 10.0) -> list[FinishedJob]:
+        """Stop every job and wait until all have exited (SIGKILL after the grace).
+
+        Returns their exits. Gives up ``give_up_after`` seconds past the grace on processes that
+        even SIGKILL does not end (uninterruptible I/O), leaving them listed as running.
+        """
+        for job_id in list(self._jobs):
+            self.stop(job_id, grace_seconds)
+        finished = self.poll()
+        deadline = time.monotonic() + grace_seconds + give_up_after
+        while self._jobs and time.monotonic() < deadline:
+            time.sleep(0.02)
+            finished.extend(self.poll())
+        if self._jobs:
+            log.error("jobs %s did not exit after SIGKILL", sorted(self._jobs))
+        return finished
+
+    def _signal_group(self, job: _RunningJob, signum: int) -> None:
+        if signum == signal.SIGKILL:
+            job.killed = True
+        try:
+            os.killpg(job.process.pid, signum)
+        except ProcessLookupError:
+            pass  # the whole group is already gone
+        except PermissionError as exc:  # should not happen for our own children; never crash
+            log.error("job %d: cannot signal process group %d: %s", job.job_id, job.process.pid, exc)
+
+
+def _has_exited(process: subprocess.Popen) -> bool:
+    """Whether the leader has exited, without reaping it (see :meth:`JobRunner.poll`)."""
+    if process.returncode is not None:
+        return True
+    try:
+        status = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True  # reaped elsewhere; Popen.wait() copes
+    return status is not None
+
+
+def read_tail(path: Path, limit: int = OUTPUT_TAIL_BYTES) -> str:
+    """The last ``limit`` bytes of ``path`` as text (invalid UTF-8 replaced); "" if unreadable."""
+    try:
+        with open(path, "rb") as file:
+            size = file.seek(0, os.SEEK_END)
+            file.seek(max(0, size - limit))
+            data = file.read(limit)
+    except OSError:
+        return ""
+    if len(data) == limit:
+        # The cut may land inside a multi-byte character: drop its continuation bytes rather
+        # than start the tail with a replacement character.
+        skip = 0
+        while skip < 3 and skip < len(data) and data[skip] & 0xC0 == 0x80:
+            skip += 1
+        data = data[skip:]
+    return data.decode("utf-8", errors="replace")

@@ -1,0 +1,72 @@
+"""Fixtures for the node agent tests: a job runner in a temp dir, an agent in a thread.
+
+Nothing here needs Django; the shared ``redis_url``/``redis_client`` fixtures come from
+``tests/conftest.py``. Plain helpers live in ``helpers.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from agents.agent import Agent
+from agents.backends.simulated import SimulatedBackend
+from agents.runner import JobRunner
+
+
+@pytest.fixture
+def runner(tmp_path):
+    runner = JobRunner(tmp_path / "agent")
+    yield runner
+    runner.stop_all(0)  # never leak processes from a failing test
+
+
+class RunningAgent:
+    """An :class:`Agent` serving in a background thread until :meth:`stop`."""
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+        self.node = agent.node
+        self.stop_event = threading.Event()
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._serve, name=f"agent-{agent.node}", daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        try:
+            self.agent.run(self.stop_event)
+        except BaseException as exc:  # surfaced by stop() so the test fails loudly
+            self.errors.append(exc)
+
+    def stop(self, timeout: float = 10.0):
+        self.stop_event.set()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "agent did not stop"
+        assert not self.errors, f"agent loop raised {self.errors[0]!r}"
+
+
+@pytest.fixture
+def start_agent(tmp_path):
+    """``start_agent(redis_url, node="n1", spec="2xT4-16GB", interval=0.1)`` -> RunningAgent."""
+    started: list[RunningAgent] = []
+
+    def start(redis_url: str, node: str = "n1", spec: str = "2xT4-16GB", interval: float = 0.1, **kwargs):
+        kwargs.setdefault("heartbeat_ttl", 5.0)
+        kwargs.setdefault("shutdown_grace", 1.0)
+        agent = Agent(
+            node,
+            SimulatedBackend(spec, node),
+            redis_url,
+            JobRunner(tmp_path / f"agent-{node}"),
+            interval=interval,
+            **kwargs,
+        )
+        running = RunningAgent(agent)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        if running.thread.is_alive():
+            running.stop()

@@ -1,0 +1,215 @@
+"""The agent loop against a real Redis: registration, heartbeats, commands, events, outages."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import redis as redis_lib
+
+from agents import protocol
+from cluster_ui.devstack.redis_server import PrivateRedis
+
+from .helpers import events, gone, launch, python, send, stop, wait_for
+
+SLEEPER = "import time; print('working', flush=True); time.sleep(60)"
+
+
+def exited(client, job_id):
+    return [e for e in events(client, "job_exited") if e.job_id == job_id]
+
+
+def started(client, job_id):
+    return [e for e in events(client, "job_started") if e.job_id == job_id]
+
+
+def test_agent_registers_its_gpus(redis_url, redis_client, start_agent):
+    start_agent(redis_url, node="gpu-01", spec="4xV100-32GB,2xT4-16GB")
+    [registered] = wait_for(lambda: events(redis_client, "node_registered"))
+    assert registered.node == "gpu-01"
+    assert registered.backend == "simulated"
+    assert len(registered.gpus) == 6
+    assert registered.gpus[5].model == "T4-16GB"
+    # The command group exists from the start, so commands sent before the first read are kept.
+    stream = protocol.command_stream("gpu-01")
+    wait_for(lambda: redis_client.exists(stream))
+    groups = redis_client.xinfo_groups(stream)
+    assert [g["name"] for g in groups] == [protocol.AGENT_COMMAND_GROUP.encode()]
+
+
+def test_heartbeat_key_is_refreshed_with_a_ttl(redis_url, redis_client, start_agent):
+    start_agent(redis_url, heartbeat_ttl=3)
+    key = protocol.heartbeat_key("n1")
+    wait_for(lambda: redis_client.exists(key))
+    assert 0 < redis_client.ttl(key) <= 3
+    first = json.loads(redis_client.get(key))
+    assert first["running"] == []
+    wait_for(lambda: json.loads(redis_client.get(key))["ts"] > first["ts"])
+
+
+def test_launched_job_reports_started_then_exited_with_output(redis_url, redis_client, start_agent):
+    start_agent(redis_url)
+    cmd = launch(python("import os; print('gpus', os.environ['CUDA_VISIBLE_DEVICES']); raise SystemExit(3)"), gpus=[1])
+    send(redis_client, "n1", cmd)
+    [done] = wait_for(lambda: exited(redis_client, cmd.job_id))
+    assert done.exit_code == 3 and not done.stopped and done.error is None
+    assert done.output_tail == "gpus 1\n"
+    kinds = [(e.kind, getattr(e, "job_id", None)) for e in events(redis_client)]
+    assert kinds.index(("job_started", cmd.job_id)) < kinds.index(("job_exited", cmd.job_id))
+    # Applied commands are acked: nothing stays pending for the agent.
+    assert redis_client.xpending(protocol.command_stream("n1"), protocol.AGENT_COMMAND_GROUP)["pending"] == 0
+
+
+def test_same_command_delivered_twice_runs_once(redis_url, redis_client, start_agent):
+    start_agent(redis_url)
+    cmd = launch(python("print('ran')"))
+    send(redis_client, "n1", cmd)
+    send(redis_client, "n1", cmd)
+    # A different command for the same job (e.g. a retried publish) must not rerun it either.
+    send(redis_client, "n1", cmd.model_copy(update={"command_id": "another-id"}))
+    wait_for(lambda: exited(redis_client, cmd.job_id))
+    marker = launch(python("pass"))  # commands are applied in order: once this ends, all were read
+    send(redis_client, "n1", marker)
+    wait_for(lambda: exited(redis_client, marker.job_id))
+    assert len(started(redis_client, cmd.job_id)) == 1
+    assert len(exited(redis_client, cmd.job_id)) == 1
+
+
+def test_stop_command_ends_a_sleeping_job(redis_url, redis_client, start_agent):
+    start_agent(redis_url)
+    cmd = launch(python(SLEEPER))
+    send(redis_client, "n1", cmd)
+    wait_for(lambda: started(redis_client, cmd.job_id))
+    wait_for(lambda: cmd.job_id in json.loads(redis_client.get(protocol.heartbeat_key("n1")) or "{}").get("running", []))
+    send(redis_client, "n1", stop(cmd.job_id, grace=5))
+    [done] = wait_for(lambda: exited(redis_client, cmd.job_id))
+    assert done.stopped is True
+    assert done.exit_code == -signal.SIGTERM
+    assert done.output_tail == "working\n"
+
+
+def test_job_that_cannot_start_is_reported_with_the_error(redis_url, redis_client, start_agent):
+    start_agent(redis_url)
+    missing = launch(["/no/such/program"])
+    wrong_gpu = launch(python("pass"), gpus=[0, 7])  # the node has GPUs 0 and 1
+    send(redis_client, "n1", missing)
+    send(redis_client, "n1", wrong_gpu)
+    [done] = wait_for(lambda: exited(redis_client, missing.job_id))
+    assert done.exit_code is None and "/no/such/program" in done.error
+    [done] = wait_for(lambda: exited(redis_client, wrong_gpu.job_id))
+    assert done.exit_code is None and "GPU index [7] not on node n1" in done.error
+    assert started(redis_client, missing.job_id) == []
+
+
+def test_garbage_command_is_dead_lettered_and_the_agent_carries_on(redis_url, redis_client, start_agent):
+    start_agent(redis_url)
+    stream = protocol.command_stream("n1")
+    wait_for(lambda: events(redis_client, "node_registered"))
+    garbage_id = redis_client.xadd(stream, {"m": json.dumps({"v": 1, "kind": "reboot"})})
+    redis_client.xadd(stream, {"m": b"\xff" * 5000})
+    cmd = launch(python("print('still here')"))
+    send(redis_client, "n1", cmd)
+    [done] = wait_for(lambda: exited(redis_client, cmd.job_id))
+    assert done.output_tail == "still here\n"
+    letters = redis_client.xrange(protocol.DEAD_LETTER_STREAM)
+    assert len(letters) == 2
+    first = letters[0][1]
+    assert first[b"source"] == stream.encode() and first[b"id"] == garbage_id
+    assert b"'reboot'" in first[b"reason"]
+    assert first[b"raw"] == json.dumps({"v": 1, "kind": "reboot"}).encode()
+    assert letters[1][1][b"reason"] == b"message is not UTF-8"
+    assert len(letters[1][1][b"raw"]) == 1024
+    assert int(redis_client.get(protocol.DEAD_LETTER_COUNT_KEY)) == 2
+    assert redis_client.xpending(stream, protocol.AGENT_COMMAND_GROUP)["pending"] == 0
+
+
+def test_command_that_breaks_the_agent_is_dead_lettered(redis_url, redis_client, start_agent):
+    running = start_agent(redis_url)
+    real_launch = running.agent.runner.launch
+
+    def broken_launch(cmd):
+        if cmd.argv[-1] == "poison":
+            raise RuntimeError("bug in the runner")
+        return real_launch(cmd)
+
+    running.agent.runner.launch = broken_launch
+    send(redis_client, "n1", launch(python("pass") + ["poison"]))
+    cmd = launch(python("print('next')"))
+    send(redis_client, "n1", cmd)
+    wait_for(lambda: exited(redis_client, cmd.job_id))
+    [(_id, letter)] = redis_client.xrange(protocol.DEAD_LETTER_STREAM)
+    assert b"bug in the runner" in letter[b"reason"]
+    running.stop()
+
+
+def test_unacked_commands_are_applied_after_an_agent_restart(redis_url, redis_client, start_agent):
+    # A previous run of this agent read a command and died before applying and acking it.
+    stream = protocol.command_stream("n1")
+    redis_client.xgroup_create(stream, protocol.AGENT_COMMAND_GROUP, id="0", mkstream=True)
+    cmd = launch(python("print('recovered')"))
+    send(redis_client, "n1", cmd)
+    redis_client.xreadgroup(protocol.AGENT_COMMAND_GROUP, "n1", {stream: ">"})
+    start_agent(redis_url)
+    [done] = wait_for(lambda: exited(redis_client, cmd.job_id))
+    assert done.output_tail == "recovered\n"
+
+
+def test_shutdown_stops_running_jobs_and_reports_them(redis_url, redis_client, start_agent):
+    agent = start_agent(redis_url)
+    cmd = launch(python(SLEEPER))
+    send(redis_client, "n1", cmd)
+    wait_for(lambda: started(redis_client, cmd.job_id))
+    agent.stop()
+    [done] = exited(redis_client, cmd.job_id)
+    assert done.stopped and done.exit_code == -signal.SIGTERM
+
+
+def test_agent_survives_a_redis_restart(tmp_path, start_agent):
+    with PrivateRedis(tmp_path / "redis") as server:
+        client = redis_lib.Redis.from_url(server.url)
+        agent = start_agent(server.url)
+        cmd = launch(python("import time; print('working', flush=True); time.sleep(1.5); print('done')"))
+        send(client, "n1", cmd)
+        [job_started] = wait_for(lambda: started(client, cmd.job_id))
+
+        server.restart()  # everything in Redis is lost, as after a real crash
+        client = redis_lib.Redis.from_url(server.url)
+        wait_for(lambda: events(client, "node_registered"), timeout=5)  # registered again
+        [done] = wait_for(lambda: exited(client, cmd.job_id), timeout=5)
+        assert done.exit_code == 0
+        assert done.output_tail == "working\ndone\n"  # the job kept running through the outage
+        kinds = [e.kind for e in events(client)]
+        assert kinds.index("node_registered") < kinds.index("job_exited")
+
+        # Its command stream and group are back, so it takes new work.
+        again = launch(python("print('after')"))
+        send(client, "n1", again)
+        wait_for(lambda: exited(client, again.job_id), timeout=5)
+        assert agent.agent.connected
+        client.close()
+
+
+def test_events_are_buffered_while_redis_is_down(tmp_path, start_agent):
+    with PrivateRedis(tmp_path / "redis") as server:
+        client = redis_lib.Redis.from_url(server.url)
+        agent = start_agent(server.url)
+        cmd = launch(python("import time; time.sleep(0.5); print('finished offline')"))
+        send(client, "n1", cmd)
+        [job_started] = wait_for(lambda: started(client, cmd.job_id))
+        client.close()
+        port = server.port
+        server.stop()  # down, not restarted yet: the exit happens while nobody listens
+
+        wait_for(lambda: agent.agent.buffered_events == 1)  # the exit, waiting in the outbox
+        assert not agent.agent.connected
+        assert gone(job_started.pid)
+
+        with PrivateRedis(tmp_path / "redis", port=port) as server:
+            client = redis_lib.Redis.from_url(server.url)
+            [done] = wait_for(lambda: exited(client, cmd.job_id), timeout=8)
+            assert done.exit_code == 0 and done.output_tail == "finished offline\n"
+            # Registration first, then the buffered events in the order they happened.
+            assert [e.kind for e in events(client)] == ["node_registered", "job_exited"]
+            assert agent.agent.buffered_events == 0 and agent.agent.dropped_events == 0
+            agent.stop()
+            client.close()

@@ -1,0 +1,167 @@
+"""The job runner: real child processes, their exit codes, output, environment and stopping."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from agents import protocol
+from agents.runner import JobRunner, LaunchError, read_tail
+
+from .helpers import gone, launch, python, wait_for
+
+
+def finish(runner: JobRunner, timeout: float = 5.0):
+    """Poll until at least one job finishes; return the finished jobs."""
+    return wait_for(runner.poll, timeout)
+
+
+def test_exit_codes_are_recorded(runner):
+    ok = launch(python("pass"))
+    failed = launch(python("raise SystemExit(3)"))
+    runner.launch(ok)
+    runner.launch(failed)
+    finished = {}
+    wait_for(lambda: finished.update({f.job_id: f for f in runner.poll()}) or len(finished) == 2)
+    assert finished[ok.job_id].exit_code == 0
+    assert finished[failed.job_id].exit_code == 3
+    assert not finished[ok.job_id].stopped
+    assert runner.running() == set()
+
+
+def test_child_sees_its_gpus_and_job_id_and_output_is_kept(runner):
+    cmd = launch(
+        python("import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['COLONY_JOB_ID'], os.environ['X'])"),
+        gpus=[2, 5],
+        env={"X": "from-command", "CUDA_VISIBLE_DEVICES": "0,1,2,3"},  # a job cannot widen its GPUs
+    )
+    runner.launch(cmd)
+    [done] = finish(runner)
+    assert done.output_tail == f"2,5 {cmd.job_id} from-command\n"
+    assert (runner.job_dir(cmd.job_id) / "output.log").read_text() == done.output_tail
+
+
+def test_job_runs_in_its_own_directory_and_stderr_is_captured(runner):
+    cmd = launch(python("import os, sys; print(os.getcwd()); print('oops', file=sys.stderr)"))
+    runner.launch(cmd)
+    [done] = finish(runner)
+    assert done.output_tail.splitlines() == [str(runner.job_dir(cmd.job_id)), "oops"]
+
+
+def test_agent_redis_url_is_not_passed_to_jobs(runner, monkeypatch):
+    monkeypatch.setenv("COLONY_REDIS_URL", "redis://:secret@control:6379/0")
+    monkeypatch.setenv("SOME_SITE_SETTING", "kept")
+    runner.launch(launch(python("import os; print(os.environ.get('COLONY_REDIS_URL'), os.environ['SOME_SITE_SETTING'])")))
+    [done] = finish(runner)
+    assert done.output_tail == "None kept\n"
+
+
+def test_output_tail_keeps_only_the_last_bytes(runner):
+    runner.launch(launch(python("import sys; sys.stdout.write('a' * 20000 + 'é' * 10 + 'END')")))
+    [done] = finish(runner)
+    assert len(done.output_tail.encode()) <= protocol.OUTPUT_TAIL_BYTES
+    assert done.output_tail.endswith("é" * 10 + "END")
+    assert "\ufffd" not in done.output_tail
+
+
+def test_tail_of_binary_output_is_replaced_not_crashed(tmp_path):
+    path = tmp_path / "output.log"
+    path.write_bytes(b"ok \xff\xfe\n")
+    assert read_tail(path) == "ok \ufffd\ufffd\n"
+    assert read_tail(tmp_path / "missing.log") == ""
+
+
+def test_missing_executable_is_a_launch_error(runner, tmp_path):
+    with pytest.raises(LaunchError, match="cannot start '/no/such/program'"):
+        runner.launch(launch(["/no/such/program", "--flag"]))
+    script = tmp_path / "not-executable.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    with pytest.raises(LaunchError, match="Permission denied"):
+        runner.launch(launch([str(script)]))
+    assert runner.running() == set()
+
+
+def test_relaunching_a_running_job_does_not_start_it_twice(runner):
+    cmd = launch(python("import time; print('started', flush=True); time.sleep(30)"))
+    pid = runner.launch(cmd)
+    assert runner.launch(cmd) == pid
+    assert runner.running() == {cmd.job_id}
+    wait_for(lambda: "started" in read_tail(runner.job_dir(cmd.job_id) / "output.log"))
+    runner.stop(cmd.job_id, 5)
+    [done] = finish(runner)
+    assert done.output_tail == "started\n"  # one process wrote it, once
+
+
+# A job that starts a grandchild (as data loaders and launchers do) and reports both pids.
+FAMILY = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _grandchild_pid(runner, job_id) -> int:
+    log = runner.job_dir(job_id) / "output.log"
+    return int(wait_for(lambda: read_tail(log).strip()))
+
+
+def test_stop_kills_the_whole_process_group(runner):
+    cmd = launch(python(FAMILY))
+    pid = runner.launch(cmd)
+    grandchild = _grandchild_pid(runner, cmd.job_id)
+    runner.stop(cmd.job_id, grace_seconds=5)
+    [done] = finish(runner)
+    assert done.stopped is True
+    assert done.exit_code == -signal.SIGTERM
+    assert gone(pid)
+    wait_for(lambda: gone(grandchild), timeout=2)
+
+
+def test_stop_escalates_to_sigkill_after_the_grace(runner):
+    cmd = launch(python(
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    ))
+    runner.launch(cmd)
+    wait_for(lambda: "ready" in read_tail(runner.job_dir(cmd.job_id) / "output.log"))
+    started = time.monotonic()
+    runner.stop(cmd.job_id, grace_seconds=0.3)
+    time.sleep(0.1)
+    assert runner.poll() == []  # SIGTERM ignored, still inside the grace
+    [done] = finish(runner)
+    assert done.exit_code == -signal.SIGKILL and done.stopped
+    assert 0.3 <= time.monotonic() - started < 3
+
+
+def test_stragglers_die_with_the_job(runner):
+    # The leader exits at once and leaves a grandchild behind.
+    cmd = launch(python(
+        "import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']).pid)"
+    ))
+    runner.launch(cmd)
+    [done] = finish(runner)
+    assert done.exit_code == 0 and not done.stopped
+    grandchild = int(done.output_tail)
+    wait_for(lambda: gone(grandchild), timeout=2)
+
+
+def test_stopping_an_unknown_job_is_a_no_op(runner):
+    runner.stop(12345, 1)
+    assert runner.poll() == []
+
+
+def test_stop_all_returns_once_everything_exited(runner):
+    stubborn = launch(python("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('r', flush=True); time.sleep(60)"))
+    polite = launch(python("import time; time.sleep(60)"))
+    pids = [runner.launch(stubborn), runner.launch(polite)]
+    wait_for(lambda: "r" in read_tail(runner.job_dir(stubborn.job_id) / "output.log"))
+    finished = runner.stop_all(grace_seconds=0.3)
+    assert {f.job_id: f.exit_code for f in finished} == {stubborn.job_id: -signal.SIGKILL, polite.job_id: -signal.SIGTERM}
+    assert all(f.stopped for f in finished)
+    assert runner.running() == set()
+    assert all(gone(pid) for pid in pids)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)
