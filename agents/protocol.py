@@ -14,7 +14,16 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 PROTOCOL_VERSION = 1
 
@@ -24,8 +33,9 @@ OUTPUT_TAIL_BYTES = 8 * 1024
 
 NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
-# Redis names. Agents write EVENTS_STREAM and read their own command stream.
+# Redis names. Agents write EVENTS_STREAM and METRICS_STREAM and read their own command stream.
 EVENTS_STREAM = "colony:events"
+METRICS_STREAM = "colony:metrics"
 DEAD_LETTER_STREAM = "colony:deadletter"
 DEAD_LETTER_COUNT_KEY = "colony:deadletter:count"
 AGENT_COMMAND_GROUP = "agent"
@@ -53,6 +63,14 @@ class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     v: Literal[1] = PROTOCOL_VERSION
 
+    @model_validator(mode="before")
+    @classmethod
+    def _version_on_the_wire(cls, data, info: ValidationInfo):
+        # Code may omit `v` when building a message; a message read off the wire must say it.
+        if info.context and info.context.get("wire") and isinstance(data, dict) and "v" not in data:
+            raise ValueError("missing protocol version 'v'")
+        return data
+
 
 class _NodeMessage(_Message):
     node: str
@@ -76,14 +94,29 @@ class GpuInfo(BaseModel):
     memory_mib: int = Field(gt=0)
 
 
+class GpuLink(BaseModel):
+    """How two GPUs of one node talk: ``nvlink`` (with link count), ``pcie`` levels, or ``system``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    a: int = Field(ge=0, lt=64)
+    b: int = Field(ge=0, lt=64)
+    kind: Literal["nvlink", "same_board", "pcie_switch", "pcie_host_bridge", "system", "unknown"]
+    bandwidth_gbps: float | None = Field(default=None, ge=0)
+
+
 class NodeRegistered(_NodeMessage):
-    """Sent when an agent starts (and whenever it reconnects): what the node has."""
+    """Sent when an agent starts (and whenever it reconnects): what the node has and runs.
+
+    ``running_jobs`` lets the server reconcile: a job it no longer believes runs here is stopped.
+    """
 
     kind: Literal["node_registered"] = "node_registered"
     gpus: list[GpuInfo] = Field(max_length=64)
+    topology: list[GpuLink] = Field(default_factory=list, max_length=64 * 64)
     backend: str = Field(max_length=32)
     agent_version: str = Field(max_length=32)
     hostname: str = Field(max_length=255)
+    running_jobs: list[int] = Field(default_factory=list, max_length=4096)
 
 
 class JobStarted(_NodeMessage):
@@ -104,6 +137,7 @@ class JobExited(_NodeMessage):
     job_id: int = Field(gt=0)
     exit_code: int | None
     stopped: bool = False
+    oom: bool = False  # killed because its GPU ran out of memory
     error: str | None = Field(default=None, max_length=2000)
     output_tail: str = Field(default="", max_length=OUTPUT_TAIL_BYTES)
     finished_at: float
@@ -111,11 +145,55 @@ class JobExited(_NodeMessage):
 
 AgentEvent = Annotated[Union[NodeRegistered, JobStarted, JobExited], Field(discriminator="kind")]
 
+# ---------------------------------------------------------------- agent -> control plane metrics
+# One NodeSample per node per interval on METRICS_STREAM. Any reading the GPU cannot give (not
+# supported on the model, NVML error) is None: "unknown", never a made-up zero.
+
+
+class GpuSample(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    index: int = Field(ge=0, lt=64)
+    util_sm: float | None = Field(default=None, ge=0, le=100, description="percent")
+    util_mem: float | None = Field(default=None, ge=0, le=100, description="memory controller busy, percent")
+    mem_used_mib: int | None = Field(default=None, ge=0)
+    mem_total_mib: int | None = Field(default=None, ge=0)
+    temperature_c: float | None = None
+    power_w: float | None = Field(default=None, ge=0)
+    sm_clock_mhz: int | None = Field(default=None, ge=0)
+    mem_clock_mhz: int | None = Field(default=None, ge=0)
+    ecc_uncorrected: int | None = Field(default=None, ge=0, description="volatile total")
+    xid_events: list[int] = Field(default_factory=list, max_length=64, description="XID codes since last sample")
+
+
+class JobGpuSample(BaseModel):
+    """GPU memory (and utilisation where known) of one job's processes on one GPU."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    job_id: int = Field(gt=0)
+    gpu_index: int = Field(ge=0, lt=64)
+    mem_used_mib: int = Field(ge=0)
+    util_sm: float | None = Field(default=None, ge=0, le=100)
+
+
+class NodeSample(_NodeMessage):
+    kind: Literal["node_sample"] = "node_sample"
+    ts: float = Field(description="unix time the sample was taken")
+    seq: int = Field(ge=0, description="counts up per agent process; gaps mean lost samples")
+    gpus: list[GpuSample] = Field(max_length=64)
+    jobs: list[JobGpuSample] = Field(default_factory=list, max_length=4096)
+    # Memory held by processes the agent did not launch, per GPU index.
+    unattributed_mib: dict[int, int] = Field(default_factory=dict)
+    running_jobs: list[int] = Field(default_factory=list, max_length=4096)
+
 # ---------------------------------------------------------------- control plane -> agent commands
 
 
 class LaunchJob(_Message):
-    """Start ``argv`` (no shell) with ``CUDA_VISIBLE_DEVICES`` set to ``gpu_indices``."""
+    """Start ``argv`` (no shell) with ``CUDA_VISIBLE_DEVICES`` set to ``gpu_indices``.
+
+    ``gpu_memory_limit_mib`` is what the job may use per GPU (the simulated GPU enforces it as an
+    OOM; NVML nodes report overuse); ``duty_cycle`` < 1 starts it throttled.
+    """
 
     kind: Literal["launch"] = "launch"
     command_id: str = Field(min_length=1, max_length=64)
@@ -123,6 +201,8 @@ class LaunchJob(_Message):
     argv: list[Annotated[str, Field(max_length=4096)]] = Field(min_length=1, max_length=256)
     gpu_indices: list[int] = Field(max_length=64)
     env: dict[str, str] = Field(default_factory=dict)
+    gpu_memory_limit_mib: int | None = Field(default=None, gt=0)
+    duty_cycle: float = Field(default=1.0, gt=0, le=1)
 
 
 class StopJob(_Message):
@@ -134,10 +214,36 @@ class StopJob(_Message):
     grace_seconds: float = Field(default=10.0, ge=0, le=600)
 
 
-NodeCommand = Annotated[Union[LaunchJob, StopJob], Field(discriminator="kind")]
+class SetDutyCycle(_Message):
+    """Throttle a job from outside: it runs ``duty_cycle`` of each period (SIGSTOP/SIGCONT slicing)."""
+
+    kind: Literal["set_duty_cycle"] = "set_duty_cycle"
+    command_id: str = Field(min_length=1, max_length=64)
+    job_id: int = Field(gt=0)
+    duty_cycle: float = Field(gt=0, le=1)
+
+
+class SuspendJob(_Message):
+    """Freeze the job's process group (SIGSTOP); its GPU memory stays allocated."""
+
+    kind: Literal["suspend"] = "suspend"
+    command_id: str = Field(min_length=1, max_length=64)
+    job_id: int = Field(gt=0)
+
+
+class ResumeJob(_Message):
+    kind: Literal["resume"] = "resume"
+    command_id: str = Field(min_length=1, max_length=64)
+    job_id: int = Field(gt=0)
+
+
+NodeCommand = Annotated[
+    Union[LaunchJob, StopJob, SetDutyCycle, SuspendJob, ResumeJob], Field(discriminator="kind")
+]
 
 _event_adapter: TypeAdapter = TypeAdapter(AgentEvent)
 _command_adapter: TypeAdapter = TypeAdapter(NodeCommand)
+_sample_adapter: TypeAdapter = TypeAdapter(NodeSample)
 
 
 def encode(message: _Message) -> dict[str, str]:
@@ -168,7 +274,7 @@ def _text(value) -> str:
 def _parse(adapter: TypeAdapter, fields: dict):
     raw = _payload(fields)
     try:
-        return adapter.validate_json(raw)
+        return adapter.validate_json(raw, context={"wire": True})
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "message"
@@ -180,6 +286,11 @@ def decode_event(fields: dict) -> NodeRegistered | JobStarted | JobExited:
     return _parse(_event_adapter, fields)
 
 
-def decode_command(fields: dict) -> LaunchJob | StopJob:
+def decode_command(fields: dict) -> LaunchJob | StopJob | SetDutyCycle | SuspendJob | ResumeJob:
     """Parse one command-stream entry; raises :class:`ProtocolError`."""
     return _parse(_command_adapter, fields)
+
+
+def decode_sample(fields: dict) -> NodeSample:
+    """Parse one metrics-stream entry; raises :class:`ProtocolError`."""
+    return _parse(_sample_adapter, fields)
