@@ -162,3 +162,24 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("COLONY_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# ---------------------------------------------------------------- monitoring
+# A node whose heartbeat key has expired (agents refresh it every interval, TTL 10 s) is LOST.
+COLONY_ALERT_TEMPERATURE_C = env_float("COLONY_ALERT_TEMPERATURE_C", 85.0)
+COLONY_IDLE_GPU_MINUTES = env_float("COLONY_IDLE_GPU_MINUTES", 30.0)
+COLONY_IDLE_GPU_UTIL_PERCENT = env_float("COLONY_IDLE_GPU_UTIL_PERCENT", 5.0)
+COLONY_ROLLUP_RETENTION_10S_HOURS = env_float("COLONY_ROLLUP_RETENTION_10S_HOURS", 24.0)
+COLONY_ROLLUP_RETENTION_1M_DAYS = env_float("COLONY_ROLLUP_RETENTION_1M_DAYS", 30.0)
+# Bearer token Prometheus must send to /metrics; empty means /metrics is open (bind it privately).
+COLONY_METRICS_TOKEN = env_secret("COLONY_METRICS_TOKEN", "")
+
+CELERY_BEAT_SCHEDULE.update({
+    "node-health": {
+        "task": "jobs.tasks.check_node_health",
+        "schedule": COLONY_SCHEDULER_INTERVAL,
+        "options": {"expires": COLONY_SCHEDULER_INTERVAL * 0.9},
+    },
+    "compact-rollups": {"task": "monitoring.tasks.compact_rollups", "schedule": 60.0, "options": {"expires": 55}},
+    "prune-rollups": {"task": "monitoring.tasks.prune_rollups", "schedule": 600.0, "options": {"expires": 590}},
+    "evaluate-alerts": {"task": "jobs.tasks.evaluate_alerts", "schedule": 30.0, "options": {"expires": 28}},
+})

@@ -71,6 +71,9 @@ class Job(models.Model):
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
     pending_reason = models.JSONField(null=True, blank=True, help_text="{code, message, details} while pending.")
+    requeue_count = models.PositiveSmallIntegerField(default=0, help_text="Times its node was lost under it.")
+    peak_gpu_memory_mib = models.PositiveIntegerField(null=True, blank=True,
+                                                      help_text="Most GPU memory seen on any of its GPUs.")
     exit_code = models.IntegerField(null=True, blank=True)
     error = models.TextField(blank=True)
     output_tail = models.TextField(blank=True)

@@ -2,8 +2,11 @@
 
 from celery import shared_task
 
+from jobs.services import alerts as job_alerts
+from jobs.services import node_health
 from jobs.services.agent_events import consume_events
 from jobs.services.cycle import run_scheduling_cycle
+from monitoring.services.redis_client import get_redis
 
 
 @shared_task(ignore_result=True)
@@ -15,3 +18,13 @@ def scheduling_cycle() -> dict:
 @shared_task(ignore_result=True)
 def consume_agent_events() -> int:
     return consume_events()
+
+
+@shared_task(ignore_result=True)
+def check_node_health() -> dict:
+    return node_health.check_node_health(get_redis())
+
+
+@shared_task(ignore_result=True)
+def evaluate_alerts() -> int:
+    return job_alerts.evaluate()

@@ -1,6 +1,11 @@
-"""Inventory: what nodes and GPUs the cluster has, as their agents registered them."""
+"""Inventory (nodes and GPUs as their agents registered them), metric rollups, job usage, alerts.
+
+Jobs are referred to by id only (``job_id``): this app never imports ``jobs``.
+"""
 
 from django.db import models
+
+from monitoring.choices import AlertKind, NodeState, Resolution
 
 
 class Node(models.Model):
@@ -8,7 +13,11 @@ class Node(models.Model):
     hostname = models.CharField(max_length=255, blank=True)
     backend = models.CharField(max_length=32, blank=True, help_text="nvml or simulated")
     agent_version = models.CharField(max_length=32, blank=True)
+    state = models.CharField(max_length=8, choices=NodeState.choices, default=NodeState.UP)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
     cordoned = models.BooleanField(default=False, help_text="Cordoned nodes get no new jobs.")
+    rack = models.CharField(max_length=63, blank=True, help_text="Placement prefers gangs within one rack.")
+    topology = models.JSONField(default=list, blank=True, help_text="GPU-to-GPU links as the agent reported them.")
     registered_at = models.DateTimeField(help_text="Last time the agent (re)registered.")
 
     class Meta:
@@ -38,3 +47,98 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}/gpu{self.index} ({self.model})"
+
+
+class GpuRollup(models.Model):
+    """One GPU's samples folded into a fixed time bucket (sums and counts, so buckets merge)."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="rollups")
+    resolution = models.PositiveSmallIntegerField(choices=Resolution.choices)
+    bucket_start = models.DateTimeField()
+    samples = models.PositiveIntegerField(default=0)
+    util_sum = models.FloatField(default=0)
+    util_n = models.PositiveIntegerField(default=0)
+    util_max = models.FloatField(null=True)
+    mem_sum = models.FloatField(default=0)
+    mem_n = models.PositiveIntegerField(default=0)
+    mem_max = models.IntegerField(null=True)
+    temp_max = models.FloatField(null=True)
+    power_sum = models.FloatField(default=0)
+    power_n = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["gpu", "resolution", "bucket_start"], name="gpu_rollup_unique_bucket")
+        ]
+        indexes = [models.Index(fields=["resolution", "bucket_start"], name="gpu_rollup_time")]
+
+    @property
+    def util_avg(self) -> float | None:
+        return self.util_sum / self.util_n if self.util_n else None
+
+    @property
+    def mem_avg(self) -> float | None:
+        return self.mem_sum / self.mem_n if self.mem_n else None
+
+    @property
+    def power_avg(self) -> float | None:
+        return self.power_sum / self.power_n if self.power_n else None
+
+
+class JobRollup(models.Model):
+    """One job's GPU usage in a time bucket: memory is the max over its GPUs, util the mean."""
+
+    job_id = models.BigIntegerField()
+    resolution = models.PositiveSmallIntegerField(choices=Resolution.choices)
+    bucket_start = models.DateTimeField()
+    samples = models.PositiveIntegerField(default=0)
+    mem_max = models.IntegerField(null=True)
+    util_sum = models.FloatField(default=0)
+    util_n = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job_id", "resolution", "bucket_start"], name="job_rollup_unique_bucket")
+        ]
+        indexes = [models.Index(fields=["resolution", "bucket_start"], name="job_rollup_time")]
+
+    @property
+    def util_avg(self) -> float | None:
+        return self.util_sum / self.util_n if self.util_n else None
+
+
+class JobUsage(models.Model):
+    """What a job has used over its life so far, per GPU: the input to profiles and packing."""
+
+    job_id = models.BigIntegerField(primary_key=True)
+    peak_gpu_memory_mib = models.IntegerField(default=0)
+    util_sum = models.FloatField(default=0)
+    util_n = models.PositiveIntegerField(default=0)
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    @property
+    def mean_util(self) -> float | None:
+        return self.util_sum / self.util_n if self.util_n else None
+
+
+class Alert(models.Model):
+    """Something an operator should look at. Open while ``resolved_at`` is null; re-seen alerts
+    refresh ``last_seen_at`` instead of piling up."""
+
+    kind = models.CharField(max_length=24, choices=AlertKind.choices)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="alerts")
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, null=True, blank=True, related_name="alerts")
+    job_id = models.BigIntegerField(null=True, blank=True)
+    message = models.CharField(max_length=500)
+    details = models.JSONField(default=dict, blank=True)
+    opened_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-opened_at"]
+        indexes = [models.Index(fields=["kind", "resolved_at"], name="alert_kind_open")]
+
+    def __str__(self) -> str:
+        return self.message

@@ -1,7 +1,8 @@
 """``python -m cluster_ui.devstack``: the whole of Colony on one machine, on embedded defaults.
 
 Starts a private Redis, migrates and seeds the database (SQLite unless ``DATABASE_URL`` says
-otherwise), then a Celery worker, Celery beat, one simulated agent per node and the web server.
+otherwise), then a Celery worker, Celery beat, a metrics ingest reader, one simulated agent per
+node and the web server.
 Ctrl-C (or SIGTERM) stops every child, newest first, and leaves no orphan: each child runs in its
 own process group, which is signalled as a whole, and also gets SIGTERM if this process dies.
 """
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.start("worker", [python, "-m", "celery", "-A", "cluster_ui", "worker", "--loglevel=INFO",
                                     "--concurrency=2", "-n", "worker@%h"])
         supervisor.start("beat", [python, "-m", "celery", "-A", "cluster_ui", "beat", "--loglevel=INFO"])
+        supervisor.start("ingest", [python, "manage.py", "ingest"])
         for number, spec in enumerate(args.nodes or DEFAULT_NODES, start=1):
             supervisor.start(f"agent-node-{number}", [python, "-m", "agents", "--node", f"node-{number}",
                                                       "--simulate", spec, "--redis", redis.url,

@@ -10,8 +10,6 @@ committed, so a crash re-delivers instead of losing.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 from datetime import datetime, timezone as dt_timezone
 
 import redis
@@ -22,9 +20,13 @@ from agents import protocol
 from jobs.choices import JobState
 from jobs.models import Allocation, Job
 from jobs.services.commands import send_stop
+from jobs.services.node_health import stop_strays
 from jobs.services.nudge import nudge_scheduler
+from monitoring.models import JobUsage
+from monitoring.services.dead_letters import dead_letter
 from monitoring.services.redis_client import get_redis
 from monitoring.services.registry import register_node
+from monitoring.services.streams import claim_stale, consumer_name, ensure_group, read_new
 
 log = logging.getLogger(__name__)
 
@@ -41,26 +43,15 @@ class Rejected(Exception):
 def consume_events(client: redis.Redis | None = None, max_batches: int = 50) -> int:
     """Apply what is waiting on the events stream; returns how many entries were handled."""
     client = client or get_redis()
-    consumer = f"{socket.gethostname()}-{os.getpid()}"
-    _ensure_group(client)
-    handled = 0
-    _, claimed, _ = client.xautoclaim(protocol.EVENTS_STREAM, GROUP, consumer, CLAIM_IDLE_MS, "0-0", count=BATCH)
-    handled += _handle_entries(client, claimed)
+    consumer = consumer_name()
+    ensure_group(client, protocol.EVENTS_STREAM, GROUP)
+    handled = _handle_entries(client, claim_stale(client, protocol.EVENTS_STREAM, GROUP, consumer, CLAIM_IDLE_MS))
     for _ in range(max_batches):
-        response = client.xreadgroup(GROUP, consumer, {protocol.EVENTS_STREAM: ">"}, count=BATCH)
-        entries = response[0][1] if response else []
+        entries = read_new(client, protocol.EVENTS_STREAM, GROUP, consumer, BATCH)
         if not entries:
             break
         handled += _handle_entries(client, entries)
     return handled
-
-
-def _ensure_group(client: redis.Redis) -> None:
-    try:
-        client.xgroup_create(protocol.EVENTS_STREAM, GROUP, id="0", mkstream=True)
-    except redis.ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
 
 
 def _handle_entries(client: redis.Redis, entries) -> int:
@@ -73,32 +64,19 @@ def _handle_entries(client: redis.Redis, entries) -> int:
             message = protocol.decode_event(fields)
             finished |= apply_event(message)
         except (protocol.ProtocolError, Rejected) as exc:
-            dead_letter(client, entry_id, fields, str(exc))
+            dead_letter(client, protocol.EVENTS_STREAM, entry_id, fields, str(exc))
         client.xack(protocol.EVENTS_STREAM, GROUP, entry_id)
     if finished:
         nudge_scheduler()
     return len(entries)
 
 
-def dead_letter(client: redis.Redis, entry_id, fields: dict, reason: str) -> None:
-    raw = fields.get(b"m", fields.get("m", b"")) if fields else b""
-    if isinstance(raw, str):
-        raw = raw.encode("utf-8", "replace")
-    log.warning("dead-lettered event %s: %s", entry_id, reason)
-    pipe = client.pipeline()
-    pipe.xadd(
-        protocol.DEAD_LETTER_STREAM,
-        {"source": protocol.EVENTS_STREAM, "id": entry_id, "reason": reason[:500], "raw": raw[:1024]},
-        maxlen=10_000, approximate=True,
-    )
-    pipe.incr(protocol.DEAD_LETTER_COUNT_KEY)
-    pipe.execute()
-
-
 def apply_event(message) -> bool:
     """Apply one parsed event; returns True when GPUs were freed (worth a scheduling cycle)."""
     if isinstance(message, protocol.NodeRegistered):
         register_node(message)
+        if message.running_jobs:
+            stop_strays(get_redis(), message.node, message.running_jobs)
         return False
     if isinstance(message, protocol.JobStarted):
         _job_started(message)
@@ -118,35 +96,44 @@ def _when(unix: float) -> datetime:
 
 @transaction.atomic
 def _job_started(message: protocol.JobStarted) -> None:
-    if not _allocated_on(message.job_id, message.node).exists():
+    allocations = _allocated_on(message.job_id, message.node)
+    if not allocations.exists():
         raise Rejected(f"job {message.job_id} was never placed on node {message.node}")
-    if Job.objects.filter(pk=message.job_id, state=JobState.PLACED).update(
-        state=JobState.RUNNING, started_at=_when(message.started_at)
-    ):
-        return
-    state = Job.objects.values_list("state", flat=True).get(pk=message.job_id)
-    if state == JobState.CANCELLING:
-        Job.objects.filter(pk=message.job_id, started_at__isnull=True).update(started_at=_when(message.started_at))
-    elif state != JobState.RUNNING:
-        # The job ended here (or was requeued) but a process started anyway: make it stop.
+    if not allocations.filter(released_at__isnull=True).exists():
+        # Started under an allocation that is gone (the job was requeued or ended): make it stop.
         transaction.on_commit(lambda: send_stop(message.node, message.job_id))
+        return
+    started_at = _when(message.started_at)
+    if not Job.objects.filter(pk=message.job_id, state=JobState.PLACED).update(
+        state=JobState.RUNNING, started_at=started_at
+    ):
+        Job.objects.filter(pk=message.job_id, state=JobState.CANCELLING, started_at__isnull=True).update(
+            started_at=started_at
+        )
 
 
 @transaction.atomic
 def _job_exited(message: protocol.JobExited) -> bool:
-    live = _allocated_on(message.job_id, message.node).filter(released_at__isnull=True)
-    if not _allocated_on(message.job_id, message.node).exists():
+    allocations = _allocated_on(message.job_id, message.node)
+    if not allocations.exists():
         raise Rejected(f"job {message.job_id} was never placed on node {message.node}")
+    live = allocations.filter(released_at__isnull=True)
+    if not live.exists():
+        # A stale run (requeued since, or a duplicate report): the job's state is not its to set.
+        return False
     now = timezone.now()
     outcome = {
         "exit_code": message.exit_code,
         "output_tail": message.output_tail,
-        "error": message.error or "",
+        "error": message.error or ("Killed: out of GPU memory" if message.oom else ""),
         "finished_at": _when(message.finished_at),
+        "peak_gpu_memory_mib": JobUsage.objects.filter(job_id=message.job_id)
+        .values_list("peak_gpu_memory_mib", flat=True).first(),
     }
     Job.objects.filter(pk=message.job_id, state=JobState.CANCELLING).update(state=JobState.CANCELLED, **outcome)
-    succeeded = message.exit_code == 0 and message.error is None
+    succeeded = message.exit_code == 0 and message.error is None and not message.oom
     Job.objects.filter(pk=message.job_id, state__in=(JobState.PLACED, JobState.RUNNING)).update(
         state=JobState.SUCCEEDED if succeeded else JobState.FAILED, **outcome
     )
-    return live.update(released_at=now) > 0
+    live.update(released_at=now)
+    return True

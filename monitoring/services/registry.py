@@ -7,6 +7,7 @@ from django.db.models import Count, Max
 from django.utils import timezone
 
 from agents.protocol import NodeRegistered
+from monitoring.choices import NodeState
 from monitoring.models import Gpu, Node
 
 
@@ -16,15 +17,20 @@ def register_node(message: NodeRegistered) -> Node:
 
     Absent GPUs are kept rather than deleted because allocations of finished jobs point at them.
     """
+    now = timezone.now()
     node, _ = Node.objects.update_or_create(
         name=message.node,
         defaults={
             "hostname": message.hostname,
             "backend": message.backend,
             "agent_version": message.agent_version,
-            "registered_at": timezone.now(),
+            "topology": [link.model_dump() for link in message.topology],
+            "registered_at": now,
         },
     )
+    if node.state != NodeState.UP:
+        Node.objects.filter(pk=node.pk).update(state=NodeState.UP, state_changed_at=now)
+        node.refresh_from_db()
     reported = {gpu.uuid: gpu for gpu in message.gpus}
     Gpu.objects.filter(node=node).exclude(uuid__in=reported).update(present=False)
     for uuid, info in reported.items():

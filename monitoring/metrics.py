@@ -1,0 +1,71 @@
+"""Prometheus collectors for the cluster: read at scrape time from the database and Redis."""
+
+from __future__ import annotations
+
+from django.db.models import Count
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from agents import protocol
+from monitoring.choices import NodeState
+from monitoring.models import Alert, Gpu, Node
+from monitoring.services import ingest, live
+from monitoring.services.dead_letters import dead_letter_count
+from monitoring.services.redis_client import get_redis
+
+GPU_GAUGES = [
+    # (metric, help, field in the live entry)
+    ("colony_gpu_utilization_percent", "SM utilisation of the GPU", "util_sm"),
+    ("colony_gpu_memory_used_mib", "GPU memory in use", "mem_used_mib"),
+    ("colony_gpu_memory_total_mib", "GPU memory capacity", "mem_total_mib"),
+    ("colony_gpu_temperature_celsius", "GPU temperature", "temperature_c"),
+    ("colony_gpu_power_watts", "GPU power draw", "power_w"),
+]
+
+
+class ClusterCollector(Collector):
+    def collect(self):
+        client = get_redis()
+        nodes = GaugeMetricFamily("colony_nodes", "Nodes by state", labels=["state"])
+        counts = dict(Node.objects.values_list("state").annotate(n=Count("id")))
+        for state in NodeState.values:
+            nodes.add_metric([state], counts.get(state, 0))
+        yield nodes
+
+        gpus = GaugeMetricFamily("colony_gpus", "GPUs present, by model", labels=["model"])
+        for model, n in Gpu.objects.filter(present=True).values_list("model").annotate(n=Count("id")):
+            gpus.add_metric([model], n)
+        yield gpus
+
+        models = dict(((n, i), m) for n, i, m in Gpu.objects.filter(present=True)
+                      .values_list("node__name", "index", "model"))
+        families = {name: GaugeMetricFamily(name, help_, labels=["node", "gpu", "model"])
+                    for name, help_, _ in GPU_GAUGES}
+        for field_name, reading in sorted(live.latest_gpus(client).items()):
+            node, index = field_name.rsplit(":", 1)
+            labels = [node, index, models.get((node, int(index)), "unknown")]
+            for name, _, key in GPU_GAUGES:
+                if reading.get(key) is not None:
+                    families[name].add_metric(labels, reading[key])
+        yield from families.values()
+
+        stats = ingest.ingest_stats(client)
+        yield GaugeMetricFamily("colony_ingest_lag_seconds", "Median sample-to-rollup lag of the last batch",
+                                value=stats.get("lag_p50", 0.0))
+        yield CounterMetricFamily("colony_ingest_samples", "Node samples ingested", value=stats.get("samples", 0.0))
+        yield CounterMetricFamily("colony_dead_letters", "Stream entries rejected as malformed",
+                                  value=dead_letter_count(client))
+        pending = 0
+        try:
+            pending = client.xpending(protocol.METRICS_STREAM, ingest.GROUP)["pending"]
+        except Exception:  # no group yet: nothing is pending
+            pass
+        yield GaugeMetricFamily("colony_ingest_pending_entries", "Metric entries read but not yet acknowledged",
+                                value=pending)
+        yield GaugeMetricFamily("colony_metrics_stream_length", "Entries in the metrics stream",
+                                value=client.xlen(protocol.METRICS_STREAM))
+
+        alerts = GaugeMetricFamily("colony_alerts_open", "Open alerts by kind", labels=["kind"])
+        for kind, n in Alert.objects.filter(resolved_at__isnull=True).values_list("kind").annotate(n=Count("id")):
+            alerts.add_metric([kind], n)
+        yield alerts

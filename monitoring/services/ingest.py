@@ -1,0 +1,130 @@
+"""Metric ingest: the metrics stream -> latest values in Redis and 10 s rollups in the database.
+
+Run as many readers as you like (``manage.py ingest``); they share the stream through one consumer
+group and entries left pending by a reader that died are claimed after ``CLAIM_IDLE_MS``. A batch
+is acknowledged only after its rollups are committed, so a crash re-delivers instead of losing.
+Writes are per batch (a few multi-row statements), never per sample.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+import redis
+from django.conf import settings
+
+from agents import protocol
+from monitoring.models import Gpu
+from monitoring.services import alerts, live
+from monitoring.services.dead_letters import dead_letter
+from monitoring.services.rollups import Accumulator, flush
+from monitoring.services.streams import claim_stale, consumer_name, ensure_group, read_new
+
+log = logging.getLogger(__name__)
+
+GROUP = "ingest"
+STATS_KEY = "colony:ingest:stats"
+CLAIM_IDLE_MS = 60_000
+
+
+@dataclass
+class BatchResult:
+    entries: int = 0
+    samples: int = 0
+    dead: int = 0
+    unknown_node: int = 0
+    lags: list[float] = field(default_factory=list)
+
+
+class GpuIds:
+    """(node, index) -> Gpu id, reloaded when a node it has not seen shows up."""
+
+    def __init__(self):
+        self._ids: dict[tuple[str, int], int] = {}
+        self._known_nodes: set[str] = set()
+
+    def reload(self) -> None:
+        rows = Gpu.objects.filter(present=True).values_list("node__name", "index", "id")
+        self._ids = {(node, index): gpu_id for node, index, gpu_id in rows}
+        self._known_nodes = {node for node, _ in self._ids}
+
+    def knows(self, node: str) -> bool:
+        if node not in self._known_nodes:
+            self.reload()
+        return node in self._known_nodes
+
+    def get(self, node: str, index: int) -> int | None:
+        return self._ids.get((node, index))
+
+
+class Ingestor:
+    def __init__(self, client: redis.Redis, consumer: str | None = None, batch_size: int = 2000):
+        self.client = client
+        self.consumer = consumer or consumer_name()
+        self.batch_size = batch_size
+        self.gpu_ids = GpuIds()
+        ensure_group(client, protocol.METRICS_STREAM, GROUP)
+
+    def run_once(self, block_ms: int | None = None) -> BatchResult:
+        """Claim stale entries, then read one batch of new ones; apply, commit, ack."""
+        entries = claim_stale(self.client, protocol.METRICS_STREAM, GROUP, self.consumer, CLAIM_IDLE_MS)
+        entries += read_new(self.client, protocol.METRICS_STREAM, GROUP, self.consumer,
+                            max(1, self.batch_size - len(entries)), block_ms=block_ms)
+        return self.apply(entries)
+
+    def apply(self, entries: list) -> BatchResult:
+        result = BatchResult(entries=len(entries))
+        if not entries:
+            return result
+        samples: list[protocol.NodeSample] = []
+        for entry_id, fields in entries:
+            if fields is None:  # trimmed while pending
+                continue
+            try:
+                samples.append(protocol.decode_sample(fields))
+            except protocol.ProtocolError as exc:
+                dead_letter(self.client, protocol.METRICS_STREAM, entry_id, fields, str(exc))
+                result.dead += 1
+        acc = Accumulator()
+        for sample in samples:
+            if not self.gpu_ids.knows(sample.node):
+                result.unknown_node += 1
+                continue
+            for gpu in sample.gpus:
+                gpu_id = self.gpu_ids.get(sample.node, gpu.index)
+                if gpu_id is not None:
+                    acc.add_gpu(gpu_id, sample.ts, gpu.util_sm, gpu.mem_used_mib, gpu.temperature_c, gpu.power_w)
+            for usage in sample.jobs:
+                acc.add_job(usage.job_id, sample.ts, usage.mem_used_mib, usage.util_sm)
+            result.samples += 1
+        if acc:
+            flush(acc)
+        alerts.from_samples(samples, self.gpu_ids.get, settings.COLONY_ALERT_TEMPERATURE_C)
+        committed = time.time()
+        result.lags = [committed - sample.ts for sample in samples]
+        live.store_latest(self.client, samples)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xack(protocol.METRICS_STREAM, GROUP, *[entry_id for entry_id, _ in entries])
+        pipe.hincrby(STATS_KEY, "samples", result.samples)
+        pipe.hincrby(STATS_KEY, "unknown_node", result.unknown_node)
+        if result.lags:
+            pipe.hset(STATS_KEY, mapping={"lag_p50": statistics.median(result.lags), "lag_max": max(result.lags),
+                                          "committed_at": committed})
+        pipe.execute()
+        return result
+
+    def run_forever(self, stop: threading.Event, block_ms: int = 1000) -> None:
+        while not stop.is_set():
+            try:
+                self.run_once(block_ms=block_ms)
+            except redis.ConnectionError as exc:
+                log.warning("Redis unavailable (%s); retrying", exc)
+                stop.wait(1.0)
+
+
+def ingest_stats(client: redis.Redis) -> dict[str, float]:
+    return {k.decode(): float(v) for k, v in client.hgetall(STATS_KEY).items()}

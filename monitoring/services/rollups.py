@@ -1,0 +1,230 @@
+"""Fold samples into fixed time buckets and merge them into the rollup tables.
+
+Buckets hold sums, counts and maxima, so partial buckets from several flushes (or several ingest
+readers) merge with an additive upsert: nothing is read back, and the order of flushes does not
+matter. The live path writes 10 s buckets; ``compact_minutes`` derives 1 min buckets from them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone as dt_timezone
+
+from django.db import connection, transaction
+from django.db.models import Max, Sum
+
+from monitoring.choices import Resolution
+from monitoring.models import GpuRollup, JobRollup
+
+LIVE_RESOLUTION = Resolution.TEN_SECONDS
+
+
+def bucket_of(ts: float, resolution: int = LIVE_RESOLUTION) -> int:
+    return int(ts // resolution * resolution)
+
+
+def _max(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if a >= b else b
+
+
+@dataclass
+class GpuBucket:
+    samples: int = 0
+    util_sum: float = 0.0
+    util_n: int = 0
+    util_max: float | None = None
+    mem_sum: float = 0.0
+    mem_n: int = 0
+    mem_max: int | None = None
+    temp_max: float | None = None
+    power_sum: float = 0.0
+    power_n: int = 0
+
+    def add(self, util, mem, temp, power) -> None:
+        self.samples += 1
+        if util is not None:
+            self.util_sum += util
+            self.util_n += 1
+            self.util_max = _max(self.util_max, util)
+        if mem is not None:
+            self.mem_sum += mem
+            self.mem_n += 1
+            self.mem_max = _max(self.mem_max, mem)
+        self.temp_max = _max(self.temp_max, temp)
+        if power is not None:
+            self.power_sum += power
+            self.power_n += 1
+
+
+@dataclass
+class JobBucket:
+    samples: int = 0
+    mem_max: int | None = None
+    util_sum: float = 0.0
+    util_n: int = 0
+
+    def add(self, mem, util) -> None:
+        self.samples += 1
+        self.mem_max = _max(self.mem_max, mem)
+        if util is not None:
+            self.util_sum += util
+            self.util_n += 1
+
+
+@dataclass
+class JobUsageDelta:
+    peak_mib: int = 0
+    util_sum: float = 0.0
+    util_n: int = 0
+    first_ts: float = float("inf")
+    last_ts: float = 0.0
+
+
+@dataclass
+class Accumulator:
+    """What a batch of samples adds; ``flush`` writes it in a handful of statements."""
+
+    gpus: dict[tuple[int, int], GpuBucket] = field(default_factory=lambda: defaultdict(GpuBucket))
+    jobs: dict[tuple[int, int], JobBucket] = field(default_factory=lambda: defaultdict(JobBucket))
+    usage: dict[int, JobUsageDelta] = field(default_factory=lambda: defaultdict(JobUsageDelta))
+
+    def __bool__(self) -> bool:
+        return bool(self.gpus or self.jobs)
+
+    def add_gpu(self, gpu_id: int, ts: float, util, mem, temp, power) -> None:
+        self.gpus[(gpu_id, bucket_of(ts))].add(util, mem, temp, power)
+
+    def add_job(self, job_id: int, ts: float, mem: int, util) -> None:
+        self.jobs[(job_id, bucket_of(ts))].add(mem, util)
+        usage = self.usage[job_id]
+        usage.peak_mib = max(usage.peak_mib, mem)
+        if util is not None:
+            usage.util_sum += util
+            usage.util_n += 1
+        usage.first_ts = min(usage.first_ts, ts)
+        usage.last_ts = max(usage.last_ts, ts)
+
+
+def _dt(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, tz=dt_timezone.utc)
+
+
+def _db_dt(epoch: float):
+    return connection.ops.adapt_datetimefield_value(_dt(epoch))
+
+
+def _greatest(a: str, b: str) -> str:
+    fn = "GREATEST" if connection.vendor == "postgresql" else "MAX"
+    # NULL-safe on both backends: SQLite's MAX(x, NULL) is NULL.
+    return f"{fn}(COALESCE({a}, {b}), COALESCE({b}, {a}))"
+
+
+def _least(a: str, b: str) -> str:
+    fn = "LEAST" if connection.vendor == "postgresql" else "MIN"
+    return f"{fn}(COALESCE({a}, {b}), COALESCE({b}, {a}))"
+
+
+def _upsert(table: str, columns: list[str], conflict: list[str], updates: dict[str, str], rows: list[tuple]) -> None:
+    if not rows:
+        return
+    sql = (
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))}) "
+        f"ON CONFLICT ({', '.join(conflict)}) DO UPDATE SET "
+        + ", ".join(f"{column} = {expression}" for column, expression in updates.items())
+    )
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
+
+
+def _add(table: str, column: str) -> str:
+    return f"{table}.{column} + EXCLUDED.{column}"
+
+
+def flush(acc: Accumulator) -> None:
+    """Merge the accumulated buckets and job usage into the database in one transaction."""
+    g, j, u = GpuRollup._meta.db_table, JobRollup._meta.db_table, "monitoring_jobusage"
+    with transaction.atomic():
+        _upsert(
+            g,
+            ["gpu_id", "resolution", "bucket_start", "samples", "util_sum", "util_n", "util_max", "mem_sum",
+             "mem_n", "mem_max", "temp_max", "power_sum", "power_n"],
+            ["gpu_id", "resolution", "bucket_start"],
+            {
+                **{c: _add(g, c) for c in ("samples", "util_sum", "util_n", "mem_sum", "mem_n", "power_sum", "power_n")},
+                **{c: _greatest(f"{g}.{c}", f"EXCLUDED.{c}") for c in ("util_max", "mem_max", "temp_max")},
+            },
+            [
+                (gpu_id, LIVE_RESOLUTION, _db_dt(bucket), b.samples, b.util_sum, b.util_n, b.util_max, b.mem_sum,
+                 b.mem_n, b.mem_max, b.temp_max, b.power_sum, b.power_n)
+                for (gpu_id, bucket), b in acc.gpus.items()
+            ],
+        )
+        _upsert(
+            j,
+            ["job_id", "resolution", "bucket_start", "samples", "mem_max", "util_sum", "util_n"],
+            ["job_id", "resolution", "bucket_start"],
+            {
+                **{c: _add(j, c) for c in ("samples", "util_sum", "util_n")},
+                "mem_max": _greatest(f"{j}.mem_max", "EXCLUDED.mem_max"),
+            },
+            [
+                (job_id, LIVE_RESOLUTION, _db_dt(bucket), b.samples, b.mem_max, b.util_sum, b.util_n)
+                for (job_id, bucket), b in acc.jobs.items()
+            ],
+        )
+        _upsert(
+            u,
+            ["job_id", "peak_gpu_memory_mib", "util_sum", "util_n", "first_seen_at", "last_seen_at"],
+            ["job_id"],
+            {
+                "peak_gpu_memory_mib": _greatest(f"{u}.peak_gpu_memory_mib", "EXCLUDED.peak_gpu_memory_mib"),
+                "util_sum": _add(u, "util_sum"),
+                "util_n": _add(u, "util_n"),
+                "first_seen_at": _least(f"{u}.first_seen_at", "EXCLUDED.first_seen_at"),
+                "last_seen_at": _greatest(f"{u}.last_seen_at", "EXCLUDED.last_seen_at"),
+            },
+            [
+                (job_id, d.peak_mib, d.util_sum, d.util_n, _db_dt(d.first_ts), _db_dt(d.last_ts))
+                for job_id, d in acc.usage.items()
+            ],
+        )
+
+
+def compact_minutes(since: datetime, until: datetime) -> int:
+    """(Re)compute 1 min GPU and job buckets in [since, until) from the 10 s ones; idempotent."""
+    written = 0
+    minute = timedelta(seconds=Resolution.ONE_MINUTE)
+    start = since.replace(second=0, microsecond=0)
+    while start < until:
+        end = start + minute
+        written += _compact_model(GpuRollup, "gpu_id", start, end, {
+            "samples": Sum("samples"), "util_sum": Sum("util_sum"), "util_n": Sum("util_n"),
+            "util_max": Max("util_max"), "mem_sum": Sum("mem_sum"), "mem_n": Sum("mem_n"),
+            "mem_max": Max("mem_max"), "temp_max": Max("temp_max"), "power_sum": Sum("power_sum"),
+            "power_n": Sum("power_n"),
+        })
+        written += _compact_model(JobRollup, "job_id", start, end, {
+            "samples": Sum("samples"), "mem_max": Max("mem_max"), "util_sum": Sum("util_sum"),
+            "util_n": Sum("util_n"),
+        })
+        start = end
+    return written
+
+
+def _compact_model(model, key: str, start: datetime, end: datetime, aggregates: dict) -> int:
+    rows = (
+        model.objects.filter(resolution=LIVE_RESOLUTION, bucket_start__gte=start, bucket_start__lt=end)
+        .values(key).annotate(**aggregates)
+    )
+    objects = [model(resolution=Resolution.ONE_MINUTE, bucket_start=start, **row) for row in rows]
+    model.objects.bulk_create(
+        objects, update_conflicts=True, unique_fields=[key.removesuffix("_id") if key == "gpu_id" else key,
+                                                       "resolution", "bucket_start"],
+        update_fields=list(aggregates), batch_size=1000,
+    )
+    return len(objects)

@@ -1,0 +1,38 @@
+"""Consumer-group plumbing shared by the stream readers (agent events, metrics)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import redis
+
+
+def consumer_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
+    try:
+        client.xgroup_create(stream, group, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def claim_stale(client: redis.Redis, stream: str, group: str, consumer: str, min_idle_ms: int,
+                count: int = 1000) -> list:
+    """Entries another reader took and never acked (it died): ours now."""
+    claimed: list = []
+    cursor = "0-0"
+    while True:
+        cursor, entries, _ = client.xautoclaim(stream, group, consumer, min_idle_ms, cursor, count=count)
+        claimed.extend(entries)
+        if cursor in (b"0-0", "0-0") or not entries:
+            return claimed
+
+
+def read_new(client: redis.Redis, stream: str, group: str, consumer: str, count: int,
+             block_ms: int | None = None) -> list:
+    response = client.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms)
+    return response[0][1] if response else []

@@ -1,0 +1,16 @@
+"""Celery tasks for monitoring: thin wrappers around one service each."""
+
+from celery import shared_task
+
+from monitoring.services import live, retention
+from monitoring.services.redis_client import get_redis
+
+
+@shared_task(ignore_result=True)
+def compact_rollups() -> int:
+    return retention.compact_recent()
+
+
+@shared_task(ignore_result=True)
+def prune_rollups() -> int:
+    return retention.prune() + live.prune_stale(get_redis())

@@ -1,0 +1,85 @@
+"""Lost nodes: their jobs are requeued exactly once; strays are stopped when the node is back."""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from agents import protocol
+from jobs.choices import JobState
+from jobs.models import Allocation
+from jobs.services.agent_events import consume_events
+from jobs.services.node_health import check_node_health
+from monitoring.choices import AlertKind, NodeState
+from monitoring.models import Alert, Node
+from monitoring.services import live
+from tests.factories import GpuFactory, JobFactory, NodeFactory
+
+
+@pytest.fixture
+def running_on_n1(db, live_redis):
+    node = NodeFactory(name="n1", registered_at=timezone.now() - timedelta(minutes=5))
+    job = JobFactory(state=JobState.RUNNING)
+    Allocation.objects.create(job=job, gpu=GpuFactory(node=node, index=0))
+    return job
+
+
+def stop_commands(redis_client, node="n1"):
+    return [c for _, f in redis_client.xrange(protocol.command_stream(node))
+            if isinstance(c := protocol.decode_command(f), protocol.StopJob)]
+
+
+def test_silent_node_is_lost_and_its_job_requeued_once(running_on_n1, redis_client):
+    first = check_node_health(redis_client)
+    second = check_node_health(redis_client)
+    assert first["lost"] == ["n1"] and second["lost"] == []
+    running_on_n1.refresh_from_db()
+    assert running_on_n1.state == JobState.PENDING
+    assert running_on_n1.requeue_count == 1
+    assert running_on_n1.pending_reason["code"] == "node_lost"
+    assert "node n1 stopped responding" in running_on_n1.pending_reason["message"]
+    assert not Allocation.objects.filter(job=running_on_n1, released_at__isnull=True).exists()
+    assert Node.objects.get(name="n1").state == NodeState.LOST
+    assert Alert.objects.filter(kind=AlertKind.NODE_LOST, resolved_at__isnull=True).count() == 1
+
+
+def test_heartbeating_node_is_left_alone(running_on_n1, redis_client):
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=10)
+    assert check_node_health(redis_client)["lost"] == []
+    running_on_n1.refresh_from_db()
+    assert running_on_n1.state == JobState.RUNNING
+
+
+def test_returning_node_stops_the_stale_process_and_its_exit_does_not_touch_the_job(running_on_n1, redis_client):
+    check_node_health(redis_client)  # lost, requeued
+    gpus = [protocol.GpuInfo(index=0, uuid=Allocation.objects.get().gpu.uuid, model="A100-80GB", memory_mib=81920)]
+    redis_client.xadd(protocol.EVENTS_STREAM, protocol.encode(protocol.NodeRegistered(
+        node="n1", gpus=gpus, backend="simulated", agent_version="0.1.0", hostname="h",
+        running_jobs=[running_on_n1.pk])))
+    consume_events(redis_client)
+    assert Node.objects.get(name="n1").state == NodeState.UP
+    assert [c.job_id for c in stop_commands(redis_client)] == [running_on_n1.pk]
+    # The old process's exit report must not finish the requeued job.
+    redis_client.xadd(protocol.EVENTS_STREAM, protocol.encode(protocol.JobExited(
+        node="n1", job_id=running_on_n1.pk, exit_code=-15, stopped=True, finished_at=time.time())))
+    consume_events(redis_client)
+    running_on_n1.refresh_from_db()
+    assert running_on_n1.state == JobState.PENDING
+
+
+def test_strays_reported_in_samples_are_stopped_once_per_window(running_on_n1, redis_client):
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=10)
+    stray = JobFactory(state=JobState.SUCCEEDED)
+    live.store_latest(redis_client, [protocol.NodeSample(node="n1", ts=time.time(), seq=1, gpus=[],
+                                                         running_jobs=[running_on_n1.pk, stray.pk])])
+    assert check_node_health(redis_client)["strays_stopped"] == 1
+    assert check_node_health(redis_client)["strays_stopped"] == 0
+    assert [c.job_id for c in stop_commands(redis_client)] == [stray.pk]
+
+
+def test_lost_node_that_heartbeats_again_is_revived(running_on_n1, redis_client):
+    check_node_health(redis_client)
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=10)
+    assert check_node_health(redis_client)["revived"] == ["n1"]
+    assert Node.objects.get(name="n1").state == NodeState.UP

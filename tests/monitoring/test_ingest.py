@@ -1,0 +1,162 @@
+"""Metric ingest: node samples on the stream -> live values in Redis and 10 s rollups."""
+
+import pytest
+
+from agents import protocol
+from monitoring.choices import AlertKind, Resolution
+from monitoring.models import Alert, GpuRollup, JobRollup, JobUsage
+from monitoring.services import live
+from monitoring.services.ingest import GROUP, Ingestor, ingest_stats
+
+T0 = 1_700_000_000.0  # a bucket boundary (divisible by 10)
+
+
+def sample(seq, ts, node="n1", util=(50.0, 10.0), mem=(1000, 2000), temp=60.0, jobs=(), xid=()):
+    return protocol.NodeSample(
+        node=node, ts=ts, seq=seq,
+        gpus=[protocol.GpuSample(index=i, util_sm=util[i], mem_used_mib=mem[i], mem_total_mib=81920,
+                                 temperature_c=temp, power_w=200.0, xid_events=list(xid) if i == 0 else [])
+              for i in range(2)],
+        jobs=[protocol.JobGpuSample(job_id=j, gpu_index=g, mem_used_mib=m, util_sm=u) for j, g, m, u in jobs],
+        running_jobs=sorted({j for j, *_ in jobs}),
+    )
+
+
+def publish(redis_client, *samples):
+    for s in samples:
+        redis_client.xadd(protocol.METRICS_STREAM, protocol.encode(s))
+
+
+@pytest.fixture
+def ingestor(redis_client, live_redis, node_n1):
+    return Ingestor(redis_client, consumer="test")
+
+
+def rollup(gpu_index, bucket=T0):
+    return GpuRollup.objects.get(gpu__index=gpu_index, resolution=Resolution.TEN_SECONDS,
+                                 bucket_start__year__gte=2000, bucket_start=_dt(bucket))
+
+
+def _dt(epoch):
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(epoch, tz=timezone.utc)
+
+
+def test_samples_fold_into_ten_second_buckets(ingestor, redis_client):
+    publish(redis_client, sample(1, T0 + 1, util=(40.0, 0.0)), sample(2, T0 + 2, util=(60.0, 0.0)),
+            sample(3, T0 + 11, util=(90.0, 0.0)))
+    result = ingestor.run_once()
+    assert (result.entries, result.samples, result.dead) == (3, 3, 0)
+    first = rollup(0)
+    assert first.samples == 2
+    assert first.util_avg == pytest.approx(50.0)
+    assert first.util_max == 60.0
+    assert first.mem_max == 1000
+    assert first.power_avg == pytest.approx(200.0)
+    assert rollup(0, T0 + 10).util_avg == pytest.approx(90.0)
+
+
+def test_partial_buckets_from_separate_batches_merge(ingestor, redis_client):
+    publish(redis_client, sample(1, T0 + 1, util=(20.0, 0.0), mem=(500, 0)))
+    ingestor.run_once()
+    publish(redis_client, sample(2, T0 + 2, util=(80.0, 0.0), mem=(3000, 0)))
+    ingestor.run_once()
+    merged = rollup(0)
+    assert (merged.samples, merged.util_avg, merged.util_max, merged.mem_max) == (2, 50.0, 80.0, 3000)
+
+
+def test_unknown_readings_are_not_counted_as_zero(ingestor, redis_client):
+    reading = protocol.NodeSample(node="n1", ts=T0 + 1, seq=1, gpus=[protocol.GpuSample(index=0)])
+    publish(redis_client, reading, sample(2, T0 + 2, util=(70.0, 0.0)))
+    ingestor.run_once()
+    bucket = rollup(0)
+    assert bucket.samples == 2
+    assert bucket.util_n == 1
+    assert bucket.util_avg == pytest.approx(70.0)
+
+
+def test_job_memory_is_rolled_up_and_its_peak_recorded(ingestor, redis_client):
+    publish(redis_client,
+            sample(1, T0 + 1, jobs=[(7, 0, 4000, 90.0), (7, 1, 5000, 80.0)]),
+            sample(2, T0 + 2, jobs=[(7, 0, 6000, 95.0), (7, 1, 5500, 85.0)]))
+    ingestor.run_once()
+    job = JobRollup.objects.get(job_id=7, resolution=Resolution.TEN_SECONDS)
+    assert job.mem_max == 6000
+    assert job.util_avg == pytest.approx(87.5)
+    usage = JobUsage.objects.get(job_id=7)
+    assert usage.peak_gpu_memory_mib == 6000
+    publish(redis_client, sample(3, T0 + 30, jobs=[(7, 0, 3000, 50.0)]))
+    ingestor.run_once()
+    assert JobUsage.objects.get(job_id=7).peak_gpu_memory_mib == 6000  # a peak only grows
+
+
+def test_latest_values_are_kept_in_redis(ingestor, redis_client):
+    import time
+
+    now = time.time()
+    publish(redis_client, sample(1, now - 2, util=(10.0, 0.0)), sample(2, now - 1, util=(77.0, 0.0),
+                                                                    jobs=[(3, 1, 1234, None)]))
+    ingestor.run_once()
+    assert live.latest_gpus(redis_client)["n1:0"]["util_sm"] == 77.0
+    assert live.latest_jobs(redis_client)[3]["gpus"]["1"]["mem_used_mib"] == 1234
+    assert live.latest_nodes(redis_client)["n1"]["running_jobs"] == [3]
+
+
+@pytest.mark.parametrize(
+    "fields, reason",
+    [
+        ({"m": '{"v": 2, "kind": "node_sample"}'}, "v"),
+        ({"m": '{"v": 1, "kind": "node_sample", "node": "n1", "seq": 1, "gpus": []}'}, "ts"),
+        ({"m": "{}" + " " * protocol.MAX_MESSAGE_BYTES}, "exceeds"),
+        ({"m": b"\xc3\x28 not utf-8"}, "not UTF-8"),
+        ({"m": '{"v": 1, "kind": "node_sample", "node": "n1", "ts": 1, "seq": 1, '
+               '"gpus": [{"index": 0, "util_sm": 250}]}'}, "less than or equal to 100"),
+    ],
+)
+def test_malformed_samples_are_dead_lettered_and_change_nothing(ingestor, redis_client, fields, reason):
+    redis_client.xadd(protocol.METRICS_STREAM, fields)
+    result = ingestor.run_once()
+    assert result.dead == 1
+    (letter,) = [f for _, f in redis_client.xrange(protocol.DEAD_LETTER_STREAM)]
+    assert reason in letter[b"reason"].decode()
+    assert not GpuRollup.objects.exists()
+    assert redis_client.xpending(protocol.METRICS_STREAM, GROUP)["pending"] == 0
+
+
+def test_samples_of_an_unregistered_node_are_counted_not_stored(ingestor, redis_client):
+    publish(redis_client, sample(1, T0 + 1, node="stranger"))
+    assert ingestor.run_once().unknown_node == 1
+    assert not GpuRollup.objects.exists()
+    assert ingest_stats(redis_client)["unknown_node"] == 1
+
+
+def test_a_failed_write_leaves_the_batch_pending_for_another_reader(ingestor, redis_client, monkeypatch):
+    from monitoring.services import ingest as ingest_module
+
+    publish(redis_client, sample(1, T0 + 1))
+
+    def broken(acc):
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(ingest_module, "flush", broken)
+    with pytest.raises(RuntimeError):
+        ingestor.run_once()
+    assert redis_client.xpending(protocol.METRICS_STREAM, GROUP)["pending"] == 1
+    monkeypatch.undo()
+    # Another reader claims what the dead one left (idle time shortened for the test).
+    monkeypatch.setattr(ingest_module, "CLAIM_IDLE_MS", 0)
+    other = Ingestor(redis_client, consumer="other")
+    assert other.run_once().samples == 1
+    assert rollup(0).samples == 1
+    assert redis_client.xpending(protocol.METRICS_STREAM, GROUP)["pending"] == 0
+
+
+def test_xid_and_heat_raise_alerts_once_per_gpu(ingestor, redis_client, settings):
+    settings.COLONY_ALERT_TEMPERATURE_C = 85.0
+    publish(redis_client, sample(1, T0 + 1, temp=91.0, xid=[79]), sample(2, T0 + 2, temp=92.0))
+    ingestor.run_once()
+    xid = Alert.objects.get(kind=AlertKind.XID)
+    assert "XID 79 on n1/gpu0" in xid.message
+    thermal = Alert.objects.filter(kind=AlertKind.THERMAL, resolved_at__isnull=True)
+    assert thermal.count() == 2  # both GPUs are hot, one alert each despite two samples

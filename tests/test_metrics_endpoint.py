@@ -1,0 +1,38 @@
+"""/metrics speaks the Prometheus text format, for Grafana users."""
+
+import time
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from agents import protocol
+from jobs.choices import JobState
+from monitoring.services import live
+from tests.factories import GpuFactory, JobFactory
+
+
+def scrape(client, **headers):
+    response = client.get("/metrics", **headers)
+    return response, {f.name: f for f in text_string_to_metric_families(response.content.decode())}
+
+
+def test_metrics_expose_cluster_gpu_and_job_gauges(client, db, live_redis, redis_client):
+    GpuFactory(node__name="n1", index=0, model="H100-80GB")
+    JobFactory(state=JobState.RUNNING)
+    live.store_latest(redis_client, [protocol.NodeSample(
+        node="n1", ts=time.time(), seq=1,
+        gpus=[protocol.GpuSample(index=0, util_sm=42.0, mem_used_mib=1000, temperature_c=55.0)])])
+    redis_client.incr(protocol.DEAD_LETTER_COUNT_KEY, 3)
+    response, families = scrape(client)
+    assert response.status_code == 200
+    util = families["colony_gpu_utilization_percent"].samples[0]
+    assert util.labels == {"node": "n1", "gpu": "0", "model": "H100-80GB"} and util.value == 42.0
+    jobs = {s.labels["state"]: s.value for s in families["colony_jobs"].samples}
+    assert jobs["RUNNING"] == 1
+    assert families["colony_dead_letters"].samples[0].value == 3
+    assert "colony_ingest_lag_seconds" in families
+
+
+def test_metrics_token_when_configured(client, db, live_redis, settings):
+    settings.COLONY_METRICS_TOKEN = "s3cret"
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
