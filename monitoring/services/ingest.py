@@ -81,11 +81,13 @@ class Ingestor:
         if not entries:
             return result
         samples: list[protocol.NodeSample] = []
+        raws: list = []
         for entry_id, fields in entries:
             if fields is None:  # trimmed while pending
                 continue
             try:
                 samples.append(protocol.decode_sample(fields))
+                raws.append(fields.get(b"m", fields.get("m")))
             except protocol.ProtocolError as exc:
                 dead_letter(self.client, protocol.METRICS_STREAM, entry_id, fields, str(exc))
                 result.dead += 1
@@ -106,7 +108,7 @@ class Ingestor:
         alerts.from_samples(samples, self.gpu_ids.get, settings.COLONY_ALERT_TEMPERATURE_C)
         committed = time.time()
         result.lags = [committed - sample.ts for sample in samples]
-        live.store_latest(self.client, samples)
+        live.store_latest(self.client, list(zip(samples, raws)))
         pipe = self.client.pipeline(transaction=False)
         pipe.xack(protocol.METRICS_STREAM, GROUP, *[entry_id for entry_id, _ in entries])
         pipe.hincrby(STATS_KEY, "samples", result.samples)

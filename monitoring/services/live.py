@@ -1,7 +1,8 @@
-"""The latest sample per GPU, per job and per node, kept in Redis hashes for live views.
+"""The latest sample of every node, kept in Redis for live views.
 
-One HSET per hash per batch. Entries carry their sample time; readers treat old ones as gone
-(a finished job's entry simply ages out and the prune task deletes it).
+One hash, one field per node, holding the node's last NodeSample as the agent sent it: storing
+the validated JSON as is costs one HSET per batch and no re-encoding. Readers derive per-GPU
+and per-job views from it; entries carry their sample time and readers treat old ones as gone.
 """
 
 from __future__ import annotations
@@ -13,66 +14,51 @@ import redis
 
 from agents.protocol import NodeSample
 
-GPU_HASH = "colony:live:gpu"  # field "node:index"
-JOB_HASH = "colony:live:job"  # field job id
-NODE_HASH = "colony:live:node"  # field node name
+NODE_HASH = "colony:live:node"
 STALE_AFTER_S = 30.0
 
 
-def gpu_field(node: str, index: int) -> str:
-    return f"{node}:{index}"
+def store_latest(client: redis.Redis, samples: list[tuple[NodeSample, str]] | list[NodeSample]) -> None:
+    """Keep the newest of ``samples`` per node; items are samples or (sample, raw JSON) pairs."""
+    latest: dict[str, tuple[float, str]] = {}
+    for item in samples:
+        sample, raw = item if isinstance(item, tuple) else (item, None)
+        if sample.node not in latest or latest[sample.node][0] <= sample.ts:
+            latest[sample.node] = (sample.ts, raw if raw is not None else sample.model_dump_json())
+    if latest:
+        client.hset(NODE_HASH, mapping={node: raw for node, (_, raw) in latest.items()})
 
 
-def store_latest(client: redis.Redis, samples: list[NodeSample]) -> None:
-    latest: dict[str, NodeSample] = {}
-    for sample in samples:
-        if sample.node not in latest or latest[sample.node].ts <= sample.ts:
-            latest[sample.node] = sample
-    gpus, jobs, nodes = {}, {}, {}
-    for sample in latest.values():
-        nodes[sample.node] = json.dumps({"ts": sample.ts, "seq": sample.seq, "running_jobs": sample.running_jobs})
-        for gpu in sample.gpus:
-            gpus[gpu_field(sample.node, gpu.index)] = json.dumps({
-                "ts": sample.ts, "util_sm": gpu.util_sm, "util_mem": gpu.util_mem, "mem_used_mib": gpu.mem_used_mib,
-                "mem_total_mib": gpu.mem_total_mib, "temperature_c": gpu.temperature_c, "power_w": gpu.power_w,
-            })
-        per_job: dict[int, dict] = {}
-        for usage in sample.jobs:
-            entry = per_job.setdefault(usage.job_id, {"ts": sample.ts, "node": sample.node, "gpus": {}})
-            entry["gpus"][usage.gpu_index] = {"mem_used_mib": usage.mem_used_mib, "util_sm": usage.util_sm}
-        jobs.update({str(job_id): json.dumps(entry) for job_id, entry in per_job.items()})
-    pipe = client.pipeline(transaction=False)
-    for key, mapping in ((GPU_HASH, gpus), (JOB_HASH, jobs), (NODE_HASH, nodes)):
-        if mapping:
-            pipe.hset(key, mapping=mapping)
-    pipe.execute()
-
-
-def _fresh(raw: dict, now: float, max_age: float) -> dict:
-    out = {}
-    for field, value in raw.items():
-        entry = json.loads(value)
-        if now - entry["ts"] <= max_age:
-            out[field.decode() if isinstance(field, bytes) else field] = entry
+def latest_nodes(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[str, dict]:
+    """Node name -> its last sample as a dict, for nodes heard from within ``max_age`` seconds."""
+    now, out = time.time(), {}
+    for node, raw in client.hgetall(NODE_HASH).items():
+        sample = json.loads(raw)
+        if now - sample["ts"] <= max_age:
+            out[node.decode() if isinstance(node, bytes) else node] = sample
     return out
 
 
 def latest_gpus(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[str, dict]:
-    return _fresh(client.hgetall(GPU_HASH), time.time(), max_age)
+    """"node:index" -> that GPU's last reading (with the sample's ``ts``)."""
+    return {
+        f"{node}:{gpu['index']}": {**gpu, "ts": sample["ts"]}
+        for node, sample in latest_nodes(client, max_age).items()
+        for gpu in sample["gpus"]
+    }
 
 
 def latest_jobs(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[int, dict]:
-    return {int(k): v for k, v in _fresh(client.hgetall(JOB_HASH), time.time(), max_age).items()}
-
-
-def latest_nodes(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[str, dict]:
-    return _fresh(client.hgetall(NODE_HASH), time.time(), max_age)
+    """Job id -> {"ts", "node", "gpus": {index: {"mem_used_mib", "util_sm"}}}."""
+    jobs: dict[int, dict] = {}
+    for node, sample in latest_nodes(client, max_age).items():
+        for usage in sample.get("jobs", []):
+            entry = jobs.setdefault(usage["job_id"], {"ts": sample["ts"], "node": node, "gpus": {}})
+            entry["gpus"][usage["gpu_index"]] = {"mem_used_mib": usage["mem_used_mib"], "util_sm": usage["util_sm"]}
+    return jobs
 
 
 def prune_stale(client: redis.Redis, older_than: float = 600.0) -> int:
-    now, removed = time.time(), 0
-    for key in (GPU_HASH, JOB_HASH, NODE_HASH):
-        stale = [f for f, v in client.hgetall(key).items() if now - json.loads(v)["ts"] > older_than]
-        if stale:
-            removed += client.hdel(key, *stale)
-    return removed
+    now = time.time()
+    stale = [node for node, raw in client.hgetall(NODE_HASH).items() if now - json.loads(raw)["ts"] > older_than]
+    return client.hdel(NODE_HASH, *stale) if stale else 0

@@ -114,10 +114,6 @@ def _dt(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, tz=dt_timezone.utc)
 
 
-def _db_dt(epoch: float):
-    return connection.ops.adapt_datetimefield_value(_dt(epoch))
-
-
 def _greatest(a: str, b: str) -> str:
     fn = "GREATEST" if connection.vendor == "postgresql" else "MAX"
     # NULL-safe on both backends: SQLite's MAX(x, NULL) is NULL.
@@ -129,16 +125,52 @@ def _least(a: str, b: str) -> str:
     return f"{fn}(COALESCE({a}, {b}), COALESCE({b}, {a}))"
 
 
-def _upsert(table: str, columns: list[str], conflict: list[str], updates: dict[str, str], rows: list[tuple]) -> None:
+def _upsert(table: str, columns: dict[str, str], conflict: list[str], updates: dict[str, str],
+            rows: list[tuple]) -> None:
+    """One multi-row upsert. ``columns`` maps each column to its PostgreSQL type.
+
+    On PostgreSQL the rows travel as one array literal per column through ``unnest``: one
+    statement, and building ``{1,2,3}`` text is far cheaper than adapting thousands of Python
+    values (executemany took ~2 s for 10k rows, this ~0.1 s). SQLite, in-process, takes
+    executemany.
+    """
     if not rows:
         return
-    sql = (
-        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))}) "
-        f"ON CONFLICT ({', '.join(conflict)}) DO UPDATE SET "
+    names = ", ".join(columns)
+    tail = (
+        f" ON CONFLICT ({', '.join(conflict)}) DO UPDATE SET "
         + ", ".join(f"{column} = {expression}" for column, expression in updates.items())
     )
     with connection.cursor() as cursor:
-        cursor.executemany(sql, rows)
+        if connection.vendor == "postgresql":
+            aliases = [f"c{i}" for i in range(len(columns))]
+            selected = ", ".join(
+                f"to_timestamp({alias})" if pg_type == "timestamptz" else alias
+                for alias, pg_type in zip(aliases, columns.values())
+            )
+            arrays = ", ".join(
+                "%s::float8[]" if pg_type == "timestamptz" else f"%s::{pg_type}[]" for pg_type in columns.values()
+            )
+            cursor.execute(
+                f"INSERT INTO {table} ({names}) SELECT {selected} FROM unnest({arrays}) AS u({', '.join(aliases)})"
+                + tail,
+                [_array_literal(column) for column in zip(*rows)],
+            )
+        else:
+            placeholders = ", ".join(["%s"] * len(columns))
+            cursor.executemany(f"INSERT INTO {table} ({names}) VALUES ({placeholders})" + tail,
+                               [tuple(_sqlite(v) for v in row) for row in rows])
+
+
+def _array_literal(values: tuple) -> str:
+    if isinstance(values[0], datetime):
+        values = [value.timestamp() for value in values]
+    # str() of an int, float or IntegerChoices is its number; "None" appears in no number.
+    return "{" + ",".join(map(str, values)).replace("None", "NULL") + "}"
+
+
+def _sqlite(value):
+    return connection.ops.adapt_datetimefield_value(value) if isinstance(value, datetime) else value
 
 
 def _add(table: str, column: str) -> str:
@@ -151,35 +183,39 @@ def flush(acc: Accumulator) -> None:
     with transaction.atomic():
         _upsert(
             g,
-            ["gpu_id", "resolution", "bucket_start", "samples", "util_sum", "util_n", "util_max", "mem_sum",
-             "mem_n", "mem_max", "temp_max", "power_sum", "power_n"],
+            {"gpu_id": "bigint", "resolution": "smallint", "bucket_start": "timestamptz", "samples": "integer",
+             "util_sum": "float8", "util_n": "integer", "util_max": "float8", "mem_sum": "float8",
+             "mem_n": "integer", "mem_max": "integer", "temp_max": "float8", "power_sum": "float8",
+             "power_n": "integer"},
             ["gpu_id", "resolution", "bucket_start"],
             {
                 **{c: _add(g, c) for c in ("samples", "util_sum", "util_n", "mem_sum", "mem_n", "power_sum", "power_n")},
                 **{c: _greatest(f"{g}.{c}", f"EXCLUDED.{c}") for c in ("util_max", "mem_max", "temp_max")},
             },
             [
-                (gpu_id, LIVE_RESOLUTION, _db_dt(bucket), b.samples, b.util_sum, b.util_n, b.util_max, b.mem_sum,
+                (gpu_id, LIVE_RESOLUTION, _dt(bucket), b.samples, b.util_sum, b.util_n, b.util_max, b.mem_sum,
                  b.mem_n, b.mem_max, b.temp_max, b.power_sum, b.power_n)
                 for (gpu_id, bucket), b in acc.gpus.items()
             ],
         )
         _upsert(
             j,
-            ["job_id", "resolution", "bucket_start", "samples", "mem_max", "util_sum", "util_n"],
+            {"job_id": "bigint", "resolution": "smallint", "bucket_start": "timestamptz", "samples": "integer",
+             "mem_max": "integer", "util_sum": "float8", "util_n": "integer"},
             ["job_id", "resolution", "bucket_start"],
             {
                 **{c: _add(j, c) for c in ("samples", "util_sum", "util_n")},
                 "mem_max": _greatest(f"{j}.mem_max", "EXCLUDED.mem_max"),
             },
             [
-                (job_id, LIVE_RESOLUTION, _db_dt(bucket), b.samples, b.mem_max, b.util_sum, b.util_n)
+                (job_id, LIVE_RESOLUTION, _dt(bucket), b.samples, b.mem_max, b.util_sum, b.util_n)
                 for (job_id, bucket), b in acc.jobs.items()
             ],
         )
         _upsert(
             u,
-            ["job_id", "peak_gpu_memory_mib", "util_sum", "util_n", "first_seen_at", "last_seen_at"],
+            {"job_id": "bigint", "peak_gpu_memory_mib": "integer", "util_sum": "float8", "util_n": "integer",
+             "first_seen_at": "timestamptz", "last_seen_at": "timestamptz"},
             ["job_id"],
             {
                 "peak_gpu_memory_mib": _greatest(f"{u}.peak_gpu_memory_mib", "EXCLUDED.peak_gpu_memory_mib"),
@@ -189,7 +225,7 @@ def flush(acc: Accumulator) -> None:
                 "last_seen_at": _greatest(f"{u}.last_seen_at", "EXCLUDED.last_seen_at"),
             },
             [
-                (job_id, d.peak_mib, d.util_sum, d.util_n, _db_dt(d.first_ts), _db_dt(d.last_ts))
+                (job_id, d.peak_mib, d.util_sum, d.util_n, _dt(d.first_ts), _dt(d.last_ts))
                 for job_id, d in acc.usage.items()
             ],
         )

@@ -99,7 +99,7 @@ def test_latest_values_are_kept_in_redis(ingestor, redis_client):
                                                                     jobs=[(3, 1, 1234, None)]))
     ingestor.run_once()
     assert live.latest_gpus(redis_client)["n1:0"]["util_sm"] == 77.0
-    assert live.latest_jobs(redis_client)[3]["gpus"]["1"]["mem_used_mib"] == 1234
+    assert live.latest_jobs(redis_client)[3]["gpus"][1]["mem_used_mib"] == 1234
     assert live.latest_nodes(redis_client)["n1"]["running_jobs"] == [3]
 
 

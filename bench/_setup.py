@@ -1,0 +1,53 @@
+"""Shared set-up for benchmarks that need Django: a private Redis and a throw-away database.
+
+PostgreSQL (database ``colony_bench``, recreated) when one answers on 127.0.0.1:5432, else a
+SQLite file under a temporary directory. Nothing touches the development database.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _postgres_answers() -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", 5432), 1).close()
+        return True
+    except OSError:
+        return False
+
+
+def setup(database: str = "auto") -> tuple[str, "PrivateRedis"]:  # noqa: F821
+    """Start Redis, point Django at a fresh bench database, migrate; returns (db label, redis)."""
+    from cluster_ui.devstack.redis_server import PrivateRedis
+
+    workdir = Path(tempfile.mkdtemp(prefix="colony-bench-"))
+    redis = PrivateRedis(workdir / "redis").start()
+    use_pg = database == "postgres" or (database == "auto" and _postgres_answers())
+    if use_pg:
+        import psycopg
+
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+            conn.execute("DROP DATABASE IF EXISTS colony_bench")
+            conn.execute("CREATE DATABASE colony_bench")
+        os.environ["DATABASE_URL"] = "postgres://postgres@127.0.0.1:5432/colony_bench"
+    else:
+        os.environ["DATABASE_URL"] = f"sqlite:///{workdir / 'bench.sqlite3'}"
+    os.environ["REDIS_URL"] = redis.url
+    os.environ["COLONY_VAR_DIR"] = str(workdir)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cluster_ui.settings")
+    os.environ.setdefault("COLONY_LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return ("PostgreSQL" if use_pg else "SQLite"), redis

@@ -1,0 +1,144 @@
+"""Ingest throughput and lag: N simulated nodes x 8 GPUs at 1 Hz through the real pipeline.
+
+    python bench/ingest.py --nodes 1024 --seconds 30
+
+A producer process writes one NodeSample per node per second to the metrics stream (as agents
+do); this process runs the real ``Ingestor`` (parse, live values in Redis, additive 10 s rollups
+in the database, ack) and measures, for every sample, the lag from its timestamp to the commit
+of its rollup. Prints sustained samples/s, p50/p99 lag and the backlog left at the end. As a
+baseline in the same run it first measures how fast one reader can merely read, parse and ack
+(no database), so the ratio shows what the database costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._setup import setup  # noqa: E402
+
+GPUS_PER_NODE = 8
+
+
+def sample_json(node: str, seq: int, ts: float) -> str:
+    gpus = [{"index": i, "util_sm": (seq * 7 + i * 13) % 100, "util_mem": 30.0, "mem_used_mib": 20000 + i,
+             "mem_total_mib": 81920, "temperature_c": 60.0, "power_w": 250.0, "sm_clock_mhz": 1410,
+             "mem_clock_mhz": 1593, "ecc_uncorrected": 0, "xid_events": []} for i in range(GPUS_PER_NODE)]
+    jobs = [{"job_id": 1 + hash(node) % 100000, "gpu_index": i, "mem_used_mib": 20000, "util_sm": 80.0}
+            for i in range(GPUS_PER_NODE)]
+    return json.dumps({"v": 1, "kind": "node_sample", "node": node, "ts": ts, "seq": seq, "gpus": gpus,
+                       "jobs": jobs, "running_jobs": [jobs[0]["job_id"]]})
+
+
+def produce(redis_url: str, nodes: int, seconds: float, stream: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    start = time.time()
+    seq = 0
+    while time.time() - start < seconds:
+        tick = time.time()
+        pipe = client.pipeline(transaction=False)
+        for n in range(nodes):
+            pipe.xadd(stream, {"m": sample_json(f"bench-{n:05d}", seq, time.time())}, maxlen=1_000_000, approximate=True)
+        pipe.execute()
+        seq += 1
+        time.sleep(max(0.0, 1.0 - (time.time() - tick)))
+
+
+def register(nodes: int) -> None:
+    from agents.protocol import GpuInfo, NodeRegistered
+    from monitoring.services.registry import register_node
+
+    for n in range(nodes):
+        register_node(NodeRegistered(
+            node=f"bench-{n:05d}", backend="simulated", agent_version="bench", hostname="bench",
+            gpus=[GpuInfo(index=i, uuid=f"GPU-bench-{n}-{i}", model="A100-80GB", memory_mib=81920)
+                  for i in range(GPUS_PER_NODE)],
+        ))
+
+
+def parse_only_rate(client, stream: str, count: int) -> float:
+    """Baseline: read, parse and ack ``count`` pre-filled entries with no database."""
+    from agents import protocol
+
+    client.delete(stream)
+    pipe = client.pipeline(transaction=False)
+    for i in range(count):
+        pipe.xadd(stream, {"m": sample_json(f"bench-{i % 1000:05d}", i, time.time())})
+    pipe.execute()
+    client.xgroup_create(stream, "baseline", id="0")
+    started, done = time.perf_counter(), 0
+    while done < count:
+        entries = client.xreadgroup("baseline", "b", {stream: ">"}, count=2000)[0][1]
+        samples = [protocol.decode_sample(fields) for _, fields in entries]
+        client.xack(stream, "baseline", *[entry_id for entry_id, _ in entries])
+        done += len(samples)
+    client.delete(stream)
+    return count / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1024)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--database", choices=["auto", "postgres", "sqlite"], default="auto")
+    args = parser.parse_args()
+
+    db_label, redis_server = setup(args.database)
+    import redis
+
+    from agents import protocol
+    from monitoring.services.ingest import GROUP, Ingestor
+
+    client = redis.Redis.from_url(redis_server.url)
+    register(args.nodes)
+    baseline = parse_only_rate(client, "bench:baseline", 10_000)
+
+    producer = multiprocessing.Process(target=produce, args=(redis_server.url, args.nodes,
+                                                             args.warmup + args.seconds, protocol.METRICS_STREAM))
+    ingestor = Ingestor(client, consumer="bench")
+    producer.start()
+    lags: list[float] = []
+    samples = 0
+    batch_seconds: list[float] = []
+    started = time.time()
+    measuring_from = started + args.warmup
+    while producer.is_alive() or client.xinfo_groups(protocol.METRICS_STREAM)[0]["lag"]:
+        t0 = time.perf_counter()
+        result = ingestor.run_once(block_ms=200)
+        if time.time() >= measuring_from and result.samples:
+            lags.extend(result.lags)
+            samples += result.samples
+            batch_seconds.append(time.perf_counter() - t0)
+        if time.time() - started > args.warmup + args.seconds + 60:
+            break
+    producer.join()
+    measured = time.time() - measuring_from
+    backlog = client.xinfo_groups(protocol.METRICS_STREAM)[0]
+    lags.sort()
+    p = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))] if lags else float("nan")  # noqa: E731
+    print(f"ingest bench: {args.nodes} nodes x {GPUS_PER_NODE} GPUs = {args.nodes * GPUS_PER_NODE} GPUs at 1 Hz, "
+          f"{db_label}, 1 reader, {args.seconds:.0f} s measured after {args.warmup:.0f} s warm-up")
+    print(f"  node samples ingested/s : {samples / measured:,.0f}  (offered {args.nodes:,}/s)")
+    print(f"  GPU samples ingested/s  : {samples * GPUS_PER_NODE / measured:,.0f}")
+    print(f"  lag sample->rollup      : p50 {p(0.5):.2f} s   p99 {p(0.99):.2f} s   max {lags[-1] if lags else 0:.2f} s")
+    print(f"  batch time              : median {statistics.median(batch_seconds) * 1000:.0f} ms over "
+          f"{len(batch_seconds)} batches")
+    print(f"  backlog at end          : {backlog['lag']} unread, {backlog['pending']} unacked ({GROUP})")
+    print(f"  baseline parse+ack only : {baseline:,.0f} node samples/s  -> full pipeline uses "
+          f"{(args.nodes / baseline):.0%} of a reader's parse budget; capacity ratio full/parse-only "
+          f"= {min(1.0, samples / measured / baseline):.2f}")
+    redis_server.stop()
+
+
+if __name__ == "__main__":
+    main()
