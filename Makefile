@@ -19,9 +19,16 @@ $(STAMP): requirements.lock pyproject.toml
 run: $(STAMP)
 	$(BIN)/python -m cluster_ui.devstack $(ARGS)
 
+# Browser tests drive Debian's Chromium through Playwright (which must never download a browser).
+CHROMIUM ?= /usr/bin/chromium
+$(CHROMIUM):
+	@echo "Installing Debian's chromium for the browser tests..."
+	@(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+		|| echo "!! could not install chromium: browser tests will be skipped"
+
 # Uses PostgreSQL when one answers on 127.0.0.1:5432 (as CI does), SQLite otherwise; the tests
 # start their own private Redis either way.
-test: $(STAMP)
+test: $(STAMP) | $(CHROMIUM)
 	@if [ -z "$$DATABASE_URL" ] && $(BIN)/python -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null; then \
 		export DATABASE_URL=postgres://postgres@127.0.0.1:5432/colony; echo "Testing on PostgreSQL (127.0.0.1:5432)"; \
 	else echo "Testing on $${DATABASE_URL:-SQLite}"; fi; \

@@ -22,3 +22,8 @@ CANCELLABLE_STATES = (JobState.PENDING, JobState.PLACED, JobState.RUNNING)
 class Role(models.TextChoices):
     RESEARCHER = "researcher", "Researcher"
     LEAD = "lead", "Tenant lead"
+
+
+class JobClass(models.TextChoices):
+    GUARANTEED = "guaranteed", "Guaranteed"  # inside the tenant's guarantee; never preempted
+    OPPORTUNISTIC = "opportunistic", "Opportunistic"  # borrowing; may be throttled or preempted

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
-from jobs.choices import ACTIVE_STATES, JobState, Role
+from jobs.choices import ACTIVE_STATES, JobClass, JobState, Role
 
 
 class Tenant(models.Model):
@@ -19,6 +19,9 @@ class Tenant(models.Model):
     max_gpus = models.PositiveIntegerField(default=0, help_text="Borrowing ceiling, guaranteed included.")
     weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.01)],
                                help_text="Share of spare capacity relative to other tenants.")
+    # GPU-seconds of recent use, decayed with a half-life: the fair-share order of borrowers.
+    decayed_usage = models.FloatField(default=0.0)
+    usage_updated_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -67,7 +70,23 @@ class Job(models.Model):
     command = models.JSONField(help_text="argv list; run without a shell.")
     gpus = models.PositiveSmallIntegerField()
     gpu_memory_mib = models.PositiveIntegerField(null=True, blank=True, help_text="Memory needed per GPU.")
+    gpu_milli = models.PositiveSmallIntegerField(
+        default=1000, validators=[MinValueValidator(1), MaxValueValidator(1000)],
+        help_text="Share of one GPU in thousandths (below 1000 only with 1 GPU); fractional jobs share GPUs.",
+    )
+    gpu_models = models.JSONField(default=list, blank=True, help_text="Allowed GPU models; empty means any.")
     priority = models.SmallIntegerField(default=0)
+    opportunistic_only = models.BooleanField(default=False, help_text="Never run as guaranteed (cheap, preemptible).")
+    shareable = models.BooleanField(default=False, help_text="A guaranteed job that accepts GPU neighbours.")
+    max_nodes = models.PositiveSmallIntegerField(null=True, blank=True, help_text="Gang spread limit; empty = any.")
+    max_runtime_s = models.PositiveIntegerField(null=True, blank=True, help_text="Stopped when exceeded.")
+    profile_key = models.CharField(max_length=200, blank=True,
+                                   help_text="Jobs with the same key are placed from the recorded profile.")
+
+    run_class = models.CharField(max_length=16, choices=JobClass.choices, blank=True,
+                                 help_text="How it was admitted when placed.")
+    reserved_since = models.DateTimeField(null=True, blank=True, help_text="When its gang reservation began.")
+    preempt_count = models.PositiveSmallIntegerField(default=0)
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
     pending_reason = models.JSONField(null=True, blank=True, help_text="{code, message, details} while pending.")
@@ -91,7 +110,10 @@ class Job(models.Model):
             models.Index(fields=["state", "submitted_at"], name="job_state_submitted"),
             models.Index(fields=["tenant", "state"], name="job_tenant_state"),
         ]
-        constraints = [models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive")]
+        constraints = [
+            models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive"),
+            models.CheckConstraint(condition=Q(gpu_milli=1000) | Q(gpus=1), name="job_fraction_only_single_gpu"),
+        ]
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
@@ -102,16 +124,48 @@ class Allocation(models.Model):
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
     gpu = models.ForeignKey("monitoring.Gpu", on_delete=models.PROTECT, related_name="allocations")
+    memory_limit_mib = models.PositiveIntegerField(null=True, blank=True)
+    gpu_milli = models.PositiveSmallIntegerField(default=1000)
+    duty_cycle = models.FloatField(default=1.0, help_text="Share of time it may run (throttling).")
+    rank = models.PositiveSmallIntegerField(default=0, help_text="Node rank in a multi-node gang.")
     created_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [
-            # Whole-GPU scheduling: a GPU held by two live jobs is a bug the database refuses.
-            models.UniqueConstraint(
-                fields=["gpu"], condition=Q(released_at__isnull=True), name="allocation_one_live_job_per_gpu"
-            )
-        ]
+        indexes = [models.Index(fields=["gpu", "released_at"], name="allocation_gpu_live")]
 
     def __str__(self) -> str:
         return f"{self.job} on {self.gpu}"
+
+
+class JobProfile(models.Model):
+    """What jobs with one ``profile_key`` used when they ran (after Nimble): later runs are placed
+    from this instead of their (usually inflated) request."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="profiles")
+    key = models.CharField(max_length=200)
+    runs = models.PositiveIntegerField(default=0)
+    peak_gpu_memory_mib = models.PositiveIntegerField()
+    mean_util = models.FloatField(null=True, blank=True, help_text="0..1")
+    mean_runtime_s = models.FloatField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="profile_unique_key_per_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.key}"
+
+
+class QuotaChange(models.Model):
+    """Audit trail: who changed which quota field of a tenant, when, from what to what."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quota_changes")
+    changed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    changed_at = models.DateTimeField(auto_now_add=True)
+    field = models.CharField(max_length=32)
+    old_value = models.CharField(max_length=64)
+    new_value = models.CharField(max_length=64)
+
+    class Meta:
+        ordering = ["-changed_at"]

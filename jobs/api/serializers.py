@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from jobs.models import Job
 from jobs.services.submission import tenants_of
-from monitoring.services.registry import largest_placement
+from monitoring.services.registry import cluster_inventory
 
 MAX_ARGV = 256
 MAX_ARG_LENGTH = 4096
@@ -36,6 +36,11 @@ class AllocationSerializer(serializers.Serializer):
     node = serializers.CharField(source="gpu.node.name")
     gpu_index = serializers.IntegerField(source="gpu.index")
     gpu_model = serializers.CharField(source="gpu.model")
+    gpu_milli = serializers.IntegerField()
+    memory_limit_mib = serializers.IntegerField(allow_null=True)
+    duty_cycle = serializers.FloatField()
+    rank = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
     released_at = serializers.DateTimeField()
 
 
@@ -54,9 +59,11 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "name", "tenant", "owner", "command", "gpus", "gpu_memory_mib", "state", "pending_reason",
-            "allocations", "exit_code", "error", "output_tail", "submitted_at", "placed_at", "started_at",
-            "finished_at",
+            "id", "name", "tenant", "owner", "command", "gpus", "gpu_milli", "gpu_memory_mib", "gpu_models",
+            "priority", "opportunistic_only", "shareable", "max_nodes", "max_runtime_s", "profile_key",
+            "state", "run_class", "pending_reason", "allocations", "requeue_count", "preempt_count",
+            "peak_gpu_memory_mib", "exit_code", "error", "output_tail", "submitted_at", "placed_at",
+            "started_at", "finished_at",
         ]
         read_only_fields = fields
 
@@ -69,9 +76,27 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         min_length=1, max_length=MAX_ARGV,
         help_text='argv list, run without a shell, e.g. ["python", "train.py", "--epochs", "3"].',
     )
-    gpus = serializers.IntegerField(min_value=1, help_text="Whole GPUs, all on one node.")
+    gpus = serializers.IntegerField(min_value=1, help_text="Number of GPUs, all granted at once (a gang).")
+    gpu_milli = serializers.IntegerField(
+        min_value=1, max_value=1000, required=False, default=1000,
+        help_text="Share of one GPU in thousandths, e.g. 250 for a quarter; below 1000 only with gpus=1.",
+    )
     gpu_memory_mib = serializers.IntegerField(min_value=1, required=False, allow_null=True,
                                               help_text="GPU memory needed on each GPU, in MiB.")
+    gpu_models = serializers.ListField(child=StrictCharField(max_length=64), required=False, max_length=16,
+                                       help_text='Allowed GPU models, e.g. ["V100-32GB"]; empty means any.')
+    priority = serializers.IntegerField(min_value=-10, max_value=10, required=False, default=0,
+                                        help_text="Order within your tenant; higher runs first.")
+    opportunistic_only = serializers.BooleanField(required=False, default=False,
+                                                  help_text="Run only on spare capacity; may be preempted.")
+    shareable = serializers.BooleanField(required=False, default=False,
+                                         help_text="Allow other jobs on the same GPUs.")
+    max_nodes = serializers.IntegerField(min_value=1, required=False, allow_null=True,
+                                         help_text="Spread the gang over at most this many nodes.")
+    max_runtime_s = serializers.IntegerField(min_value=1, max_value=30 * 86400, required=False, allow_null=True,
+                                             help_text="Stop the job after this many seconds.")
+    profile_key = serializers.CharField(max_length=200, required=False, allow_blank=True,
+                                        help_text="Jobs sharing a key are placed from the recorded profile.")
     tenant = serializers.SlugField(required=False,
                                    help_text="Tenant to charge; optional when you belong to exactly one.")
 
@@ -95,11 +120,25 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
             if len(mine) > 1:
                 raise serializers.ValidationError({"tenant": ["You belong to several tenants; say which one."]})
             attrs["tenant"] = mine[0]
-        most_gpus, most_memory = largest_placement()
+        if attrs.get("gpu_milli", 1000) < 1000 and attrs["gpus"] != 1:
+            raise serializers.ValidationError({"gpu_milli": ["A GPU fraction is only possible with gpus=1."]})
+        inventory = cluster_inventory()
+        most_gpus, most_memory = inventory.total_gpus, inventory.largest_gpu_mib
         if most_gpus and attrs["gpus"] > most_gpus:
             raise serializers.ValidationError(
-                {"gpus": [f"No node has {attrs['gpus']} GPUs; the largest has {most_gpus}."]}
+                {"gpus": [f"The cluster has {most_gpus} GPUs; {attrs['gpus']} can never be granted."]}
             )
+        if attrs.get("max_nodes") and inventory.total_gpus:
+            widest = inventory.widest_nodes(attrs["max_nodes"])
+            if attrs["gpus"] > widest:
+                raise serializers.ValidationError({"gpus": [
+                    f"No {attrs['max_nodes']} node(s) together have {attrs['gpus']} GPUs; the most is {widest}."
+                ]})
+        unknown_models = sorted(set(attrs.get("gpu_models", [])) - inventory.models) if inventory.models else []
+        if unknown_models:
+            raise serializers.ValidationError({"gpu_models": [
+                f"Unknown GPU model(s) {', '.join(unknown_models)}; the cluster has {', '.join(sorted(inventory.models))}."
+            ]})
         memory = attrs.get("gpu_memory_mib")
         if most_memory and memory and memory > most_memory:
             raise serializers.ValidationError(

@@ -16,12 +16,10 @@ def tenants_of(user):
     return Tenant.objects.filter(memberships__user=user)
 
 
-def submit_job(*, owner, tenant: Tenant, name: str, command: list[str], gpus: int,
-               gpu_memory_mib: int | None = None, priority: int = 0) -> Job:
-    job = Job.objects.create(
-        owner=owner, tenant=tenant, name=name, command=command, gpus=gpus,
-        gpu_memory_mib=gpu_memory_mib, priority=priority,
-    )
+def submit_job(*, owner, tenant: Tenant, name: str, command: list[str], gpus: int, **spec) -> Job:
+    """Create a pending job; ``spec`` holds the optional Job fields (gpu_milli, gpu_memory_mib,
+    gpu_models, priority, opportunistic_only, shareable, max_nodes, max_runtime_s, profile_key)."""
+    job = Job.objects.create(owner=owner, tenant=tenant, name=name, command=command, gpus=gpus, **spec)
     transaction.on_commit(nudge_scheduler)
     return job
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from django.db import transaction
 from django.db.models import Count, Max
 from django.utils import timezone
@@ -42,13 +44,33 @@ def register_node(message: NodeRegistered) -> Node:
     return node
 
 
-def largest_placement() -> tuple[int, int]:
-    """(most GPUs on one node, most memory on one GPU in MiB) over the present inventory.
+@dataclass(frozen=True)
+class Inventory:
+    """What the present inventory can offer, for rejecting requests that could never run.
 
-    Both are 0 while no node has registered. Submission uses these to reject requests that could
-    never run anywhere.
+    All zero/empty while no node has registered (then nothing is rejected on size).
     """
+
+    gpus_per_node: tuple[int, ...]  # descending
+    largest_gpu_mib: int
+    models: frozenset[str]
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(self.gpus_per_node)
+
+    @property
+    def most_gpus_on_a_node(self) -> int:
+        return self.gpus_per_node[0] if self.gpus_per_node else 0
+
+    def widest_nodes(self, nodes: int) -> int:
+        """Most GPUs that ``nodes`` nodes hold together."""
+        return sum(self.gpus_per_node[:nodes])
+
+
+def cluster_inventory() -> Inventory:
     present = Gpu.objects.filter(present=True)
-    per_node = present.values("node").annotate(n=Count("id")).aggregate(m=Max("n"))["m"]
-    memory = present.aggregate(m=Max("memory_mib"))["m"]
-    return per_node or 0, memory or 0
+    per_node = sorted(present.values("node").annotate(n=Count("id")).values_list("n", flat=True), reverse=True)
+    memory = present.aggregate(m=Max("memory_mib"))["m"] or 0
+    models = frozenset(present.values_list("model", flat=True).distinct())
+    return Inventory(gpus_per_node=tuple(per_node), largest_gpu_mib=memory, models=models)

@@ -2,7 +2,7 @@
 
 from agents.protocol import GpuInfo, NodeRegistered
 from monitoring.models import Gpu, Node
-from monitoring.services.registry import largest_placement, register_node
+from monitoring.services.registry import cluster_inventory, register_node
 
 
 def registration(node="n1", gpus=4, model="A100-80GB", memory=81920, uuid_prefix="GPU-a"):
@@ -26,8 +26,11 @@ def test_swapped_gpu_replaces_the_old_one_which_is_kept_absent(db):
     assert Gpu.objects.filter(present=False).count() == 4
 
 
-def test_largest_placement_reflects_present_inventory(db):
-    assert largest_placement() == (0, 0)
-    register_node(registration("a", gpus=8, memory=32768))
+def test_inventory_reflects_present_gpus(db):
+    assert cluster_inventory().total_gpus == 0
+    register_node(registration("a", gpus=8, memory=32768, model="V100-32GB"))
     register_node(registration("b", gpus=4, memory=81920, uuid_prefix="GPU-b"))
-    assert largest_placement() == (8, 81920)
+    inventory = cluster_inventory()
+    assert (inventory.total_gpus, inventory.most_gpus_on_a_node, inventory.largest_gpu_mib) == (12, 8, 81920)
+    assert inventory.widest_nodes(1) == 8 and inventory.widest_nodes(2) == 12
+    assert inventory.models == {"V100-32GB", "A100-80GB"}
