@@ -5,4 +5,4 @@ agent runs on GPU nodes that carry none of the web stack, and the server imports
 :mod:`agents.protocol` from here (a test checks this in a fresh interpreter).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,9 +1,11 @@
 """The agent loop: Redis on one side, the job runner and GPU backend on the other.
 
-Every interval it refreshes the node's heartbeat, reads its command stream through a consumer
-group, applies each command idempotently, acks it, and reports job starts and exits on the events
-stream. Redis going away never stops jobs: events wait in a bounded outbox and are sent, in
-order, after the agent reconnects and registers again.
+Every interval it samples the GPUs (one ``NodeSample`` on the metrics stream), refreshes the
+node's heartbeat, reads its command stream through a consumer group, applies each command
+idempotently (launch, stop, duty cycle, suspend, resume), acks it, and reports job starts and
+exits (including GPU out-of-memory kills) on the events stream. Redis going away never stops
+jobs: events wait in a bounded outbox, and the last ``sample_buffer`` samples in a bounded ring;
+after the agent reconnects and registers again it sends the events, then the samples, in order.
 
 What must not live here: process handling (:mod:`agents.runner`), GPU probing
 (:mod:`agents.backends`), message shapes (:mod:`agents.protocol`).
@@ -11,6 +13,7 @@ What must not live here: process handling (:mod:`agents.runner`), GPU probing
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -18,6 +21,8 @@ import socket
 import threading
 import time
 from collections import OrderedDict, deque
+
+import pydantic
 
 import redis
 from redis.backoff import NoBackoff
@@ -32,6 +37,10 @@ log = logging.getLogger(__name__)
 READ_COUNT = 32
 DEAD_LETTER_RAW_BYTES = 1024
 OUTBOX_SIZE = 10_000
+# Samples kept while Redis is away: five minutes at the default interval. Older ones are dropped
+# (the ingest sees a gap in ``seq``); events are never traded for samples.
+SAMPLE_BUFFER = 300
+SAMPLE_BATCH = 100  # samples per pipelined round trip when catching up
 # How many applied command ids and finished job ids are remembered for idempotency. Commands are
 # re-delivered only shortly after they were sent (pending entries, duplicates), so this is plenty.
 MEMORY_SIZE = 10_000
@@ -73,6 +82,7 @@ class Agent:
         *,
         shutdown_grace: float = 5.0,
         outbox_size: int = OUTBOX_SIZE,
+        sample_buffer: int = SAMPLE_BUFFER,
     ):
         if not protocol.NODE_NAME_RE.match(node):
             raise ValueError(f"invalid node name {node!r}")
@@ -93,6 +103,12 @@ class Agent:
         self._outbox: deque = deque()
         self._outbox_size = outbox_size
         self.dropped_events = 0
+        self._samples: deque[tuple[int, dict]] = deque()  # (seq, stream fields), oldest first
+        self._sample_buffer = max(1, sample_buffer)
+        self._seq = 0
+        self._next_sample = 0.0
+        self.dropped_samples = 0
+        self._sample_failures: set[str] = set()
         self._applied_commands = _BoundedSet(MEMORY_SIZE)
         self._finished_jobs = _BoundedSet(MEMORY_SIZE)
         self._gpu_indices: set[int] = set()
@@ -111,6 +127,11 @@ class Agent:
         """Events waiting to be sent (grows while Redis is unreachable)."""
         return len(self._outbox)
 
+    @property
+    def buffered_samples(self) -> list[int]:
+        """The ``seq`` of each sample waiting to be sent, oldest first."""
+        return [seq for seq, _fields in list(self._samples)]  # list(): one step, safe from other threads
+
     # ------------------------------------------------------------------ loop
 
     def run(self, stop: threading.Event) -> None:
@@ -124,13 +145,16 @@ class Agent:
             self.shutdown()
 
     def step(self) -> None:
-        """One iteration: reconnect if due, reap exits, heartbeat, read and apply commands."""
+        """One iteration: reconnect if due, reap exits, sample, heartbeat, read and apply commands."""
         if self._redis is None and time.monotonic() >= self._next_connect:
             self._connect()
         self._report_exits()
+        if time.monotonic() >= self._next_sample:
+            self._take_sample()
         if self._redis is None:
-            # Offline: keep reaping jobs every interval while waiting for the next attempt.
-            self._stop.wait(max(0.0, min(self.interval, self._next_connect - time.monotonic())))
+            # Offline: keep reaping jobs and sampling while waiting for the next attempt.
+            now = time.monotonic()
+            self._stop.wait(max(0.0, min(self.interval, self._next_connect - now, self._next_sample - now)))
             return
         try:
             self._flush()
@@ -147,13 +171,19 @@ class Agent:
             log.info("stopping %d running job(s)", len(self.runner.running()))
         for finished in self.runner.stop_all(self.shutdown_grace):
             self._publish(self._exited(finished))
+        self.runner.close()
         if self._redis is None and self._outbox:
             self._connect(register=False)
         if self._redis is not None:
             try:
                 self._flush()
             except redis.RedisError as exc:
-                log.warning("could not send %d event(s) on shutdown: %s", len(self._outbox), exc)
+                log.warning(
+                    "could not send %d event(s) and %d sample(s) on shutdown: %s",
+                    len(self._outbox),
+                    len(self._samples),
+                    exc,
+                )
             self._redis.close()
             self._redis = None
         elif self._outbox:
@@ -185,9 +215,10 @@ class Agent:
             return
         if self._disconnected_since is not None:
             log.info(
-                "reconnected to Redis after %.1fs; sending %d buffered event(s)",
+                "reconnected to Redis after %.1fs; sending %d buffered event(s) and %d sample(s)",
                 time.monotonic() - self._disconnected_since,
                 len(self._outbox),
+                len(self._samples),
             )
         else:
             log.info("connected to Redis")
@@ -215,15 +246,27 @@ class Agent:
     def _register(self) -> None:
         gpus = self.backend.inventory()
         self._gpu_indices = {gpu.index for gpu in gpus}
+        try:
+            topology = self.backend.topology()
+        except Exception:  # a backend bug must not keep the node from registering
+            log.exception("could not read the GPU topology; registering without it")
+            topology = []
         message = protocol.NodeRegistered(
             node=self.node,
             gpus=gpus,
+            topology=topology,
             backend=self.backend.name,
             agent_version=__version__,
             hostname=self.hostname,
+            running_jobs=sorted(self.runner.running()),
         )
-        self._xadd(protocol.EVENTS_STREAM, protocol.encode(message))
-        log.info("registered with %d GPU(s)", len(gpus))
+        fields = protocol.encode(message)
+        if len(fields["m"]) > protocol.MAX_MESSAGE_BYTES:
+            # Only a node with dozens of GPUs gets here (every pair is a link); the GPUs matter more.
+            log.warning("registration with %d topology links is too large; sending it without them", len(topology))
+            fields = protocol.encode(message.model_copy(update={"topology": []}))
+        self._xadd(protocol.EVENTS_STREAM, fields)
+        log.info("registered with %d GPU(s), %d running job(s)", len(gpus), len(message.running_jobs))
 
     def _ensure_group(self) -> None:
         try:
@@ -247,9 +290,65 @@ class Agent:
         self._outbox.append(message)
 
     def _flush(self) -> None:
+        """Send buffered events, then buffered samples, oldest first; each leaves its buffer only
+        once Redis has it (so an outage mid-flush may repeat a sample, never lose one)."""
         while self._outbox and self._redis is not None:
             self._xadd(protocol.EVENTS_STREAM, protocol.encode(self._outbox[0]))
-            self._outbox.popleft()  # only once Redis has it
+            self._outbox.popleft()
+        while self._samples and self._redis is not None:
+            batch = list(itertools.islice(self._samples, SAMPLE_BATCH))
+            pipe = self._redis.pipeline(transaction=False)
+            for _seq, fields in batch:
+                pipe.xadd(protocol.METRICS_STREAM, fields, maxlen=protocol.STREAM_MAXLEN, approximate=True)
+            pipe.execute()
+            for _ in batch:
+                self._samples.popleft()
+
+    def _take_sample(self) -> None:
+        """Read the GPUs, kill jobs that ran out of GPU memory, and buffer one NodeSample."""
+        now = time.monotonic()
+        self._next_sample += self.interval
+        if self._next_sample <= now:  # first sample, or we fell behind: no burst to catch up
+            self._next_sample = now + self.interval
+        try:
+            reading = self.backend.sample(self.runner.processes())
+        except Exception as exc:  # a backend bug costs this sample, never the node's jobs
+            self._sample_failed("the GPU backend failed", exc)
+            return
+        for oom in reading.out_of_memory:
+            self.runner.kill_out_of_memory(oom.job_id, oom.error)
+        try:
+            sample = protocol.NodeSample(
+                node=self.node,
+                ts=time.time(),
+                seq=self._seq,
+                gpus=reading.gpus,
+                jobs=reading.jobs,
+                unattributed_mib=reading.unattributed_mib,
+                running_jobs=sorted(self.runner.running()),
+            )
+            fields = protocol.encode(sample)
+            if len(fields["m"]) > protocol.MAX_MESSAGE_BYTES:
+                self._sample_failed("sample too large; per-job figures left out", None)
+                fields = protocol.encode(sample.model_copy(update={"jobs": []}))
+        except pydantic.ValidationError as exc:
+            self._sample_failed("the GPU backend returned an invalid reading", exc)
+            return
+        if len(self._samples) >= self._sample_buffer:
+            self._samples.popleft()
+            self.dropped_samples += 1
+            if self.dropped_samples == 1 or self.dropped_samples % 100 == 0:
+                log.warning("sample buffer full; %d oldest sample(s) dropped so far", self.dropped_samples)
+        self._samples.append((self._seq, fields))
+        self._seq += 1
+
+    def _sample_failed(self, what: str, exc: Exception | None) -> None:
+        key = f"{what}: {exc!r}"[:300]
+        if key in self._sample_failures:
+            return
+        if len(self._sample_failures) < 1000:
+            self._sample_failures.add(key)
+        log.error("sample: %s%s (logged once)", what, f": {exc!r}" if exc is not None else "", exc_info=exc)
 
     def _heartbeat(self) -> None:
         value = json.dumps({"ts": time.time(), "running": sorted(self.runner.running())})
@@ -267,6 +366,8 @@ class Agent:
             job_id=finished.job_id,
             exit_code=finished.exit_code,
             stopped=finished.stopped,
+            oom=finished.oom,
+            error=finished.error[:2000] if finished.error else None,
             output_tail=finished.output_tail,
             finished_at=finished.finished_at,
         )
@@ -289,7 +390,8 @@ class Agent:
                 self.node,
                 {self.stream: ">"},
                 count=READ_COUNT,
-                block=max(1, int(self.interval * 1000)),
+                # Back in time for the next sample (which is also when the heartbeat is due).
+                block=max(1, int(min(self.interval, self._next_sample - time.monotonic()) * 1000)),
             )
             entries = _entries(reply)
         for entry_id, fields in entries:
@@ -314,6 +416,12 @@ class Agent:
                 self._launch(command)
             elif isinstance(command, protocol.StopJob):
                 self._stop_job(command)
+            elif isinstance(command, protocol.SetDutyCycle):
+                self._not_here(command, self.runner.set_duty_cycle(command.job_id, command.duty_cycle))
+            elif isinstance(command, protocol.SuspendJob):
+                self._not_here(command, self.runner.suspend(command.job_id))
+            elif isinstance(command, protocol.ResumeJob):
+                self._not_here(command, self.runner.resume(command.job_id))
         except redis.RedisError:
             raise  # not the command's fault: reconnect and re-read it from the pending list
         except Exception as exc:
@@ -351,6 +459,12 @@ class Agent:
             log.info("stop %s: job %d is not running here; nothing to do", command.command_id, command.job_id)
             return
         self.runner.stop(command.job_id, command.grace_seconds)
+
+    @staticmethod
+    def _not_here(command, applied: bool) -> None:
+        if not applied:
+            # Finished, stopping, or never here: the server learns the job's fate from its events.
+            log.info("%s %s: job %d is not running here; nothing to do", command.kind, command.command_id, command.job_id)
 
     def _dead_letter(self, entry_id, fields: dict, reason: str) -> None:
         raw = fields.get(b"m", fields.get("m"))

@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--heartbeat-ttl", type=_positive_float, default=10.0, help="heartbeat key TTL in seconds (default 10)"
     )
+    parser.add_argument(
+        "--duty-period",
+        type=_positive_float,
+        default=1.0,
+        metavar="SECONDS",
+        help="time-slicing period of throttled jobs: one run and one stop per period (default 1.0)",
+    )
     parser.add_argument("--workdir", type=Path, help="job directories and logs (default var/agent/<node>)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     parser.add_argument("--version", action="version", version=f"colony-agent {__version__}")
@@ -146,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             args.node,
             backend,
             args.redis,
-            JobRunner(args.workdir),
+            JobRunner(args.workdir, duty_period=args.duty_period),
             interval=args.interval,
             heartbeat_ttl=args.heartbeat_ttl,
         )

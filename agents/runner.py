@@ -7,6 +7,10 @@ containing that needs cgroups, which is out of scope here.
 
 Layout under ``workdir``: ``jobs/<job_id>/`` is the job's working directory and
 ``jobs/<job_id>/output.log`` its stdout and stderr, appended.
+
+Duty cycles and suspension are delegated to :class:`agents.throttle.DutyCycler` (its own thread);
+the runner tells it to forget a job before reaping the job's leader, so no signal can outlive the
+job's process group id.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.backends.base import JobProcesses
 from agents.protocol import OUTPUT_TAIL_BYTES, LaunchJob
+from agents.throttle import DEFAULT_PERIOD, DutyCycler
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,9 @@ class FinishedJob:
     stopped: bool
     output_tail: str
     finished_at: float
+    #: True when :meth:`JobRunner.kill_out_of_memory` ended it; ``error`` says what happened.
+    oom: bool = False
+    error: str | None = None
 
 
 @dataclass
@@ -50,8 +59,10 @@ class _RunningJob:
     job_id: int
     process: subprocess.Popen
     log_path: Path
+    command: LaunchJob
     stop_deadline: float | None = None  # monotonic; SIGKILL the group once it passes
     killed: bool = False
+    oom_error: str | None = None  # set when killed for running out of GPU memory
 
     @property
     def stopped(self) -> bool:
@@ -61,9 +72,10 @@ class _RunningJob:
 class JobRunner:
     """The job processes of one agent. Not thread-safe: one agent loop drives it."""
 
-    def __init__(self, workdir: str | os.PathLike):
+    def __init__(self, workdir: str | os.PathLike, *, duty_period: float = DEFAULT_PERIOD):
         self.workdir = Path(workdir)
         self._jobs: dict[int, _RunningJob] = {}
+        self._cycler = DutyCycler(duty_period)
 
     def job_dir(self, job_id: int) -> Path:
         return self.workdir / "jobs" / str(job_id)
@@ -97,8 +109,10 @@ class JobRunner:
             raise LaunchError(f"cannot start {cmd.argv[0]!r}: {exc}") from exc
         finally:
             output.close()  # the child holds its own copy
-        self._jobs[cmd.job_id] = _RunningJob(cmd.job_id, process, log_path)
+        self._jobs[cmd.job_id] = _RunningJob(cmd.job_id, process, log_path, cmd)
         log.info("job %d started: pid %d, GPUs %s", cmd.job_id, process.pid, cmd.gpu_indices or "none")
+        if cmd.duty_cycle < 1:
+            self.set_duty_cycle(cmd.job_id, cmd.duty_cycle)
         return process.pid
 
     @staticmethod
@@ -125,11 +139,79 @@ class JobRunner:
             return
         job.stop_deadline = deadline
         log.info("job %d: stopping (grace %.1fs)", job_id, grace_seconds)
+        # No more slicing; a stopped (throttled or suspended) group only acts on SIGTERM once it
+        # is continued, so SIGCONT follows. SIGKILL needs no help.
+        self._cycler.forget(job_id)
         self._signal_group(job, signal.SIGKILL if grace_seconds <= 0 else signal.SIGTERM)
+        self._signal_group(job, signal.SIGCONT)
+
+    def kill_out_of_memory(self, job_id: int, error: str) -> None:
+        """SIGKILL the job's group because its GPU ran out of memory; :meth:`poll` reports it
+        with ``oom=True`` and ``error``. Unknown or already-killed jobs are ignored."""
+        job = self._jobs.get(job_id)
+        if job is None or job.killed:
+            return
+        log.warning("job %d: out of GPU memory; killing it: %s", job_id, error)
+        job.oom_error = error
+        self._cycler.forget(job_id)
+        self._signal_group(job, signal.SIGKILL)
+
+    # ------------------------------------------------------------------ throttling
+
+    def set_duty_cycle(self, job_id: int, duty_cycle: float) -> bool:
+        """Time-slice the job to ``duty_cycle`` of each period (1.0: unthrottled); False if unknown."""
+        job = self._live(job_id)
+        if job is None:
+            return False
+        self._cycler.set_duty_cycle(job_id, job.process.pid, duty_cycle)
+        log.info("job %d: duty cycle %.2f", job_id, duty_cycle)
+        return True
+
+    def suspend(self, job_id: int) -> bool:
+        """Stop the job's process group until :meth:`resume`; False if unknown."""
+        job = self._live(job_id)
+        if job is None:
+            return False
+        self._cycler.suspend(job_id, job.process.pid)
+        log.info("job %d: suspended", job_id)
+        return True
+
+    def resume(self, job_id: int) -> bool:
+        """Continue a suspended job under its previous duty cycle; False if unknown."""
+        if self._live(job_id) is None:
+            return False
+        self._cycler.resume(job_id)
+        log.info("job %d: resumed (duty cycle %.2f)", job_id, self._cycler.duty_cycle(job_id))
+        return True
+
+    def duty_cycle(self, job_id: int) -> float:
+        """The job's current share of wall time: 0.0 while suspended, 1.0 when unthrottled."""
+        return 0.0 if self._cycler.suspended(job_id) else self._cycler.duty_cycle(job_id)
+
+    def _live(self, job_id: int) -> _RunningJob | None:
+        """A job that is running and not being stopped or killed (so it may be throttled)."""
+        job = self._jobs.get(job_id)
+        if job is None or job.stopped or job.killed:
+            return None
+        return job
 
     def running(self) -> set[int]:
         """Ids of jobs whose exit has not yet been returned by :meth:`poll`."""
         return set(self._jobs)
+
+    def processes(self) -> dict[int, JobProcesses]:
+        """What a GPU backend needs to know about each running job, in launch order."""
+        return {
+            job.job_id: JobProcesses(
+                job_id=job.job_id,
+                pid=job.process.pid,
+                gpu_indices=tuple(job.command.gpu_indices),
+                env=dict(job.command.env),
+                gpu_memory_limit_mib=job.command.gpu_memory_limit_mib,
+                duty_cycle=self.duty_cycle(job.job_id),
+            )
+            for job in self._jobs.values()
+        }
 
     def poll(self) -> list[FinishedJob]:
         """Escalate overdue stops and return the jobs that finished since the last call."""
@@ -142,7 +224,9 @@ class JobRunner:
             if not _has_exited(job.process):
                 continue
             # The leader is a zombie until we reap it, so its pid (== the group id) cannot be
-            # reused yet: killing the group now reaches only this job's stragglers.
+            # reused yet: killing the group now reaches only this job's stragglers (stopped ones
+            # too: SIGKILL needs no SIGCONT). The duty cycler lets go first, for the same reason.
+            self._cycler.forget(job.job_id)
             self._signal_group(job, signal.SIGKILL)
             exit_code = job.process.wait()
             del self._jobs[job.job_id]
@@ -153,9 +237,16 @@ class JobRunner:
                     stopped=job.stopped,
                     output_tail=read_tail(job.log_path),
                     finished_at=time.time(),
+                    oom=job.oom_error is not None,
+                    error=job.oom_error,
                 )
             )
-            log.info("job %d exited with %d%s", job.job_id, exit_code, " (stopped)" if job.stopped else "")
+            log.info(
+                "job %d exited with %d%s",
+                job.job_id,
+                exit_code,
+                " (stopped)" if job.stopped else " (out of memory)" if job.oom_error else "",
+            )
         return finished
 
     def stop_all(self, grace_seconds: float, give_up_after: float = 10.0) -> list[FinishedJob]:
@@ -174,6 +265,10 @@ class JobRunner:
         if self._jobs:
             log.error("jobs %s did not exit after SIGKILL", sorted(self._jobs))
         return finished
+
+    def close(self) -> None:
+        """End the duty-cycle thread, continuing anything it holds stopped. Idempotent."""
+        self._cycler.close()
 
     def _signal_group(self, job: _RunningJob, signum: int) -> None:
         if signum == signal.SIGKILL:

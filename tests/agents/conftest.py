@@ -17,9 +17,10 @@ from agents.runner import JobRunner
 
 @pytest.fixture
 def runner(tmp_path):
-    runner = JobRunner(tmp_path / "agent")
+    runner = JobRunner(tmp_path / "agent", duty_period=0.5)
     yield runner
     runner.stop_all(0)  # never leak processes from a failing test
+    runner.close()
 
 
 class RunningAgent:
@@ -48,17 +49,21 @@ class RunningAgent:
 
 @pytest.fixture
 def start_agent(tmp_path):
-    """``start_agent(redis_url, node="n1", spec="2xT4-16GB", interval=0.1)`` -> RunningAgent."""
+    """``start_agent(redis_url, node="n1", spec="2xT4-16GB", interval=0.1)`` -> RunningAgent.
+
+    ``backend=`` replaces the simulated backend built from ``spec``; ``duty_period=`` goes to the runner.
+    """
     started: list[RunningAgent] = []
 
-    def start(redis_url: str, node: str = "n1", spec: str = "2xT4-16GB", interval: float = 0.1, **kwargs):
+    def start(redis_url: str, node: str = "n1", spec: str = "2xT4-16GB", interval: float = 0.1, *,
+              backend=None, duty_period: float = 0.5, **kwargs):
         kwargs.setdefault("heartbeat_ttl", 5.0)
         kwargs.setdefault("shutdown_grace", 1.0)
         agent = Agent(
             node,
-            SimulatedBackend(spec, node),
+            backend or SimulatedBackend(spec, node),
             redis_url,
-            JobRunner(tmp_path / f"agent-{node}"),
+            JobRunner(tmp_path / f"agent-{node}", duty_period=duty_period),
             interval=interval,
             **kwargs,
         )

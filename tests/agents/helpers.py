@@ -32,14 +32,26 @@ def python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def launch(argv: list[str], job_id: int | None = None, gpus=(), env=None, command_id=None) -> protocol.LaunchJob:
+def launch(argv: list[str], job_id: int | None = None, gpus=(), env=None, command_id=None, **fields) -> protocol.LaunchJob:
+    """A LaunchJob; ``fields`` sets the rest (``duty_cycle``, ``gpu_memory_limit_mib``)."""
     return protocol.LaunchJob(
         command_id=command_id or f"launch-{uuid.uuid4().hex[:12]}",
         job_id=job_id or next(_job_ids),
         argv=argv,
         gpu_indices=list(gpus),
         env=env or {},
+        **fields,
     )
+
+
+def command(kind, job_id: int, command_id=None, **fields):
+    """A SetDutyCycle, SuspendJob or ResumeJob with a fresh command id unless given."""
+    return kind(command_id=command_id or f"{kind.__name__.lower()}-{uuid.uuid4().hex[:12]}", job_id=job_id, **fields)
+
+
+def samples(client) -> list[protocol.NodeSample]:
+    """Every decoded message on the metrics stream, oldest first."""
+    return [protocol.decode_sample(fields) for _id, fields in client.xrange(protocol.METRICS_STREAM)]
 
 
 def stop(job_id: int, grace: float = 5.0, command_id=None) -> protocol.StopJob:
@@ -56,6 +68,14 @@ def events(client, kind: str | None = None) -> list:
 
 def send(client, node: str, command) -> None:
     client.xadd(protocol.command_stream(node), protocol.encode(command))
+
+
+def status(pid: int) -> str:
+    """psutil's status of ``pid`` ("stopped", "running", "sleeping" ...), "gone" if it is no more."""
+    try:
+        return psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
+        return "gone"
 
 
 def gone(pid: int) -> bool:

@@ -43,6 +43,7 @@ def test_bad_node_name_exits_2_with_a_message():
         (["--node", "n1", "--backend", "simulated"], "needs --simulate SPEC"),
         (["--node", "n1", "--simulate", "1xT4-16GB", "--backend", "nvml"], "cannot be combined"),
         (["--node", "n1", "--simulate", "1xT4-16GB", "--interval", "0"], "positive number"),
+        (["--node", "n1", "--simulate", "1xT4-16GB", "--duty-period", "-1"], "positive number"),
         (["--node", "n1", "--simulate", "1xT4-16GB", "--interval", "5", "--heartbeat-ttl", "5"], "--heartbeat-ttl"),
         (["--node", "n1", "--simulate", "1xT4-16GB", "--redis", "localhost:6379"], "unix:// URL"),
         (["--simulate", "1xT4-16GB"], "--node"),
@@ -60,8 +61,8 @@ def test_defaults(monkeypatch, tmp_path):
     monkeypatch.setenv("REDIS_URL", "redis://elsewhere:6380/1")
     monkeypatch.chdir(tmp_path)
     args = cli.parse_args(["--node", "n1", "--simulate", "2xT4-16GB"])
-    assert (args.backend, args.redis, args.interval, args.heartbeat_ttl) == (
-        "simulated", "redis://elsewhere:6380/1", 1.0, 10.0
+    assert (args.backend, args.redis, args.interval, args.heartbeat_ttl, args.duty_period) == (
+        "simulated", "redis://elsewhere:6380/1", 1.0, 10.0, 1.0
     )
     assert args.workdir == tmp_path / "var" / "agent" / "n1"
     monkeypatch.setenv("COLONY_REDIS_URL", "redis://colony:6379/0")

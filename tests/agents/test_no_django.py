@@ -15,6 +15,8 @@ MODULES = [
     "agents.agent",
     "agents.cli",
     "agents.runner",
+    "agents.throttle",
+    "agents.nvml_probe",
     "agents.backends.simulated",
     "agents.backends.nvml",
     "agents.protocol",
