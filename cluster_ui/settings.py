@@ -164,7 +164,9 @@ LOGGING = {
 }
 
 # ---------------------------------------------------------------- monitoring
-# A node whose heartbeat key has expired (agents refresh it every interval, TTL 10 s) is LOST.
+# A node whose heartbeat key has expired (agents refresh it every interval, TTL 10 s) is LOST,
+# unless it (re)registered less than this long ago.
+COLONY_NODE_REGISTRATION_GRACE_S = env_float("COLONY_NODE_REGISTRATION_GRACE_S", 15.0)
 COLONY_ALERT_TEMPERATURE_C = env_float("COLONY_ALERT_TEMPERATURE_C", 85.0)
 COLONY_IDLE_GPU_MINUTES = env_float("COLONY_IDLE_GPU_MINUTES", 30.0)
 COLONY_IDLE_GPU_UTIL_PERCENT = env_float("COLONY_IDLE_GPU_UTIL_PERCENT", 5.0)

@@ -68,6 +68,7 @@ class Job(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
     name = models.CharField(max_length=200)
     command = models.JSONField(help_text="argv list; run without a shell.")
+    env = models.JSONField(default=dict, blank=True, help_text="Extra environment variables for the job.")
     gpus = models.PositiveSmallIntegerField()
     gpu_memory_mib = models.PositiveIntegerField(null=True, blank=True, help_text="Memory needed per GPU.")
     gpu_milli = models.PositiveSmallIntegerField(

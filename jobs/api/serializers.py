@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from rest_framework import serializers
 
 from jobs.models import Job
@@ -10,6 +12,11 @@ from monitoring.services.registry import cluster_inventory
 
 MAX_ARGV = 256
 MAX_ARG_LENGTH = 4096
+MAX_ENV = 64
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Set by the agent for every job; a job spec may not override them.
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "COLONY_JOB_ID", "COLONY_REDIS_URL", "REDIS_URL",
+                "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
 
 
 class RejectUnknownFieldsMixin:
@@ -59,7 +66,7 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "name", "tenant", "owner", "command", "gpus", "gpu_milli", "gpu_memory_mib", "gpu_models",
+            "id", "name", "tenant", "owner", "command", "env", "gpus", "gpu_milli", "gpu_memory_mib", "gpu_models",
             "priority", "opportunistic_only", "shareable", "max_nodes", "max_runtime_s", "profile_key",
             "state", "run_class", "pending_reason", "allocations", "requeue_count", "preempt_count",
             "peak_gpu_memory_mib", "exit_code", "error", "output_tail", "submitted_at", "placed_at",
@@ -76,6 +83,8 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         min_length=1, max_length=MAX_ARGV,
         help_text='argv list, run without a shell, e.g. ["python", "train.py", "--epochs", "3"].',
     )
+    env = serializers.DictField(child=StrictCharField(max_length=4096, allow_blank=True), required=False,
+                                help_text='Extra environment variables, e.g. {"EPOCHS": "3"}.')
     gpus = serializers.IntegerField(min_value=1, help_text="Number of GPUs, all granted at once (a gang).")
     gpu_milli = serializers.IntegerField(
         min_value=1, max_value=1000, required=False, default=1000,
@@ -104,6 +113,18 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         if not command[0].strip():
             raise serializers.ValidationError("The program (first element) must not be blank.")
         return command
+
+    def validate_env(self, env: dict[str, str]) -> dict[str, str]:
+        if len(env) > MAX_ENV:
+            raise serializers.ValidationError(f"At most {MAX_ENV} variables.")
+        bad = sorted(name for name in env if not ENV_NAME_RE.match(name))
+        if bad:
+            raise serializers.ValidationError(f"Invalid variable name(s): {', '.join(bad)}.")
+        reserved = sorted(name for name in env if name in RESERVED_ENV or name.startswith("COLONY_")
+                          and name != "COLONY_SIM_WORKLOAD")
+        if reserved:
+            raise serializers.ValidationError(f"Set by Colony, cannot be overridden: {', '.join(reserved)}.")
+        return env
 
     def validate_tenant(self, slug: str):
         tenant = tenants_of(self.context["request"].user).filter(slug=slug).first()

@@ -6,14 +6,18 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 import redis
+from django.conf import settings
 from django.utils import timezone
 
 from agents.protocol import heartbeat_key
 from monitoring.choices import NodeState
 from monitoring.models import Node
 
-# A node that registered this recently is not judged yet (its first heartbeat may be in flight).
-REGISTRATION_GRACE = timedelta(seconds=15)
+
+
+def _registration_grace() -> timedelta:
+    # A node that registered this recently is not judged yet (its first heartbeat may be in flight).
+    return timedelta(seconds=settings.COLONY_NODE_REGISTRATION_GRACE_S)
 
 
 def live_node_names(client: redis.Redis, names: Iterable[str]) -> set[str]:
@@ -29,7 +33,7 @@ def live_node_names(client: redis.Redis, names: Iterable[str]) -> set[str]:
 
 def silent_nodes(client: redis.Redis) -> list[Node]:
     """UP nodes whose heartbeat expired: candidates to be marked LOST."""
-    candidates = list(Node.objects.filter(state=NodeState.UP, registered_at__lt=timezone.now() - REGISTRATION_GRACE))
+    candidates = list(Node.objects.filter(state=NodeState.UP, registered_at__lt=timezone.now() - _registration_grace()))
     alive = live_node_names(client, [node.name for node in candidates])
     return [node for node in candidates if node.name not in alive]
 

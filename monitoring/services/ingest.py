@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 GROUP = "ingest"
 STATS_KEY = "colony:ingest:stats"
+# Newest sample time ingested per node: an agent re-sending its outage buffer after a reconnect
+# may repeat samples, which must not be counted twice.
+LAST_TS_KEY = "colony:ingest:last_ts"
 CLAIM_IDLE_MS = 60_000
 
 
@@ -37,6 +40,7 @@ class BatchResult:
     samples: int = 0
     dead: int = 0
     unknown_node: int = 0
+    duplicates: int = 0
     lags: list[float] = field(default_factory=list)
 
 
@@ -91,6 +95,7 @@ class Ingestor:
             except protocol.ProtocolError as exc:
                 dead_letter(self.client, protocol.METRICS_STREAM, entry_id, fields, str(exc))
                 result.dead += 1
+        samples, raws, result.duplicates = self._drop_repeats(samples, raws)
         acc = Accumulator()
         for sample in samples:
             if not self.gpu_ids.knows(sample.node):
@@ -113,11 +118,30 @@ class Ingestor:
         pipe.xack(protocol.METRICS_STREAM, GROUP, *[entry_id for entry_id, _ in entries])
         pipe.hincrby(STATS_KEY, "samples", result.samples)
         pipe.hincrby(STATS_KEY, "unknown_node", result.unknown_node)
+        pipe.hincrby(STATS_KEY, "duplicates", result.duplicates)
+        newest: dict[str, float] = {}
+        for sample in samples:
+            newest[sample.node] = max(sample.ts, newest.get(sample.node, 0.0))
+        if newest:
+            pipe.hset(LAST_TS_KEY, mapping=newest)
         if result.lags:
             pipe.hset(STATS_KEY, mapping={"lag_p50": statistics.median(result.lags), "lag_max": max(result.lags),
                                           "committed_at": committed})
         pipe.execute()
         return result
+
+    def _drop_repeats(self, samples: list, raws: list) -> tuple[list, list, int]:
+        if not samples:
+            return samples, raws, 0
+        nodes = sorted({sample.node for sample in samples})
+        seen = {node: float(ts) for node, ts in zip(nodes, self.client.hmget(LAST_TS_KEY, nodes)) if ts is not None}
+        kept, kept_raws = [], []
+        for sample, raw in zip(samples, raws):
+            if sample.ts > seen.get(sample.node, float("-inf")):
+                kept.append(sample)
+                kept_raws.append(raw)
+                seen[sample.node] = sample.ts
+        return kept, kept_raws, len(samples) - len(kept)
 
     def run_forever(self, stop: threading.Event, block_ms: int = 1000) -> None:
         while not stop.is_set():

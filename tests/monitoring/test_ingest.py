@@ -160,3 +160,12 @@ def test_xid_and_heat_raise_alerts_once_per_gpu(ingestor, redis_client, settings
     assert "XID 79 on n1/gpu0" in xid.message
     thermal = Alert.objects.filter(kind=AlertKind.THERMAL, resolved_at__isnull=True)
     assert thermal.count() == 2  # both GPUs are hot, one alert each despite two samples
+
+
+def test_samples_resent_after_a_reconnect_are_not_counted_twice(ingestor, redis_client):
+    publish(redis_client, sample(1, T0 + 1), sample(2, T0 + 2))
+    ingestor.run_once()
+    publish(redis_client, sample(2, T0 + 2), sample(3, T0 + 3))  # the agent's buffer repeats seq 2
+    result = ingestor.run_once()
+    assert (result.samples, result.duplicates) == (1, 1)
+    assert rollup(0).samples == 3
