@@ -41,7 +41,7 @@ OUTBOX_SIZE = 10_000
 # (the ingest sees a gap in ``seq``); events are never traded for samples.
 SAMPLE_BUFFER = 300
 SAMPLE_BATCH = 100  # samples per pipelined round trip when catching up
-# How many applied command ids and finished job ids are remembered for idempotency. Commands are
+# How many applied command ids are remembered for idempotency. Commands are
 # re-delivered only shortly after they were sent (pending entries, duplicates), so this is plenty.
 MEMORY_SIZE = 10_000
 BACKOFF_FIRST = 0.2
@@ -110,7 +110,6 @@ class Agent:
         self.dropped_samples = 0
         self._sample_failures: set[str] = set()
         self._applied_commands = _BoundedSet(MEMORY_SIZE)
-        self._finished_jobs = _BoundedSet(MEMORY_SIZE)
         self._gpu_indices: set[int] = set()
         self._read_pending = True
         self._next_heartbeat = 0.0
@@ -357,7 +356,6 @@ class Agent:
 
     def _report_exits(self) -> None:
         for finished in self.runner.poll():
-            self._finished_jobs.add(finished.job_id)
             self._publish(self._exited(finished))
 
     def _exited(self, finished: FinishedJob) -> protocol.JobExited:
@@ -433,8 +431,11 @@ class Agent:
 
     def _launch(self, command: protocol.LaunchJob) -> None:
         job_id = command.job_id
-        if job_id in self.runner.running() or job_id in self._finished_jobs:
-            log.info("job %d already started on this node; ignoring launch %s", job_id, command.command_id)
+        # A second launch of a job that ran here before is a new attempt (requeued after its node
+        # was lost, or preempted): the control plane gives every attempt its own command id, and
+        # re-deliveries of one command are caught by command id above.
+        if job_id in self.runner.running():
+            log.info("job %d already running on this node; ignoring launch %s", job_id, command.command_id)
             return
         missing = sorted(set(command.gpu_indices) - self._gpu_indices)
         try:
@@ -445,7 +446,6 @@ class Agent:
             pid = self.runner.launch(command)
         except LaunchError as exc:
             log.warning("job %d could not start: %s", job_id, exc)
-            self._finished_jobs.add(job_id)
             self._publish(
                 protocol.JobExited(
                     node=self.node, job_id=job_id, exit_code=None, error=str(exc)[:2000], finished_at=time.time()

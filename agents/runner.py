@@ -89,7 +89,9 @@ class JobRunner:
         log_path = job_dir / "output.log"
         try:
             job_dir.mkdir(parents=True, exist_ok=True)
-            output = open(log_path, "ab")
+            # A relaunch (a new attempt after a requeue) starts a fresh log: the tail the user
+            # reads must be this attempt's, not the last one's.
+            output = open(log_path, "wb")
         except OSError as exc:
             raise LaunchError(f"cannot prepare job directory {job_dir}: {exc.strerror or exc}") from exc
         try:
