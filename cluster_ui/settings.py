@@ -137,6 +137,8 @@ COLONY_SCHEDULER_INTERVAL = env_float("COLONY_SCHEDULER_INTERVAL", 2.0)
 COLONY_EVENTS_INTERVAL = env_float("COLONY_EVENTS_INTERVAL", 1.0)
 # A cycle holding the lock longer than this is presumed dead and another may start.
 COLONY_SCHEDULER_LOCK_LEASE = env_float("COLONY_SCHEDULER_LOCK_LEASE", 30.0)
+# Fair share: a tenant's recent GPU use decays with this half-life (seconds).
+COLONY_USAGE_HALF_LIFE_S = env_float("COLONY_USAGE_HALF_LIFE_S", 24 * 3600.0)
 # Stop commands give a job this long after SIGTERM before SIGKILL.
 COLONY_STOP_GRACE_SECONDS = env_float("COLONY_STOP_GRACE_SECONDS", 10.0)
 

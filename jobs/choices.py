@@ -8,15 +8,16 @@ class JobState(models.TextChoices):
     PLACED = "PLACED", "Placed"  # GPUs allocated, launch command sent, not yet started
     RUNNING = "RUNNING", "Running"
     CANCELLING = "CANCELLING", "Cancelling"  # stop sent, waiting for the agent to confirm
+    PREEMPTING = "PREEMPTING", "Preempting"  # stopped to make room; back to PENDING once it exits
     SUCCEEDED = "SUCCEEDED", "Succeeded"
     FAILED = "FAILED", "Failed"
     CANCELLED = "CANCELLED", "Cancelled"
 
 
 # States in which a job holds GPUs.
-ACTIVE_STATES = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING)
+ACTIVE_STATES = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING, JobState.PREEMPTING)
 TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
-CANCELLABLE_STATES = (JobState.PENDING, JobState.PLACED, JobState.RUNNING)
+CANCELLABLE_STATES = (JobState.PENDING, JobState.PLACED, JobState.RUNNING, JobState.PREEMPTING)
 
 
 class Role(models.TextChoices):

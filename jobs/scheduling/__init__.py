@@ -2,23 +2,63 @@
 
 No Django, no Redis, no clock: ``now`` is an argument. The production loop
 (``jobs.services.cycle``) and the trace-replay simulator drive the same functions.
+
+Map: ``snapshot`` (inputs) -> ``cycle.decide`` (the passes) using ``capacity`` (indexed working
+copy), ``placement`` + ``topology`` (where), ``reclaim`` (victims), ``reservation`` (gang
+starvation guard), ``throttle`` (AIMD duty cycles), ``eta`` and ``explain`` + ``reasons`` (why
+pending) -> ``decisions`` (outputs). ``usage`` holds the fair-share decay the service keeps;
+``policies`` the baselines.
 """
 
-from jobs.scheduling.decisions import Decisions, Pending, Place
-from jobs.scheduling.fifo import decide
+from jobs.scheduling.config import SchedulerConfig
+from jobs.scheduling.cycle import decide
+from jobs.scheduling.decisions import (
+    Decisions,
+    NodeSlice,
+    Pending,
+    Place,
+    Preempt,
+    PreemptReason,
+    Rendezvous,
+    Reservation,
+    Throttle,
+    ThrottleReason,
+)
 from jobs.scheduling.reasons import PendingReason, ReasonCode
-from jobs.scheduling.snapshot import ClusterSnapshot, GpuState, JobRequest, NodeState, TenantQuota
+from jobs.scheduling.snapshot import (
+    ClusterSnapshot,
+    GpuState,
+    JobClass,
+    JobProfile,
+    JobRequest,
+    NodeState,
+    RunningJob,
+    TenantQuota,
+)
+from jobs.scheduling.usage import decay_usage
 
 __all__ = [
     "ClusterSnapshot",
     "Decisions",
     "GpuState",
+    "JobClass",
+    "JobProfile",
     "JobRequest",
+    "NodeSlice",
     "NodeState",
     "Pending",
     "PendingReason",
     "Place",
+    "Preempt",
+    "PreemptReason",
     "ReasonCode",
+    "Rendezvous",
+    "Reservation",
+    "RunningJob",
+    "SchedulerConfig",
     "TenantQuota",
+    "Throttle",
+    "ThrottleReason",
+    "decay_usage",
     "decide",
 ]

@@ -1,16 +1,36 @@
-"""Why a job is pending: a code a program can match on and a sentence a researcher can read."""
+"""Why a job is pending: a code a program can match on and a sentence a researcher can read.
+
+One constructor per code keeps the wording in one place; ``details`` carries the numbers behind
+the sentence so the API and the queue page can show them without parsing text.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+MIB_PER_GIB = 1024
+
 
 class ReasonCode(StrEnum):
+    # The request cannot run on this cluster as it is (inventory, not load).
     NO_NODES_ONLINE = "no_nodes_online"
-    GANG_LARGER_THAN_ANY_NODE = "gang_larger_than_any_node"
+    INVALID_REQUEST = "invalid_request"
+    GPU_MODEL_UNAVAILABLE = "gpu_model_unavailable"
     NO_GPU_WITH_ENOUGH_MEMORY = "no_gpu_with_enough_memory"
+    GANG_LARGER_THAN_ANY_NODE = "gang_larger_than_any_node"
+    GANG_LARGER_THAN_CLUSTER = "gang_larger_than_cluster"
+    # Quota.
+    AT_MAX_GPUS = "at_max_gpus"
+    OVER_QUOTA_CLUSTER_FULL = "over_quota_cluster_full"
+    NO_SPARE_CAPACITY = "no_spare_capacity"
+    BEHIND_LOWER_USAGE_TENANTS = "behind_lower_usage_tenants"
+    # Load.
     WAITING_FOR_FREE_GPUS = "waiting_for_free_gpus"
+    RECLAIMING = "reclaiming"
+    RESERVED_FOR_GANG = "reserved_for_gang"
+    HOLDING_RESERVATION = "holding_reservation"
+    NOT_CONSIDERED = "not_considered"
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,3 +41,151 @@ class PendingReason:
 
     def as_dict(self) -> dict:
         return {"code": str(self.code), "message": self.message, "details": dict(self.details)}
+
+
+def gib(mib: float) -> str:
+    return f"{mib / MIB_PER_GIB:.0f} GiB" if mib % MIB_PER_GIB == 0 else f"{mib / MIB_PER_GIB:.1f} GiB"
+
+
+def _gpus(n: float) -> str:
+    text = f"{n:g}"
+    return f"{text} GPU" if n == 1 else f"{text} GPUs"
+
+
+def no_nodes_online(nodes: int, cordoned: int) -> PendingReason:
+    if nodes and cordoned == nodes:
+        message = f"No GPU node is online and accepting jobs: all {nodes} are cordoned."
+    else:
+        message = "No GPU node is online and accepting jobs."
+    return PendingReason(ReasonCode.NO_NODES_ONLINE, message, {"nodes": nodes, "cordoned": cordoned})
+
+
+def invalid_request(problem: str) -> PendingReason:
+    return PendingReason(ReasonCode.INVALID_REQUEST, f"This request cannot be scheduled: {problem}.",
+                         {"problem": problem})
+
+
+def model_unavailable(wanted: frozenset[str], online: list[str]) -> PendingReason:
+    wanted_text = " or ".join(sorted(wanted))
+    online_text = ", ".join(online) if online else "none"
+    return PendingReason(
+        ReasonCode.GPU_MODEL_UNAVAILABLE,
+        f"Needs a {wanted_text} GPU; no such GPU is online (online models: {online_text}).",
+        {"wanted_models": sorted(wanted), "online_models": online},
+    )
+
+
+def no_gpu_with_memory(needed_mib: int, largest_mib: int, models: frozenset[str]) -> PendingReason:
+    which = f" {' or '.join(sorted(models))}" if models else ""
+    return PendingReason(
+        ReasonCode.NO_GPU_WITH_ENOUGH_MEMORY,
+        f"Needs a GPU with {gib(needed_mib)} of memory; the largest online{which} GPU has {gib(largest_mib)}.",
+        {"needed_mib": needed_mib, "largest_mib": largest_mib},
+    )
+
+
+def gang_larger_than_any_node(gpus: int, widest: int, max_nodes: int) -> PendingReason:
+    where = "on one node" if max_nodes == 1 else f"on at most {max_nodes} nodes"
+    return PendingReason(
+        ReasonCode.GANG_LARGER_THAN_ANY_NODE,
+        f"Needs {gpus} GPUs {where}; the largest online node has {widest} that fit.",
+        {"needed_gpus": gpus, "largest_node_gpus": widest, "max_nodes": max_nodes},
+    )
+
+
+def gang_larger_than_cluster(gpus: int, total: int) -> PendingReason:
+    return PendingReason(
+        ReasonCode.GANG_LARGER_THAN_CLUSTER,
+        f"Needs {gpus} GPUs at once; the online cluster has only {total} that fit the request.",
+        {"needed_gpus": gpus, "cluster_gpus": total},
+    )
+
+
+def at_max_gpus(tenant: str, used_milli: int, max_milli: int, need_milli: int) -> PendingReason:
+    used, ceiling, need = used_milli / 1000, max_milli / 1000, need_milli / 1000
+    return PendingReason(
+        ReasonCode.AT_MAX_GPUS,
+        f"Tenant {tenant} is using {used:g} of its {ceiling:g}-GPU ceiling; this job needs {need:g} more. "
+        f"It starts when the tenant's other jobs finish.",
+        {"tenant": tenant, "used_gpus": used, "max_gpus": ceiling, "needed_gpus": need},
+    )
+
+
+def over_quota_cluster_full(tenant: str, guaranteed_milli: int, unused_milli: int, needed_gpus: int) -> PendingReason:
+    guaranteed, unused = guaranteed_milli / 1000, unused_milli / 1000
+    if unused <= 0:
+        quota = f"Tenant {tenant} is using all of its {guaranteed:g}-GPU guarantee"
+    else:
+        quota = f"Tenant {tenant} has {_gpus(unused)} of its {guaranteed:g}-GPU guarantee unused, too few for this job"
+    return PendingReason(
+        ReasonCode.OVER_QUOTA_CLUSTER_FULL,
+        f"{quota}, so it must borrow spare GPUs, and no spare {_gpus(needed_gpus)} that fit it are free "
+        f"right now.",
+        {"tenant": tenant, "guaranteed_gpus": guaranteed, "unused_guaranteed_gpus": unused, "needed_gpus": needed_gpus},
+    )
+
+
+def no_spare_capacity(needed_gpus: int) -> PendingReason:
+    return PendingReason(
+        ReasonCode.NO_SPARE_CAPACITY,
+        f"Asked to run only on spare capacity; no spare {_gpus(needed_gpus)} that fit it right now.",
+        {"needed_gpus": needed_gpus},
+    )
+
+
+def behind_lower_usage(tenant: str, share: float, ahead: int) -> PendingReason:
+    return PendingReason(
+        ReasonCode.BEHIND_LOWER_USAGE_TENANTS,
+        f"Spare GPUs went to {ahead} tenant{'s' if ahead != 1 else ''} with lower recent usage than "
+        f"{tenant} (per unit of weight) this cycle; borrowing is shared out lowest usage first.",
+        {"tenant": tenant, "weighted_usage_gpu_h": round(share / 3600, 1), "tenants_ahead": ahead},
+    )
+
+
+def waiting_for_free_gpus(gpus: int, needed_mib: int | None, one_node: bool, most_free: int) -> PendingReason:
+    memory = f" with {gib(needed_mib)}" if needed_mib else ""
+    where = " on one node" if one_node else ""
+    return PendingReason(
+        ReasonCode.WAITING_FOR_FREE_GPUS,
+        f"Waiting for {_gpus(gpus)}{memory}{where}; the most free on any node is {most_free}.",
+        {"needed_gpus": gpus, "most_free_on_a_node": most_free},
+    )
+
+
+def reclaiming(gpus: int, victims: int) -> PendingReason:
+    if victims:
+        source = f"reclaiming {_gpus(gpus)} from {victims} borrowed job{'s' if victims != 1 else ''}"
+    else:
+        source = f"{_gpus(gpus)} are being released by borrowed jobs already stopping"
+    return PendingReason(
+        ReasonCode.RECLAIMING,
+        f"Within your guarantee: {source}; starts once they have stopped.",
+        {"needed_gpus": gpus, "victims": victims},
+    )
+
+
+def reserved_for_gang(holder_job: int, holder_gpus: int, nodes: tuple[str, ...]) -> PendingReason:
+    return PendingReason(
+        ReasonCode.RESERVED_FOR_GANG,
+        f"The free GPUs that fit are held for job {holder_job}, which needs {holder_gpus} GPUs at once "
+        f"(nodes {', '.join(nodes)}); jobs that declare a runtime ending before it can start may use them.",
+        {"holder_job": holder_job, "holder_gpus": holder_gpus, "nodes": list(nodes)},
+    )
+
+
+def holding_reservation(gpus: int, nodes: tuple[str, ...], until: float, now: float) -> PendingReason:
+    return PendingReason(
+        ReasonCode.HOLDING_RESERVATION,
+        f"Needs {gpus} GPUs at once; node{'s' if len(nodes) != 1 else ''} {', '.join(nodes)} "
+        f"{'are' if len(nodes) != 1 else 'is'} held for it for up to {max(0, until - now) / 60:.0f} more min "
+        f"while running jobs there finish.",
+        {"needed_gpus": gpus, "nodes": list(nodes), "held_until": until},
+    )
+
+
+def not_considered(limit: int) -> PendingReason:
+    return PendingReason(
+        ReasonCode.NOT_CONSIDERED,
+        f"Queued; this cycle stopped after {limit} placement searches and will reach this job later.",
+        {"search_limit": limit},
+    )

@@ -1,8 +1,28 @@
-"""Frozen inputs of the scheduler core: what the cluster has and what is waiting."""
+"""Frozen inputs of the scheduler core: what the cluster has, what runs on it, and what is waiting.
+
+The service layer (``jobs.services.snapshot``) fills these from the database and Redis; the
+trace-replay simulator fills them from its virtual cluster. Nothing here computes anything beyond
+trivial derived properties, and nothing here may import Django, Redis or the clock.
+
+Units: memory in MiB, compute in milli-GPUs (1000 = one whole GPU, as the Alibaba trace's
+``gpu_milli``), utilisation as a fraction 0..1, times in seconds on the caller's clock, link
+bandwidth in GB/s (10^9 bytes per second).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
+
+WHOLE_GPU_MILLI = 1000
+
+
+class JobClass(StrEnum):
+    """AntMan's two classes: guaranteed work runs inside its tenant's quota as if alone;
+    opportunistic work borrows spare capacity and yields (throttled or evicted) when asked."""
+
+    GUARANTEED = "guaranteed"
+    OPPORTUNISTIC = "opportunistic"
 
 
 @dataclass(frozen=True, slots=True)
@@ -11,7 +31,12 @@ class GpuState:
     index: int
     model: str
     memory_mib: int
+    # Held by something the snapshot does not list in ``running`` (an allocation of unknown shape):
+    # such a GPU is treated as fully used. Ignored when a listed running job sits on the GPU.
     busy: bool = False
+    # Live readings from the node agent; None when not (yet) known.
+    utilisation: float | None = None
+    memory_used_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +45,9 @@ class NodeState:
     gpus: tuple[GpuState, ...]
     online: bool = True
     cordoned: bool = False
+    rack: str = ""
+    # Slowest GPU-to-GPU link inside the node: NVLink ~300, PCIe gen4 ~32.
+    intra_node_gb_per_s: float = 32.0
 
     @property
     def schedulable(self) -> bool:
@@ -30,13 +58,85 @@ class NodeState:
 
 
 @dataclass(frozen=True, slots=True)
+class JobProfile:
+    """What a job with the same ``profile_key`` did when it ran before (after Nimble).
+
+    Used instead of the request for packing: requests are usually inflated.
+    """
+
+    peak_memory_mib: int
+    mean_utilisation: float
+
+
+@dataclass(frozen=True, slots=True)
 class JobRequest:
+    """A pending job. Memory and compute are per GPU."""
+
     id: int
     tenant: str
     gpus: int
     submitted_at: float
     gpu_memory_mib: int | None = None
     priority: int = 0
+    # Below 1000 asks for a fraction of one GPU (only with gpus == 1); such jobs may share a GPU.
+    gpu_milli: int = WHOLE_GPU_MILLI
+    # Allowed GPU models; empty means any.
+    gpu_models: frozenset[str] = frozenset()
+    # Never run as guaranteed, even inside the tenant's guarantee (cheap, preemptible work).
+    opportunistic_only: bool = False
+    # A guaranteed job that accepts another guaranteed job on its GPU.
+    shareable: bool = False
+    profile: JobProfile | None = None
+    expected_runtime_s: float | None = None
+    # 1 = single node only; None = as many as needed (fewest first).
+    max_nodes: int | None = None
+    # Bytes all-reduced per step (roughly the gradient size), for the topology cost model.
+    allreduce_bytes: int | None = None
+    # When this job's current gang reservation began; the service echoes ``Reservation.since``.
+    reserved_since: float | None = None
+
+    @property
+    def fractional(self) -> bool:
+        return self.gpu_milli < WHOLE_GPU_MILLI
+
+    @property
+    def quota_milli(self) -> int:
+        """What the job counts against its tenant's quota."""
+        return self.gpus * self.gpu_milli
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job holding GPUs now (placed or running)."""
+
+    id: int
+    tenant: str
+    job_class: JobClass
+    gpu_ids: tuple[int, ...]
+    started_at: float
+    # Per GPU: the observed peak when known, else the request; None means the whole GPU.
+    memory_mib: int | None = None
+    gpu_milli: int = WHOLE_GPU_MILLI
+    priority: int = 0
+    expected_runtime_s: float | None = None
+    duty_cycle: float = 1.0
+    # Live mean utilisation of the job's GPUs attributable to it; None when unknown.
+    utilisation: float | None = None
+    # Utilisation when it ran alone (from its profile): the yardstick for "slowed down".
+    solo_utilisation: float | None = None
+    shareable: bool = False
+    # Already told to stop (preempted, cancelling): its GPUs free up soon; never chosen again.
+    preempting: bool = False
+
+    @property
+    def quota_milli(self) -> int:
+        return len(self.gpu_ids) * self.gpu_milli
+
+    @property
+    def expected_end(self) -> float | None:
+        if self.expected_runtime_s is None:
+            return None
+        return self.started_at + self.expected_runtime_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +145,17 @@ class TenantQuota:
     guaranteed_gpus: int
     max_gpus: int
     weight: float = 1.0
+    # GPU-seconds of recent use with half-life decay, kept by the caller (see ``usage.decay_usage``).
+    decayed_usage: float = 0.0
+
+    @property
+    def guaranteed_milli(self) -> int:
+        return self.guaranteed_gpus * WHOLE_GPU_MILLI
+
+    @property
+    def ceiling_milli(self) -> int:
+        # The guarantee is owed whatever the ceiling says; a ceiling below it means "no borrowing".
+        return max(self.max_gpus, self.guaranteed_gpus) * WHOLE_GPU_MILLI
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,3 +163,4 @@ class ClusterSnapshot:
     nodes: tuple[NodeState, ...]
     pending: tuple[JobRequest, ...]
     tenants: tuple[TenantQuota, ...] = field(default=())
+    running: tuple[RunningJob, ...] = field(default=())

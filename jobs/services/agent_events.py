@@ -21,6 +21,7 @@ from jobs.choices import JobState
 from jobs.models import Allocation, Job
 from jobs.services.commands import send_stop
 from jobs.services.node_health import stop_strays
+from jobs.services.profiles import record_profile
 from jobs.services.nudge import nudge_scheduler
 from monitoring.models import JobUsage
 from monitoring.services.dead_letters import dead_letter
@@ -131,9 +132,18 @@ def _job_exited(message: protocol.JobExited) -> bool:
         .values_list("peak_gpu_memory_mib", flat=True).first(),
     }
     Job.objects.filter(pk=message.job_id, state=JobState.CANCELLING).update(state=JobState.CANCELLED, **outcome)
-    succeeded = message.exit_code == 0 and message.error is None and not message.oom
-    Job.objects.filter(pk=message.job_id, state__in=(JobState.PLACED, JobState.RUNNING)).update(
-        state=JobState.SUCCEEDED if succeeded else JobState.FAILED, **outcome
+    # Preempted: back to the queue (the stop it got is not a failure of the job).
+    Job.objects.filter(pk=message.job_id, state=JobState.PREEMPTING).update(
+        state=JobState.PENDING, placed_at=None, started_at=None, peak_gpu_memory_mib=outcome["peak_gpu_memory_mib"],
     )
+    succeeded = message.exit_code == 0 and message.error is None and not message.oom
+    if Job.objects.filter(pk=message.job_id, state__in=(JobState.PLACED, JobState.RUNNING)).update(
+        state=JobState.SUCCEEDED if succeeded else JobState.FAILED, **outcome
+    ) and succeeded:
+        record_profile(message.job_id)
     live.update(released_at=now)
+    # A gang's other nodes hold allocations of a job that is over: stop them too.
+    for other in set(Allocation.objects.filter(job_id=message.job_id, released_at__isnull=True)
+                     .values_list("gpu__node__name", flat=True)):
+        transaction.on_commit(lambda other=other: send_stop(other, message.job_id))
     return True

@@ -1,46 +1,125 @@
-"""Carry out the core's decisions: one transaction, conditional updates, commands after commit."""
+"""Carry out the core's decisions: one transaction, conditional updates, commands after commit.
+
+Every state change is conditional on the state the core saw (``filter(pk, state).update``): a job
+cancelled between snapshot and apply is simply skipped. Redis commands are published in
+``on_commit``, so a rolled-back cycle sends nothing; a crash after commit but before publish
+leaves a PLACED job whose launch is re-sent by ``resend_unstarted_launches``.
+"""
 
 from __future__ import annotations
 
-from django.db import IntegrityError, transaction
+from dataclasses import dataclass
+from datetime import datetime, timezone as dt_timezone
+
+from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
-from jobs.choices import JobState
+from jobs.choices import JobClass, JobState
 from jobs.models import Allocation, Job
 from jobs.scheduling import Decisions
-from jobs.services.commands import send_launch
+from jobs.scheduling.decisions import Place
+from jobs.services.commands import send_duty_cycle, send_launch, send_stop
+from monitoring.models import Node
 
 
-def apply_decisions(decisions: Decisions) -> int:
-    """Persist placements and pending reasons; returns how many jobs were placed.
+@dataclass(frozen=True)
+class Applied:
+    placed: int = 0
+    preempted: int = 0
+    throttled: int = 0
 
-    A job that is no longer pending (cancelled meanwhile) is skipped; a GPU that another writer
-    took is refused by the database and that placement alone is dropped.
-    """
+
+def apply_decisions(decisions: Decisions) -> Applied:
     now = timezone.now()
-    placed = 0
     with transaction.atomic():
-        for place in decisions.placements:
-            try:
-                with transaction.atomic():
-                    if not Job.objects.filter(pk=place.job_id, state=JobState.PENDING).update(
-                        state=JobState.PLACED, placed_at=now, pending_reason=None
-                    ):
-                        continue
-                    Allocation.objects.bulk_create([Allocation(job_id=place.job_id, gpu_id=g) for g in place.gpu_ids])
-            except IntegrityError:
-                continue
-            placed += 1
-            argv = Job.objects.values_list("command", flat=True).get(pk=place.job_id)
-            transaction.on_commit(
-                lambda place=place, argv=argv: send_launch(place.node, place.job_id, argv, place.gpu_indices)
-            )
-        _store_pending_reasons(decisions)
-    return placed
+        placed = sum(_place(place, now) for place in decisions.placements)
+        preempted = sum(_preempt(preempt.job_id, preempt.message) for preempt in decisions.preemptions)
+        throttled = sum(_throttle(t.job_id, t.duty_cycle) for t in decisions.throttles)
+        _store_reservations(decisions)
+        _store_pending_reasons(decisions, now.timestamp())
+    return Applied(placed=placed, preempted=preempted, throttled=throttled)
 
 
-def _store_pending_reasons(decisions: Decisions) -> None:
-    reasons = {pending.job_id: pending.reason.as_dict() for pending in decisions.pending}
+def _place(place: Place, now: datetime) -> bool:
+    job_class = JobClass.OPPORTUNISTIC if place.job_class == "opportunistic" else JobClass.GUARANTEED
+    if not Job.objects.filter(pk=place.job_id, state=JobState.PENDING).update(
+        state=JobState.PLACED, placed_at=now, pending_reason=None, reserved_since=None, run_class=job_class,
+    ):
+        return False
+    Allocation.objects.bulk_create([
+        Allocation(job_id=place.job_id, gpu_id=gpu_id, rank=node_slice.node_rank, gpu_milli=place.gpu_milli,
+                   memory_limit_mib=place.memory_limit_mib, duty_cycle=place.duty_cycle)
+        for node_slice in place.slices for gpu_id in node_slice.gpu_ids
+    ])
+    job = Job.objects.only("command", "env", "requeue_count", "preempt_count").get(pk=place.job_id)
+    attempt = job.requeue_count + job.preempt_count
+    hosts = dict(Node.objects.filter(name__in=place.nodes).values_list("name", "hostname"))
+    for node_slice in place.slices:
+        env = dict(job.env)
+        if place.rendezvous is not None:
+            env.update(place.rendezvous.env(node_slice, local_rank=0))
+            env["MASTER_ADDR"] = hosts.get(place.rendezvous.master_node) or place.rendezvous.master_node
+        transaction.on_commit(lambda s=node_slice, env=env: send_launch(
+            s.node, place.job_id, job.command, s.gpu_indices, attempt=attempt, env=env,
+            gpu_memory_limit_mib=place.memory_limit_mib, duty_cycle=place.duty_cycle,
+        ))
+    return True
+
+
+def _live_nodes(job_id: int) -> set[str]:
+    return set(Allocation.objects.filter(job_id=job_id, released_at__isnull=True)
+               .values_list("gpu__node__name", flat=True))
+
+
+def _preempt(job_id: int, message: str) -> bool:
+    """Stop an opportunistic job; it returns to the queue when its node confirms the exit."""
+    if not Job.objects.filter(pk=job_id, state__in=(JobState.PLACED, JobState.RUNNING),
+                              run_class=JobClass.OPPORTUNISTIC).update(
+        state=JobState.PREEMPTING, preempt_count=F("preempt_count") + 1,
+        pending_reason={"code": "preempted", "message": message, "details": {}},
+    ):
+        return False
+    for node in _live_nodes(job_id):
+        transaction.on_commit(lambda node=node: send_stop(node, job_id))
+    return True
+
+
+def _throttle(job_id: int, duty_cycle: float) -> bool:
+    live = Allocation.objects.filter(job_id=job_id, released_at__isnull=True,
+                                     job__state__in=(JobState.PLACED, JobState.RUNNING))
+    if not live.exclude(duty_cycle=duty_cycle).update(duty_cycle=duty_cycle):
+        return False
+    for node in _live_nodes(job_id):
+        transaction.on_commit(lambda node=node: send_duty_cycle(node, job_id, duty_cycle))
+    return True
+
+
+def _store_reservations(decisions: Decisions) -> None:
+    held = {r.job_id: r.since for r in decisions.reservations}
+    Job.objects.filter(state=JobState.PENDING, reserved_since__isnull=False).exclude(pk__in=held).update(
+        reserved_since=None
+    )
+    for job_id, since in held.items():
+        Job.objects.filter(pk=job_id, state=JobState.PENDING, reserved_since__isnull=True).update(
+            reserved_since=datetime.fromtimestamp(since, tz=dt_timezone.utc)
+        )
+
+
+# ETAs are stored as absolute times rounded to this, so that an estimate that does not move does
+# not rewrite 50,000 rows every cycle.
+ETA_ROUNDING_S = 30
+
+
+def _reason(pending, now: float) -> dict:
+    reason = pending.reason.as_dict()
+    if pending.eta_s is not None:
+        reason["eta_at"] = round((now + pending.eta_s) / ETA_ROUNDING_S) * ETA_ROUNDING_S
+    return reason
+
+
+def _store_pending_reasons(decisions: Decisions, now: float) -> None:
+    reasons = {pending.job_id: _reason(pending, now) for pending in decisions.pending}
     if not reasons:
         return
     jobs = list(Job.objects.filter(pk__in=reasons, state=JobState.PENDING).only("id", "pending_reason"))
@@ -48,3 +127,33 @@ def _store_pending_reasons(decisions: Decisions) -> None:
     for job in changed:
         job.pending_reason = reasons[job.id]
     Job.objects.bulk_update(changed, ["pending_reason"], batch_size=500)
+
+
+RESEND_AFTER_S = 15
+
+
+def resend_unstarted_launches(redis_client) -> int:
+    """Re-send the launch of jobs placed a while ago that never reported started.
+
+    Covers a crash between commit and publish, and a command stream lost with Redis. The agent
+    recognises a launch it already applied by its command id, so re-sending is harmless.
+    """
+    cutoff = timezone.now() - timezone.timedelta(seconds=RESEND_AFTER_S)
+    resent = 0
+    for job in Job.objects.filter(state=JobState.PLACED, placed_at__lt=cutoff):
+        if not redis_client.set(f"colony:resend:{job.pk}", 1, nx=True, ex=RESEND_AFTER_S):
+            continue
+        attempt = job.requeue_count + job.preempt_count
+        for allocation_node, indices, memory_limit, duty in _slices(job.pk):
+            send_launch(allocation_node, job.pk, job.command, indices, attempt=attempt, env=job.env,
+                        gpu_memory_limit_mib=memory_limit, duty_cycle=duty)
+        resent += 1
+    return resent
+
+
+def _slices(job_id: int):
+    by_node: dict[str, list] = {}
+    for allocation in Allocation.objects.filter(job_id=job_id, released_at__isnull=True).select_related("gpu__node"):
+        by_node.setdefault(allocation.gpu.node.name, []).append(allocation)
+    for node, held in by_node.items():
+        yield node, tuple(sorted(a.gpu.index for a in held)), held[0].memory_limit_mib, held[0].duty_cycle

@@ -16,15 +16,27 @@ def _publish(node: str, command) -> None:
     )
 
 
-def send_launch(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int, ...]) -> None:
-    # The command id is derived from the job so that a re-sent launch is recognised by the agent.
+def _command_id(kind: str, job_id: int) -> str:
+    return f"{kind}-{job_id}-{uuid.uuid4().hex[:8]}"
+
+
+def send_launch(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int, ...], *, attempt: int = 0,
+                env: dict[str, str] | None = None, gpu_memory_limit_mib: int | None = None,
+                duty_cycle: float = 1.0) -> None:
+    # One command id per attempt: a re-sent launch of this attempt is recognised by the agent, a
+    # requeued job's next attempt is not mistaken for it.
     _publish(node, protocol.LaunchJob(
-        command_id=f"launch-{job_id}", job_id=job_id, argv=argv, gpu_indices=list(gpu_indices),
+        command_id=f"launch-{job_id}-{attempt}", job_id=job_id, argv=argv, gpu_indices=list(gpu_indices),
+        env=env or {}, gpu_memory_limit_mib=gpu_memory_limit_mib, duty_cycle=duty_cycle,
     ))
 
 
 def send_stop(node: str, job_id: int) -> None:
     _publish(node, protocol.StopJob(
-        command_id=f"stop-{job_id}-{uuid.uuid4().hex[:8]}", job_id=job_id,
-        grace_seconds=settings.COLONY_STOP_GRACE_SECONDS,
+        command_id=_command_id("stop", job_id), job_id=job_id, grace_seconds=settings.COLONY_STOP_GRACE_SECONDS,
     ))
+
+
+def send_duty_cycle(node: str, job_id: int, duty_cycle: float) -> None:
+    _publish(node, protocol.SetDutyCycle(command_id=_command_id("duty", job_id), job_id=job_id,
+                                         duty_cycle=duty_cycle))

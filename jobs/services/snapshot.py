@@ -1,41 +1,163 @@
-"""Build the scheduler core's ClusterSnapshot from the database and Redis."""
+"""Build the scheduler core's ClusterSnapshot from the database and Redis.
+
+The database says what exists and who holds what; Redis adds liveness (heartbeats) and live
+usage (each node's latest sample). Queries are a fixed handful per cycle, never per job.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from jobs.choices import JobState
-from jobs.models import Allocation, Job, Tenant
+from jobs.choices import JobClass as JobClassChoice
+from jobs.choices import ACTIVE_STATES, JobState
+from jobs.models import Allocation, Job, JobProfile, Tenant
 from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, NodeState, TenantQuota
-from monitoring.models import Gpu, Node
+from jobs.scheduling.snapshot import JobClass, JobProfile as CoreProfile, RunningJob
+from monitoring.models import Gpu, JobUsage, Node
+from monitoring.services import live
 from monitoring.services.health import live_node_names
+
+# Slowest GPU-to-GPU link inside a node, GB/s, when the agent reported no usable topology.
+PCIE_GB_PER_S = 32.0
+# Agents report NVLink bandwidth in Gbit/s.
+BITS_PER_BYTE = 8
 
 
 def build_snapshot(redis_client) -> ClusterSnapshot:
     nodes = list(Node.objects.all())
     online = live_node_names(redis_client, [node.name for node in nodes])
-    busy = set(Allocation.objects.filter(released_at__isnull=True).values_list("gpu_id", flat=True))
-    gpus_by_node: dict[int, list[GpuState]] = defaultdict(list)
-    for gpu in Gpu.objects.filter(present=True).order_by("index"):
-        gpus_by_node[gpu.node_id].append(
-            GpuState(id=gpu.id, index=gpu.index, model=gpu.model, memory_mib=gpu.memory_mib, busy=gpu.id in busy)
-        )
-    pending = tuple(
-        JobRequest(
-            id=job.id, tenant=job.tenant.slug, gpus=job.gpus, gpu_memory_mib=job.gpu_memory_mib,
-            priority=job.priority, submitted_at=job.submitted_at.timestamp(),
-        )
-        for job in Job.objects.filter(state=JobState.PENDING).select_related("tenant")
-    )
+    samples = live.latest_nodes(redis_client)
     return ClusterSnapshot(
-        nodes=tuple(
-            NodeState(name=node.name, gpus=tuple(gpus_by_node[node.id]), online=node.name in online,
-                      cordoned=node.cordoned)
-            for node in nodes
-        ),
-        pending=pending,
+        nodes=_nodes(nodes, online, samples),
+        pending=_pending(),
         tenants=tuple(
-            TenantQuota(name=t.slug, guaranteed_gpus=t.guaranteed_gpus, max_gpus=t.max_gpus, weight=t.weight)
+            TenantQuota(name=t.slug, guaranteed_gpus=t.guaranteed_gpus, max_gpus=t.max_gpus, weight=t.weight,
+                        decayed_usage=t.decayed_usage)
             for t in Tenant.objects.all()
         ),
+        running=_running(samples),
     )
+
+
+def _intra_node_bandwidth(topology: list[dict]) -> float:
+    if topology and all(link["kind"] == "nvlink" and link.get("bandwidth_gbps") for link in topology):
+        return min(link["bandwidth_gbps"] for link in topology) / BITS_PER_BYTE
+    return PCIE_GB_PER_S
+
+
+def _nodes(nodes: list[Node], online: set[str], samples: dict[str, dict]) -> tuple[NodeState, ...]:
+    gpus_by_node: dict[int, list[Gpu]] = defaultdict(list)
+    for gpu in Gpu.objects.filter(present=True).order_by("index"):
+        gpus_by_node[gpu.node_id].append(gpu)
+    states = []
+    for node in nodes:
+        readings = {g["index"]: g for g in samples.get(node.name, {}).get("gpus", [])}
+        states.append(NodeState(
+            name=node.name,
+            gpus=tuple(
+                GpuState(
+                    id=gpu.id, index=gpu.index, model=gpu.model, memory_mib=gpu.memory_mib,
+                    utilisation=_fraction(readings.get(gpu.index, {}).get("util_sm")),
+                    memory_used_mib=readings.get(gpu.index, {}).get("mem_used_mib"),
+                )
+                for gpu in gpus_by_node[node.id]
+            ),
+            online=node.name in online,
+            cordoned=node.cordoned,
+            rack=node.rack,
+            intra_node_gb_per_s=_intra_node_bandwidth(node.topology),
+        ))
+    return tuple(states)
+
+
+def _fraction(percent: float | None) -> float | None:
+    return None if percent is None else percent / 100.0
+
+
+def _profiles(tenant_keys: set[tuple[int, str]]) -> dict[tuple[int, str], JobProfile]:
+    if not tenant_keys:
+        return {}
+    keys = {key for _, key in tenant_keys}
+    return {
+        (p.tenant_id, p.key): p
+        for p in JobProfile.objects.filter(key__in=keys)
+        if (p.tenant_id, p.key) in tenant_keys
+    }
+
+
+def _pending() -> tuple[JobRequest, ...]:
+    jobs = list(Job.objects.filter(state=JobState.PENDING).select_related("tenant"))
+    profiles = _profiles({(job.tenant_id, job.profile_key) for job in jobs if job.profile_key})
+    requests = []
+    for job in jobs:
+        profile = profiles.get((job.tenant_id, job.profile_key)) if job.profile_key else None
+        requests.append(JobRequest(
+            id=job.id, tenant=job.tenant.slug, gpus=job.gpus, submitted_at=job.submitted_at.timestamp(),
+            gpu_memory_mib=job.gpu_memory_mib, priority=job.priority, gpu_milli=job.gpu_milli,
+            gpu_models=frozenset(job.gpu_models), opportunistic_only=job.opportunistic_only,
+            shareable=job.shareable, max_nodes=job.max_nodes,
+            profile=CoreProfile(peak_memory_mib=profile.peak_gpu_memory_mib,
+                                mean_utilisation=profile.mean_util if profile.mean_util is not None else 1.0)
+            if profile else None,
+            expected_runtime_s=_expected_runtime(job, profile),
+            reserved_since=job.reserved_since.timestamp() if job.reserved_since else None,
+        ))
+    return tuple(requests)
+
+
+def _expected_runtime(job: Job, profile: JobProfile | None) -> float | None:
+    if profile and profile.mean_runtime_s:
+        return profile.mean_runtime_s if not job.max_runtime_s else min(profile.mean_runtime_s, job.max_runtime_s)
+    return float(job.max_runtime_s) if job.max_runtime_s else None
+
+
+def _running(samples: dict[str, dict]) -> tuple[RunningJob, ...]:
+    allocations = list(
+        Allocation.objects.filter(released_at__isnull=True, job__state__in=ACTIVE_STATES)
+        .select_related("job__tenant").order_by("job_id", "rank", "gpu__index")
+    )
+    by_job: dict[int, list[Allocation]] = defaultdict(list)
+    for allocation in allocations:
+        by_job[allocation.job_id].append(allocation)
+    usage = {u.job_id: u for u in JobUsage.objects.filter(job_id__in=by_job)}
+    jobs = {a.job_id: a.job for a in allocations}
+    profiles = _profiles({(j.tenant_id, j.profile_key) for j in jobs.values() if j.profile_key})
+    live_util = _live_job_utilisation(samples)
+    running = []
+    for job_id, held in by_job.items():
+        job = jobs[job_id]
+        observed = usage.get(job_id)
+        profile = profiles.get((job.tenant_id, job.profile_key)) if job.profile_key else None
+        started = job.started_at or job.placed_at or job.submitted_at
+        running.append(RunningJob(
+            id=job_id, tenant=job.tenant.slug,
+            job_class=JobClass.OPPORTUNISTIC if job.run_class == JobClassChoice.OPPORTUNISTIC else JobClass.GUARANTEED,
+            gpu_ids=tuple(a.gpu_id for a in held),
+            started_at=started.timestamp(),
+            memory_mib=_memory_estimate(observed, held[0], job, profile),
+            gpu_milli=job.gpu_milli, priority=job.priority,
+            expected_runtime_s=_expected_runtime(job, profile),
+            duty_cycle=held[0].duty_cycle,
+            utilisation=live_util.get(job_id),
+            solo_utilisation=profile.mean_util if profile else None,
+            shareable=job.shareable,
+            preempting=job.state in (JobState.CANCELLING, JobState.PREEMPTING),
+        ))
+    return tuple(running)
+
+
+def _memory_estimate(observed: JobUsage | None, allocation: Allocation, job: Job,
+                     profile: JobProfile | None) -> int | None:
+    """Per-GPU memory the job holds: observed peak, else its limit, request or profile; None = all."""
+    if observed and observed.peak_gpu_memory_mib:
+        return observed.peak_gpu_memory_mib
+    return allocation.memory_limit_mib or job.gpu_memory_mib or (profile.peak_gpu_memory_mib if profile else None)
+
+
+def _live_job_utilisation(samples: dict[str, dict]) -> dict[int, float]:
+    readings: dict[int, list[float]] = defaultdict(list)
+    for sample in samples.values():
+        for usage in sample.get("jobs", []):
+            if usage.get("util_sm") is not None:
+                readings[usage["job_id"]].append(usage["util_sm"] / 100.0)
+    return {job_id: sum(values) / len(values) for job_id, values in readings.items()}

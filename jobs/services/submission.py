@@ -37,7 +37,7 @@ def cancel_job(job: Job) -> Job:
     ):
         job.refresh_from_db()
         return job
-    if not Job.objects.filter(pk=job.pk, state__in=(JobState.PLACED, JobState.RUNNING)).update(
+    if not Job.objects.filter(pk=job.pk, state__in=(JobState.PLACED, JobState.RUNNING, JobState.PREEMPTING)).update(
         state=JobState.CANCELLING
     ):
         job.refresh_from_db()

@@ -47,6 +47,12 @@ class Processes:
         self.started.append((name, process))
         return process
 
+    def start_agent(self, node: str, spec: str) -> subprocess.Popen:
+        return self.start(f"agent-{node}", [
+            sys.executable, "-m", "agents", "--node", node, "--simulate", spec, "--redis", self.env["REDIS_URL"],
+            "--interval", "0.2", "--heartbeat-ttl", "1.5", "--workdir", str(self.log_dir / f"agent-{node}"),
+        ])
+
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
 
@@ -81,14 +87,15 @@ def stack(transactional_db, live_redis, tmp_path, request):
         "COLONY_SCHEDULER_INTERVAL": "0.5",
         "COLONY_EVENTS_INTERVAL": "0.2",
         "COLONY_STOP_GRACE_SECONDS": "3",
+        "COLONY_NODE_REGISTRATION_GRACE_S": "1",
         "PYTHONUNBUFFERED": "1",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     processes = Processes(env, tmp_path)
     processes.start("worker", [sys.executable, "-m", "celery", "-A", "cluster_ui", "worker", "--beat",
                                "--pool=solo", "--loglevel=INFO", "-s", str(tmp_path / "beat-schedule")])
-    processes.start("agent", [sys.executable, "-m", "agents", "--node", "e2e-node", "--simulate", "2xA100-80GB",
-                              "--redis", live_redis, "--interval", "0.2", "--workdir", str(tmp_path / "agent")])
+    processes.start("ingest", [sys.executable, "manage.py", "ingest", "--block-ms", "200"])
+    processes.start_agent("e2e-node", "2xA100-80GB")
     try:
         wait_for(lambda: Node.objects.filter(name="e2e-node").exists(), timeout=30, what="agent registration")
         yield processes

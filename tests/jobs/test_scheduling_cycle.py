@@ -47,7 +47,7 @@ def test_second_cycle_places_nothing_twice(online_node, redis_client, django_cap
 
 
 def test_job_that_cannot_fit_stores_why(online_node):
-    job = JobFactory(gpus=8)
+    job = JobFactory(gpus=8, max_nodes=1)
     run_scheduling_cycle()
     job.refresh_from_db()
     assert job.state == JobState.PENDING

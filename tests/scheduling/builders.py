@@ -1,33 +1,132 @@
-"""Small fluent builders for scheduler-core tests: ``cluster(nodes=2, gpus=8)``, ``job(gpus=4)``."""
+"""Small fluent builders for scheduler-core tests, in the manner of Kueue's ``MakeWorkload``:
+
+    cluster(node("a", gpus=4), tenants=[tenant("nlp", guaranteed=4)],
+            running=[running(7, on="a", gpus=[0, 1], tenant="cv", opportunistic=True)],
+            pending=[job(1, tenant="nlp", gpus=2)])
+
+``running(...)`` names GPUs by node and index; ``cluster`` resolves them to GPU ids. GPU ids come
+from a global counter, so tests never depend on their values.
+"""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
-from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, NodeState
+from jobs.scheduling import (
+    ClusterSnapshot,
+    GpuState,
+    JobClass,
+    JobProfile,
+    JobRequest,
+    NodeState,
+    RunningJob,
+    TenantQuota,
+)
 
 _ids = itertools.count(1)
+GIB = 1024
 
 
 def node(name: str, gpus: int = 8, mem_gib: int = 80, model: str = "A100-80GB", busy: int = 0,
-         online: bool = True, cordoned: bool = False) -> NodeState:
-    """A node whose first ``busy`` GPUs are taken."""
+         online: bool = True, cordoned: bool = False, rack: str = "r1", gb_per_s: float = 32.0,
+         util: float | dict[int, float] | None = None) -> NodeState:
+    """A node whose first ``busy`` GPUs are taken by something unknown; ``util`` is live GPU use."""
+    def utilisation(i: int) -> float | None:
+        return util.get(i) if isinstance(util, dict) else util
+
     return NodeState(
         name=name,
         gpus=tuple(
-            GpuState(id=next(_ids), index=i, model=model, memory_mib=mem_gib * 1024, busy=i < busy)
+            GpuState(id=next(_ids), index=i, model=model, memory_mib=mem_gib * GIB, busy=i < busy,
+                     utilisation=utilisation(i))
             for i in range(gpus)
         ),
-        online=online,
-        cordoned=cordoned,
+        online=online, cordoned=cordoned, rack=rack, intra_node_gb_per_s=gb_per_s,
     )
 
 
-def cluster(*nodes: NodeState, pending=()) -> ClusterSnapshot:
-    return ClusterSnapshot(nodes=tuple(nodes), pending=tuple(pending))
+def nodes(count: int, gpus: int = 8, mem_gib: int = 80, racks: int = 1, **kwargs) -> list[NodeState]:
+    """``count`` identical nodes n0, n1, ... spread round-robin over ``racks`` racks."""
+    return [node(f"n{i}", gpus=gpus, mem_gib=mem_gib, rack=f"r{i % racks}", **kwargs) for i in range(count)]
+
+
+def tenant(name: str, guaranteed: int = 0, max_gpus: int | None = None, weight: float = 1.0,
+           usage: float = 0.0) -> TenantQuota:
+    return TenantQuota(name=name, guaranteed_gpus=guaranteed,
+                       max_gpus=max(guaranteed, 10**6) if max_gpus is None else max_gpus,
+                       weight=weight, decayed_usage=usage)
 
 
 def job(id: int, gpus: int = 1, mem_gib: float | None = None, submitted_at: float = 0.0, priority: int = 0,
-        tenant: str = "vision") -> JobRequest:
-    return JobRequest(id=id, tenant=tenant, gpus=gpus, submitted_at=submitted_at or float(id), priority=priority,
-                      gpu_memory_mib=int(mem_gib * 1024) if mem_gib else None)
+        tenant: str = "vision", milli: int = 1000, models: tuple[str, ...] = (), opportunistic_only: bool = False,
+        shareable: bool = False, profile: tuple[float, float] | None = None, runtime: float | None = None,
+        max_nodes: int | None = None, reserved_since: float | None = None) -> JobRequest:
+    """``profile=(peak_gib, mean_utilisation)`` attaches a recorded profile."""
+    return JobRequest(
+        id=id, tenant=tenant, gpus=gpus, submitted_at=submitted_at or float(id), priority=priority,
+        gpu_memory_mib=int(mem_gib * GIB) if mem_gib else None, gpu_milli=milli, gpu_models=frozenset(models),
+        opportunistic_only=opportunistic_only, shareable=shareable,
+        profile=JobProfile(int(profile[0] * GIB), profile[1]) if profile else None,
+        expected_runtime_s=runtime, max_nodes=max_nodes, reserved_since=reserved_since,
+    )
+
+
+@dataclass(frozen=True)
+class RunningSpec:
+    id: int
+    on: str
+    gpus: tuple[int, ...]
+    fields: dict
+
+
+def running(id: int, on: str = "a", gpus=(0,), tenant: str = "vision", opportunistic: bool = False,
+            mem_gib: float | None = None, started_at: float = 0.0, runtime: float | None = None,
+            util: float | None = None, solo: float | None = None, duty: float = 1.0, milli: int = 1000,
+            shareable: bool = False, preempting: bool = False) -> RunningSpec:
+    return RunningSpec(id, on, tuple(gpus), dict(
+        tenant=tenant, job_class=JobClass.OPPORTUNISTIC if opportunistic else JobClass.GUARANTEED,
+        started_at=started_at, memory_mib=int(mem_gib * GIB) if mem_gib else None, expected_runtime_s=runtime,
+        utilisation=util, solo_utilisation=solo, duty_cycle=duty, gpu_milli=milli, shareable=shareable,
+        preempting=preempting))
+
+
+def cluster(*node_states: NodeState, pending=(), running=(), tenants=()) -> ClusterSnapshot:
+    by_name = {n.name: n for n in node_states}
+    jobs = []
+    for spec in running:
+        if isinstance(spec, RunningJob):
+            jobs.append(spec)
+            continue
+        gpu_ids = tuple(by_name[spec.on].gpus[i].id for i in spec.gpus)
+        jobs.append(RunningJob(id=spec.id, gpu_ids=gpu_ids, **spec.fields))
+    return ClusterSnapshot(nodes=tuple(node_states), pending=tuple(pending), tenants=tuple(tenants),
+                           running=tuple(jobs))
+
+
+def gpu_index(snapshot: ClusterSnapshot) -> dict[int, tuple[str, int]]:
+    """GPU id -> (node name, index), for asserting where things landed."""
+    return {g.id: (n.name, g.index) for n in snapshot.nodes for g in n.gpus}
+
+
+# -- reading decisions ------------------------------------------------------------------------
+
+def placed(decisions) -> dict[int, str]:
+    """job id -> node (the master node for multi-node placements)."""
+    return {p.job_id: p.node for p in decisions.placements}
+
+
+def classes(decisions) -> dict[int, str]:
+    return {p.job_id: str(p.job_class) for p in decisions.placements}
+
+
+def codes(decisions) -> dict[int, str]:
+    return {p.job_id: str(p.reason.code) for p in decisions.pending}
+
+
+def preempted(decisions) -> list[int]:
+    return [p.job_id for p in decisions.preemptions]
+
+
+def pending_of(decisions, job_id: int):
+    return next(p for p in decisions.pending if p.job_id == job_id)

@@ -1,9 +1,10 @@
-"""The first policy: whole GPUs, one node per job, priority then submit order, best fit."""
+"""The baseline policy: whole GPUs, one node per job, priority then submit order, best fit."""
 
 import pytest
 
-from jobs.scheduling import ReasonCode, decide
-from tests.scheduling.builders import cluster, job, node
+from jobs.scheduling import ReasonCode
+from jobs.scheduling.policies import fifo_exclusive
+from tests.scheduling.builders import cluster, job, node, running
 
 
 def placed_nodes(decisions) -> dict[int, str]:
@@ -16,14 +17,20 @@ def reasons(decisions) -> dict[int, ReasonCode]:
 
 def test_job_gets_distinct_free_gpus_on_one_node():
     snapshot = cluster(node("a", gpus=4, busy=1), pending=[job(1, gpus=3)])
-    (place,) = decide(snapshot, now=0).placements
+    (place,) = fifo_exclusive(snapshot, now=0).placements
     assert place.node == "a"
     assert sorted(place.gpu_indices) == [1, 2, 3]  # GPU 0 is busy
 
 
+def test_gpu_of_a_running_job_is_not_free():
+    snapshot = cluster(node("a", gpus=2), running=[running(9, on="a", gpus=[0], mem_gib=1)], pending=[job(1)])
+    (place,) = fifo_exclusive(snapshot, now=0).placements
+    assert place.gpu_indices == (1,)
+
+
 def test_jobs_in_one_cycle_never_share_a_gpu():
     snapshot = cluster(node("a", gpus=4), pending=[job(i, gpus=1) for i in range(1, 7)])
-    decisions = decide(snapshot, now=0)
+    decisions = fifo_exclusive(snapshot, now=0)
     gpus = [g for p in decisions.placements for g in p.gpu_ids]
     assert len(gpus) == len(set(gpus)) == 4
     assert set(reasons(decisions).values()) == {ReasonCode.WAITING_FOR_FREE_GPUS}
@@ -31,19 +38,19 @@ def test_jobs_in_one_cycle_never_share_a_gpu():
 
 def test_best_fit_prefers_the_fullest_node_that_fits():
     snapshot = cluster(node("empty", gpus=8), node("half", gpus=8, busy=6), pending=[job(1, gpus=2)])
-    assert placed_nodes(decide(snapshot, now=0)) == {1: "half"}
+    assert placed_nodes(fifo_exclusive(snapshot, now=0)) == {1: "half"}
 
 
 def test_earlier_submission_wins_then_higher_priority_jumps_ahead():
     fifo = cluster(node("a", gpus=1), pending=[job(2, submitted_at=20), job(1, submitted_at=10)])
-    assert placed_nodes(decide(fifo, now=0)) == {1: "a"}
+    assert placed_nodes(fifo_exclusive(fifo, now=0)) == {1: "a"}
     urgent = cluster(node("a", gpus=1), pending=[job(1, submitted_at=10), job(2, submitted_at=20, priority=5)])
-    assert placed_nodes(decide(urgent, now=0)) == {2: "a"}
+    assert placed_nodes(fifo_exclusive(urgent, now=0)) == {2: "a"}
 
 
 def test_small_job_runs_past_a_large_one_that_does_not_fit():
     snapshot = cluster(node("a", gpus=8, busy=6), pending=[job(1, gpus=4), job(2, gpus=1)])
-    decisions = decide(snapshot, now=0)
+    decisions = fifo_exclusive(snapshot, now=0)
     assert placed_nodes(decisions) == {2: "a"}
     assert reasons(decisions) == {1: ReasonCode.WAITING_FOR_FREE_GPUS}
 
@@ -51,7 +58,7 @@ def test_small_job_runs_past_a_large_one_that_does_not_fit():
 def test_memory_request_skips_gpus_that_are_too_small():
     snapshot = cluster(node("v100", gpus=8, mem_gib=32), node("a100", gpus=8, mem_gib=80, busy=4),
                        pending=[job(1, mem_gib=40)])
-    assert placed_nodes(decide(snapshot, now=0)) == {1: "a100"}
+    assert placed_nodes(fifo_exclusive(snapshot, now=0)) == {1: "a100"}
 
 
 @pytest.mark.parametrize(
@@ -67,7 +74,7 @@ def test_memory_request_skips_gpus_that_are_too_small():
     ],
 )
 def test_pending_job_says_why(nodes, request_, code, words):
-    (pending,) = decide(cluster(*nodes, pending=[request_]), now=0).pending
+    (pending,) = fifo_exclusive(cluster(*nodes, pending=[request_]), now=0).pending
     assert pending.reason.code == code
     assert words in pending.reason.message
 
@@ -75,4 +82,4 @@ def test_pending_job_says_why(nodes, request_, code, words):
 def test_decisions_are_deterministic_for_a_snapshot():
     snapshot = cluster(node("a", gpus=8, busy=3), node("b", gpus=8, busy=5),
                        pending=[job(i, gpus=1 + i % 3) for i in range(1, 10)])
-    assert decide(snapshot, now=0) == decide(snapshot, now=0)
+    assert fifo_exclusive(snapshot, now=0) == fifo_exclusive(snapshot, now=0)

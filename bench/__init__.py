@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print figures (medians, ratios); never timed tests."""

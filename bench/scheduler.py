@@ -1,0 +1,204 @@
+"""Benchmark of the pure scheduler core: one cycle over a production-sized snapshot.
+
+    .venv/bin/python -m bench.scheduler [--nodes 1024] [--pending 50000] [--running 10000] [--repeat 5]
+
+Builds a seeded random cluster (1,024 nodes x 8 GPUs in 32 racks, three GPU models, 100 tenants
+with guarantees, ceilings, weights and decayed usage, 10,000 running jobs packed on ~90% of the
+GPUs with live utilisation, 50,000 pending jobs of mixed shapes: gangs up to 32 GPUs, fractions,
+recorded profiles, model constraints, runtimes), runs ``decide()`` several times and prints the
+median cycle time and placements per second, then the FIFO-exclusive baseline on the same
+snapshot. Prints figures; asserts nothing about time (see CONTRIBUTING.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jobs.scheduling import (  # noqa: E402
+    ClusterSnapshot,
+    GpuState,
+    JobClass,
+    JobProfile,
+    JobRequest,
+    NodeState,
+    RunningJob,
+    TenantQuota,
+    decide,
+)
+from jobs.scheduling.policies import fifo_exclusive, packing_without_quotas  # noqa: E402
+
+GIB = 1024
+NOW = 1_700_000_000.0
+MODELS = [("A100-80GB", 80 * GIB, 300.0, 0.6), ("V100M32", 32 * GIB, 150.0, 0.25), ("V100M16", 16 * GIB, 32.0, 0.15)]
+
+
+def build_nodes(rng: random.Random, count: int, gpus_per_node: int) -> list[NodeState]:
+    nodes, gpu_id = [], 0
+    for i in range(count):
+        model, memory, link, _ = rng.choices(MODELS, weights=[m[3] for m in MODELS])[0]
+        gpus = []
+        for index in range(gpus_per_node):
+            gpus.append(GpuState(id=gpu_id, index=index, model=model, memory_mib=memory))
+            gpu_id += 1
+        nodes.append(NodeState(name=f"node{i:04d}", gpus=tuple(gpus), rack=f"rack{i // 32:02d}",
+                               intra_node_gb_per_s=link, cordoned=rng.random() < 0.005))
+    return nodes
+
+
+def build_tenants(rng: random.Random, count: int, total_gpus: int) -> list[TenantQuota]:
+    shares = [rng.lognormvariate(0, 1) for _ in range(count)]
+    owed = 0.7 * total_gpus / sum(shares)
+    tenants = []
+    for i, share in enumerate(shares):
+        guaranteed = max(1, round(share * owed))
+        tenants.append(TenantQuota(name=f"tenant{i:03d}", guaranteed_gpus=guaranteed,
+                                   max_gpus=round(guaranteed * rng.uniform(1.5, 3.0)) + 8,
+                                   weight=rng.choice([0.5, 1.0, 1.0, 2.0]), decayed_usage=rng.uniform(0, 5e6)))
+    return tenants
+
+
+def build_running(rng: random.Random, nodes: list[NodeState], tenants: list[TenantQuota],
+                  target: int) -> tuple[list[RunningJob], list[NodeState]]:
+    """Pack jobs node by node (whole-GPU gangs, single GPUs, shared GPUs), ~10% of GPUs left empty."""
+    jobs: list[RunningJob] = []
+    held: Counter = Counter()
+    guaranteed_held: Counter = Counter()
+    weights = [t.guaranteed_gpus for t in tenants]
+    utilisation: dict[int, float] = {}
+
+    def add(gpu_ids, memory, milli=1000):
+        tenant = rng.choices(tenants, weights=weights)[0]
+        cost = len(gpu_ids) * milli
+        guaranteed = guaranteed_held[tenant.name] + cost <= tenant.guaranteed_gpus * 1000
+        if not guaranteed and held[tenant.name] + cost > tenant.max_gpus * 1000:
+            return
+        held[tenant.name] += cost
+        if guaranteed:
+            guaranteed_held[tenant.name] += cost
+        known = rng.random() < 0.7
+        jobs.append(RunningJob(
+            id=1_000_000 + len(jobs), tenant=tenant.name,
+            job_class=JobClass.GUARANTEED if guaranteed else JobClass.OPPORTUNISTIC, gpu_ids=tuple(gpu_ids),
+            started_at=NOW - rng.uniform(0, 2 * 86400), memory_mib=memory, gpu_milli=milli,
+            expected_runtime_s=rng.uniform(3600, 4 * 86400) if known else None,
+            utilisation=rng.uniform(0.1, 0.9) if rng.random() < 0.5 else None,
+            solo_utilisation=rng.uniform(0.3, 0.95) if rng.random() < 0.5 else None,
+            duty_cycle=1.0 if guaranteed else rng.choice([0.3, 0.5, 1.0])))
+
+    for node in nodes:
+        if len(jobs) >= target:
+            break
+        free = [g for g in node.gpus]
+        capacity = node.gpus[0].memory_mib
+        while free and len(jobs) < target:
+            roll = rng.random()
+            if roll < 0.08:
+                free.pop()  # left empty
+            elif roll < 0.2 and len(free) >= 4:
+                width = 8 if len(free) == 8 and rng.random() < 0.5 else rng.choice([2, 4])
+                add([free.pop().id for _ in range(width)], None)
+            elif roll < 0.55:
+                add([free.pop().id], rng.choice([None, capacity // 2, capacity // 4]))
+            else:  # a shared GPU with two or three small jobs
+                gpu = free.pop()
+                for _ in range(rng.choice([2, 3])):
+                    add([gpu.id], capacity // 5, milli=rng.choice([250, 300]))
+                utilisation[gpu.id] = rng.uniform(0.3, 0.95)
+    nodes = [NodeState(n.name, tuple(GpuState(g.id, g.index, g.model, g.memory_mib, utilisation=utilisation.get(g.id))
+                                     for g in n.gpus), rack=n.rack, intra_node_gb_per_s=n.intra_node_gb_per_s,
+                       cordoned=n.cordoned) for n in nodes]
+    return jobs, nodes
+
+
+def build_pending(rng: random.Random, count: int, tenants: list[TenantQuota]) -> list[JobRequest]:
+    jobs = []
+    heavy = [rng.paretovariate(1.2) for _ in tenants]  # a few tenants queue most of the work
+    for i in range(count):
+        tenant = rng.choices(tenants, weights=heavy)[0]
+        gpus = rng.choices([1, 2, 4, 8, 16, 32], weights=[65, 12, 10, 10, 2, 1])[0]
+        milli = rng.choice([250, 500]) if gpus == 1 and rng.random() < 0.1 else 1000
+        memory = rng.choice([None, None, 8 * GIB, 16 * GIB, 24 * GIB, 40 * GIB, 60 * GIB])
+        if milli < 1000:
+            memory = rng.choice([4 * GIB, 8 * GIB, 12 * GIB])
+        profile = None
+        if memory and rng.random() < 0.25:
+            profile = JobProfile(peak_memory_mib=int(memory * rng.uniform(0.3, 0.8)),
+                                 mean_utilisation=round(rng.uniform(0.1, 0.9), 2))
+        models = rng.choices([frozenset(), frozenset({"V100M16", "V100M32"}), frozenset({"A100-80GB"})],
+                             weights=[75, 15, 10])[0]
+        jobs.append(JobRequest(
+            id=i + 1, tenant=tenant.name, gpus=gpus, submitted_at=NOW - rng.uniform(0, 7 * 86400),
+            gpu_memory_mib=memory, priority=rng.choices([0, 1, 2, 5], weights=[80, 10, 7, 3])[0], gpu_milli=milli,
+            gpu_models=models, opportunistic_only=rng.random() < 0.1, profile=profile,
+            expected_runtime_s=rng.uniform(600, 86400) if rng.random() < 0.6 else None))
+    return jobs
+
+
+def build_snapshot(seed: int, nodes: int, gpus_per_node: int, tenants: int, running: int,
+                   pending: int) -> ClusterSnapshot:
+    rng = random.Random(seed)
+    node_states = build_nodes(rng, nodes, gpus_per_node)
+    quotas = build_tenants(rng, tenants, nodes * gpus_per_node)
+    running_jobs, node_states = build_running(rng, node_states, quotas, running)
+    return ClusterSnapshot(nodes=tuple(node_states), pending=tuple(build_pending(rng, pending, quotas)),
+                           tenants=tuple(quotas), running=tuple(running_jobs))
+
+
+def measure(policy, snapshot: ClusterSnapshot, repeat: int):
+    times, decisions = [], None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        decisions = policy(snapshot, NOW)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), min(times), decisions
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1024)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--tenants", type=int, default=100)
+    parser.add_argument("--running", type=int, default=10_000)
+    parser.add_argument("--pending", type=int, default=50_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=4)
+    args = parser.parse_args(argv)
+
+    started = time.perf_counter()
+    snapshot = build_snapshot(args.seed, args.nodes, args.gpus_per_node, args.tenants, args.running, args.pending)
+    held = {g for j in snapshot.running for g in j.gpu_ids}
+    gpus = args.nodes * args.gpus_per_node
+    print(f"snapshot: {args.nodes} nodes x {args.gpus_per_node} GPUs = {gpus} GPUs, {len(snapshot.tenants)} tenants, "
+          f"{len(snapshot.running)} running on {len(held)} GPUs ({gpus - len(held)} empty), "
+          f"{len(snapshot.pending)} pending  [built in {time.perf_counter() - started:.1f}s, seed {args.seed}]")
+
+    rows = []
+    for name, policy in (("fair_share (decide)", decide), ("fifo_exclusive", fifo_exclusive),
+                         ("packing_without_quotas", packing_without_quotas)):
+        median, best, decisions = measure(policy, snapshot, args.repeat)
+        rows.append((name, median, decisions))
+        placed = len(decisions.placements)
+        print(f"{name:24s} median {median * 1000:7.1f} ms  (min {best * 1000:6.1f} ms, {args.repeat} runs)  "
+              f"placed {placed:5d} ({placed / median:8.0f} placements/s)  pending {len(decisions.pending)}  "
+              f"preempt {len(decisions.preemptions)}  throttle {len(decisions.throttles)}  "
+              f"reserve {len(decisions.reservations)}")
+    fair, fifo = rows[0], rows[1]
+    print(f"fair_share / fifo_exclusive: cycle time x{fair[1] / fifo[1]:.2f}, "
+          f"placements x{len(fair[2].placements) / max(1, len(fifo[2].placements)):.2f}")
+    codes = Counter(p.reason.code.value for p in fair[2].pending)
+    print("fair_share pending reasons: " + ", ".join(f"{code} {n}" for code, n in codes.most_common()))
+    with_eta = sum(1 for p in fair[2].pending if p.eta_s is not None)
+    print(f"fair_share pending with an ETA: {with_eta}")
+
+
+if __name__ == "__main__":
+    main()

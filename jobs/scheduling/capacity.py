@@ -1,0 +1,258 @@
+"""The cycle's working copy of GPU capacity, indexed so that placement never scans the cluster.
+
+Built once per ``decide()`` from the frozen snapshot and mutated as the cycle places jobs (the
+snapshot itself is never touched). Three indexes, all keyed by a *pool* (GPU model, memory,
+node link bandwidth), so a request's model/memory constraints select a handful of pools:
+
+* ``buckets[pool][k]``: nodes with exactly k empty GPUs (whole-GPU and gang placement, best fit
+  = smallest k that fits). Only nodes whose GPUs are all one pool; the rare mixed node is kept in
+  ``mixed_nodes`` and scanned.
+* ``opp_index[pool][room]``: GPUs with residents that can still take opportunistic work, bucketed
+  by compute room (``ROOM_STEP`` milli-GPUs a bucket) and sorted by free memory within a bucket, so
+  a request scans only buckets with enough room and the first entry with enough memory is the
+  tightest fit of that bucket.
+* ``guar_index[pool][room]``: GPUs with residents that a guaranteed job could join (no exclusive
+  guaranteed resident), bucketed by unreserved guaranteed milli-GPUs, sorted by free memory.
+
+Capacity only shrinks during a cycle (evictions take effect when the service carries them out),
+which is what lets the caller memoise failed searches.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+
+from jobs.scheduling.config import SchedulerConfig
+from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass, RunningJob
+
+Pool = tuple[str, int, float]  # (model, memory_mib, intra-node GB/s)
+ROOM_STEP = 100
+ROOM_BUCKETS = WHOLE_GPU_MILLI // ROOM_STEP + 1  # bucket 10 holds exactly one whole GPU of room
+
+
+def room_bucket(room_milli: int) -> int:
+    return min(ROOM_BUCKETS - 1, room_milli // ROOM_STEP)
+
+
+class GpuSlot:
+    __slots__ = ("key", "id", "index", "model", "node", "pool", "capacity_mib", "used_mib", "load_milli",
+                 "live_load", "live_used_mib", "guaranteed_milli", "guaranteed_count", "exclusive", "occupants", "blocked",
+                 "promised", "residents", "opp_entry", "guar_entry", "placed_guaranteed")
+
+    def __init__(self, key: int, gpu, node: "NodeSlot", pool: int):
+        self.key, self.id, self.index, self.model = key, gpu.id, gpu.index, gpu.model
+        self.node, self.pool = node, pool
+        self.capacity_mib = gpu.memory_mib
+        self.used_mib = 0
+        self.load_milli = 0
+        self.live_load = gpu.utilisation
+        self.live_used_mib = gpu.memory_used_mib
+        self.guaranteed_milli = 0
+        self.guaranteed_count = 0
+        self.exclusive = False  # holds a guaranteed job that shares with no other guaranteed job
+        self.occupants = 0
+        self.blocked = False  # unknown holder, or promised to a reclaiming job this cycle
+        self.promised = False  # promised to a reclaiming job this cycle
+        self.residents: list[RunningJob] = []
+        self.opp_entry: tuple[int, tuple[int, int]] | None = None  # (room bucket, (free, key))
+        self.guar_entry: tuple[int, tuple[int, int]] | None = None
+        self.placed_guaranteed = False  # a guaranteed job landed here this cycle
+
+    @property
+    def free_mib(self) -> int:
+        return self.capacity_mib - self.used_mib
+
+
+class NodeSlot:
+    __slots__ = ("key", "name", "rack", "gb_per_s", "pool", "gpus", "empty", "schedulable", "reserved")
+
+    def __init__(self, key: int, node, schedulable: bool):
+        self.key, self.name, self.rack = key, node.name, node.rack
+        self.gb_per_s = node.intra_node_gb_per_s
+        self.pool: int | None = None
+        self.gpus: list[GpuSlot] = []
+        self.empty: list[GpuSlot] = []  # by GPU index
+        self.schedulable = schedulable
+        self.reserved = False  # held for a blocked gang this cycle
+
+    @property
+    def indexed(self) -> bool:
+        return self.schedulable and not self.reserved
+
+
+def resident_load_milli(job: RunningJob) -> int:
+    """Compute a resident uses: live if known, else its solo profile or request, times its duty cycle."""
+    if job.utilisation is not None:
+        return round(job.utilisation * WHOLE_GPU_MILLI)
+    solo = job.solo_utilisation if job.solo_utilisation is not None else job.gpu_milli / WHOLE_GPU_MILLI
+    return round(solo * job.duty_cycle * WHOLE_GPU_MILLI)
+
+
+class Capacity:
+    def __init__(self, snapshot: ClusterSnapshot, config: SchedulerConfig):
+        self.headroom = config.share_memory_headroom_mib
+        self.max_load = config.max_shared_load_milli
+        self.pools: list[Pool] = []
+        pool_ids: dict[Pool, int] = {}
+        self.nodes: list[NodeSlot] = []
+        self.gpus: list[GpuSlot] = []
+        self.by_id: dict[int, GpuSlot] = {}
+        self.max_node_gpus = max((len(n.gpus) for n in snapshot.nodes), default=0)
+        busy: list[GpuSlot] = []
+        for node in snapshot.nodes:
+            slot = NodeSlot(len(self.nodes), node, node.schedulable)
+            self.nodes.append(slot)
+            for gpu in sorted(node.gpus, key=lambda g: g.index):
+                pool_key = (gpu.model, gpu.memory_mib, node.intra_node_gb_per_s)
+                pool = pool_ids.setdefault(pool_key, len(pool_ids))
+                if pool == len(self.pools):
+                    self.pools.append(pool_key)
+                gpu_slot = GpuSlot(len(self.gpus), gpu, slot, pool)
+                if gpu.busy:
+                    busy.append(gpu_slot)
+                self.gpus.append(gpu_slot)
+                self.by_id[gpu.id] = gpu_slot
+                slot.gpus.append(gpu_slot)
+            pools = {g.pool for g in slot.gpus}
+            slot.pool = pools.pop() if len(pools) == 1 else None
+        self._add_residents(snapshot)
+        for gpu in busy:
+            if not gpu.residents:  # the holder is unknown: nothing may join it
+                gpu.blocked = True
+        self.buckets: list[list[dict[int, None]]] = [
+            [{} for _ in range(self.max_node_gpus + 1)] for _ in self.pools
+        ]
+        self.mixed_nodes: list[NodeSlot] = []
+        self.opp_index: list[list[list[tuple[int, int]]]] = [[[] for _ in range(ROOM_BUCKETS)] for _ in self.pools]
+        self.guar_index: list[list[list[tuple[int, int]]]] = [[[] for _ in range(ROOM_BUCKETS)] for _ in self.pools]
+        for node in self.nodes:
+            node.empty = [g for g in node.gpus if g.occupants == 0 and not g.blocked]
+            if node.schedulable:
+                self._bucket_add(node)
+                for gpu in node.gpus:
+                    self._index(gpu)
+        self.start_max_empty = [self.max_empty(pool) for pool in range(len(self.pools))]
+        self.start_total_empty = [
+            sum(k * len(bucket) for k, bucket in enumerate(self.buckets[pool])) for pool in range(len(self.pools))
+        ]
+        self.start_max_opp_free = [max((b[-1][0] for b in index if b), default=0) for index in self.opp_index]
+
+    def _add_residents(self, snapshot: ClusterSnapshot) -> None:
+        for job in snapshot.running:
+            load = resident_load_milli(job)
+            for gpu_id in job.gpu_ids:
+                gpu = self.by_id.get(gpu_id)
+                if gpu is None:
+                    continue
+                gpu.residents.append(job)
+                gpu.occupants += 1
+                gpu.load_milli += load
+                if job.job_class is JobClass.GUARANTEED:
+                    gpu.guaranteed_milli += job.gpu_milli
+                    gpu.guaranteed_count += 1
+                    if not (job.shareable or job.gpu_milli < WHOLE_GPU_MILLI):
+                        gpu.exclusive = True
+        for gpu in self.gpus:
+            if not gpu.residents:
+                continue  # a live reading on an empty GPU is usually a job that just ended
+            planned = sum(gpu.capacity_mib if j.memory_mib is None else j.memory_mib for j in gpu.residents)
+            gpu.used_mib = max(planned, gpu.live_used_mib or 0)
+            if gpu.live_load is not None:
+                gpu.load_milli = round(gpu.live_load * WHOLE_GPU_MILLI)
+
+    # -- index maintenance -------------------------------------------------------------------
+
+    def _bucket_add(self, node: NodeSlot) -> None:
+        if not node.indexed:
+            return
+        if node.pool is None:
+            if node not in self.mixed_nodes:
+                self.mixed_nodes.append(node)
+        elif node.empty:
+            self.buckets[node.pool][len(node.empty)][node.key] = None
+
+    def _bucket_remove(self, node: NodeSlot) -> None:
+        if node.pool is not None and node.empty:
+            self.buckets[node.pool][len(node.empty)].pop(node.key, None)
+
+    def _index(self, gpu: GpuSlot) -> None:
+        if gpu.blocked or gpu.occupants == 0 or not gpu.node.indexed:
+            return
+        free = gpu.free_mib
+        if free <= self.headroom:
+            return
+        if gpu.load_milli < self.max_load:
+            gpu.opp_entry = (room_bucket(self.max_load - gpu.load_milli), (free, gpu.key))
+            insort(self.opp_index[gpu.pool][gpu.opp_entry[0]], gpu.opp_entry[1])
+        if not gpu.exclusive and gpu.guaranteed_milli < WHOLE_GPU_MILLI:
+            gpu.guar_entry = (room_bucket(WHOLE_GPU_MILLI - gpu.guaranteed_milli), (free, gpu.key))
+            insort(self.guar_index[gpu.pool][gpu.guar_entry[0]], gpu.guar_entry[1])
+
+    def _unindex(self, gpu: GpuSlot) -> None:
+        for index, entry in ((self.opp_index[gpu.pool], gpu.opp_entry), (self.guar_index[gpu.pool], gpu.guar_entry)):
+            if entry is not None:
+                bucket = index[entry[0]]
+                del bucket[bisect_left(bucket, entry[1])]
+        gpu.opp_entry = gpu.guar_entry = None
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def max_empty(self, pool: int) -> int:
+        buckets = self.buckets[pool]
+        for k in range(len(buckets) - 1, 0, -1):
+            if buckets[k]:
+                return k
+        return 0
+
+    def most_free_on_a_node(self, pools: list[int]) -> int:
+        best = max((self.max_empty(p) for p in pools), default=0)
+        for node in self.mixed_nodes:
+            best = max(best, sum(1 for g in node.empty if g.pool in pools))
+        return best
+
+    # -- mutation ----------------------------------------------------------------------------
+
+    def take(self, gpus: list[GpuSlot], job_class: JobClass, memory_mib: list[int], demand_milli: int,
+             gpu_milli: int, shareable: bool) -> None:
+        """Commit a placement: each GPU in ``gpus`` gets the job's memory and compute."""
+        nodes = {g.node.key: g.node for g in gpus}
+        for node in nodes.values():
+            self._bucket_remove(node)
+        for gpu, memory in zip(gpus, memory_mib):
+            self._unindex(gpu)
+            if gpu.occupants == 0:
+                gpu.node.empty.remove(gpu)
+            gpu.occupants += 1
+            gpu.used_mib += memory
+            gpu.load_milli += demand_milli
+            if job_class is JobClass.GUARANTEED:
+                gpu.guaranteed_milli += gpu_milli
+                gpu.guaranteed_count += 1
+                gpu.placed_guaranteed = True
+                if not shareable:
+                    gpu.exclusive = True
+            self._index(gpu)
+        for node in nodes.values():
+            self._bucket_add(node)
+
+    def block(self, gpu: GpuSlot) -> None:
+        """Promise a GPU to a reclaiming job: nothing else may land on it this cycle."""
+        if gpu.promised:
+            return
+        self._bucket_remove(gpu.node)
+        self._unindex(gpu)
+        if gpu in gpu.node.empty:
+            gpu.node.empty.remove(gpu)
+        gpu.blocked = gpu.promised = True
+        self._bucket_add(gpu.node)
+
+    def reserve(self, node: NodeSlot) -> None:
+        """Hold a node for a blocked gang: out of every index; only backfill may look at it."""
+        if node.reserved:
+            return
+        self._bucket_remove(node)
+        for gpu in node.gpus:
+            self._unindex(gpu)
+        node.reserved = True
+        if node in self.mixed_nodes:
+            self.mixed_nodes.remove(node)

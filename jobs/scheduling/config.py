@@ -1,0 +1,58 @@
+"""The scheduler's knobs, with the defaults the production loop and the simulator start from.
+
+Only plain numbers live here; the service reads operator overrides from settings and passes a
+``SchedulerConfig`` in. Nothing here reads the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    # Fair share. A tenant's recent use decays with this half-life ("idle all week is not punished
+    # for one burst"); GPUs held now count as the decayed usage they would converge to if held on.
+    usage_half_life_s: float = 24 * 3600.0
+
+    # Packing. Spare memory kept on a shared GPU so a neighbour's growth does not OOM the others.
+    share_memory_headroom_mib: int = 1 * GIB
+    # Opportunistic work joins a GPU whose estimated load (residents' live utilisation, else their
+    # profile or request) is below this many milli-GPUs...
+    max_shared_load_milli: int = 1000
+    # ...and whose spare compute covers the newcomer's demand (profile, else request) or at least
+    # this much: borrowers run on what is spare, and throttling protects guaranteed neighbours.
+    min_shared_room_milli: int = 250
+
+    # Throttling (AIMD on the duty cycle of opportunistic jobs; the agent time-slices them).
+    duty_cycle_floor: float = 0.1
+    duty_cycle_ceiling: float = 1.0
+    duty_cycle_increase: float = 0.1
+    duty_cycle_decrease_factor: float = 0.5
+    # Duty cycle of an opportunistic job started on a GPU that a guaranteed job already uses.
+    shared_start_duty_cycle: float = 0.5
+    # A guaranteed job is "slowed" when its live utilisation is this far below its solo profile.
+    slowdown_margin: float = 0.1
+    # GPU utilisation at or above which a GPU with a guaranteed job counts as saturated.
+    saturated_utilisation: float = 0.95
+    # GPU utilisation below which opportunistic neighbours may speed up again.
+    room_utilisation: float = 0.85
+
+    # Topology (ring all-reduce cost model): bandwidth between nodes in one rack and across racks.
+    inter_node_gb_per_s: float = 25.0
+    inter_rack_gb_per_s: float = 12.5
+    default_allreduce_bytes: int = 1_000_000_000
+    # Rendezvous port for multi-GPU jobs: base + job id modulo span (deterministic, no I/O).
+    rendezvous_port_base: int = 29500
+    rendezvous_port_span: int = 1000
+
+    # Starvation guard for gangs: the first blocked gang holds its best node(s) for this long.
+    gang_reservation_max_s: float = 600.0
+
+    # Work caps per cycle (the loop runs every few seconds; what is left waits for the next one).
+    max_placement_searches: int = 20_000
+    max_reclaims: int = 64
+    # Pause Python's cyclic garbage collector during a cycle (see ``cycle.decide``).
+    pause_gc: bool = True

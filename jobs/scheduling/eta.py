@@ -1,0 +1,61 @@
+"""Estimated start times for pending jobs, from the expected ends of running jobs.
+
+A job's ETA is when enough GPUs will have been released for it and for every capacity-blocked job
+ahead of it in this cycle's order (queue-aware, like Slurm's expected start). Running jobs without
+an expected runtime release at an unknown time: they are left out, so the estimate is None once
+the known releases do not cover the demand. A job past its expected end counts as ending now.
+Topology is ignored (a gang may need its GPUs on one node): this is a guide, not a promise.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from itertools import accumulate
+
+from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, RunningJob
+
+
+class ReleaseTimeline:
+    def __init__(self, running: list[RunningJob], now: float):
+        self.now = now
+        releases = sorted(
+            (max(now, end), job.quota_milli) for job in running if (end := job.expected_end) is not None
+        )
+        self.times = [t for t, _ in releases]
+        self.released_milli = list(accumulate(m for _, m in releases))
+
+    def eta(self, needed_milli: int) -> float | None:
+        """Seconds from now until ``needed_milli`` milli-GPUs have been released."""
+        if needed_milli <= 0:
+            return 0.0
+        position = bisect_left(self.released_milli, needed_milli)
+        if position == len(self.released_milli):
+            return None
+        return self.times[position] - self.now
+
+
+class QueueEta:
+    """ETA for capacity-blocked jobs in processing order: each one adds its demand to the queue."""
+
+    def __init__(self, timeline: ReleaseTimeline, free_milli: int):
+        self.timeline = timeline
+        self.free_milli = free_milli
+        self.ahead_milli = 0
+        self.exhausted = False  # demand ahead already exceeds every known release
+
+    def next(self, job_milli: int) -> float | None:
+        if self.exhausted:
+            return None
+        needed = max(self.ahead_milli + job_milli - self.free_milli, WHOLE_GPU_MILLI if job_milli else 0)
+        self.ahead_milli += job_milli
+        eta = self.timeline.eta(needed)
+        if eta is None:
+            self.exhausted = True
+        return eta
+
+
+def tenant_timelines(running: list[RunningJob], now: float) -> dict[str, ReleaseTimeline]:
+    by_tenant: dict[str, list[RunningJob]] = {}
+    for job in running:
+        by_tenant.setdefault(job.tenant, []).append(job)
+    return {tenant: ReleaseTimeline(jobs, now) for tenant, jobs in by_tenant.items()}

@@ -1,0 +1,76 @@
+"""Reasons a request cannot run on this cluster whatever the load: bad request, no node online,
+no GPU of the wanted model, none with enough memory, a gang wider than the cluster allows.
+
+Checked once per distinct request shape against the schedulable inventory (not against what is
+free), so the answer is the same until nodes come, go or get cordoned. The load-dependent reasons
+(quota, waiting, reserved, reclaiming) are decided by the cycle itself.
+"""
+
+from __future__ import annotations
+
+from jobs.scheduling import reasons
+from jobs.scheduling.capacity import Capacity
+from jobs.scheduling.placement import Placer, Shape
+from jobs.scheduling.reasons import PendingReason
+from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobRequest
+
+
+def invalid_request(job: JobRequest) -> PendingReason | None:
+    if job.gpus < 1:
+        return reasons.invalid_request(f"asks for {job.gpus} GPUs")
+    if not 0 < job.gpu_milli <= WHOLE_GPU_MILLI:
+        return reasons.invalid_request(f"gpu_milli must be 1..1000, not {job.gpu_milli}")
+    if job.gpu_milli < WHOLE_GPU_MILLI and job.gpus != 1:
+        return reasons.invalid_request("a fraction of a GPU can only be asked for one GPU")
+    if job.max_nodes is not None and job.max_nodes < 1:
+        return reasons.invalid_request(f"max_nodes must be at least 1, not {job.max_nodes}")
+    return None
+
+
+class InventoryCheck:
+    def __init__(self, capacity: Capacity, placer: Placer):
+        self.capacity = capacity
+        self.placer = placer
+        self.schedulable = [n for n in capacity.nodes if n.schedulable]
+        self.online_models = sorted({g.model for n in self.schedulable for g in n.gpus})
+        self.largest_mib: dict[str, int] = {}
+        for node in self.schedulable:
+            for gpu in node.gpus:
+                self.largest_mib[gpu.model] = max(self.largest_mib.get(gpu.model, 0), gpu.capacity_mib)
+        self._memo: dict[tuple, PendingReason | None] = {}
+        self._widths: dict[tuple[int, ...], list[int]] = {}
+
+    def reason(self, shape: Shape) -> PendingReason | None:
+        # What matters is which pools the request can use, not its exact numbers.
+        pools = tuple(self.placer.pools_for(shape))
+        key = (pools, shape.models, shape.gpus, shape.max_nodes, None if pools else shape.memory_mib)
+        if key not in self._memo:
+            self._memo[key] = self._reason(shape)
+        return self._memo[key]
+
+    def _node_widths(self, pools: list[int]) -> list[int]:
+        """Usable GPUs per schedulable node for these pools, widest first."""
+        key = tuple(pools)
+        if key not in self._widths:
+            self._widths[key] = sorted((sum(1 for g in n.gpus if g.pool in pools) for n in self.schedulable),
+                                       reverse=True)
+        return self._widths[key]
+
+    def _reason(self, shape: Shape) -> PendingReason | None:
+        if not self.schedulable:
+            cordoned = sum(1 for n in self.capacity.nodes if not n.schedulable)
+            return reasons.no_nodes_online(len(self.capacity.nodes), cordoned)
+        if shape.models and not shape.models.intersection(self.online_models):
+            return reasons.model_unavailable(shape.models, self.online_models)
+        pools = self.placer.pools_for(shape)
+        if not pools:
+            largest = max(mib for model, mib in self.largest_mib.items() if not shape.models or model in shape.models)
+            return reasons.no_gpu_with_memory(shape.memory_mib or 0, largest, shape.models)
+        if shape.gpus == 1:
+            return None
+        per_node = self._node_widths(pools)
+        if shape.max_nodes is not None and sum(per_node[: shape.max_nodes]) < shape.gpus:
+            return reasons.gang_larger_than_any_node(shape.gpus, per_node[0], shape.max_nodes)
+        if sum(per_node) < shape.gpus:
+            return reasons.gang_larger_than_cluster(shape.gpus, sum(per_node))
+        return None

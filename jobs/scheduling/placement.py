@@ -1,0 +1,296 @@
+"""Finding GPUs for one job on the cycle's ``Capacity``: filters and best-fit scores.
+
+Rules (DESIGN.md "Packing" and "Gang + topology"):
+
+* A job's per-GPU memory is its recorded profile's peak (Nimble) when it has one, else its
+  request, else the GPU's memory in proportion to ``gpu_milli`` (a whole GPU for whole requests).
+* Only one-GPU jobs share a GPU. A gang takes empty GPUs: in a ring all-reduce the slowest rank
+  paces every other one, so one shared GPU slows the whole gang.
+* Opportunistic work joins a GPU when memory + headroom fits and the residents' load leaves
+  spare compute for its demand (or at least ``min_shared_room_milli``: it runs on what is spare,
+  throttled if a guaranteed neighbour suffers); tightest memory fit first, else an empty GPU on
+  the fullest node.
+* A guaranteed job never joins another guaranteed job unless both allow sharing (``shareable``
+  or fractional), and then only while their guaranteed milli-GPUs sum to at most one GPU. A
+  non-shareable guaranteed job prefers an empty GPU; failing that it may sit next to
+  opportunistic work whose memory leaves room (that work is then throttled).
+* Nodes reserved for a blocked gang are only offered to jobs allowed to backfill there.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+
+from jobs.scheduling.capacity import ROOM_BUCKETS, ROOM_STEP, Capacity, GpuSlot, NodeSlot
+from jobs.scheduling.config import SchedulerConfig
+from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, JobRequest
+from jobs.scheduling.topology import Candidate, allreduce_seconds, choose_nodes, slowest_link
+
+
+# GPUs looked at in the one room bucket that may or may not have room for a request; past this
+# the search moves on: at worst a looser fit or a job that waits a cycle, never an unsafe placement.
+PARTIAL_BUCKET_SCAN = 8
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Shape:
+    """What placement needs to know about a request. The cycle interns one Shape per distinct
+    request, so shapes compare and hash by identity (cheap memo keys)."""
+
+    gpus: int
+    gpu_milli: int
+    memory_mib: int | None  # None: proportional to the GPU's memory
+    demand_milli: int
+    models: frozenset[str]
+    max_nodes: int | None
+    shareable: bool
+    allreduce_bytes: int
+
+    def memory_on(self, capacity_mib: int) -> int:
+        if self.memory_mib is not None:
+            return self.memory_mib
+        return -(-capacity_mib * self.gpu_milli // WHOLE_GPU_MILLI)
+
+
+def shape_of(job: JobRequest, config: SchedulerConfig) -> Shape:
+    memory = job.profile.peak_memory_mib if job.profile else job.gpu_memory_mib
+    if job.profile:
+        demand = min(job.gpu_milli, round(job.profile.mean_utilisation * WHOLE_GPU_MILLI))
+    else:
+        demand = job.gpu_milli
+    return Shape(gpus=job.gpus, gpu_milli=job.gpu_milli, memory_mib=memory, demand_milli=demand,
+                 models=job.gpu_models, max_nodes=job.max_nodes,
+                 shareable=job.shareable or job.gpu_milli < WHOLE_GPU_MILLI,
+                 allreduce_bytes=job.allreduce_bytes or config.default_allreduce_bytes)
+
+
+class FailureMemo:
+    """Requests known to find nothing this cycle. Capacity only shrinks within a cycle and a
+    request needing at least as much memory, compute and quota as a failed one (same GPU count,
+    models and sharing terms) fails too, so one failure answers a whole family of requests."""
+
+    def __init__(self):
+        self._frontiers: dict[object, dict[tuple, list[tuple[int, int, int]]]] = {}
+        self._split: dict[Shape, tuple[tuple, tuple[int, int, int]]] = {}
+
+    def _family(self, shape: Shape) -> tuple[tuple, tuple[int, int, int]]:
+        found = self._split.get(shape)
+        if found is None:
+            found = self._split[shape] = (
+                (shape.gpus, shape.models, shape.max_nodes, shape.shareable, shape.memory_mib is None),
+                (shape.memory_mib or 0, shape.demand_milli, shape.gpu_milli),
+            )
+        return found
+
+    def fails(self, tag, shape: Shape) -> bool:
+        by_family = self._frontiers.get(tag)
+        if not by_family:
+            return False
+        family, (memory, demand, milli) = self._family(shape)
+        for f_memory, f_demand, f_milli in by_family.get(family, ()):
+            if memory >= f_memory and demand >= f_demand and milli >= f_milli:
+                return True
+        return False
+
+    def record(self, tag, shape: Shape) -> None:
+        family, point = self._family(shape)
+        frontier = self._frontiers.setdefault(tag, {}).setdefault(family, [])
+        # Keep only the easiest failures: a harder one is implied by an easier one.
+        frontier[:] = [f for f in frontier if not (f[0] >= point[0] and f[1] >= point[1] and f[2] >= point[2])]
+        frontier.append(point)
+
+
+@dataclass(slots=True)
+class Choice:
+    slices: list[Candidate]
+    memory_mib: list[int]  # per chosen GPU, in slice order
+    shared: bool  # lands on a GPU that already has residents
+    allreduce_s: float
+
+
+class Placer:
+    def __init__(self, capacity: Capacity, config: SchedulerConfig):
+        self.capacity = capacity
+        self.config = config
+        self.headroom = config.share_memory_headroom_mib
+        self._pools: dict[tuple, list[int]] = {}
+
+    def pools_for(self, shape: Shape) -> list[int]:
+        key = (shape.models, shape.memory_mib, shape.gpu_milli)
+        pools = self._pools.get(key)
+        if pools is None:
+            pools = [i for i, (model, memory, _) in enumerate(self.capacity.pools)
+                     if (not shape.models or model in shape.models) and shape.memory_on(memory) <= memory]
+            self._pools[key] = pools
+        return pools
+
+    def room_needed(self, shape: Shape) -> int:
+        return min(shape.demand_milli, self.config.min_shared_room_milli)
+
+    # -- the one-GPU predicate (indexes accelerate it; backfill and mixed nodes use it) -----------
+
+    def fits_gpu(self, gpu: GpuSlot, shape: Shape, job_class: JobClass, pools: list[int]) -> bool:
+        if gpu.blocked or gpu.pool not in pools:
+            return False
+        need = shape.memory_on(gpu.capacity_mib)
+        if gpu.occupants == 0:
+            return need <= gpu.capacity_mib
+        if shape.gpus > 1 or gpu.free_mib < need + self.headroom:
+            return False
+        if job_class is JobClass.OPPORTUNISTIC:
+            return self.capacity.max_load - gpu.load_milli >= self.room_needed(shape)
+        if shape.shareable:
+            return not gpu.exclusive and gpu.guaranteed_milli + shape.gpu_milli <= WHOLE_GPU_MILLI
+        return gpu.guaranteed_count == 0
+
+    # -- search ---------------------------------------------------------------------------------
+
+    def find(self, shape: Shape, job_class: JobClass, backfill: list[NodeSlot]) -> Choice | None:
+        pools = self.pools_for(shape)
+        if not pools:
+            return None
+        if shape.gpus == 1:
+            return self._one_gpu(shape, job_class, pools, backfill)
+        return self._gang(shape, pools, backfill)
+
+    def fits_on(self, nodes: list[NodeSlot], shape: Shape, job_class: JobClass) -> bool:
+        """Would the job fit on these nodes alone (ignoring that they are held)?"""
+        pools = self.pools_for(shape)
+        if shape.gpus == 1:
+            return any(self.fits_gpu(g, shape, job_class, pools) for node in nodes for g in node.gpus)
+        usable = [sum(1 for g in node.empty if g.pool in pools) for node in nodes]
+        if shape.max_nodes == 1:
+            return max(usable, default=0) >= shape.gpus
+        return sum(usable) >= shape.gpus
+
+    def _one_gpu(self, shape: Shape, job_class: JobClass, pools: list[int], backfill: list[NodeSlot]) -> Choice | None:
+        packs = job_class is JobClass.OPPORTUNISTIC or shape.shareable
+        shared = self._shared_gpu(shape, job_class, pools, backfill) if packs else None
+        if shared is None:
+            empty = self._empty_gpu(shape, pools, backfill)
+            if empty is not None:
+                return self._single(empty, shape, shared=False)
+            if not packs:  # a guaranteed job next to opportunistic work, as a last resort
+                shared = self._shared_gpu(shape, job_class, pools, backfill)
+        return None if shared is None else self._single(shared, shape, shared=True)
+
+    def _single(self, gpu: GpuSlot, shape: Shape, shared: bool) -> Choice:
+        return Choice([(gpu.node, [gpu])], [shape.memory_on(gpu.capacity_mib)], shared, 0.0)
+
+    def _shared_gpu(self, shape: Shape, job_class: JobClass, pools: list[int],
+                    backfill: list[NodeSlot]) -> GpuSlot | None:
+        """The GPU with residents where the job fits tightest (least free memory left over)."""
+        if job_class is JobClass.OPPORTUNISTIC:
+            indexes, room = self.capacity.opp_index, self.room_needed(shape)
+        elif shape.shareable:
+            indexes, room = self.capacity.guar_index, shape.gpu_milli
+        else:  # a non-shareable guaranteed job only joins GPUs without guaranteed residents
+            indexes, room = self.capacity.guar_index, WHOLE_GPU_MILLI
+        gpus = self.capacity.gpus
+        best: tuple[int, int] | None = None
+        # Buckets at or above ``whole`` have room for the job by construction (their first entry
+        # with enough memory is their tightest fit); the bucket just below may, so it is scanned
+        # briefly, after the others, when a fit to beat is already known.
+        whole = -(-room // ROOM_STEP)
+        for pool in pools:
+            need = shape.memory_on(self.capacity.pools[pool][1]) + self.headroom
+            buckets = indexes[pool]
+            for bucket_no in [*range(whole, ROOM_BUCKETS), *([whole - 1] if whole else [])]:
+                bucket = buckets[bucket_no]
+                if not bucket:
+                    continue
+                start = bisect_left(bucket, (need, -1))
+                stop = min(len(bucket), start + (PARTIAL_BUCKET_SCAN if bucket_no < whole else len(bucket)))
+                for position in range(start, stop):
+                    free, key = bucket[position]
+                    if best is not None and free - need >= best[0]:
+                        break
+                    if self.fits_gpu(gpus[key], shape, job_class, pools):
+                        best = (free - need, key)
+                        break
+        for node in backfill:
+            for gpu in node.gpus:
+                if gpu.occupants and self.fits_gpu(gpu, shape, job_class, pools):
+                    slack = gpu.free_mib - shape.memory_on(gpu.capacity_mib) - self.headroom
+                    if best is None or (slack, gpu.key) < best:
+                        best = (slack, gpu.key)
+        return None if best is None else gpus[best[1]]
+
+    def _empty_gpu(self, shape: Shape, pools: list[int], backfill: list[NodeSlot]) -> GpuSlot | None:
+        """An empty GPU on the fullest node that has one, smallest fitting memory first."""
+        best: tuple | None = None
+        for pool in pools:
+            _, memory, _ = self.capacity.pools[pool]
+            buckets = self.capacity.buckets[pool]
+            for k in range(1, len(buckets)):
+                if buckets[k]:
+                    node_key = next(iter(buckets[k]))
+                    option = (memory - shape.memory_on(memory), k, pool, node_key)
+                    if best is None or option < best:
+                        best = option
+                    break
+        gpu = None if best is None else self.capacity.nodes[best[3]].empty[0]
+        for node in self.capacity.mixed_nodes + backfill:
+            usable = [g for g in node.empty if g.pool in pools]
+            if usable:
+                first = usable[0]
+                option = (first.capacity_mib - shape.memory_on(first.capacity_mib), len(node.empty), first.pool, node.key)
+                if best is None or option < best:
+                    best, gpu = option, first
+        return gpu
+
+    def _gang(self, shape: Shape, pools: list[int], backfill: list[NodeSlot]) -> Choice | None:
+        single = self._gang_one_node(shape, pools, backfill)
+        if single is not None:
+            return single
+        if shape.max_nodes == 1:
+            return None
+        candidates = self._gang_candidates(pools, backfill)
+        choice = choose_nodes(candidates, shape.gpus, shape.allreduce_bytes, self.config)
+        if choice is None or (shape.max_nodes is not None and len(choice) > shape.max_nodes):
+            return None
+        return self._gang_choice(choice, shape)
+
+    def _gang_one_node(self, shape: Shape, pools: list[int], backfill: list[NodeSlot]) -> Choice | None:
+        best: tuple | None = None
+        best_node: NodeSlot | None = None
+        n = shape.gpus
+        for pool in pools:
+            _, memory, gb_per_s = self.capacity.pools[pool]
+            buckets = self.capacity.buckets[pool]
+            cost = allreduce_seconds(n, shape.allreduce_bytes, gb_per_s)
+            for k in range(n, len(buckets)):
+                if buckets[k]:
+                    node_key = next(iter(buckets[k]))
+                    option = (cost, memory - shape.memory_on(memory), k, pool, node_key)
+                    if best is None or option < best:
+                        best, best_node = option, self.capacity.nodes[node_key]
+                    break
+        for node in self.capacity.mixed_nodes + backfill:
+            usable = [g for g in node.empty if g.pool in pools]
+            if len(usable) >= n:
+                cost = allreduce_seconds(n, shape.allreduce_bytes, node.gb_per_s)
+                option = (cost, 0, len(usable), -1, node.key)
+                if best is None or option < best:
+                    best, best_node = option, node
+        if best_node is None:
+            return None
+        usable = [g for g in best_node.empty if g.pool in pools][:n]
+        return self._gang_choice([(best_node, usable)], shape)
+
+    def _gang_candidates(self, pools: list[int], backfill: list[NodeSlot]) -> list[Candidate]:
+        candidates: list[Candidate] = []
+        for pool in pools:
+            for bucket in self.capacity.buckets[pool][1:]:
+                candidates.extend((self.capacity.nodes[key], self.capacity.nodes[key].empty) for key in bucket)
+        for node in self.capacity.mixed_nodes + backfill:
+            usable = [g for g in node.empty if g.pool in pools]
+            if usable:
+                candidates.append((node, usable))
+        return candidates
+
+    def _gang_choice(self, choice: list[Candidate], shape: Shape) -> Choice:
+        gpus = [g for _, node_gpus in choice for g in node_gpus]
+        cost = allreduce_seconds(shape.gpus, shape.allreduce_bytes, slowest_link([n for n, _ in choice], self.config))
+        return Choice([(n, list(g)) for n, g in choice], [shape.memory_on(g.capacity_mib) for g in gpus], False, cost)

@@ -1,0 +1,173 @@
+"""Choosing opportunistic victims on the snapshot (simulate, then apply: the service evicts).
+
+Two ways a running job gets preempted, and never a guaranteed one:
+
+* **Reclaim**: a guaranteed job (its tenant is within its guarantee) finds no room. GPUs are
+  freed from opportunistic jobs of tenants that are *borrowing* (holding more than their own
+  guarantee): a borrower's jobs are eligible while its borrowed amount is above zero, so a reclaim
+  never takes a tenant's work below its own guarantee by more than the last job. On each GPU the
+  youngest jobs go first (least progress lost); among GPUs and nodes, the set that loses the
+  fewest GPU-seconds of progress wins. The reclaiming job stays pending (``RECLAIMING``) and the
+  GPUs chosen are promised to it for the rest of the cycle; once the victims have stopped, the
+  next cycle places it there (guaranteed work is placed before any borrowing).
+* **Memory pressure**: a GPU holding a guaranteed job whose residents no longer fit in memory
+  (live usage grew past the plan) sheds opportunistic residents, youngest first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jobs.scheduling.capacity import Capacity, GpuSlot, NodeSlot
+from jobs.scheduling.config import SchedulerConfig
+from jobs.scheduling.placement import Placer, Shape
+from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, RunningJob
+from jobs.scheduling.topology import allreduce_seconds, choose_nodes
+
+
+@dataclass(slots=True)
+class Reclaim:
+    gpus: list[GpuSlot]
+    victims: list[RunningJob]  # new victims only; jobs already stopping are not repeated
+
+
+def _memory(job: RunningJob, gpu: GpuSlot) -> int:
+    return gpu.capacity_mib if job.memory_mib is None else job.memory_mib
+
+
+def _youngest_first(jobs: list[RunningJob]) -> list[RunningJob]:
+    return sorted(jobs, key=lambda j: (-j.started_at, -j.id))
+
+
+class Reclaimer:
+    def __init__(self, capacity: Capacity, placer: Placer, config: SchedulerConfig, now: float,
+                 borrowed_milli: dict[str, int], leaving: set[int]):
+        self.capacity = capacity
+        self.placer = placer
+        self.config = config
+        self.now = now
+        self.borrowed = borrowed_milli  # per tenant: held (not stopping) minus guarantee
+        self.leaving = leaving  # running jobs already told to stop
+
+    def _progress(self, job: RunningJob) -> float:
+        return max(0.0, self.now - job.started_at) * len(job.gpu_ids)
+
+    def _stopping(self, options) -> bool:
+        return any(j.id in self.leaving for o in options for j in o[2].residents)
+
+    def _evictable(self, job: RunningJob) -> bool:
+        return job.job_class is JobClass.OPPORTUNISTIC and self.borrowed.get(job.tenant, 0) > 0
+
+    def _gpu_victims(self, gpu: GpuSlot, shape: Shape, pools: list[int]) -> tuple[float, list[RunningJob]] | None:
+        """What must leave ``gpu`` for the job to fit there, and the progress that costs."""
+        if gpu.blocked or gpu.pool not in pools or gpu.exclusive:
+            return None
+        if gpu.occupants == 0:
+            return 0.0, []  # an empty GPU next to the ones being reclaimed
+        leaving = [j for j in gpu.residents if j.id in self.leaving]
+        evictable = _youngest_first([j for j in gpu.residents if j.id not in self.leaving and self._evictable(j)])
+        if not evictable and not leaving:
+            return None  # nothing to reclaim here; plain placement already said no
+        staying = gpu.occupants - len(leaving) - len(evictable)
+        need = shape.memory_on(gpu.capacity_mib)
+        free = gpu.free_mib + sum(_memory(j, gpu) for j in leaving)
+        whole = shape.gpus > 1 or need + self.config.share_memory_headroom_mib > gpu.capacity_mib
+        if whole:
+            if staying:
+                return None
+            return sum(self._progress(j) for j in evictable), evictable
+        if gpu.guaranteed_count and not (shape.shareable and gpu.guaranteed_milli + shape.gpu_milli <= WHOLE_GPU_MILLI):
+            return None
+        victims: list[RunningJob] = []
+        headroom = self.config.share_memory_headroom_mib
+        for job in evictable:
+            remaining = staying + len(evictable) - len(victims)
+            if free >= need + (headroom if remaining else 0):
+                break
+            victims.append(job)
+            free += _memory(job, gpu)
+        remaining = staying + len(evictable) - len(victims)
+        if free < need + (headroom if remaining else 0):
+            return None
+        return sum(self._progress(j) for j in victims), victims
+
+    def find(self, job_id: int, shape: Shape) -> Reclaim | None:
+        pools = self.placer.pools_for(shape)
+        per_node: list[tuple[NodeSlot, list[tuple[float, int, GpuSlot, list[RunningJob]]]]] = []
+        for node in self.capacity.nodes:
+            if not node.indexed:
+                continue
+            options = []
+            for gpu in node.gpus:
+                found = self._gpu_victims(gpu, shape, pools)
+                if found is not None:
+                    options.append((found[0], gpu.key, gpu, found[1]))
+            if options:
+                options.sort(key=lambda o: (o[0], o[1]))
+                per_node.append((node, options))
+        chosen = self._choose(shape, per_node)
+        if chosen is None:
+            return None
+        return self._commit(job_id, chosen)
+
+    def _choose(self, shape: Shape, per_node) -> list[tuple[GpuSlot, list[RunningJob]]] | None:
+        n = shape.gpus
+        best = None
+        for node, options in per_node:
+            if len(options) < n or not any(o[3] for o in options[:n]) and not self._stopping(options[:n]):
+                continue  # nothing to reclaim on this node: plain placement already said no
+            picked = options[:n]
+            lost = sum(self._progress(v) for v in {v.id: v for o in picked for v in o[3]}.values())
+            cost = allreduce_seconds(n, shape.allreduce_bytes, node.gb_per_s)
+            key = (lost, cost, node.key)
+            if best is None or key < best[0]:
+                best = (key, picked)
+        if best is not None:
+            return [(o[2], o[3]) for o in best[1]]
+        if n == 1 or shape.max_nodes == 1:
+            return None
+        by_key = {o[1]: o for _, options in per_node for o in options}
+        candidates = [(node, [o[2] for o in options]) for node, options in per_node]
+        choice = choose_nodes(candidates, n, shape.allreduce_bytes, self.config)
+        if choice is None or (shape.max_nodes is not None and len(choice) > shape.max_nodes):
+            return None
+        return [(gpu, by_key[gpu.key][3]) for _, gpus in choice for gpu in gpus]
+
+    def _commit(self, job_id: int, chosen: list[tuple[GpuSlot, list[RunningJob]]]) -> Reclaim | None:
+        victims: dict[int, RunningJob] = {}
+        for _, gpu_victims in chosen:
+            for victim in gpu_victims:
+                victims.setdefault(victim.id, victim)
+        ordered = _youngest_first(list(victims.values()))
+        borrowed = dict(self.borrowed)
+        for victim in ordered:
+            if borrowed.get(victim.tenant, 0) <= 0:
+                return None  # this borrower would drop below its own guarantee
+            borrowed[victim.tenant] -= victim.quota_milli
+        self.borrowed.update(borrowed)
+        self.leaving.update(victims)
+        for gpu, _ in chosen:
+            self.capacity.block(gpu)
+        return Reclaim(gpus=[gpu for gpu, _ in chosen], victims=ordered)
+
+
+def memory_pressure_victims(capacity: Capacity, config: SchedulerConfig, leaving: set[int]) -> list[tuple[RunningJob, int]]:
+    """Opportunistic residents to evict from GPUs whose guaranteed jobs are being squeezed.
+
+    Returns (victim, gpu id) pairs, youngest first per GPU; marks them leaving.
+    """
+    victims: list[tuple[RunningJob, int]] = []
+    headroom = config.share_memory_headroom_mib
+    for gpu in capacity.gpus:
+        if not gpu.guaranteed_count or gpu.used_mib + headroom <= gpu.capacity_mib:
+            continue
+        used = gpu.used_mib - sum(_memory(j, gpu) for j in gpu.residents if j.id in leaving)
+        borrowers = _youngest_first([j for j in gpu.residents
+                                     if j.job_class is JobClass.OPPORTUNISTIC and j.id not in leaving])
+        for job in borrowers:
+            if used + headroom <= gpu.capacity_mib:
+                break
+            victims.append((job, gpu.id))
+            leaving.add(job.id)
+            used -= _memory(job, gpu)
+    return victims

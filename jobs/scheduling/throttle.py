@@ -1,0 +1,72 @@
+"""AntMan-style computation scaling: duty cycles of opportunistic jobs, set by AIMD from live use.
+
+Per GPU that an opportunistic job runs on, one signal:
+
+* **decrease** (multiply by ``duty_cycle_decrease_factor``) when a guaranteed neighbour is slowed
+  (its live utilisation is more than ``slowdown_margin`` below its solo profile), when the GPU is
+  saturated (utilisation >= ``saturated_utilisation``) while a guaranteed job is on it, or when a
+  guaranteed job was placed on it this cycle (act before the slowdown shows up);
+* **increase** (add ``duty_cycle_increase``) when the GPU's utilisation is known and below
+  ``room_utilisation``, or no guaranteed job shares it;
+* **hold** otherwise (no reading yet: do nothing rather than guess).
+
+A job on several GPUs decreases if any GPU says so and increases only if all do. Duty cycles stay
+within [floor, ceiling]; a Throttle is emitted only when the value changes. Jobs that are being
+stopped are left alone.
+"""
+
+from __future__ import annotations
+
+from jobs.scheduling.capacity import Capacity, GpuSlot
+from jobs.scheduling.config import SchedulerConfig
+from jobs.scheduling.decisions import Throttle, ThrottleReason
+from jobs.scheduling.snapshot import JobClass, RunningJob
+
+_DECREASE = (ThrottleReason.NEIGHBOUR_SLOWED, ThrottleReason.GPU_SATURATED, ThrottleReason.GUARANTEED_JOB_PLACED)
+
+
+def _signal(gpu: GpuSlot, config: SchedulerConfig) -> ThrottleReason | None:
+    guaranteed = [j for j in gpu.residents if j.job_class is JobClass.GUARANTEED]
+    for job in guaranteed:
+        if (job.utilisation is not None and job.solo_utilisation is not None
+                and job.utilisation < job.solo_utilisation - config.slowdown_margin):
+            return ThrottleReason.NEIGHBOUR_SLOWED
+    if (guaranteed or gpu.placed_guaranteed) and gpu.live_load is not None and gpu.live_load >= config.saturated_utilisation:
+        return ThrottleReason.GPU_SATURATED
+    if gpu.placed_guaranteed:
+        return ThrottleReason.GUARANTEED_JOB_PLACED
+    if not guaranteed or (gpu.live_load is not None and gpu.live_load < config.room_utilisation):
+        return ThrottleReason.ROOM_AVAILABLE
+    return None
+
+
+def throttles(capacity: Capacity, running: tuple[RunningJob, ...], leaving: set[int],
+              config: SchedulerConfig) -> list[Throttle]:
+    decisions: list[Throttle] = []
+    signals: dict[int, ThrottleReason | None] = {}
+    for job in running:
+        if job.job_class is not JobClass.OPPORTUNISTIC or job.id in leaving:
+            continue
+        reasons = []
+        for gpu_id in job.gpu_ids:
+            gpu = capacity.by_id.get(gpu_id)
+            if gpu is None:
+                continue
+            if gpu_id not in signals:
+                signals[gpu_id] = _signal(gpu, config)
+            reasons.append(signals[gpu_id])
+        if not reasons:
+            continue
+        decrease = next((r for r in reasons if r in _DECREASE), None)
+        if decrease is not None:
+            duty = max(config.duty_cycle_floor, job.duty_cycle * config.duty_cycle_decrease_factor)
+            reason = decrease
+        elif all(r is ThrottleReason.ROOM_AVAILABLE for r in reasons):
+            duty = min(config.duty_cycle_ceiling, job.duty_cycle + config.duty_cycle_increase)
+            reason = ThrottleReason.ROOM_AVAILABLE
+        else:
+            continue
+        duty = round(duty, 3)
+        if abs(duty - job.duty_cycle) > 1e-9:
+            decisions.append(Throttle(job_id=job.id, duty_cycle=duty, reason=reason))
+    return decisions

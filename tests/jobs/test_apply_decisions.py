@@ -1,0 +1,137 @@
+"""The loop carries out every kind of decision: placement with its limits and environment,
+reclaim by preemption (requeued when the agent confirms), throttling, profiles and re-sends."""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from agents import protocol
+from jobs.choices import JobClass, JobState
+from jobs.models import Allocation, JobProfile
+from jobs.services.agent_events import consume_events
+from jobs.services.cycle import run_scheduling_cycle
+from monitoring.models import JobUsage
+from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
+
+
+@pytest.fixture
+def node4(db, redis_client, live_redis):
+    node = NodeFactory(name="n1")
+    for i in range(4):
+        GpuFactory(node=node, index=i)
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=60)
+    return node
+
+
+def commands(redis_client, node="n1"):
+    return [protocol.decode_command(f) for _, f in redis_client.xrange(protocol.command_stream(node))]
+
+
+def cycle(capture):
+    with capture(execute=True):
+        return run_scheduling_cycle()
+
+
+def exit_event(redis_client, job, code=0, stopped=False, node="n1"):
+    redis_client.xadd(protocol.EVENTS_STREAM, protocol.encode(protocol.JobExited(
+        node=node, job_id=job.pk, exit_code=code, stopped=stopped, finished_at=time.time())))
+    consume_events(redis_client)
+
+
+def test_launch_carries_the_jobs_env_class_and_attempt(node4, redis_client, django_capture_on_commit_callbacks):
+    job = JobFactory(gpus=1, env={"EPOCHS": "3"}, tenant=TenantFactory(slug="vision", guaranteed_gpus=2))
+    cycle(django_capture_on_commit_callbacks)
+    (launch,) = commands(redis_client)
+    assert launch.env["EPOCHS"] == "3"
+    assert launch.command_id == f"launch-{job.pk}-0"
+    job.refresh_from_db()
+    assert job.run_class == JobClass.GUARANTEED
+
+
+def test_over_guarantee_work_runs_opportunistic(node4, django_capture_on_commit_callbacks):
+    borrower = TenantFactory(slug="nlp", guaranteed_gpus=0, max_gpus=4)
+    job = JobFactory(gpus=2, tenant=borrower)
+    cycle(django_capture_on_commit_callbacks)
+    job.refresh_from_db()
+    assert (job.state, job.run_class) == (JobState.PLACED, JobClass.OPPORTUNISTIC)
+
+
+def test_guaranteed_tenant_reclaims_from_a_borrower_who_is_requeued(node4, redis_client,
+                                                                    django_capture_on_commit_callbacks):
+    borrower = JobFactory(gpus=4, tenant=TenantFactory(slug="nlp", guaranteed_gpus=0, max_gpus=4))
+    cycle(django_capture_on_commit_callbacks)
+    borrower.refresh_from_db()
+    assert borrower.run_class == JobClass.OPPORTUNISTIC
+    owed = JobFactory(gpus=4, tenant=TenantFactory(slug="vision", guaranteed_gpus=4, max_gpus=4))
+    cycle(django_capture_on_commit_callbacks)
+    borrower.refresh_from_db()
+    assert borrower.state == JobState.PREEMPTING and borrower.preempt_count == 1
+    assert [c.job_id for c in commands(redis_client) if isinstance(c, protocol.StopJob)] == [borrower.pk]
+    # The agent confirms; the borrower is queued again and the owed job takes the GPUs.
+    exit_event(redis_client, borrower, code=-15, stopped=True)
+    borrower.refresh_from_db()
+    assert borrower.state == JobState.PENDING
+    cycle(django_capture_on_commit_callbacks)
+    owed.refresh_from_db()
+    assert (owed.state, owed.run_class) == (JobState.PLACED, JobClass.GUARANTEED)
+    relaunch = JobFactory._meta.model.objects.get(pk=borrower.pk)
+    assert relaunch.state == JobState.PENDING
+
+
+def test_throttle_decision_reaches_the_agent(node4, redis_client, django_capture_on_commit_callbacks):
+    """A guaranteed job slowed next to a borrower: the borrower's duty cycle is cut."""
+    from monitoring.services import live
+
+    guaranteed = JobFactory(gpus=1, gpu_milli=500, shareable=True, gpu_memory_mib=20000,
+                            tenant=TenantFactory(slug="vision", guaranteed_gpus=1, max_gpus=1))
+    cycle(django_capture_on_commit_callbacks)
+    gpu = Allocation.objects.get(job=guaranteed).gpu
+    borrower = JobFactory(gpus=1, gpu_milli=500, gpu_memory_mib=20000, tenant=TenantFactory(slug="nlp", guaranteed_gpus=0, max_gpus=4))
+    # Fill the other GPUs so the borrower can only share the guaranteed job's GPU.
+    for other in range(1, 4):
+        JobFactory(gpus=1, tenant=guaranteed.tenant, state=JobState.RUNNING)
+        Allocation.objects.create(job=JobFactory._meta.model.objects.latest("id"), gpu=node4.gpus.get(index=other))
+    JobProfile.objects.create(tenant=guaranteed.tenant, key="solo", peak_gpu_memory_mib=1000, mean_util=0.5)
+    type(guaranteed).objects.filter(pk=guaranteed.pk).update(profile_key="solo", state=JobState.RUNNING)
+    cycle(django_capture_on_commit_callbacks)
+    borrower.refresh_from_db()
+    assert borrower.state == JobState.PLACED, borrower.pending_reason
+    assert Allocation.objects.get(job=borrower).gpu == gpu
+    # Live usage: the guaranteed job runs far below its solo profile while the GPU is saturated.
+    live.store_latest(redis_client, [protocol.NodeSample(
+        node="n1", ts=time.time(), seq=1,
+        gpus=[protocol.GpuSample(index=gpu.index, util_sm=99.0)],
+        jobs=[protocol.JobGpuSample(job_id=guaranteed.pk, gpu_index=gpu.index, mem_used_mib=900, util_sm=30.0),
+              protocol.JobGpuSample(job_id=borrower.pk, gpu_index=gpu.index, mem_used_mib=900, util_sm=59.0)])])
+    type(borrower).objects.filter(pk=borrower.pk).update(state=JobState.RUNNING)
+    cycle(django_capture_on_commit_callbacks)
+    duty = [c for c in commands(redis_client) if isinstance(c, protocol.SetDutyCycle)]
+    assert duty and duty[-1].job_id == borrower.pk and duty[-1].duty_cycle < 1.0
+    assert Allocation.objects.get(job=borrower).duty_cycle == duty[-1].duty_cycle
+
+
+def test_successful_run_records_the_profile_used_next_time(node4, redis_client, django_capture_on_commit_callbacks):
+    job = JobFactory(gpus=1, profile_key="resnet50", gpu_memory_mib=40000)
+    cycle(django_capture_on_commit_callbacks)
+    now = timezone.now()
+    JobUsage.objects.create(job_id=job.pk, peak_gpu_memory_mib=9000, util_sum=70.0 * 10, util_n=10,
+                            first_seen_at=now, last_seen_at=now)
+    type(job).objects.filter(pk=job.pk).update(state=JobState.RUNNING, started_at=now - timedelta(seconds=100))
+    exit_event(redis_client, job)
+    profile = JobProfile.objects.get(key="resnet50")
+    assert (profile.runs, profile.peak_gpu_memory_mib, profile.mean_util) == (1, 9000, 0.7)
+    job.refresh_from_db()
+    assert job.peak_gpu_memory_mib == 9000
+
+
+def test_unstarted_launch_is_sent_again_with_the_same_command_id(node4, redis_client,
+                                                                   django_capture_on_commit_callbacks):
+    job = JobFactory(gpus=1)
+    cycle(django_capture_on_commit_callbacks)
+    type(job).objects.filter(pk=job.pk).update(placed_at=timezone.now() - timedelta(minutes=1))
+    cycle(django_capture_on_commit_callbacks)
+    cycle(django_capture_on_commit_callbacks)  # not again within the window
+    launches = [c for c in commands(redis_client) if isinstance(c, protocol.LaunchJob)]
+    assert [c.command_id for c in launches] == [f"launch-{job.pk}-0"] * 2

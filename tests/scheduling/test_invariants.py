@@ -1,0 +1,262 @@
+"""Invariants of ``decide`` on random clusters (hypothesis).
+
+States are built the way production builds them: a warm-up cycle on an empty cluster, its
+placements turned into running jobs (as the service would launch them) with random ages, runtimes
+and live utilisation, then a second cycle with new pending work. The checks below restate the
+rules independently of the core's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter, defaultdict
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from jobs.scheduling import ClusterSnapshot, JobClass, JobRequest, RunningJob, SchedulerConfig, decide
+from tests.scheduling.builders import job, node, tenant
+
+CONFIG = SchedulerConfig()
+# Sized to keep the whole scheduling suite near ten seconds; CI can raise them with a profile.
+SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FEWER = settings(SETTINGS, max_examples=40)
+
+
+@st.composite
+def nodes(draw, min_nodes=1, allow_trouble=True):
+    count = draw(st.integers(min_nodes, 4))
+    result = []
+    for i in range(count):
+        gpus = draw(st.integers(1, 4))
+        trouble = draw(st.sampled_from(["ok", "ok", "ok", "cordoned", "busy"])) if allow_trouble else "ok"
+        util = draw(st.one_of(st.none(), st.floats(0, 1)))
+        result.append(node(f"n{i}", gpus=gpus, mem_gib=draw(st.sampled_from([16, 32, 80])),
+                           model=draw(st.sampled_from(["A", "B"])), rack=f"r{i % 2}",
+                           cordoned=trouble == "cordoned", busy=1 if trouble == "busy" else 0, util=util))
+    return result
+
+
+@st.composite
+def tenants(draw):
+    result = []
+    for name in draw(st.lists(st.sampled_from(["t1", "t2", "t3"]), min_size=1, max_size=3, unique=True)):
+        guaranteed = draw(st.integers(0, 4))
+        result.append(tenant(name, guaranteed=guaranteed, max_gpus=guaranteed + draw(st.integers(0, 6)),
+                             weight=draw(st.sampled_from([0.5, 1.0, 2.0])), usage=draw(st.floats(0, 1e6))))
+    return result
+
+
+@st.composite
+def requests(draw, first_id, tenant_names, max_jobs=10):
+    result = []
+    for i in range(draw(st.integers(0, max_jobs))):
+        gpus = draw(st.sampled_from([1, 1, 1, 2, 3, 4, 6]))
+        fraction = gpus == 1 and draw(st.booleans())
+        result.append(job(
+            first_id + i, tenant=draw(st.sampled_from(tenant_names)), gpus=gpus,
+            mem_gib=draw(st.sampled_from([None, 4, 10, 20, 40])), priority=draw(st.integers(0, 2)),
+            submitted_at=float(first_id + i), milli=draw(st.sampled_from([250, 500])) if fraction else 1000,
+            models=draw(st.sampled_from([(), ("A",), ("B",)])), opportunistic_only=draw(st.booleans()),
+            shareable=draw(st.booleans()), profile=draw(st.one_of(st.none(), st.tuples(st.sampled_from([2, 6]),
+                                                                                      st.floats(0.05, 0.9)))),
+            runtime=draw(st.one_of(st.none(), st.floats(10, 1000))), max_nodes=draw(st.sampled_from([None, 1, 2])),
+        ))
+    return result
+
+
+def planned_memory(request: JobRequest, capacity_mib: int) -> int:
+    if request.profile:
+        return request.profile.peak_memory_mib
+    if request.gpu_memory_mib is not None:
+        return request.gpu_memory_mib
+    return -(-capacity_mib * request.gpu_milli // 1000)
+
+
+def launch(snapshot: ClusterSnapshot, decisions, now: float, draw) -> ClusterSnapshot:
+    """What the service does: evict preempted jobs, launch placements as running jobs."""
+    requests_by_id = {j.id: j for j in snapshot.pending}
+    capacity = {g.id: g.memory_mib for n in snapshot.nodes for g in n.gpus}
+    gone = {p.job_id for p in decisions.preemptions}
+    running = [j for j in snapshot.running if j.id not in gone]
+    for place in decisions.placements:
+        request = requests_by_id[place.job_id]
+        known = draw(st.booleans()) if draw else False
+        running.append(RunningJob(
+            id=place.job_id, tenant=request.tenant, job_class=place.job_class, gpu_ids=place.gpu_ids,
+            started_at=now - (draw(st.floats(0, 500)) if draw else 0.0),
+            memory_mib=planned_memory(request, min(capacity[g] for g in place.gpu_ids)),
+            gpu_milli=request.gpu_milli, expected_runtime_s=request.expected_runtime_s,
+            utilisation=draw(st.floats(0, 1)) if known else None,
+            solo_utilisation=request.profile.mean_utilisation if request.profile else None,
+            duty_cycle=draw(st.sampled_from([0.1, 0.5, 1.0])) if draw and place.job_class is JobClass.OPPORTUNISTIC
+            else place.duty_cycle, shareable=request.shareable or request.gpu_milli < 1000))
+    placed = {p.job_id for p in decisions.placements}
+    pending = tuple(j for j in snapshot.pending if j.id not in placed)
+    return dataclasses.replace(snapshot, running=tuple(running), pending=pending)
+
+
+@st.composite
+def warm_clusters(draw):
+    node_states, quotas = draw(nodes()), draw(tenants())
+    names = [t.name for t in quotas]
+    # Warm-up work comes mostly from a tenant without quota, so the cluster is largely borrowed.
+    warm_names = names + ["stranger"] * 3
+    empty = ClusterSnapshot(nodes=tuple(node_states), pending=tuple(draw(requests(1, warm_names, 12))),
+                            tenants=tuple(quotas))
+    warm = launch(empty, decide(empty, now=0.0, config=CONFIG), now=1000.0, draw=draw)
+    running = tuple(dataclasses.replace(j, preempting=draw(st.booleans()) and draw(st.booleans()))
+                    for j in warm.running)
+    return dataclasses.replace(warm, running=running, pending=tuple(draw(requests(100, names + ["stranger"]))))
+
+
+def check_invariants(snapshot: ClusterSnapshot, decisions) -> None:
+    requests = {j.id: j for j in snapshot.pending}
+    running = {j.id: j for j in snapshot.running}
+    gpu_of = {g.id: (n, g) for n in snapshot.nodes for g in n.gpus}
+    quotas = {t.name: t for t in snapshot.tenants}
+
+    # Every pending job is decided exactly once.
+    decided = Counter([p.job_id for p in decisions.placements] + [p.job_id for p in decisions.pending])
+    assert decided == Counter(requests.keys())
+
+    # A guaranteed job is never preempted, nor one already stopping.
+    for preempt in decisions.preemptions:
+        victim = running[preempt.job_id]
+        assert victim.job_class is JobClass.OPPORTUNISTIC and not victim.preempting
+
+    memory: dict[int, int] = defaultdict(int)
+    guaranteed_milli: dict[int, int] = defaultdict(int)
+    residents: dict[int, list] = defaultdict(list)
+    for job in snapshot.running:
+        for gpu_id in job.gpu_ids:
+            memory[gpu_id] += gpu_of[gpu_id][1].memory_mib if job.memory_mib is None else job.memory_mib
+            residents[gpu_id].append(job)
+            if job.job_class is JobClass.GUARANTEED:
+                guaranteed_milli[gpu_id] += job.gpu_milli
+
+    added_load: dict[int, int] = defaultdict(int)
+    held = Counter()
+    guaranteed_held = Counter()
+    for job in snapshot.running:
+        held[job.tenant] += job.quota_milli
+        if job.job_class is JobClass.GUARANTEED:
+            guaranteed_held[job.tenant] += job.quota_milli
+
+    for place in decisions.placements:
+        request = requests[place.job_id]
+        gpu_ids = place.gpu_ids
+        # Gangs all or nothing, on distinct GPUs of schedulable nodes, within max_nodes.
+        assert len(gpu_ids) == len(set(gpu_ids)) == request.gpus
+        assert request.max_nodes is None or len(place.slices) <= request.max_nodes
+        for node_slice in place.slices:
+            for gpu_id, index in zip(node_slice.gpu_ids, node_slice.gpu_indices):
+                node_state, gpu = gpu_of[gpu_id]
+                assert (node_state.name, gpu.index) == (node_slice.node, index)
+                assert node_state.schedulable
+                assert not (gpu.busy and not residents[gpu_id])
+                assert not request.gpu_models or gpu.model in request.gpu_models
+                if request.gpus > 1:
+                    assert not residents[gpu_id], "a gang shares no GPU"
+                # Compute: spare room for borrowers; guaranteed reservations within one GPU.
+                running_here = [j for j in residents[gpu_id] if isinstance(j, RunningJob)]
+                if place.job_class is JobClass.OPPORTUNISTIC and residents[gpu_id]:
+                    load = added_load[gpu_id] + (round(gpu.utilisation * 1000) if gpu.utilisation is not None and
+                                                 running_here else sum(_load(j) for j in running_here))
+                    assert load < CONFIG.max_shared_load_milli
+                if place.job_class is JobClass.GUARANTEED:
+                    guaranteed_milli[gpu_id] += request.gpu_milli
+                    assert guaranteed_milli[gpu_id] <= 1000
+                memory[gpu_id] += planned_memory(request, gpu.memory_mib)
+                residents[gpu_id].append(request)
+                added_load[gpu_id] += _demand(request)
+        held[request.tenant] += request.quota_milli
+        if place.job_class is JobClass.GUARANTEED:
+            assert not request.opportunistic_only
+            guaranteed_held[request.tenant] += request.quota_milli
+
+    # No GPU over its memory.
+    for gpu_id, used in memory.items():
+        assert used <= gpu_of[gpu_id][1].memory_mib, f"GPU {gpu_id} over memory"
+
+    # Quotas: guaranteed use within the guarantee (jobs reclaiming count), total within the ceiling.
+    for pending in decisions.pending:
+        if pending.reason.code == "reclaiming":
+            guaranteed_held[requests[pending.job_id].tenant] += requests[pending.job_id].quota_milli
+    placed_tenants = {requests[p.job_id].tenant for p in decisions.placements}
+    for name, quota in quotas.items():
+        assert guaranteed_held[name] <= quota.guaranteed_milli
+        if name in placed_tenants:
+            assert held[name] <= quota.ceiling_milli
+
+
+def _demand(request: JobRequest) -> int:
+    if request.profile:
+        return min(request.gpu_milli, round(request.profile.mean_utilisation * 1000))
+    return request.gpu_milli
+
+
+def _load(job: RunningJob) -> int:
+    if job.utilisation is not None:
+        return round(job.utilisation * 1000)
+    solo = job.solo_utilisation if job.solo_utilisation is not None else job.gpu_milli / 1000
+    return round(solo * job.duty_cycle * 1000)
+
+
+@SETTINGS
+@given(warm_clusters())
+def test_decisions_keep_every_invariant(snapshot):
+    decisions = decide(snapshot, now=1000.0, config=CONFIG)
+    check_invariants(snapshot, decisions)
+    # Labels for --hypothesis-show-statistics: are the interesting paths being exercised?
+    held = {g for j in snapshot.running for g in j.gpu_ids}
+    event("preempts" if decisions.preemptions else "no preempt")
+    event("reserves" if decisions.reservations else "no reservation")
+    event("throttles" if decisions.throttles else "no throttle")
+    event("shares a GPU" if any(g in held for p in decisions.placements for g in p.gpu_ids) else "no sharing")
+    event("multi-node" if any(len(p.slices) > 1 for p in decisions.placements) else "single node")
+
+
+@FEWER
+@given(warm_clusters(), st.randoms(use_true_random=False))
+def test_decisions_are_deterministic_for_a_snapshot(snapshot, rng):
+    decisions = decide(snapshot, now=1000.0, config=CONFIG)
+    assert decide(snapshot, now=1000.0, config=CONFIG) == decisions
+    shuffled = list(snapshot.pending)
+    rng.shuffle(shuffled)
+    assert decide(dataclasses.replace(snapshot, pending=tuple(shuffled)), now=1000.0, config=CONFIG) == decisions
+
+
+@st.composite
+def borrowed_clusters(draw):
+    """Only borrowed work holds the cluster; the owner, within its guarantee, has work pending."""
+    node_states = draw(nodes(allow_trouble=False))
+    total = sum(len(n.gpus) for n in node_states)
+    guarantee = draw(st.integers(1, total))
+    quotas = (tenant("owner", guaranteed=guarantee, max_gpus=guarantee), tenant("borrower", guaranteed=0))
+    fill = [job(1000 + i, tenant="borrower", gpus=draw(st.sampled_from([1, 1, 2])),
+                mem_gib=draw(st.sampled_from([None, 4, 10])), submitted_at=float(i)) for i in range(3 * total)]
+    empty = ClusterSnapshot(nodes=tuple(node_states), pending=tuple(fill), tenants=quotas)
+    full = launch(empty, decide(empty, now=0.0), now=500.0, draw=draw)
+    sizes, demand = [], 0
+    while demand < guarantee and draw(st.booleans()) or not sizes:
+        size = draw(st.sampled_from([1, 2]))
+        if demand + size > guarantee:
+            size = 1
+        sizes.append(size)
+        demand += size
+    owner = tuple(job(1 + i, tenant="owner", gpus=size) for i, size in enumerate(sizes))
+    return dataclasses.replace(full, pending=owner)
+
+
+@settings(SETTINGS, max_examples=60)
+@given(borrowed_clusters())
+def test_tenant_within_its_guarantee_regains_its_share_within_one_cycle(snapshot):
+    first = decide(snapshot, now=1000.0)
+    check_invariants(snapshot, first)
+    assert {p.job_id for p in first.pending if p.reason.code != "reclaiming"} == set()
+    # The service evicts the victims and launches what was placed; next cycle the owner runs.
+    after = launch(snapshot, first, now=1001.0, draw=None)
+    second = decide(after, now=1002.0)
+    assert {p.job_id for p in second.placements} == {j.id for j in after.pending}
+    assert all(str(p.job_class) == "guaranteed" for p in second.placements)

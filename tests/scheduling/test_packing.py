@@ -1,0 +1,146 @@
+"""Packing: who may share a GPU (memory + headroom, compute room, guaranteed exclusivity),
+fractions, recorded profiles, model constraints, and best fit."""
+
+import pytest
+
+from jobs.scheduling import SchedulerConfig, decide
+from tests.scheduling.builders import cluster, codes, gpu_index, job, node, placed, running, tenant
+
+BORROWERS = [tenant("owner", guaranteed=8), tenant("borrower")]
+
+
+def landed(snapshot, decisions) -> dict[int, tuple[str, int]]:
+    where = gpu_index(snapshot)
+    return {p.job_id: where[p.gpu_ids[0]] for p in decisions.placements}
+
+
+@pytest.mark.parametrize("resident_gib, util, new_gib, profile, shares", [
+    (20, 0.3, 20, None, True),
+    (20, 0.3, 58, None, True),     # 20 + 58 + 1 GiB headroom <= 80
+    (20, 0.3, 60, None, False),    # 20 + 60 + 1 > 80
+    (20, 0.8, 20, None, False),    # 20% spare is below the 25% a borrower needs to make progress
+    (20, 0.7, 20, None, True),     # 30% spare: it runs on what is spare
+    (20, 0.8, 20, (10, 0.15), True),  # profile says 15%: fits beside 80%
+    (20, None, 20, None, False),   # no reading: the resident counts at its full request
+    (None, 0.1, 5, None, False),   # resident without a memory figure owns the whole GPU
+])
+def test_opportunistic_job_shares_a_gpu_when_memory_and_compute_fit(resident_gib, util, new_gib, profile, shares):
+    snapshot = cluster(node("a", gpus=2, util={0: util}), tenants=BORROWERS,
+                       running=[running(9, on="a", gpus=[0], tenant="owner", mem_gib=resident_gib)],
+                       pending=[job(1, tenant="borrower", mem_gib=new_gib, profile=profile)])
+    decisions = decide(snapshot, now=0)
+    assert landed(snapshot, decisions)[1] == ("a", 0 if shares else 1)
+
+
+def test_shared_placement_carries_memory_limit_and_starts_throttled_next_to_guaranteed_work():
+    snapshot = cluster(node("a", gpus=1, util=0.3), tenants=BORROWERS,
+                       running=[running(9, on="a", tenant="owner", mem_gib=20)],
+                       pending=[job(1, tenant="borrower", mem_gib=10, profile=(8, 0.2))])
+    (place,) = decide(snapshot, now=0).placements
+    assert str(place.job_class) == "opportunistic"
+    assert place.memory_limit_mib == (8 + 1) * 1024  # profile peak + headroom
+    assert place.duty_cycle == SchedulerConfig().shared_start_duty_cycle
+
+
+def test_job_alone_on_its_gpu_has_no_memory_limit():
+    snapshot = cluster(node("a", gpus=1), tenants=BORROWERS, pending=[job(1, tenant="owner", mem_gib=10)])
+    (place,) = decide(snapshot, now=0).placements
+    assert (place.memory_limit_mib, place.duty_cycle) == (None, 1.0)
+
+
+@pytest.mark.parametrize("resident, newcomer, shares", [
+    (dict(mem_gib=10), dict(mem_gib=10), False),                            # both exclusive
+    (dict(mem_gib=10, shareable=True), dict(mem_gib=10), False),            # newcomer did not agree
+    (dict(mem_gib=10), dict(mem_gib=10, shareable=True), False),            # resident did not agree
+    (dict(mem_gib=10, milli=500), dict(mem_gib=10, milli=500), True),       # fractions share
+    (dict(mem_gib=10, milli=600), dict(mem_gib=10, milli=500), False),      # 1.1 GPUs of guarantees
+    (dict(mem_gib=10, shareable=True, milli=400), dict(mem_gib=10, shareable=True, milli=600), True),
+])
+def test_guaranteed_jobs_share_a_gpu_only_when_both_allow_it(resident, newcomer, shares):
+    snapshot = cluster(node("a", gpus=2), tenants=[tenant("owner", guaranteed=4)],
+                       running=[running(9, on="a", gpus=[0], tenant="owner", **resident)],
+                       pending=[job(1, tenant="owner", **newcomer)])
+    decisions = decide(snapshot, now=0)
+    assert str(decisions.placements[0].job_class) == "guaranteed"
+    assert landed(snapshot, decisions)[1] == ("a", 0 if shares else 1)
+
+
+def test_fractional_jobs_pack_onto_one_gpu():
+    snapshot = cluster(node("a", gpus=2), tenants=[tenant("owner", guaranteed=2)],
+                       pending=[job(i, tenant="owner", milli=250, mem_gib=8) for i in range(1, 5)])
+    decisions = decide(snapshot, now=0)
+    assert set(landed(snapshot, decisions).values()) == {("a", 0)}
+
+
+def test_guaranteed_job_may_sit_beside_borrowers_when_no_gpu_is_empty():
+    snapshot = cluster(node("a", gpus=1, util=0.2), tenants=BORROWERS,
+                       running=[running(9, on="a", tenant="borrower", opportunistic=True, mem_gib=10)],
+                       pending=[job(1, tenant="owner", mem_gib=40)])
+    decisions = decide(snapshot, now=0)
+    assert placed(decisions) == {1: "a"} and not decisions.preemptions
+    (throttle,) = decisions.throttles
+    assert (throttle.job_id, str(throttle.reason)) == (9, "guaranteed_job_placed")
+
+
+def test_guaranteed_job_prefers_an_empty_gpu_to_a_shared_one():
+    snapshot = cluster(node("a", gpus=2, util=0.2), tenants=BORROWERS,
+                       running=[running(9, on="a", gpus=[0], tenant="borrower", opportunistic=True, mem_gib=10)],
+                       pending=[job(1, tenant="owner", mem_gib=10)])
+    decisions = decide(snapshot, now=0)
+    assert landed(snapshot, decisions)[1] == ("a", 1)
+
+
+def test_recorded_profile_is_used_instead_of_the_inflated_request():
+    snapshot = cluster(node("a", gpus=1, mem_gib=80, util=0.2), tenants=BORROWERS,
+                       running=[running(9, on="a", tenant="owner", mem_gib=50)],
+                       pending=[job(1, tenant="borrower", mem_gib=40), job(2, tenant="borrower", mem_gib=40,
+                                                                           profile=(12, 0.3))])
+    assert placed(decide(snapshot, now=0)) == {2: "a"}
+
+
+@pytest.mark.parametrize("models, expected", [
+    (("V100M16", "V100M32"), "v100"),
+    (("A100-80GB",), "a100"),
+    ((), "v100"),  # best fit: the smallest GPU memory that holds 10 GiB
+])
+def test_gpu_model_constraint_is_honoured(models, expected):
+    snapshot = cluster(node("a100", gpus=1, mem_gib=80, model="A100-80GB"),
+                       node("v100", gpus=1, mem_gib=16, model="V100M16"), tenants=BORROWERS,
+                       pending=[job(1, tenant="owner", mem_gib=10, models=models)])
+    assert placed(decide(snapshot, now=0)) == {1: expected}
+
+
+def test_best_fit_packs_onto_the_gpu_left_tightest():
+    snapshot = cluster(node("a", gpus=3, util=0.1), tenants=BORROWERS,
+                       running=[running(8, on="a", gpus=[0], tenant="owner", mem_gib=20),
+                                running(9, on="a", gpus=[1], tenant="owner", mem_gib=60)],
+                       pending=[job(1, tenant="borrower", mem_gib=10, profile=(10, 0.2))])
+    assert landed(snapshot, decide(snapshot, now=0))[1] == ("a", 1)
+
+
+def test_whole_gpu_job_goes_to_the_fullest_node():
+    snapshot = cluster(node("empty", gpus=8), node("half", gpus=8, busy=6), tenants=BORROWERS,
+                       pending=[job(1, tenant="owner", gpus=2)])
+    assert placed(decide(snapshot, now=0)) == {1: "half"}
+
+
+def test_gang_takes_only_empty_gpus():
+    """A straggler GPU paces the whole ring, so a gang never shares."""
+    snapshot = cluster(node("a", gpus=2, util=0.0), tenants=BORROWERS,
+                       running=[running(9, on="a", gpus=[0], tenant="borrower", opportunistic=True, mem_gib=1, util=0.0)],
+                       pending=[job(1, tenant="borrower", gpus=2, mem_gib=1, profile=(1, 0.1))])
+    decisions = decide(snapshot, now=0)
+    assert placed(decisions) == {}
+    assert codes(decisions) == {1: "holding_reservation"}
+
+
+def test_busy_gpu_of_unknown_holder_takes_nothing():
+    snapshot = cluster(node("a", gpus=1, busy=1), tenants=BORROWERS,
+                       pending=[job(1, tenant="borrower", milli=100, mem_gib=1)])
+    assert placed(decide(snapshot, now=0)) == {}
+
+
+def test_cordoned_node_gets_nothing_new():
+    snapshot = cluster(node("a", gpus=1, cordoned=True), node("b", gpus=1), tenants=BORROWERS,
+                       pending=[job(1, tenant="owner"), job(2, tenant="owner")])
+    assert placed(decide(snapshot, now=0)) == {1: "b"}

@@ -1,0 +1,92 @@
+"""Why pending: every pending job gets a typed reason in plain words, and an ETA where running
+jobs' expected ends allow one."""
+
+import pytest
+
+from jobs.scheduling import ReasonCode, decide
+from tests.scheduling.builders import cluster, job, node, pending_of, running, tenant
+
+T = [tenant("nlp", guaranteed=2, max_gpus=4), tenant("cv", guaranteed=0, max_gpus=8)]
+
+
+@pytest.mark.parametrize("nodes, running_, request_, code, words", [
+    ([], [], job(1, tenant="nlp"), ReasonCode.NO_NODES_ONLINE, "No GPU node is online"),
+    ([node("a", online=False)], [], job(1, tenant="nlp"), ReasonCode.NO_NODES_ONLINE, "No GPU node is online"),
+    ([node("a", cordoned=True)], [], job(1, tenant="nlp"), ReasonCode.NO_NODES_ONLINE, "all 1 are cordoned"),
+    ([node("a", gpus=8)], [], job(1, tenant="nlp", gpus=16, max_nodes=1), ReasonCode.GANG_LARGER_THAN_ANY_NODE,
+     "Needs 16 GPUs on one node; the largest online node has 8"),
+    ([node("a", gpus=8)], [], job(1, tenant="nlp", gpus=16), ReasonCode.GANG_LARGER_THAN_CLUSTER,
+     "the online cluster has only 8"),
+    ([node("a", mem_gib=32)], [], job(1, tenant="nlp", mem_gib=40), ReasonCode.NO_GPU_WITH_ENOUGH_MEMORY,
+     "Needs a GPU with 40 GiB of memory; the largest online GPU has 32 GiB"),
+    ([node("a", model="A100-80GB")], [], job(1, tenant="nlp", models=("V100M16", "V100M32")),
+     ReasonCode.GPU_MODEL_UNAVAILABLE, "Needs a V100M16 or V100M32 GPU"),
+    ([node("a")], [], job(1, tenant="nlp", gpus=2, milli=500), ReasonCode.INVALID_REQUEST, "only be asked for one GPU"),
+    ([node("a")], [], job(1, tenant="nlp", gpus=0), ReasonCode.INVALID_REQUEST, "asks for 0 GPUs"),
+    ([node("a", gpus=4)], [running(9, gpus=[0, 1, 2, 3], tenant="nlp")], job(1, tenant="nlp"),
+     ReasonCode.AT_MAX_GPUS, "Tenant nlp is using 4 of its 4-GPU ceiling"),
+    ([node("a", gpus=2)], [running(9, gpus=[0, 1], tenant="nlp")], job(1, tenant="nlp"),
+     ReasonCode.OVER_QUOTA_CLUSTER_FULL, "is using all of its 2-GPU guarantee, so it must borrow"),
+    ([node("a", gpus=2)], [running(9, gpus=[0], tenant="nlp"), running(8, gpus=[1], tenant="cv", opportunistic=True)],
+     job(1, tenant="nlp", gpus=2, reserved_since=-700),  # its reservation window is cooling down
+     ReasonCode.OVER_QUOTA_CLUSTER_FULL, "has 1 GPU of its 2-GPU guarantee unused, too few for this job"),
+    ([node("a", gpus=2)], [running(9, gpus=[0, 1], tenant="cv", opportunistic=True)],
+     job(1, tenant="cv", opportunistic_only=True), ReasonCode.OVER_QUOTA_CLUSTER_FULL, "must borrow"),
+    ([node("a", gpus=1)], [running(9, gpus=[0], tenant="cv", opportunistic=True)],
+     job(1, tenant="nlp", opportunistic_only=True), ReasonCode.NO_SPARE_CAPACITY, "only on spare capacity"),
+    ([node("a", gpus=2)], [running(9, gpus=[0, 1], tenant="other")], job(1, tenant="nlp"),
+     ReasonCode.WAITING_FOR_FREE_GPUS, "Waiting for 1 GPU"),
+    ([node("a", gpus=4, busy=2), node("b", gpus=4, busy=2)], [], job(1, tenant="nlp", gpus=4, max_nodes=1),
+     ReasonCode.HOLDING_RESERVATION, "node a is held for it"),
+])
+def test_pending_job_says_why(nodes, running_, request_, code, words):
+    snapshot = cluster(*nodes, tenants=T + [tenant("other", guaranteed=2, max_gpus=2)], running=running_,
+                       pending=[request_])
+    (pending,) = decide(snapshot, now=0).pending
+    assert pending.reason.code == code
+    assert words in pending.reason.message
+    assert pending.as_dict()["code"] == str(code)
+
+
+def test_job_behind_lower_usage_tenants_says_so():
+    snapshot = cluster(node("a", gpus=1), tenants=[tenant("light", usage=0.0), tenant("heavy", usage=1e7)],
+                       pending=[job(1, tenant="heavy"), job(2, tenant="light")])
+    pending = pending_of(decide(snapshot, now=0), 1)
+    assert pending.reason.code == ReasonCode.BEHIND_LOWER_USAGE_TENANTS
+    assert "went to 1 tenant with lower recent usage than heavy" in pending.reason.message
+    assert pending.reason.details["tenants_ahead"] == 1
+
+
+def test_every_pending_job_gets_exactly_one_decision():
+    jobs = [job(i, tenant=("nlp", "cv", "x")[i % 3], gpus=1 + i % 4) for i in range(1, 40)]
+    decisions = decide(cluster(node("a", gpus=8), node("b", gpus=4), tenants=T, pending=jobs), now=0)
+    decided = [p.job_id for p in decisions.placements] + [p.job_id for p in decisions.pending]
+    assert sorted(decided) == list(range(1, 40))
+
+
+@pytest.mark.parametrize("ends, needed, eta", [
+    ([100.0, 200.0], 1, 50.0),    # the first release
+    ([100.0, 200.0], 2, 150.0),   # both must end
+    ([100.0, None], 2, None),     # one end unknown: no estimate
+    ([30.0], 1, 0.0),             # overdue counts as now
+])
+def test_eta_is_when_enough_gpus_are_released(ends, needed, eta):
+    snapshot = cluster(node("a", gpus=len(ends)), tenants=[tenant("nlp", guaranteed=4), tenant("other", guaranteed=4)],
+                       running=[running(10 + i, gpus=[i], tenant="other", started_at=0.0, runtime=end)
+                                for i, end in enumerate(ends)],
+                       pending=[job(1, tenant="nlp", gpus=needed)])
+    assert pending_of(decide(snapshot, now=50), 1).eta_s == eta
+
+
+def test_eta_counts_the_queue_ahead():
+    snapshot = cluster(node("a", gpus=3), tenants=[tenant("nlp", guaranteed=4), tenant("other", guaranteed=3)],
+                       running=[running(10 + i, gpus=[i], tenant="other", started_at=0.0, runtime=100.0 * (i + 1))
+                                for i in range(3)],
+                       pending=[job(1, tenant="nlp", submitted_at=1), job(2, tenant="nlp", submitted_at=2)])
+    decisions = decide(snapshot, now=0)
+    assert [pending_of(decisions, i).eta_s for i in (1, 2)] == [100.0, 200.0]
+
+
+def test_impossible_requests_have_no_eta():
+    snapshot = cluster(node("a", mem_gib=32), tenants=T, pending=[job(1, tenant="nlp", mem_gib=40)])
+    assert decide(snapshot, now=0).pending[0].eta_s is None

@@ -1,0 +1,48 @@
+"""The policies the trace replay compares share one signature and one snapshot."""
+
+import pytest
+
+from jobs.scheduling import decide
+from jobs.scheduling.policies import POLICIES, fifo_exclusive, packing_without_quotas
+from tests.scheduling.builders import classes, cluster, job, node, placed, preempted, running, tenant
+
+
+def small_cluster():
+    return cluster(node("a", gpus=2, util=0.2), node("b", gpus=4, busy=1), tenants=[tenant("nlp", guaranteed=1, max_gpus=2)],
+                   running=[running(9, on="a", gpus=[0], tenant="nlp", mem_gib=10)],
+                   pending=[job(i, tenant="nlp" if i % 2 else "cv", gpus=1 + i % 3, mem_gib=8) for i in range(1, 9)])
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_decides_each_pending_job_once_and_deterministically(name):
+    policy = POLICIES[name]
+    snapshot = small_cluster()
+    decisions = policy(snapshot, 0.0)
+    decided = sorted([p.job_id for p in decisions.placements] + [p.job_id for p in decisions.pending])
+    assert decided == list(range(1, 9))
+    assert policy(snapshot, 0.0) == decisions
+
+
+def test_fair_share_is_the_production_decide():
+    assert POLICIES["fair_share"] is decide
+
+
+def test_packing_without_quotas_never_reclaims():
+    snapshot = cluster(node("a", gpus=2), tenants=[tenant("owner", guaranteed=2), tenant("borrower")],
+                       running=[running(9, on="a", gpus=[0, 1], tenant="borrower", opportunistic=True)],
+                       pending=[job(1, tenant="owner")])
+    assert preempted(decide(snapshot, now=0)) == [9]
+    assert preempted(packing_without_quotas(snapshot, now=0)) == []
+
+
+def test_packing_without_quotas_ignores_ceilings():
+    snapshot = cluster(node("a", gpus=2), tenants=[tenant("capped", max_gpus=0)], pending=[job(1, tenant="capped")])
+    assert placed(decide(snapshot, now=0)) == {}
+    assert classes(packing_without_quotas(snapshot, now=0)) == {1: "opportunistic"}
+
+
+def test_packing_without_quotas_shares_gpus_that_fifo_keeps_exclusive():
+    snapshot = cluster(node("a", gpus=1, util=0.1), running=[running(9, on="a", tenant="x", mem_gib=4)],
+                       pending=[job(1, tenant="y", mem_gib=4, profile=(4, 0.2))])
+    assert placed(packing_without_quotas(snapshot, now=0)) == {1: "a"}
+    assert placed(fifo_exclusive(snapshot, now=0)) == {}

@@ -1,0 +1,126 @@
+"""Reclaim: a tenant within its guarantee takes its GPUs back from borrowers (youngest first,
+never a guaranteed job), and memory pressure evicts borrowers squeezing a guaranteed job."""
+
+import pytest
+
+from jobs.scheduling import PreemptReason, decide
+from tests.scheduling.builders import cluster, codes, job, node, pending_of, placed, preempted, running, tenant
+
+OWNER_AND_BORROWER = [tenant("owner", guaranteed=4, max_gpus=4), tenant("borrower", guaranteed=0, max_gpus=8)]
+
+
+def test_guaranteed_job_reclaims_from_borrower():
+    snapshot = cluster(node("a", gpus=4), tenants=OWNER_AND_BORROWER,
+                       running=[running(9, on="a", gpus=[0, 1, 2, 3], tenant="borrower", opportunistic=True)],
+                       pending=[job(1, tenant="owner", gpus=4)])
+    decisions = decide(snapshot, now=100)
+    assert preempted(decisions) == [9]
+    (preempt,) = decisions.preemptions
+    assert (preempt.reason, preempt.for_job_id, preempt.requeue) == (PreemptReason.RECLAIM_FOR_GUARANTEE, 1, True)
+    assert codes(decisions) == {1: "reclaiming"}
+    assert pending_of(decisions, 1).eta_s == 0.0
+
+
+@pytest.mark.parametrize("started, victim", [
+    ({10: 50.0, 11: 90.0}, 11),  # youngest goes first: least progress lost
+    ({10: 90.0, 11: 50.0}, 10),
+])
+def test_reclaim_picks_youngest_borrower_first(started, victim):
+    snapshot = cluster(node("a", gpus=2), tenants=OWNER_AND_BORROWER,
+                       running=[running(i, on="a", gpus=[i - 10], tenant="borrower", opportunistic=True,
+                                        started_at=t) for i, t in started.items()],
+                       pending=[job(1, tenant="owner")])
+    assert preempted(decide(snapshot, now=100)) == [victim]
+
+
+def test_reclaim_prefers_the_node_where_least_progress_is_lost():
+    snapshot = cluster(node("old", gpus=2), node("young", gpus=2), tenants=OWNER_AND_BORROWER,
+                       running=[running(10, on="old", gpus=[0, 1], tenant="borrower", opportunistic=True, started_at=0),
+                                running(11, on="young", gpus=[0], tenant="borrower", opportunistic=True, started_at=90)],
+                       pending=[job(1, tenant="owner", gpus=2)])
+    assert preempted(decide(snapshot, now=100)) == [11]  # young has a free GPU plus a 10 s-old job
+
+
+def test_reclaim_never_preempts_guaranteed_jobs():
+    snapshot = cluster(node("a", gpus=2), tenants=[tenant("owner", guaranteed=1), tenant("other", guaranteed=2)],
+                       running=[running(9, on="a", gpus=[0, 1], tenant="other")],
+                       pending=[job(1, tenant="owner")])
+    decisions = decide(snapshot, now=100)
+    assert preempted(decisions) == []
+    assert codes(decisions) == {1: "waiting_for_free_gpus"}
+
+
+def test_reclaim_leaves_a_borrower_its_own_guarantee():
+    """A borrower holding 3 with a guarantee of 2 gives back one job, not two."""
+    snapshot = cluster(node("a", gpus=3), tenants=[tenant("owner", guaranteed=2), tenant("borrower", guaranteed=2)],
+                       running=[running(10 + i, on="a", gpus=[i], tenant="borrower", opportunistic=True,
+                                        started_at=float(i)) for i in range(3)],
+                       pending=[job(1, tenant="owner"), job(2, tenant="owner")])
+    decisions = decide(snapshot, now=100)
+    assert preempted(decisions) == [12]
+    assert codes(decisions) == {1: "reclaiming", 2: "waiting_for_free_gpus"}
+
+
+def test_jobs_already_stopping_are_counted_not_preempted_again():
+    snapshot = cluster(node("a", gpus=1), tenants=OWNER_AND_BORROWER,
+                       running=[running(9, on="a", tenant="borrower", opportunistic=True, preempting=True)],
+                       pending=[job(1, tenant="owner")])
+    decisions = decide(snapshot, now=100)
+    assert preempted(decisions) == []
+    assert codes(decisions) == {1: "reclaiming"}
+    assert "already stopping" in decisions.pending[0].reason.message
+
+
+def test_reclaimed_gpus_are_not_given_to_anyone_else_this_cycle():
+    snapshot = cluster(node("a", gpus=1), tenants=OWNER_AND_BORROWER + [tenant("third")],
+                       running=[running(9, on="a", mem_gib=10, tenant="borrower", opportunistic=True)],
+                       pending=[job(1, tenant="owner"), job(2, tenant="third", mem_gib=5)])
+    decisions = decide(snapshot, now=100)
+    assert placed(decisions) == {}
+    assert codes(decisions)[1] == "reclaiming"
+
+
+def test_each_reclaiming_job_gets_its_own_gpus():
+    snapshot = cluster(node("a", gpus=4), tenants=OWNER_AND_BORROWER,
+                       running=[running(10 + i, on="a", gpus=[i], tenant="borrower", opportunistic=True,
+                                        started_at=float(i)) for i in range(4)],
+                       pending=[job(1, tenant="owner"), job(2, tenant="owner", gpus=2)])
+    decisions = decide(snapshot, now=100)
+    assert sorted(preempted(decisions)) == [11, 12, 13]  # 3 GPUs back, the three youngest
+    assert codes(decisions) == {1: "reclaiming", 2: "reclaiming"}
+
+
+def test_small_guaranteed_job_evicts_only_as_much_memory_as_it_needs():
+    snapshot = cluster(node("a", gpus=1, mem_gib=80), tenants=OWNER_AND_BORROWER,
+                       running=[running(10, on="a", mem_gib=30, tenant="borrower", opportunistic=True, started_at=1),
+                                running(11, on="a", mem_gib=30, tenant="borrower", opportunistic=True, started_at=2)],
+                       pending=[job(1, tenant="owner", mem_gib=30)])
+    assert preempted(decide(snapshot, now=100)) == [11]
+
+
+def test_memory_pressure_evicts_youngest_opportunistic_neighbour():
+    snapshot = cluster(node("a", gpus=1, mem_gib=80), tenants=OWNER_AND_BORROWER,
+                       running=[running(1, on="a", mem_gib=60, tenant="owner"),
+                                running(10, on="a", mem_gib=15, tenant="borrower", opportunistic=True, started_at=1),
+                                running(11, on="a", mem_gib=15, tenant="borrower", opportunistic=True, started_at=2)])
+    decisions = decide(snapshot, now=100)
+    assert preempted(decisions) == [11]
+    assert decisions.preemptions[0].reason == PreemptReason.MEMORY_PRESSURE
+
+
+def test_no_memory_pressure_without_a_guaranteed_job_on_the_gpu():
+    snapshot = cluster(node("a", gpus=1, mem_gib=16), tenants=OWNER_AND_BORROWER,
+                       running=[running(10, on="a", mem_gib=9, tenant="borrower", opportunistic=True),
+                                running(11, on="a", mem_gib=9, tenant="borrower", opportunistic=True)])
+    assert preempted(decide(snapshot, now=100)) == []
+
+
+def test_borrower_is_reclaimed_then_the_owner_runs_next_cycle():
+    first = cluster(node("a", gpus=2), tenants=OWNER_AND_BORROWER,
+                    running=[running(9, on="a", gpus=[0, 1], tenant="borrower", opportunistic=True)],
+                    pending=[job(1, tenant="owner", gpus=2), job(2, tenant="borrower", gpus=2)])
+    assert preempted(decide(first, now=100)) == [9]
+    # The service evicted job 9 and requeued it; the owner goes first.
+    second = cluster(node("a", gpus=2), tenants=OWNER_AND_BORROWER,
+                     pending=[job(1, tenant="owner", gpus=2), job(2, tenant="borrower", gpus=2), job(9, tenant="borrower")])
+    assert placed(decide(second, now=101)) == {1: "a"}

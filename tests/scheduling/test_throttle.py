@@ -1,0 +1,67 @@
+"""Throttling: AIMD on opportunistic duty cycles from live utilisation (AntMan computation scaling)."""
+
+import pytest
+
+from jobs.scheduling import SchedulerConfig, ThrottleReason, decide
+from tests.scheduling.builders import cluster, node, running, tenant
+
+TENANTS = [tenant("owner", guaranteed=4), tenant("borrower")]
+
+
+def throttled(gpu_util, guaranteed=None, duty=1.0, **borrower):
+    """One GPU with a borrower and (unless ``guaranteed`` is False) a guaranteed neighbour."""
+    residents = [running(2, tenant="borrower", opportunistic=True, mem_gib=10, duty=duty, **borrower)]
+    if guaranteed is not False:
+        residents.append(running(1, tenant="owner", mem_gib=10, **(guaranteed or {})))
+    snapshot = cluster(node("a", gpus=1, util=gpu_util), tenants=TENANTS, running=residents)
+    return {t.job_id: (t.duty_cycle, t.reason) for t in decide(snapshot, now=0).throttles}
+
+
+@pytest.mark.parametrize("gpu_util, guaranteed, duty, expected", [
+    # guaranteed neighbour slowed below its solo profile by more than the margin: halve
+    (0.6, dict(util=0.4, solo=0.7), 1.0, (0.5, ThrottleReason.NEIGHBOUR_SLOWED)),
+    (0.6, dict(util=0.4, solo=0.7), 0.15, (0.1, ThrottleReason.NEIGHBOUR_SLOWED)),  # floor
+    # saturated GPU with a guaranteed job on it: halve
+    (0.97, dict(util=0.6, solo=0.65), 0.8, (0.4, ThrottleReason.GPU_SATURATED)),
+    # room again: add 0.1, up to the ceiling
+    (0.5, dict(util=0.45, solo=0.5), 0.5, (0.6, ThrottleReason.ROOM_AVAILABLE)),
+    (0.5, dict(util=0.45, solo=0.5), 0.95, (1.0, ThrottleReason.ROOM_AVAILABLE)),
+    (0.5, None, 0.3, (0.4, ThrottleReason.ROOM_AVAILABLE)),
+    # no guaranteed neighbour at all: recover even without a reading
+    (None, False, 0.5, (0.6, ThrottleReason.ROOM_AVAILABLE)),
+])
+def test_duty_cycle_moves_by_aimd(gpu_util, guaranteed, duty, expected):
+    new_duty, reason = throttled(gpu_util, guaranteed, duty)[2]
+    assert (new_duty, reason) == (pytest.approx(expected[0]), expected[1])
+
+
+@pytest.mark.parametrize("gpu_util, guaranteed, duty", [
+    (None, None, 0.5),                                # no reading next to guaranteed work: hold
+    (0.9, dict(util=0.65, solo=0.7), 0.5),            # busy but not saturated, neighbour fine: hold
+    (0.5, dict(util=0.45, solo=0.5), 1.0),            # already at the ceiling
+    (0.6, dict(util=0.4, solo=0.7), 0.1),             # already at the floor
+])
+def test_duty_cycle_is_left_alone(gpu_util, guaranteed, duty):
+    assert throttled(gpu_util, guaranteed, duty) == {}
+
+
+def test_guaranteed_jobs_are_never_throttled():
+    snapshot = cluster(node("a", gpus=1, util=0.99), tenants=TENANTS,
+                       running=[running(1, tenant="owner", mem_gib=10, util=0.2, solo=0.9, duty=0.5)])
+    assert decide(snapshot, now=0).throttles == ()
+
+
+def test_job_on_several_gpus_slows_if_any_gpu_says_so():
+    snapshot = cluster(node("a", gpus=2, util={0: 0.5, 1: 0.99}), tenants=TENANTS,
+                       running=[running(2, gpus=[0, 1], tenant="borrower", opportunistic=True, mem_gib=10, duty=1.0),
+                                running(1, gpus=[1], tenant="owner", mem_gib=10)])
+    (throttle,) = decide(snapshot, now=0).throttles
+    assert (throttle.job_id, throttle.duty_cycle, throttle.reason) == (2, 0.5, ThrottleReason.GPU_SATURATED)
+
+
+def test_floor_and_steps_come_from_config():
+    config = SchedulerConfig(duty_cycle_floor=0.3, duty_cycle_decrease_factor=0.25, duty_cycle_increase=0.2)
+    snapshot = cluster(node("a", gpus=1, util=0.99), tenants=TENANTS,
+                       running=[running(2, tenant="borrower", opportunistic=True, mem_gib=10, duty=0.8),
+                                running(1, tenant="owner", mem_gib=10)])
+    assert decide(snapshot, now=0, config=config).throttles[0].duty_cycle == 0.3
