@@ -1,6 +1,5 @@
-"""The Django project: settings, URLs, the Celery app and the overview pages."""
+"""The Django project: settings, URLs, the Celery app and the overview pages.
 
-# Load the Celery app with Django so that @shared_task binds to it.
-from .celery import app as celery_app
-
-__all__ = ("celery_app",)
+The Celery app is loaded by ``ClusterUiConfig.ready`` (so that ``@shared_task`` binds to it in web
+processes), not here: the ``colony`` CLI lives in this package and must start without Django.
+"""

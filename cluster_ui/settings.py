@@ -29,7 +29,8 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
-    "cluster_ui",
+    "drf_spectacular_sidecar",  # Swagger UI served from our static files, not a CDN
+    "cluster_ui.apps.ClusterUiConfig",
     "monitoring",
     "jobs",
 ]
@@ -115,6 +116,11 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # One error format everywhere: {"error": {"code", "message", "fields"}}.
+    "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
+    # Counts only job submissions; 429 + Retry-After past the per-user rate.
+    "DEFAULT_THROTTLE_CLASSES": ["jobs.api.throttles.SubmissionRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"submit": env_str("COLONY_SUBMIT_RATE", "120/min") or None},
 }
 
 SPECTACULAR_SETTINGS = {
@@ -122,10 +128,20 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit and follow GPU jobs on a shared, multi-tenant cluster.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # ---------------------------------------------------------------- Redis, Celery, scheduler
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# Throttle counters live in the cache; production shares one Redis cache between web workers.
+_cache_url = env_str("COLONY_CACHE_URL", "")
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _cache_url}
+    if _cache_url else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+}
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_TASK_IGNORE_RESULT = True

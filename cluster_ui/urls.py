@@ -1,16 +1,21 @@
 from django.contrib import admin
 from django.urls import include, path
-from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from cluster_ui.views import prometheus_metrics
+from cluster_ui import views
 
 urlpatterns = [
-    path("", RedirectView.as_view(pattern_name="jobs:queue", permanent=False), name="home"),
+    path("", views.overview, name="home"),
+    path("heatmap/", views.heatmap, name="heatmap"),
+    path("nodes/", views.nodes, name="nodes"),
+    path("nodes/<str:name>/", views.node_detail, name="node"),
+    path("account/tokens/", views.api_tokens, name="api-tokens"),
     path("jobs/", include("jobs.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include("jobs.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("metrics", prometheus_metrics, name="prometheus-metrics"),
+    path("api/docs/", views.api_docs, name="api-docs"),
+    path("api/swagger/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-swagger"),
+    path("metrics", views.prometheus_metrics, name="prometheus-metrics"),
 ]

@@ -1,6 +1,15 @@
-from django.contrib import admin
+"""The operators' admin for tenants (quotas, members, usage, audit trail of quota changes), jobs
+(cancel, resubmit) and allocations."""
 
-from jobs.models import Allocation, Job, Membership, Tenant
+from django.contrib import admin, messages
+from django.db.models import Count, OuterRef, Subquery, Sum
+from django.utils.html import format_html
+
+from jobs.choices import TERMINAL_STATES, JobClass
+from jobs.models import Allocation, Job, Membership, QuotaChange, Tenant
+from jobs.services.submission import NotCancellable, cancel_job, submit_job
+
+QUOTA_FIELDS = ("guaranteed_gpus", "max_gpus", "weight")
 
 
 class MembershipInline(admin.TabularInline):
@@ -9,13 +18,119 @@ class MembershipInline(admin.TabularInline):
     autocomplete_fields = ("user",)
 
 
+class QuotaChangeInline(admin.TabularInline):
+    """The audit trail, newest first: who changed which quota field, when, from what to what."""
+
+    model = QuotaChange
+    extra = 0
+    fields = ("changed_at", "changed_by", "field", "old_value", "new_value")
+    readonly_fields = fields
+    can_delete = False
+    verbose_name_plural = "Quota changes (audit trail)"
+    max_num = 0  # no "add another": rows are written by save_model only
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+def _held_milli(*, opportunistic: bool) -> Subquery:
+    """Milli-GPUs a tenant's jobs hold now, borrowed (opportunistic) or within the guarantee."""
+    held = Allocation.objects.filter(job__tenant=OuterRef("pk"), released_at__isnull=True)
+    if opportunistic:
+        held = held.filter(job__run_class=JobClass.OPPORTUNISTIC)
+    else:
+        held = held.exclude(job__run_class=JobClass.OPPORTUNISTIC)
+    return Subquery(held.values("job__tenant").annotate(milli=Sum("gpu_milli")).values("milli")[:1])
+
+
+def record_quota_changes(request, tenant: Tenant, form) -> list[QuotaChange]:
+    """One QuotaChange per quota field the form changed (change form and list_editable alike)."""
+    if tenant.pk is None:
+        return []
+    changes = []
+    for field in QUOTA_FIELDS:
+        if field not in form.changed_data:
+            continue
+        old, new = form.initial.get(field), form.cleaned_data.get(field)
+        if old == new:
+            continue
+        changes.append(QuotaChange(tenant=tenant, changed_by=request.user, field=field,
+                                   old_value=str(old), new_value=str(new)))
+    return QuotaChange.objects.bulk_create(changes)
+
+
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("slug", "name", "guaranteed_gpus", "max_gpus", "weight")
+    list_display = ("slug", "name", "guaranteed_gpus", "max_gpus", "weight", "usage", "members")
     list_editable = ("guaranteed_gpus", "max_gpus", "weight")
     search_fields = ("slug", "name")
     prepopulated_fields = {"slug": ("name",)}
-    inlines = [MembershipInline]
+    readonly_fields = ("usage", "decayed_usage", "usage_updated_at")
+    fieldsets = (
+        (None, {"fields": ("name", "slug")}),
+        ("Quota", {"fields": ("guaranteed_gpus", "max_gpus", "weight"),
+                   "description": "Changes are recorded in the audit trail below."}),
+        ("Usage", {"fields": ("usage", "decayed_usage", "usage_updated_at")}),
+    )
+    inlines = [MembershipInline, QuotaChangeInline]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(
+            guaranteed_milli=_held_milli(opportunistic=False),
+            borrowed_milli=_held_milli(opportunistic=True),
+            member_count=Subquery(
+                Membership.objects.filter(tenant=OuterRef("pk")).values("tenant")
+                .annotate(n=Count("pk")).values("n")[:1]
+            ),
+        )
+
+    @admin.display(description="In use (guaranteed + borrowed) / guarantee / ceiling")
+    def usage(self, tenant):
+        if tenant.pk is None or not hasattr(tenant, "guaranteed_milli"):
+            return "—"
+        guaranteed = (tenant.guaranteed_milli or 0) / 1000
+        borrowed = (tenant.borrowed_milli or 0) / 1000
+        ceiling = max(tenant.max_gpus, guaranteed + borrowed, 1)
+        guaranteed_pct = 100 * guaranteed / ceiling
+        borrowed_pct = 100 * borrowed / ceiling
+        quota_pct = 100 * tenant.guaranteed_gpus / ceiling
+        return format_html(
+            '<div style="position:relative;width:160px;height:10px;background:#eef0f4;border-radius:3px;'
+            'display:inline-block;vertical-align:middle;margin-right:8px">'
+            '<span style="position:absolute;left:0;top:0;bottom:0;width:{}%;background:#2f6fde"></span>'
+            '<span style="position:absolute;left:{}%;top:0;bottom:0;width:{}%;background:#e07b39"></span>'
+            '<span style="position:absolute;left:{}%;top:-2px;bottom:-2px;width:2px;background:#1d2330"></span>'
+            "</div>{} + {} / {} / {} GPUs",
+            f"{guaranteed_pct:.1f}", f"{guaranteed_pct:.1f}", f"{borrowed_pct:.1f}", f"{quota_pct:.1f}",
+            f"{guaranteed:g}", f"{borrowed:g}",
+            tenant.guaranteed_gpus, tenant.max_gpus,
+        )
+
+    @admin.display(description="Members", ordering="member_count")
+    def members(self, tenant):
+        return getattr(tenant, "member_count", None) or 0
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change:
+            record_quota_changes(request, obj, form)
+
+
+@admin.register(QuotaChange)
+class QuotaChangeAdmin(admin.ModelAdmin):
+    list_display = ("changed_at", "tenant", "field", "old_value", "new_value", "changed_by")
+    list_filter = ("tenant", "field")
+    list_select_related = ("tenant", "changed_by")
+    date_hierarchy = "changed_at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Membership)
@@ -29,23 +144,59 @@ class MembershipAdmin(admin.ModelAdmin):
 class AllocationInline(admin.TabularInline):
     model = Allocation
     extra = 0
-    fields = ("gpu", "created_at", "released_at")
+    fields = ("gpu", "gpu_milli", "memory_limit_mib", "duty_cycle", "rank", "created_at", "released_at")
     readonly_fields = fields
     can_delete = False
 
 
+SPEC_FIELDS = ("gpu_milli", "gpu_memory_mib", "gpu_models", "priority", "opportunistic_only", "shareable",
+               "max_nodes", "max_runtime_s", "profile_key")
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ("id", "name", "tenant", "owner", "state", "gpus", "submitted_at", "finished_at", "exit_code")
-    list_filter = ("state", "tenant")
+    list_display = ("id", "name", "tenant", "owner", "state", "run_class", "gpus", "submitted_at", "finished_at",
+                    "exit_code")
+    list_filter = ("state", "run_class", "tenant")
     search_fields = ("name", "owner__username")
     list_select_related = ("tenant", "owner")
     readonly_fields = ("submitted_at", "placed_at", "started_at", "finished_at", "pending_reason", "output_tail")
     inlines = [AllocationInline]
+    actions = ["cancel_jobs", "resubmit_jobs"]
+
+    @admin.action(description="Cancel selected jobs (running ones are stopped on their nodes)")
+    def cancel_jobs(self, request, queryset):
+        done, refused = 0, []
+        for job in queryset:
+            try:
+                cancel_job(job)
+                done += 1
+            except NotCancellable as exc:
+                refused.append(str(exc))
+        if done:
+            self.message_user(request, f"Cancelled or stopping {done} job(s).", messages.SUCCESS)
+        if refused:
+            self.message_user(request, "Not cancelled: " + "; ".join(refused), messages.WARNING)
+
+    @admin.action(description="Resubmit selected finished jobs as new pending jobs")
+    def resubmit_jobs(self, request, queryset):
+        created, skipped = [], 0
+        for job in queryset.select_related("tenant", "owner"):
+            if job.state not in TERMINAL_STATES:
+                skipped += 1
+                continue
+            copy = submit_job(owner=job.owner, tenant=job.tenant, name=job.name, command=job.command, gpus=job.gpus,
+                              **{field: getattr(job, field) for field in SPEC_FIELDS})
+            created.append(f"#{job.pk} → #{copy.pk}")
+        if created:
+            self.message_user(request, "Resubmitted " + ", ".join(created) + ".", messages.SUCCESS)
+        if skipped:
+            self.message_user(request, f"{skipped} job(s) skipped: only finished jobs can be resubmitted.",
+                              messages.WARNING)
 
 
 @admin.register(Allocation)
 class AllocationAdmin(admin.ModelAdmin):
-    list_display = ("job", "gpu", "created_at", "released_at")
+    list_display = ("job", "gpu", "gpu_milli", "duty_cycle", "created_at", "released_at")
     list_select_related = ("job", "gpu__node")
     raw_id_fields = ("job", "gpu")

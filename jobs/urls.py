@@ -1,9 +1,14 @@
 from django.urls import path
 
-from jobs.views import QueueView
+from jobs import views
 
 app_name = "jobs"
 
 urlpatterns = [
-    path("", QueueView.as_view(), name="queue"),
+    path("", views.QueueView.as_view(), name="queue"),
+    path("submit/", views.SubmitView.as_view(), name="submit"),
+    path("<int:pk>/", views.JobDetailView.as_view(), name="detail"),
+    path("<int:pk>/cancel/", views.cancel, name="cancel"),
+    path("usage/", views.UsageView.as_view(), name="usage"),
+    path("usage.csv", views.usage_csv, name="usage-csv"),
 ]

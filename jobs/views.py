@@ -1,19 +1,182 @@
-"""Server-rendered pages for researchers."""
+"""Server-rendered pages for researchers: queue, submit, job detail (with cancel), usage report.
 
+Every job a page shows or acts on comes from ``Job.objects.visible_to(request.user)``, so another
+tenant's job is a 404 here exactly as in the API. Pages render their first state on the server and
+then poll the JSON API (``static/js/<page>.js``) to stay current.
+"""
+
+from __future__ import annotations
+
+import csv
+from datetime import timedelta
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
 from django.contrib.auth.mixins import LoginRequiredMixin
-from django.views.generic import ListView
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, redirect
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+from django.views.generic import DetailView, FormView, ListView, TemplateView
 
-from jobs.models import Job
+from jobs.api.queue import eta_seconds
+from jobs.api.tenants import MAX_REPORT_DAYS, usage_rows
+from jobs.choices import CANCELLABLE_STATES, JobState
+from jobs.filtersets import JobFilter
+from jobs.forms import SubmitForm
+from jobs.models import Job, Tenant
+from jobs.services.submission import NotCancellable, cancel_job, submit_job, tenants_of
+from jobs.services.usage import queue_positions
+
+
+def visible_jobs(user):
+    return (
+        Job.objects.visible_to(user)
+        .select_related("tenant", "owner")
+        .prefetch_related("allocations__gpu__node")
+    )
+
+
+def filter_tenants(user):
+    """Tenants offered in the queue's filter: all for staff, one's own otherwise."""
+    return Tenant.objects.order_by("slug") if user.is_staff else tenants_of(user).order_by("slug")
 
 
 class QueueView(LoginRequiredMixin, ListView):
     template_name = "jobs/queue.html"
     context_object_name = "jobs"
-    paginate_by = 100
+    paginate_by = 50  # the API page size, so a live refresh shows the same rows
 
     def get_queryset(self):
-        return (
-            Job.objects.visible_to(self.request.user)
-            .select_related("tenant", "owner")
-            .prefetch_related("allocations__gpu__node")
+        self.job_filter = JobFilter.from_params(self.request.GET, self.request.user)
+        return self.job_filter.apply(visible_jobs(self.request.user))
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        jobs = list(context["jobs"])
+        positions = queue_positions([job.pk for job in jobs if job.state == JobState.PENDING])
+        for job in jobs:
+            job.queue_position, job.queue_length = positions.get(job.pk, (None, None))
+            job.eta_s = eta_seconds(job)
+            job.nodes = sorted({a.gpu.node.name for a in job.allocations.all() if a.released_at is None})
+        context.update(
+            jobs=jobs,
+            tenants=filter_tenants(self.request.user),
+            states=JobState.choices,
+            selected={"tenant": self.request.GET.get("tenant", ""), "state": self.request.GET.get("state", ""),
+                      "owner": self.request.GET.get("owner", "")},
+            unknown_states=self.job_filter.unknown_states,
         )
+        return context
+
+
+class SubmitView(LoginRequiredMixin, FormView):
+    template_name = "jobs/submit.html"
+    form_class = SubmitForm
+
+    def get_form_kwargs(self):
+        return {**super().get_form_kwargs(), "request": self.request}
+
+    def form_valid(self, form):
+        job = submit_job(owner=self.request.user, **form.validated)
+        messages.success(self.request, f"Job #{job.pk} {job.name} submitted to {job.tenant.slug}.")
+        return redirect("jobs:detail", pk=job.pk)
+
+
+TIMELINE = [
+    ("submitted_at", "Submitted"),
+    ("placed_at", "Placed on GPUs"),
+    ("started_at", "Started"),
+    ("finished_at", "Finished"),
+]
+
+
+class JobDetailView(LoginRequiredMixin, DetailView):
+    template_name = "jobs/detail.html"
+    context_object_name = "job"
+
+    def get_queryset(self):
+        return visible_jobs(self.request.user)
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        job = self.object
+        steps, previous = [], None
+        for field, label in TIMELINE:
+            moment = getattr(job, field)
+            if moment is None:
+                continue
+            steps.append({"label": label, "at": moment, "after": (moment - previous) if previous else None})
+            previous = moment
+        if job.finished_at is None and previous is not None:
+            steps.append({"label": "Now", "at": None, "after": timezone.now() - previous, "open": True})
+        positions = queue_positions([job.pk])
+        context.update(
+            timeline=steps,
+            allocations=sorted(job.allocations.all(), key=lambda a: (a.released_at is not None, a.rank,
+                                                                     a.gpu.node.name, a.gpu.index)),
+            can_cancel=job.state in CANCELLABLE_STATES,
+            queue_position=positions.get(job.pk, (None, None)),
+            eta_s=eta_seconds(job),
+        )
+        return context
+
+
+@login_required
+@require_POST
+def cancel(request, pk: int):
+    job = get_object_or_404(Job.objects.visible_to(request.user), pk=pk)
+    try:
+        job = cancel_job(job)
+    except NotCancellable as exc:
+        messages.error(request, f"Not cancelled: {exc}.")
+    else:
+        if job.state == JobState.CANCELLED:
+            messages.success(request, f"Job #{job.pk} cancelled.")
+        else:
+            messages.success(request, f"Stopping job #{job.pk}: its node was told to end it.")
+    return redirect("jobs:detail", pk=job.pk)
+
+
+def report_days(request) -> int:
+    try:
+        days = int(request.GET.get("days", 14))
+    except ValueError:
+        days = 14
+    return min(max(days, 1), MAX_REPORT_DAYS)
+
+
+class UsageView(LoginRequiredMixin, TemplateView):
+    template_name = "jobs/usage.html"
+
+    def get_context_data(self, **kwargs):
+        days = report_days(self.request)
+        rows = usage_rows(days)
+        totals: dict[str, dict] = {}
+        for row in rows:
+            total = totals.setdefault(row["tenant"], {"tenant": row["tenant"], "guaranteed": 0.0,
+                                                      "opportunistic": 0.0, "total": 0.0})
+            total["guaranteed"] += row["guaranteed_gpu_hours"]
+            total["opportunistic"] += row["opportunistic_gpu_hours"]
+            total["total"] += row["total_gpu_hours"]
+        return {
+            **super().get_context_data(**kwargs),
+            "days": days,
+            "day_choices": [7, 14, 30, 90],
+            "rows": [row for row in rows if row["total_gpu_hours"]],
+            "totals": sorted(totals.values(), key=lambda t: -t["total"]),
+            "since": timezone.now().date() - timedelta(days=days - 1),
+        }
+
+
+@login_required
+def usage_csv(request):
+    days = report_days(request)
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="colony-gpu-hours-{days}d.csv"'
+    writer = csv.writer(response)
+    writer.writerow(["day", "tenant", "guaranteed_gpu_hours", "opportunistic_gpu_hours", "total_gpu_hours"])
+    for row in usage_rows(days):
+        writer.writerow([row["day"].isoformat(), row["tenant"], f"{row['guaranteed_gpu_hours']:.3f}",
+                         f"{row['opportunistic_gpu_hours']:.3f}", f"{row['total_gpu_hours']:.3f}"])
+    return response

@@ -1,5 +1,7 @@
-from django.contrib import admin
+"""The operators' admin for nodes (cordon, uncordon, drain), GPUs, alerts and job usage."""
 
+from django.contrib import admin, messages
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from monitoring.models import Alert, Gpu, JobUsage, Node
@@ -21,10 +23,38 @@ class NodeAdmin(admin.ModelAdmin):
     search_fields = ("name", "hostname")
     readonly_fields = ("registered_at", "state", "state_changed_at", "topology")
     inlines = [GpuInline]
+    actions = ["cordon", "uncordon", "drain"]
 
-    @admin.display(description="GPUs")
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(present_gpus=Count("gpus", filter=Q(gpus__present=True)))
+
+    @admin.display(description="GPUs", ordering="present_gpus")
     def gpu_count(self, node):
-        return node.gpus.filter(present=True).count()
+        return getattr(node, "present_gpus", None)
+
+    @admin.action(description="Cordon selected nodes (no new jobs)")
+    def cordon(self, request, queryset):
+        changed = queryset.filter(cordoned=False).update(cordoned=True)
+        self.message_user(request, f"Cordoned {changed} node(s): the scheduler places no new jobs there; "
+                                   "running jobs continue.", messages.SUCCESS)
+
+    @admin.action(description="Uncordon selected nodes")
+    def uncordon(self, request, queryset):
+        changed = queryset.filter(cordoned=True).update(cordoned=False)
+        self.message_user(request, f"Uncordoned {changed} node(s): they take new jobs again.", messages.SUCCESS)
+
+    @admin.action(description="Drain selected nodes (cordon; running jobs finish on their own)")
+    def drain(self, request, queryset):
+        names = list(queryset.values_list("name", flat=True))
+        queryset.update(cordoned=True)
+        # Stopping or requeueing the jobs still running there is the scheduler's business (a jobs
+        # service); from here a drain is a cordon and a note to the operator.
+        self.message_user(
+            request,
+            f"Draining {', '.join(names)}: cordoned, so no new jobs land there. Jobs already running keep "
+            f"running until they finish; cancel them from the Jobs admin to free the node sooner.",
+            messages.WARNING,
+        )
 
 
 @admin.register(Gpu)

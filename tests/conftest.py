@@ -8,6 +8,17 @@ import redis as redis_lib
 from cluster_ui.devstack.redis_server import PrivateRedis
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    """Throttle counters live in the cache: no test inherits another's."""
+    try:
+        from django.core.cache import cache
+
+        cache.clear()
+    except Exception:  # Django not configured (agent-only runs with -p no:django)
+        pass
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     server = PrivateRedis(tmp_path_factory.mktemp("redis")).start()

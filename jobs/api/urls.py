@@ -2,12 +2,22 @@ from django.urls import include, path
 from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
+from jobs.api.cluster import ClusterView, JobMetricsView, OccupancyView
+from jobs.api.queue import QueueView
+from jobs.api.tenants import TenantViewSet, UsageView
 from jobs.api.views import JobViewSet
 
 router = DefaultRouter()
 router.register("jobs", JobViewSet, basename="job")
+router.register("tenants", TenantViewSet, basename="tenant")
 
 urlpatterns = [
     path("auth/token/", obtain_auth_token, name="api-token"),
+    path("queue/", QueueView.as_view(), name="api-queue"),
+    path("cluster/", ClusterView.as_view(), name="api-cluster"),
+    path("usage/", UsageView.as_view(), name="api-usage"),
+    path("metrics/occupancy/", OccupancyView.as_view(), name="api-occupancy"),
+    path("jobs/<int:pk>/metrics/", JobMetricsView.as_view(), name="api-job-metrics"),
+    path("", include("monitoring.api.urls")),
     path("", include(router.urls)),
 ]

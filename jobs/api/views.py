@@ -7,6 +7,7 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from jobs.api.errors import Conflict
 from jobs.api.serializers import JobSerializer, JobSubmitSerializer
 from jobs.models import Job
 from jobs.services.submission import NotCancellable, cancel_job, submit_job
@@ -44,6 +45,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         try:
             job = cancel_job(job)
         except NotCancellable as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+            raise Conflict(str(exc)) from exc
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
 

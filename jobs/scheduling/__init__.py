@@ -3,11 +3,11 @@
 No Django, no Redis, no clock: ``now`` is an argument. The production loop
 (``jobs.services.cycle``) and the trace-replay simulator drive the same functions.
 
-Map: ``snapshot`` (inputs) -> ``cycle.decide`` (the passes) using ``capacity`` (indexed working
-copy), ``placement`` + ``topology`` (where), ``reclaim`` (victims), ``reservation`` (gang
-starvation guard), ``throttle`` (AIMD duty cycles), ``eta`` and ``explain`` + ``reasons`` (why
-pending) -> ``decisions`` (outputs). ``usage`` holds the fair-share decay the service keeps;
-``policies`` the baselines.
+Map: ``snapshot`` + ``config`` (inputs) -> ``cycle.decide`` (the passes) using ``capacity``
+(indexed working copy), ``placement`` + ``topology`` (where), ``reclaim`` (victims),
+``reservation`` (gang starvation guard), ``throttle`` (AIMD duty cycles), ``waiting``, ``eta``,
+``explain`` + ``reasons`` (why pending) -> ``decisions`` (outputs). ``usage`` holds the fair-share
+decay the service keeps; ``policies`` the baselines the trace replay compares.
 """
 
 from jobs.scheduling.config import SchedulerConfig

@@ -35,17 +35,22 @@ from jobs.scheduling.explain import InventoryCheck, invalid_request
 from jobs.scheduling.placement import Choice, FailureMemo, Placer, Shape, shape_of
 from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.reclaim import Reclaimer, memory_pressure_victims
-from jobs.scheduling.reservation import choose_nodes as reservation_nodes
-from jobs.scheduling.reservation import may_backfill, window
+from jobs.scheduling.reservation import may_backfill
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass, JobRequest, TenantQuota
 from jobs.scheduling.throttle import throttles
+from jobs.scheduling.waiting import Waiting
 from jobs.scheduling.topology import rendezvous_of, slices_of
 from jobs.scheduling.usage import weighted_share
 
 UNLIMITED_GPUS = 10**9
-# Everything about a request that placement looks at (equal keys share one Shape).
-_request_key = attrgetter("gpus", "gpu_milli", "gpu_memory_mib", "gpu_models", "max_nodes", "shareable",
-                          "allreduce_bytes", "profile")
+
+
+def _request_key(job: JobRequest) -> tuple:
+    """Everything about a request that placement looks at (equal keys share one Shape). Plain
+    values only: comparing dataclasses on every dict hit would cost more than the rest."""
+    profile = job.profile
+    return (job.gpus, job.gpu_milli, job.gpu_memory_mib, job.gpu_models, job.max_nodes, job.shareable,
+            job.allreduce_bytes, profile and profile.peak_memory_mib, profile and profile.mean_utilisation)
 GUARANTEED, OPPORTUNISTIC = JobClass.GUARANTEED, JobClass.OPPORTUNISTIC
 
 
@@ -63,7 +68,7 @@ def decide(snapshot: ClusterSnapshot, now: float, config: SchedulerConfig = Sche
             gc.enable()
 
 
-class Cycle:
+class Cycle(Waiting):
     def __init__(self, snapshot: ClusterSnapshot, now: float, config: SchedulerConfig):
         self.snapshot, self.now, self.config = snapshot, now, config
         self.capacity = Capacity(snapshot, config)
@@ -100,11 +105,13 @@ class Cycle:
         self.reserved_nodes: list[NodeSlot] = []
         self.borrowing_tenants: set[str] = set()  # tenants that borrowed this cycle
         self._shapes: dict[tuple, tuple[Shape, PendingReason | None]] = {}
-        self._ceiling_waits: dict[tuple, tuple[PendingReason, float | None]] = {}
+        self._ceiling_waits: dict[tuple, dict[int, tuple[PendingReason, float | None]]] = {}
         self._started_room: dict[Shape, bool] = {}
         self._timelines: dict[str, ReleaseTimeline] = {}
         self._reasons: dict[tuple, PendingReason] = {}
         self._fits_reserved_memo: dict[tuple, bool] = {}
+        self._not_on_reserved = FailureMemo()
+        self._smallest_guaranteed_ask: dict[str, int] = {}
 
     def quota(self, tenant: str) -> TenantQuota:
         quota = self.quotas.get(tenant)
@@ -149,12 +156,18 @@ class Cycle:
             jobs.sort(key=attrgetter("submitted_at", "id"))
             jobs.sort(key=attrgetter("priority"), reverse=True)
             queue = queues[tenant] = []
+            smallest = UNLIMITED_GPUS
+            shapes = self._shapes
             for job in jobs:
-                shape, reason = self._shape_and_reason(job)
+                found = shapes.get(_request_key(job))  # inlined: this loop sees every pending job
+                shape, reason = found if found is not None else self._shape_and_reason(job)
                 if reason is None:
                     queue.append((job, shape))
+                    if not job.opportunistic_only and job.gpus * job.gpu_milli < smallest:
+                        smallest = job.gpus * job.gpu_milli
                 else:
                     self._wait(job, reason)
+            self._smallest_guaranteed_ask[tenant] = smallest
         return queues
 
     def _guaranteed_pass(self, queues: dict[str, list[tuple[JobRequest, Shape]]]) -> None:
@@ -164,11 +177,13 @@ class Cycle:
         def push_next(tenant: str) -> None:
             quota, queue = self.quota(tenant), queues[tenant]
             room = min(quota.guaranteed_milli - self.guaranteed_held[tenant], quota.ceiling_milli - self.held[tenant])
+            if room < self._smallest_guaranteed_ask[tenant]:
+                return  # nothing left in this queue fits what is left of the guarantee
             position = cursors[tenant]
-            while room > 0 and position < len(queue):
+            while position < len(queue):
                 job, shape = queue[position]
                 position += 1
-                if not job.opportunistic_only and job.quota_milli <= room:
+                if not job.opportunistic_only and job.gpus * job.gpu_milli <= room:
                     heapq.heappush(heap, (-job.priority, job.submitted_at, job.id, tenant, job, shape))
                     break
             cursors[tenant] = position
@@ -233,19 +248,6 @@ class Cycle:
             if position < end:
                 heapq.heappush(heap, (self._share(tenant), tenant))
 
-    def _all_at_ceiling(self, entries: list[tuple[JobRequest, Shape]], quota: TenantQuota) -> None:
-        held = self.held[quota.name]
-        for job, _ in entries:
-            if job.id in self.handled:
-                continue
-            key = (quota.name, held, job.gpus * job.gpu_milli)
-            found = self._ceiling_waits.get(key)
-            if found is None:
-                need = job.gpus * job.gpu_milli
-                eta = self._tenant_timeline(quota.name).eta(held + need - quota.ceiling_milli)
-                found = self._ceiling_waits[key] = (reasons.at_max_gpus(quota.name, held, quota.ceiling_milli, need), eta)
-            self.pending.append(Pending(job.id, *found))
-
     def _admit_borrowing(self, job: JobRequest, shape: Shape, share: float) -> bool:
         # Until something changes (a placement, a hold), a tenant's requests of one shape get the
         # same answer: most of 50,000 pending jobs are settled by this lookup.
@@ -308,88 +310,3 @@ class Cycle:
     def _share(self, tenant: str) -> float:
         quota = self.quota(tenant)
         return weighted_share(quota.decayed_usage, self.held[tenant], quota.weight, self.config.usage_half_life_s)
-
-    def _tenant_timeline(self, tenant: str) -> ReleaseTimeline:
-        if not self._timelines:
-            by_tenant: dict[str, list] = defaultdict(list)
-            for job in self.snapshot.running:
-                if job.id not in self.leaving:
-                    by_tenant[job.tenant].append(job)
-            self._timelines = {t: ReleaseTimeline(jobs, self.now) for t, jobs in by_tenant.items()}
-        if tenant not in self._timelines:
-            self._timelines[tenant] = ReleaseTimeline([], self.now)
-        return self._timelines[tenant]
-
-    def _reason(self, build, *args) -> PendingReason:
-        """Reasons are frozen and many jobs share one: build each distinct sentence once."""
-        key = (build, *args)
-        reason = self._reasons.get(key)
-        if reason is None:
-            reason = self._reasons[key] = build(*args)
-        return reason
-
-    def _blocked(self, job: JobRequest, shape: Shape, job_class: JobClass, share: float = 0.0) -> PendingReason:
-        """A job that fits the inventory and its quota found no GPUs: say why, maybe reserve."""
-        if self.holder is None and job.gpus > 1 and (held := self._hold(job, shape)) is not None:
-            return held
-        if self.holder is not None and self._fits_reserved(shape, job_class):
-            holder, nodes, _ = self.holder
-            reason = self._reason(reasons.reserved_for_gang, holder.id, holder.gpus, nodes)
-        elif job_class is GUARANTEED:
-            most_free = self.capacity.most_free_on_a_node(self.placer.pools_for(shape))
-            reason = self._reason(reasons.waiting_for_free_gpus, job.gpus, shape.memory_mib, shape.max_nodes == 1,
-                                  most_free)
-        elif job.opportunistic_only and self.held[job.tenant] + job.quota_milli <= self.quota(job.tenant).guaranteed_milli:
-            reason = self._reason(reasons.no_spare_capacity, job.gpus)
-        elif (ahead := len(self.borrowing_tenants) - (job.tenant in self.borrowing_tenants)) and self._fitted_at_start(shape):
-            reason = self._reason(reasons.behind_lower_usage, job.tenant, share, ahead)
-        else:
-            quota = self.quota(job.tenant)
-            unused = quota.guaranteed_milli - self.guaranteed_held[job.tenant]
-            reason = self._reason(reasons.over_quota_cluster_full, job.tenant, quota.guaranteed_milli, unused, job.gpus)
-        self._wait(job, reason, self.queue_eta.next(job.quota_milli))
-        return reason
-
-    def _hold(self, job: JobRequest, shape: Shape) -> PendingReason | None:
-        span = window(job, self.now, self.config.gang_reservation_max_s)
-        if span is None or self.failed.fails("hold", shape):
-            return None
-        found = reservation_nodes(self.capacity, self.placer, shape, self.now, self.leaving)
-        if found is None:
-            self.failed.record("hold", shape)
-            return None
-        nodes, eta = found
-        for node in nodes:
-            self.capacity.reserve(node)
-        names = tuple(node.name for node in nodes)
-        self.reserved_nodes = nodes
-        self.holder = (job, names, eta)
-        self.version += 1
-        self.reservations.append(Reservation(job.id, names, since=span[0], until=span[1], eta_s=eta))
-        reason = reasons.holding_reservation(job.gpus, names, span[1], self.now)
-        self._wait(job, reason, eta)
-        return reason
-
-    def _fits_reserved(self, shape: Shape, job_class: JobClass) -> bool:
-        """Would the job fit on the held nodes? (then the hold is what keeps it waiting)"""
-        key = (job_class, shape)
-        fits = self._fits_reserved_memo.get(key)
-        if fits is None:
-            fits = self._fits_reserved_memo[key] = self.placer.fits_on(self.reserved_nodes, shape, job_class)
-        return fits
-
-    def _fitted_at_start(self, shape: Shape) -> bool:
-        """Would the request have found room before this cycle's placements? (an estimate)"""
-        if shape not in self._started_room:
-            self._started_room[shape] = self._room_at_start(shape)
-        return self._started_room[shape]
-
-    def _room_at_start(self, shape: Shape) -> bool:
-        pools = self.placer.pools_for(shape)
-        capacity = self.capacity
-        if any(capacity.start_max_empty[p] >= shape.gpus for p in pools):
-            return True
-        if shape.gpus > 1:
-            return shape.max_nodes != 1 and sum(capacity.start_total_empty[p] for p in pools) >= shape.gpus
-        headroom = self.config.share_memory_headroom_mib
-        return any(capacity.start_max_opp_free[p] >= shape.memory_on(capacity.pools[p][1]) + headroom for p in pools)

@@ -52,10 +52,3 @@ class QueueEta:
         if eta is None:
             self.exhausted = True
         return eta
-
-
-def tenant_timelines(running: list[RunningJob], now: float) -> dict[str, ReleaseTimeline]:
-    by_tenant: dict[str, list[RunningJob]] = {}
-    for job in running:
-        by_tenant.setdefault(job.tenant, []).append(job)
-    return {tenant: ReleaseTimeline(jobs, now) for tenant, jobs in by_tenant.items()}

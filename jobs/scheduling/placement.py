@@ -33,10 +33,10 @@ from jobs.scheduling.topology import Candidate, allreduce_seconds, choose_nodes,
 PARTIAL_BUCKET_SCAN = 8
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Shape:
     """What placement needs to know about a request. The cycle interns one Shape per distinct
-    request, so shapes compare and hash by identity (cheap memo keys)."""
+    request, so shapes compare and hash by identity (cheap memo keys); treat it as read-only."""
 
     gpus: int
     gpu_milli: int
@@ -115,14 +115,18 @@ class Placer:
         self.config = config
         self.headroom = config.share_memory_headroom_mib
         self._pools: dict[tuple, list[int]] = {}
+        self._pools_by_shape: dict[Shape, list[int]] = {}
 
     def pools_for(self, shape: Shape) -> list[int]:
-        key = (shape.models, shape.memory_mib, shape.gpu_milli)
-        pools = self._pools.get(key)
+        pools = self._pools_by_shape.get(shape)
         if pools is None:
-            pools = [i for i, (model, memory, _) in enumerate(self.capacity.pools)
-                     if (not shape.models or model in shape.models) and shape.memory_on(memory) <= memory]
-            self._pools[key] = pools
+            key = (shape.models, shape.memory_mib, shape.gpu_milli)
+            pools = self._pools.get(key)
+            if pools is None:
+                pools = self._pools[key] = [
+                    i for i, (model, memory, _) in enumerate(self.capacity.pools)
+                    if (not shape.models or model in shape.models) and shape.memory_on(memory) <= memory]
+            self._pools_by_shape[shape] = pools
         return pools
 
     def room_needed(self, shape: Shape) -> int:
@@ -201,7 +205,9 @@ class Placer:
                 if not bucket:
                     continue
                 start = bisect_left(bucket, (need, -1))
-                stop = min(len(bucket), start + (PARTIAL_BUCKET_SCAN if bucket_no < whole else len(bucket)))
+                stop = len(bucket)
+                if bucket_no < whole and start + PARTIAL_BUCKET_SCAN < stop:
+                    stop = start + PARTIAL_BUCKET_SCAN
                 for position in range(start, stop):
                     free, key = bucket[position]
                     if best is not None and free - need >= best[0]:

@@ -60,7 +60,8 @@ def test_bad_submission_is_refused_naming_the_field_and_creates_nothing(api, ali
                                                                          payload, field, words):
     response = api(alice).post(URL, payload, format="json")
     assert response.status_code == 400
-    errors = response.json()
+    assert response.json()["error"]["code"] == "invalid"
+    errors = response.json()["error"]["fields"]
     assert field in errors, errors
     assert words in str(errors[field])
     assert not Job.objects.exists()
@@ -82,7 +83,7 @@ def test_oversized_payload_is_refused(api, alice, settings):
 
 def test_member_of_several_tenants_must_choose(api, alice, inventory):
     MembershipFactory(user=alice, tenant=TenantFactory(slug="speech"))
-    assert api(alice).post(URL, GOOD, format="json").json()["tenant"] == [
+    assert api(alice).post(URL, GOOD, format="json").json()["error"]["fields"]["tenant"] == [
         "You belong to several tenants; say which one."
     ]
     assert api(alice).post(URL, {**GOOD, "tenant": "speech"}, format="json").json()["tenant"] == "speech"
@@ -164,7 +165,7 @@ def test_cancelling_a_finished_job_is_a_conflict(api, alice):
     job = JobFactory(tenant=alice.memberships.get().tenant, owner=alice, state=JobState.SUCCEEDED)
     response = api(alice).post(f"{URL}{job.pk}/cancel/")
     assert response.status_code == 409
-    assert "succeeded" in response.json()["detail"]
+    assert "succeeded" in response.json()["error"]["message"]
 
 
 def test_openapi_schema_describes_the_jobs_api(api, alice):

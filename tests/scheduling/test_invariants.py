@@ -128,20 +128,20 @@ def check_invariants(snapshot: ClusterSnapshot, decisions) -> None:
     memory: dict[int, int] = defaultdict(int)
     guaranteed_milli: dict[int, int] = defaultdict(int)
     residents: dict[int, list] = defaultdict(list)
-    for job in snapshot.running:
-        for gpu_id in job.gpu_ids:
-            memory[gpu_id] += gpu_of[gpu_id][1].memory_mib if job.memory_mib is None else job.memory_mib
-            residents[gpu_id].append(job)
-            if job.job_class is JobClass.GUARANTEED:
-                guaranteed_milli[gpu_id] += job.gpu_milli
+    for resident in snapshot.running:
+        for gpu_id in resident.gpu_ids:
+            memory[gpu_id] += gpu_of[gpu_id][1].memory_mib if resident.memory_mib is None else resident.memory_mib
+            residents[gpu_id].append(resident)
+            if resident.job_class is JobClass.GUARANTEED:
+                guaranteed_milli[gpu_id] += resident.gpu_milli
 
     added_load: dict[int, int] = defaultdict(int)
     held = Counter()
     guaranteed_held = Counter()
-    for job in snapshot.running:
-        held[job.tenant] += job.quota_milli
-        if job.job_class is JobClass.GUARANTEED:
-            guaranteed_held[job.tenant] += job.quota_milli
+    for resident in snapshot.running:
+        held[resident.tenant] += resident.quota_milli
+        if resident.job_class is JobClass.GUARANTEED:
+            guaranteed_held[resident.tenant] += resident.quota_milli
 
     for place in decisions.placements:
         request = requests[place.job_id]

@@ -1,7 +1,7 @@
 """Comparison policy: the full core's packing, topology and throttling, with quotas switched off.
 
-Every tenant gets no guarantee and no ceiling, so all work is opportunistic: it shares GPUs by
-memory and compute, is ordered across tenants by fair share only, and nothing is ever reclaimed.
+Every tenant gets no guarantee and no ceiling, so all new work is opportunistic: it shares GPUs
+by memory and compute, is ordered across tenants by fair share only, and nothing is reclaimed.
 The trace replay uses it to separate what packing buys from what quotas cost.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import replace
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.cycle import UNLIMITED_GPUS, decide
 from jobs.scheduling.decisions import Decisions
-from jobs.scheduling.snapshot import ClusterSnapshot, JobClass, TenantQuota
+from jobs.scheduling.snapshot import ClusterSnapshot, TenantQuota
 
 
 def packing_without_quotas(snapshot: ClusterSnapshot, now: float, config: SchedulerConfig = SchedulerConfig()) -> Decisions:
@@ -24,6 +24,6 @@ def packing_without_quotas(snapshot: ClusterSnapshot, now: float, config: Schedu
                     decayed_usage=weights[name].decayed_usage if name in weights else 0.0)
         for name in sorted(tenants)
     )
-    # Running work is all opportunistic here too, so throttling treats every neighbour alike.
-    running = tuple(replace(job, job_class=JobClass.OPPORTUNISTIC) for job in snapshot.running)
-    return decide(replace(snapshot, tenants=unlimited, running=running), now, config)
+    # Running jobs keep their class: in the trace replay everything this policy launched is
+    # opportunistic anyway, and on a production snapshot guaranteed work stays protected.
+    return decide(replace(snapshot, tenants=unlimited), now, config)

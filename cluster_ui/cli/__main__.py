@@ -1,0 +1,5 @@
+import sys
+
+from cluster_ui.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,236 @@
+"""The ``colony`` commands: submit, queue, show, logs, cancel.
+
+Exit codes: 0 done; 1 the API refused or could not be reached; 2 a usage problem (bad flags,
+no token). ``--json`` prints the API's JSON instead of text, errors included, for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+
+from cluster_ui.cli import units
+from cluster_ui.cli.client import ApiError, Client, ConfigError, resolve
+
+OK, API_ERROR, USAGE = 0, 1, 2
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+class Usage(Exception):
+    """A usage problem found after parsing (a bad size, say): exit 2 like argparse does."""
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_submit(client: Client, args) -> tuple[object, str]:
+    if not args.command:
+        raise Usage("give the command after --, e.g. colony submit --gpus 1 -- python train.py")
+    body: dict = {"command": args.command, "gpus": args.gpus}
+    try:
+        if args.gpu_fraction is not None:
+            body["gpu_milli"] = units.gpu_milli(args.gpu_fraction)
+            if args.gpus_given and args.gpus != 1:
+                raise Usage("--gpu-fraction is a share of one GPU; leave out --gpus (or say --gpus 1)")
+            body["gpus"] = 1
+        if args.memory:
+            body["gpu_memory_mib"] = units.size_mib(args.memory)
+        if args.max_runtime:
+            body["max_runtime_s"] = units.duration_s(args.max_runtime)
+    except ValueError as exc:
+        raise Usage(str(exc)) from None
+    for flag, field in (("name", "name"), ("tenant", "tenant"), ("priority", "priority"),
+                        ("max_nodes", "max_nodes"), ("profile_key", "profile_key")):
+        if getattr(args, flag) is not None:
+            body[field] = getattr(args, flag)
+    if args.gpu_model:
+        body["gpu_models"] = args.gpu_model
+    if args.opportunistic:
+        body["opportunistic_only"] = True
+    if args.shareable:
+        body["shareable"] = True
+    job = client.post("api/v1/jobs/", body)
+    text = f"Submitted job {job['id']} ({job['name']}) to {job['tenant']}: {job['state'].lower()}."
+    return job, text
+
+
+def cmd_queue(client: Client, args) -> tuple[object, str]:
+    query = {"state": args.state or (None if args.all else "active"), "tenant": args.tenant,
+             "owner": "me" if args.mine else args.owner}
+    jobs, page = [], 1
+    while True:
+        answer = client.get("api/v1/queue/", page=page, **query)
+        jobs += answer["results"]
+        if not answer.get("next") or len(jobs) >= args.limit:
+            break
+        page += 1
+    jobs = jobs[:args.limit]
+    return jobs, queue_table(jobs)
+
+
+def queue_table(jobs: list[dict]) -> str:
+    if not jobs:
+        return "No jobs."
+    header = ["ID", "NAME", "TENANT", "OWNER", "STATE", "CLASS", "GPUS", "POS", "TIME", "NODES / REASON"]
+    rows = []
+    for job in jobs:
+        if job["state"] == "PENDING":
+            time = units.human_duration(units.seconds_between(job["submitted_at"]))
+        else:
+            time = units.human_duration(units.seconds_between(job["started_at"], job["finished_at"]))
+        position = f"{job['queue_position']}/{job['queue_length']}" if job.get("queue_position") else "-"
+        why = ",".join(job.get("nodes") or [])
+        if job.get("pending_reason"):
+            why = job["pending_reason"]["message"]
+            if job.get("eta_s") is not None:
+                why += f" (starts in ~{units.human_duration(job['eta_s'])})"
+        run_class = job.get("run_class") or ("spare-only" if job.get("opportunistic_only") else "-")
+        rows.append([str(job["id"]), job["name"], job["tenant"], job["owner"], job["state"], run_class,
+                     units.gpu_request(job), position, time, why or "-"])
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    lines = []
+    limit = shutil.get_terminal_size((200, 24)).columns if sys.stdout.isatty() else None
+    for row in [header, *rows]:
+        line = "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1]
+        lines.append(line[:limit - 1] + "…" if limit and len(line) > limit else line)
+    return "\n".join(lines)
+
+
+def cmd_show(client: Client, args) -> tuple[object, str]:
+    job = client.get(f"api/v1/jobs/{args.id}/")
+    lines = [
+        f"Job {job['id']}: {job['name']}",
+        f"  state       {job['state']}" + (f" (exit code {job['exit_code']})" if job.get("exit_code") is not None else ""),
+        f"  tenant      {job['tenant']}   owner {job['owner']}",
+        f"  request     {units.gpu_request(job)} GPU(s), priority {job['priority']}"
+        + (", spare capacity only" if job.get("opportunistic_only") else ""),
+        f"  class       {job.get('run_class') or '-'}",
+        f"  command     {' '.join(job['command'])}",
+    ]
+    if job.get("pending_reason"):
+        lines.append(f"  pending     {job['pending_reason']['message']}")
+    for label, field in (("submitted", "submitted_at"), ("placed", "placed_at"), ("started", "started_at"),
+                         ("finished", "finished_at")):
+        if job.get(field):
+            lines.append(f"  {label:<11} {job[field]}")
+    if job.get("peak_gpu_memory_mib"):
+        lines.append(f"  peak memory {units.human_mib(job['peak_gpu_memory_mib'])}")
+    for allocation in job.get("allocations", []):
+        state = "released" if allocation.get("released_at") else "held"
+        lines.append(f"  gpu         {allocation['node']}/{allocation['gpu_index']} {allocation['gpu_model']} "
+                     f"share {allocation['gpu_milli'] / 1000:g} duty {allocation['duty_cycle']:.2f} ({state})")
+    if job.get("error"):
+        lines.append(f"  error       {job['error']}")
+    return job, "\n".join(lines)
+
+
+def cmd_logs(client: Client, args) -> tuple[object, str]:
+    job = client.get(f"api/v1/jobs/{args.id}/")
+    if job.get("output_tail"):
+        return {"id": job["id"], "state": job["state"], "output_tail": job["output_tail"]}, job["output_tail"].rstrip("\n")
+    note = "(no output yet: the tail arrives when the job ends)" if job["state"] not in TERMINAL else "(no output)"
+    return {"id": job["id"], "state": job["state"], "output_tail": ""}, note
+
+
+def cmd_cancel(client: Client, args) -> tuple[object, str]:
+    job = client.post(f"api/v1/jobs/{args.id}/cancel/")
+    if job["state"] == "CANCELLED":
+        return job, f"Cancelled job {job['id']}."
+    return job, f"Stopping job {job['id']} ({job['state'].lower()}): its node was told to end it."
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print the API's JSON (errors too) instead of text")
+    common.add_argument("--url", default=argparse.SUPPRESS, help="Colony's address (else COLONY_URL or config)")
+    common.add_argument("--token", default=argparse.SUPPRESS, help="API token (else COLONY_TOKEN or config)")
+
+    parser = argparse.ArgumentParser(
+        prog="colony", parents=[common],
+        description="Submit and follow GPU jobs on a Colony cluster.",
+        epilog="Exit codes: 0 ok, 1 API error, 2 usage. Token and URL come from --token/--url, "
+               "COLONY_TOKEN/COLONY_URL, or ~/.config/colony/config.toml (url = ..., token = ...).",
+    )
+    commands = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
+
+    submit = commands.add_parser("submit", parents=[common], help="submit a job",
+                                 usage="colony submit [options] -- COMMAND [ARG ...]",
+                                 description="Submit a job. Everything after -- is the command, run without a shell.")
+    submit.add_argument("--gpus", type=int, default=None, help="GPUs, all granted at once (default 1)")
+    submit.add_argument("--gpu-fraction", metavar="F", help="a share of one GPU, e.g. 0.25 or 1/4")
+    submit.add_argument("--memory", metavar="SIZE", help="GPU memory needed per GPU, e.g. 20GiB")
+    submit.add_argument("--gpu-model", action="append", metavar="MODEL", help="allowed GPU model (repeatable)")
+    submit.add_argument("--tenant", help="tenant to charge (needed if you belong to several)")
+    submit.add_argument("--name", help="job name (default: the program)")
+    submit.add_argument("--priority", type=int, help="-10..10, order within your tenant")
+    submit.add_argument("--opportunistic", action="store_true", help="run only on spare capacity (preemptible)")
+    submit.add_argument("--shareable", action="store_true", help="let other jobs share your GPUs")
+    submit.add_argument("--max-runtime", metavar="DURATION", help="stop after e.g. 90m, 4h, 2d")
+    submit.add_argument("--max-nodes", type=int, help="spread a multi-GPU job over at most N nodes")
+    submit.add_argument("--profile-key", help="place from the recorded profile of runs with this key")
+    submit.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    submit.set_defaults(run=cmd_submit)
+
+    queue = commands.add_parser("queue", parents=[common], help="list jobs with queue position and pending reason")
+    queue.add_argument("--all", action="store_true", help="finished jobs too (default: pending and running)")
+    queue.add_argument("--state", help="e.g. pending, running, failed (comma-separated)")
+    queue.add_argument("--tenant", help="only this tenant")
+    queue.add_argument("--mine", action="store_true", help="only my jobs")
+    queue.add_argument("--owner", help="only this user's jobs")
+    queue.add_argument("--limit", type=int, default=200, help="at most this many (default 200)")
+    queue.set_defaults(run=cmd_queue)
+
+    for verb, run, text in (("show", cmd_show, "a job's details"), ("logs", cmd_logs, "the tail of a job's output"),
+                            ("cancel", cmd_cancel, "cancel a job (stops it if running)")):
+        sub = commands.add_parser(verb, parents=[common], help=text)
+        sub.add_argument("id", type=int, help="job id")
+        sub.set_defaults(run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    as_json = getattr(args, "json", False)
+    if args.verb == "submit":
+        if args.command and args.command[0] == "--":
+            args.command = args.command[1:]
+        args.gpus_given = args.gpus is not None
+        args.gpus = 1 if args.gpus is None else args.gpus
+    try:
+        client = Client(resolve(getattr(args, "url", None), getattr(args, "token", None)))
+        result, text = args.run(client, args)
+    except (ConfigError, Usage) as exc:
+        parser.exit(USAGE, f"colony: error: {exc}\n")
+    except ApiError as exc:
+        return report_api_error(exc, as_json)
+    print(json.dumps(result, indent=2) if as_json else text)
+    return OK
+
+
+def report_api_error(exc: ApiError, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(exc.body or {"error": {"code": "unreachable" if exc.status is None else "error",
+                                                "message": str(exc), "fields": {}}}, indent=2))
+    lines = [f"colony: error: {exc}"]
+    for field, messages in exc.fields.items():
+        for message in _messages(messages):
+            lines.append(f"  {field}: {message}")
+    if exc.retry_after:
+        lines.append(f"  try again in {exc.retry_after} s")
+    print("\n".join(lines), file=sys.stderr)
+    return API_ERROR
+
+
+def _messages(value) -> list[str]:
+    if isinstance(value, dict):
+        return [m for item in value.values() for m in _messages(item)]
+    if isinstance(value, list):
+        return [m for item in value for m in _messages(item)]
+    return [str(value)]

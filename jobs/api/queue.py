@@ -1,0 +1,87 @@
+"""REST API v1 /queue: the jobs a user may see, with queue position, class, pending reason and ETA.
+
+Like every job list it starts from ``Job.objects.visible_to(user)``; filters (``jobs.filtersets``)
+only narrow it. The queue position is the job's place in its tenant's queue (priority, then
+submit time: the order the scheduler takes a tenant's jobs in).
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import generics, serializers
+
+from jobs.api.serializers import PendingReasonSerializer
+from jobs.choices import JobState
+from jobs.filtersets import JobFilter
+from jobs.models import Job
+from jobs.services.usage import queue_positions
+
+
+def eta_seconds(job: Job) -> float | None:
+    """The scheduler's estimate of seconds until the job can start, when it has one."""
+    reason = job.pending_reason or {}
+    eta = reason.get("eta_s", (reason.get("details") or {}).get("eta_s"))
+    return float(eta) if isinstance(eta, (int, float)) else None
+
+
+class QueueEntrySerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    pending_reason = PendingReasonSerializer(read_only=True, allow_null=True)
+    eta_s = serializers.SerializerMethodField(help_text="Seconds until it could start, when the scheduler knows.")
+    queue_position = serializers.SerializerMethodField(help_text="1 = next in its tenant's queue (pending only).")
+    queue_length = serializers.SerializerMethodField(help_text="Pending jobs in its tenant's queue.")
+    nodes = serializers.SerializerMethodField(help_text="Nodes it holds GPUs on now.")
+
+    class Meta:
+        model = Job
+        fields = [
+            "id", "name", "tenant", "owner", "state", "run_class", "gpus", "gpu_milli", "gpu_memory_mib",
+            "gpu_models", "priority", "opportunistic_only", "pending_reason", "eta_s", "queue_position",
+            "queue_length", "nodes", "requeue_count", "preempt_count", "exit_code", "submitted_at", "placed_at",
+            "started_at", "finished_at",
+        ]
+        read_only_fields = fields
+
+    def get_eta_s(self, job) -> float | None:
+        return eta_seconds(job)
+
+    def get_queue_position(self, job) -> int | None:
+        return self.context.get("positions", {}).get(job.pk, (None, None))[0]
+
+    def get_queue_length(self, job) -> int | None:
+        return self.context.get("positions", {}).get(job.pk, (None, None))[1]
+
+    def get_nodes(self, job) -> list[str]:
+        return sorted({a.gpu.node.name for a in job.allocations.all() if a.released_at is None})
+
+
+@extend_schema_view(get=extend_schema(parameters=[
+    OpenApiParameter("tenant", str, description="Tenant slug(s), comma-separated."),
+    OpenApiParameter("state", str, description="State(s), comma-separated, or `active` / `finished`."),
+    OpenApiParameter("owner", str, description="Username(s), comma-separated, or `me`."),
+]))
+class QueueView(generics.ListAPIView):
+    """Jobs you may see, newest first, each with its place in the queue and why it waits."""
+
+    serializer_class = QueueEntrySerializer
+
+    def get_queryset(self):
+        job_filter = JobFilter.from_params(self.request.query_params, self.request.user)
+        if job_filter.unknown_states:
+            raise serializers.ValidationError({"state": [
+                f"Unknown state(s) {', '.join(job_filter.unknown_states)}; use "
+                f"{', '.join(s.lower() for s in JobState.values)}, active or finished."
+            ]})
+        return job_filter.apply(
+            Job.objects.visible_to(self.request.user)
+            .select_related("tenant", "owner")
+            .prefetch_related("allocations__gpu__node")
+        )
+
+    def list(self, request, *args, **kwargs):
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        positions = queue_positions([job.pk for job in page])
+        serializer = self.get_serializer(page, many=True, context={**self.get_serializer_context(),
+                                                                    "positions": positions})
+        return self.get_paginated_response(serializer.data)

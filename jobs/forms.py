@@ -1,0 +1,158 @@
+"""The browser's job submission form.
+
+It does no validation of its own beyond turning what a person types ("python train.py --lr 3e-4",
+"20 GiB", "4h") into the API's payload: ``clean()`` runs ``JobSubmitSerializer``, the single source
+of submission rules, and puts each of its messages on the matching form field. A job submitted here
+is refused for exactly the reasons, and in exactly the words, that the REST API would use.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from django import forms
+
+from jobs.api.serializers import JobSubmitSerializer
+from jobs.services.submission import tenants_of
+from monitoring.services.registry import cluster_inventory
+
+GPU_SHARES = [
+    ("1000", "Whole GPUs"),
+    ("500", "1/2 of one GPU"),
+    ("250", "1/4 of one GPU"),
+    ("125", "1/8 of one GPU"),
+]
+RUN_AS = [
+    ("auto", "Auto: guaranteed within quota, borrow beyond"),
+    ("opportunistic", "Spare capacity only (preemptible)"),
+]
+# Serializer field -> form field, where the form asks in friendlier units.
+FIELD_OF = {"gpu_memory_mib": "gpu_memory", "max_runtime_s": "max_runtime", "opportunistic_only": "run_as"}
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|g|mib|mb|m|tib|tb|t)?\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr|d|day|days)?\s*$", re.IGNORECASE)
+_MIB_PER = {"m": 1, "mb": 1, "mib": 1, "g": 1024, "gb": 1024, "gib": 1024, "t": 1024**2, "tb": 1024**2, "tib": 1024**2}
+_SECONDS_PER = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400, "day": 86400, "days": 86400}
+
+
+def parse_size_mib(text: str) -> int | None:
+    """'20GiB', '20 GB', '512MiB', '20' (GiB) -> MiB; None if it does not read as a size."""
+    match = _SIZE.match(text)
+    if not match:
+        return None
+    number, unit = float(match.group(1)), (match.group(2) or "gib").lower()
+    return int(round(number * _MIB_PER[unit]))
+
+
+def parse_duration_s(text: str) -> int | None:
+    """'90m', '4h', '2d', '3600s', '30' (minutes) -> seconds; None if it does not read as one."""
+    match = _DURATION.match(text)
+    if not match:
+        return None
+    number, unit = float(match.group(1)), (match.group(2) or "min").lower()
+    return int(round(number * _SECONDS_PER[unit]))
+
+
+class LooseMultipleChoiceField(forms.MultipleChoiceField):
+    """Checkboxes whose values the serializer judges (so an unknown model reads as the API says)."""
+
+    def valid_value(self, value) -> bool:
+        return True
+
+
+class SubmitForm(forms.Form):
+    tenant = forms.ChoiceField(required=False, help_text="The tenant whose quota the job uses.")
+    name = forms.CharField(required=False, max_length=400,
+                           widget=forms.TextInput(attrs={"placeholder": "defaults to the program name"}))
+    command = forms.CharField(
+        widget=forms.TextInput(attrs={"placeholder": "python train.py --epochs 3", "class": "mono",
+                                      "autocomplete": "off", "spellcheck": "false"}),
+        help_text="Run without a shell: split into words like a shell would, but no pipes, globs or $VARS.",
+    )
+    gpus = forms.CharField(initial="1", label="GPUs", widget=forms.NumberInput(attrs={"min": 1}),
+                           help_text="All granted at once (a gang).")
+    gpu_milli = forms.ChoiceField(choices=GPU_SHARES, initial="1000", label="GPU share",
+                                  help_text="A fraction shares one GPU with other jobs.")
+    gpu_memory = forms.CharField(required=False, label="GPU memory per GPU",
+                                 widget=forms.TextInput(attrs={"placeholder": "e.g. 20 GiB"}))
+    gpu_models = LooseMultipleChoiceField(required=False, label="GPU models", widget=forms.CheckboxSelectMultiple,
+                                          help_text="None ticked: any model.")
+    run_as = forms.ChoiceField(choices=RUN_AS, initial="auto", label="Class")
+    shareable = forms.BooleanField(required=False, label="Let other jobs share my GPUs")
+    priority = forms.CharField(initial="0", required=False, widget=forms.NumberInput(attrs={"min": -10, "max": 10}),
+                               help_text="-10 to 10; orders jobs within your tenant.")
+    max_runtime = forms.CharField(required=False, label="Max runtime",
+                                  widget=forms.TextInput(attrs={"placeholder": "e.g. 90m, 4h, 2d"}))
+    max_nodes = forms.CharField(required=False, label="Spread over at most",
+                                widget=forms.NumberInput(attrs={"min": 1, "placeholder": "any"}),
+                                help_text="nodes (1 keeps the gang on one node).")
+    profile_key = forms.CharField(required=False, max_length=400,
+                                  widget=forms.TextInput(attrs={"placeholder": "e.g. resnet50-bs256"}),
+                                  help_text="Runs sharing a key are placed from the recorded profile.")
+
+    def __init__(self, *args, request, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.request = request
+        mine = list(tenants_of(request.user).order_by("slug").values_list("slug", "name"))
+        self.fields["tenant"].choices = [(slug, f"{slug} ({name})") for slug, name in mine]
+        if len(mine) == 1:
+            self.fields["tenant"].initial = mine[0][0]
+        self.fields["gpu_models"].choices = [(m, m) for m in sorted(cluster_inventory().models)]
+        self.validated: dict | None = None
+
+    def payload(self) -> dict:
+        """What the API would receive, built from the raw form input."""
+        data, payload = self.cleaned_data, {}
+        try:
+            payload["command"] = shlex.split(data.get("command", ""))
+        except ValueError as exc:  # unbalanced quotes
+            self.add_error("command", f"Could not split the command into words: {exc}.")
+        for name in ("name", "tenant", "profile_key"):
+            if data.get(name):
+                payload[name] = data[name]
+        for name in ("gpus", "priority", "max_nodes"):
+            if data.get(name, "").strip():
+                payload[name] = data[name].strip()
+        payload["gpu_milli"] = data.get("gpu_milli") or "1000"
+        if data.get("gpu_memory", "").strip():
+            mib = parse_size_mib(data["gpu_memory"])
+            if mib is None:
+                self.add_error("gpu_memory", "Enter a size such as 20 GiB or 512 MiB.")
+            else:
+                payload["gpu_memory_mib"] = mib
+        if data.get("max_runtime", "").strip():
+            seconds = parse_duration_s(data["max_runtime"])
+            if seconds is None:
+                self.add_error("max_runtime", "Enter a duration such as 90m, 4h or 2d.")
+            else:
+                payload["max_runtime_s"] = seconds
+        if data.get("gpu_models"):
+            payload["gpu_models"] = list(data["gpu_models"])
+        payload["opportunistic_only"] = data.get("run_as") == "opportunistic"
+        payload["shareable"] = bool(data.get("shareable"))
+        return payload
+
+    def clean(self):
+        super().clean()
+        payload = self.payload()
+        if self.errors:
+            return self.cleaned_data
+        serializer = JobSubmitSerializer(data=payload, context={"request": self.request})
+        if serializer.is_valid():
+            self.validated = serializer.validated_data
+        else:
+            for field, messages in serializer.errors.items():
+                target = FIELD_OF.get(field, field)
+                for message in _flatten(messages):
+                    self.add_error(target if target in self.fields else None, message)
+        return self.cleaned_data
+
+
+def _flatten(errors) -> list[str]:
+    if isinstance(errors, dict):
+        return [f"Word {int(key) + 1}: {m}" if str(key).isdigit() else m
+                for key, value in errors.items() for m in _flatten(value)]
+    if isinstance(errors, list):
+        return [m for item in errors for m in _flatten(item)]
+    return [str(errors)]

@@ -1,0 +1,127 @@
+"""What a job that cannot start now is told, and the gang hold it may take.
+
+A mixin of ``cycle.Cycle`` (it reads the cycle's capacity, quotas and memos): the reasons for a
+tenant at its ceiling, for a job that found no GPUs (held nodes, guaranteed but full, spare
+capacity gone to lower-usage tenants, over quota and cluster full), the ETA attached to each, and
+the one bounded reservation per cycle (rules in ``reservation``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from jobs.scheduling import reasons
+from jobs.scheduling.decisions import Pending, Reservation
+from jobs.scheduling.eta import ReleaseTimeline
+from jobs.scheduling.placement import Shape
+from jobs.scheduling.reasons import PendingReason
+from jobs.scheduling.reservation import choose_nodes as reservation_nodes
+from jobs.scheduling.reservation import window
+from jobs.scheduling.snapshot import JobClass, JobRequest, TenantQuota
+
+GUARANTEED = JobClass.GUARANTEED
+
+
+class Waiting:
+    def _all_at_ceiling(self, entries: list[tuple[JobRequest, Shape]], quota: TenantQuota) -> None:
+        held, name, ceiling = self.held[quota.name], quota.name, quota.ceiling_milli
+        by_need = self._ceiling_waits.setdefault((name, held), {})  # what a job asking N is told
+        handled, pending = self.handled, self.pending
+        for job, _ in entries:
+            if job.id in handled:
+                continue
+            need = job.gpus * job.gpu_milli
+            found = by_need.get(need)
+            if found is None:
+                eta = self._tenant_timeline(name).eta(held + need - ceiling)
+                found = by_need[need] = (reasons.at_max_gpus(name, held, ceiling, need), eta)
+            pending.append(Pending(job.id, *found))
+
+    def _tenant_timeline(self, tenant: str) -> ReleaseTimeline:
+        if not self._timelines:
+            by_tenant: dict[str, list] = defaultdict(list)
+            for job in self.snapshot.running:
+                if job.id not in self.leaving:
+                    by_tenant[job.tenant].append(job)
+            self._timelines = {t: ReleaseTimeline(jobs, self.now) for t, jobs in by_tenant.items()}
+        if tenant not in self._timelines:
+            self._timelines[tenant] = ReleaseTimeline([], self.now)
+        return self._timelines[tenant]
+
+    def _reason(self, build, *args) -> PendingReason:
+        """Reasons are frozen and many jobs share one: build each distinct sentence once."""
+        key = (build, *args)
+        reason = self._reasons.get(key)
+        if reason is None:
+            reason = self._reasons[key] = build(*args)
+        return reason
+
+    def _blocked(self, job: JobRequest, shape: Shape, job_class: JobClass, share: float = 0.0) -> PendingReason:
+        """A job that fits the inventory and its quota found no GPUs: say why, maybe reserve."""
+        if self.holder is None and job.gpus > 1 and (held := self._hold(job, shape)) is not None:
+            return held
+        if self.holder is not None and self._fits_reserved(shape, job_class):
+            holder, nodes, _ = self.holder
+            reason = self._reason(reasons.reserved_for_gang, holder.id, holder.gpus, nodes)
+        elif job_class is GUARANTEED:
+            most_free = self.capacity.most_free_on_a_node(self.placer.pools_for(shape))
+            reason = self._reason(reasons.waiting_for_free_gpus, job.gpus, shape.memory_mib, shape.max_nodes == 1,
+                                  most_free)
+        elif job.opportunistic_only and self.held[job.tenant] + job.quota_milli <= self.quota(job.tenant).guaranteed_milli:
+            reason = self._reason(reasons.no_spare_capacity, job.gpus)
+        elif (ahead := len(self.borrowing_tenants) - (job.tenant in self.borrowing_tenants)) and self._fitted_at_start(shape):
+            reason = self._reason(reasons.behind_lower_usage, job.tenant, share, ahead)
+        else:
+            quota = self.quota(job.tenant)
+            unused = quota.guaranteed_milli - self.guaranteed_held[job.tenant]
+            reason = self._reason(reasons.over_quota_cluster_full, job.tenant, quota.guaranteed_milli, unused, job.gpus)
+        self._wait(job, reason, self.queue_eta.next(job.quota_milli))
+        return reason
+
+    def _hold(self, job: JobRequest, shape: Shape) -> PendingReason | None:
+        span = window(job, self.now, self.config.gang_reservation_max_s)
+        if span is None or self.failed.fails("hold", shape):
+            return None
+        found = reservation_nodes(self.capacity, self.placer, shape, self.now, self.leaving)
+        if found is None:
+            self.failed.record("hold", shape)
+            return None
+        nodes, eta = found
+        for node in nodes:
+            self.capacity.reserve(node)
+        names = tuple(node.name for node in nodes)
+        self.reserved_nodes = nodes
+        self.holder = (job, names, eta)
+        self.version += 1
+        self.reservations.append(Reservation(job.id, names, since=span[0], until=span[1], eta_s=eta))
+        reason = reasons.holding_reservation(job.gpus, names, span[1], self.now)
+        self._wait(job, reason, eta)
+        return reason
+
+    def _fits_reserved(self, shape: Shape, job_class: JobClass) -> bool:
+        """Would the job fit on the held nodes? (then the hold is what keeps it waiting)"""
+        if self._not_on_reserved.fails(job_class, shape):
+            return False
+        key = (job_class, shape)
+        fits = self._fits_reserved_memo.get(key)
+        if fits is None:
+            fits = self._fits_reserved_memo[key] = self.placer.fits_on(self.reserved_nodes, shape, job_class)
+            if not fits:
+                self._not_on_reserved.record(job_class, shape)
+        return fits
+
+    def _fitted_at_start(self, shape: Shape) -> bool:
+        """Would the request have found room before this cycle's placements? (an estimate)"""
+        if shape not in self._started_room:
+            self._started_room[shape] = self._room_at_start(shape)
+        return self._started_room[shape]
+
+    def _room_at_start(self, shape: Shape) -> bool:
+        pools = self.placer.pools_for(shape)
+        capacity = self.capacity
+        if any(capacity.start_max_empty[p] >= shape.gpus for p in pools):
+            return True
+        if shape.gpus > 1:
+            return shape.max_nodes != 1 and sum(capacity.start_total_empty[p] for p in pools) >= shape.gpus
+        headroom = self.config.share_memory_headroom_mib
+        return any(capacity.start_max_opp_free[p] >= shape.memory_on(capacity.pools[p][1]) + headroom for p in pools)

@@ -1,0 +1,95 @@
+"""REST representations of nodes, GPUs and the heatmap matrix (cluster-wide, no job details)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from monitoring.choices import NodeState
+from monitoring.models import Gpu, Node
+
+
+@extend_schema_field({"type": "string", "pattern": f"^({'|'.join(NodeState.values)})$", "readOnly": True})
+class NodeStateField(serializers.CharField):
+    """A pattern, not an enum: drf-spectacular would name an enum ``StateEnum`` and collide with the
+    job ``state`` enum (ENUM_NAME_OVERRIDES in SPECTACULAR_SETTINGS would be the other way)."""
+
+
+class LiveGpuSerializer(serializers.Serializer):
+    """The GPU's latest sample as the agent sent it (absent when the node has not reported lately)."""
+
+    ts = serializers.FloatField(help_text="Unix time of the sample.")
+    util_sm = serializers.FloatField(allow_null=True, help_text="SM utilisation, percent.")
+    mem_used_mib = serializers.IntegerField(allow_null=True)
+    mem_total_mib = serializers.IntegerField(allow_null=True)
+    temperature_c = serializers.FloatField(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True)
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name", read_only=True)
+    live = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Gpu
+        fields = ["id", "node", "index", "model", "memory_mib", "uuid", "live"]
+        read_only_fields = fields
+
+    @extend_schema_field(LiveGpuSerializer(allow_null=True))
+    def get_live(self, gpu) -> dict | None:
+        reading = self.context.get("live", {}).get(f"{gpu.node.name}:{gpu.index}")
+        if reading is None:
+            return None
+        return {name: reading.get(name) for name in LiveGpuSerializer().fields}
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    state = NodeStateField(read_only=True, help_text="UP while its agent reports; LOST when it stopped.")
+    gpus = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = ["name", "hostname", "state", "state_changed_at", "cordoned", "rack", "backend", "agent_version",
+                  "registered_at", "gpus"]
+        read_only_fields = fields
+
+    @extend_schema_field(GpuSerializer(many=True))
+    def get_gpus(self, node) -> list:
+        present = [gpu for gpu in node.gpus.all() if gpu.present]
+        return GpuSerializer(present, many=True, context=self.context).data
+
+
+class HeatmapRowSerializer(serializers.Serializer):
+    gpu_id = serializers.IntegerField()
+    node = serializers.CharField()
+    rack = serializers.CharField()
+    index = serializers.IntegerField()
+    model = serializers.CharField()
+    memory_mib = serializers.IntegerField()
+
+
+class HeatmapGroupSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    rack = serializers.CharField()
+    state = serializers.CharField()
+    cordoned = serializers.BooleanField()
+    first_row = serializers.IntegerField()
+    rows = serializers.IntegerField()
+
+
+class HeatmapSerializer(serializers.Serializer):
+    """Documents the heatmap answer; the view builds it directly (it can hold ~10^5 numbers)."""
+
+    range = serializers.CharField()
+    metric = serializers.ChoiceField(choices=["util", "mem"])
+    unit = serializers.CharField(help_text="'%' of SM time (util) or of the GPU's memory (mem).")
+    column_s = serializers.IntegerField(help_text="Seconds per column.")
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    columns = serializers.ListField(child=serializers.DateTimeField(), help_text="Start time of each column.")
+    rows = HeatmapRowSerializer(many=True)
+    groups = HeatmapGroupSerializer(many=True)
+    values = serializers.ListField(
+        child=serializers.ListField(child=serializers.FloatField(allow_null=True)),
+        help_text="rows x columns; null where no sample arrived.",
+    )

@@ -1,0 +1,219 @@
+"""Time-series queries for the dashboard: GPU x time matrices from the rollups (the cluster
+heatmap and the node pages) and one job's memory/utilisation series.
+
+Each range has a column width chosen so that the matrix stays a few hundred columns wide
+(1 h -> 10 s, 6 h -> 1 min, 24 h -> 5 min, 7 d -> 30 min: 360, 360, 288 and 336 columns). Columns
+are aggregated in the database (one GROUP BY on a column index computed from ``bucket_start``), so
+a 512-GPU x 6 h matrix reads ~184k grouped rows, never the raw buckets.
+
+Ranges whose columns are a minute or wider read the 1 min rollups up to the last compacted minute
+and the 10 s rollups after it, so the newest minutes show up before compaction has run.
+
+Rows are GPUs (present ones), ordered by rack, node and index; ``groups`` marks each node's rows.
+Values: ``util`` is the mean SM utilisation in percent; ``mem`` is the peak memory used, in percent
+of that GPU's memory (so 32 GB and 80 GB GPUs share one colour scale).
+
+Nothing here knows about jobs: which job held a GPU when is added by ``jobs``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone as dt_timezone
+
+from django.db.models import Func, IntegerField, Max, Sum
+from django.utils import timezone
+
+from monitoring.choices import Resolution
+from monitoring.models import Gpu, GpuRollup, JobRollup
+
+
+@dataclass(frozen=True)
+class Span:
+    seconds: int
+    column_s: int
+
+
+RANGES: dict[str, Span] = {
+    "1h": Span(3600, 10),
+    "6h": Span(6 * 3600, 60),
+    "24h": Span(24 * 3600, 300),
+    "7d": Span(7 * 24 * 3600, 1800),
+}
+METRICS = ("util", "mem")
+
+
+@dataclass(frozen=True)
+class Row:
+    gpu_id: int
+    node: str
+    rack: str
+    index: int
+    model: str
+    memory_mib: int
+
+
+@dataclass
+class Group:
+    node: str
+    rack: str
+    state: str
+    cordoned: bool
+    first_row: int
+    rows: int
+
+
+@dataclass
+class Heatmap:
+    range_key: str
+    metric: str
+    column_s: int
+    start: datetime
+    end: datetime
+    rows: list[Row] = field(default_factory=list)
+    groups: list[Group] = field(default_factory=list)
+    values: list[list[float | None]] = field(default_factory=list)
+
+    @property
+    def columns(self) -> int:
+        return int((self.end - self.start).total_seconds()) // self.column_s
+
+
+class ColumnIndex(Func):
+    """(epoch(expression) - origin) // width, as an integer, on SQLite and PostgreSQL."""
+
+    output_field = IntegerField()
+
+    def __init__(self, expression, origin: int, width: int):
+        super().__init__(expression)
+        self.origin, self.width = origin, width
+
+    def as_sqlite(self, compiler, connection, **extra):
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"((CAST(strftime('%%s', {sql}) AS INTEGER) - %s) / %s)", [*params, self.origin, self.width]
+
+    def as_postgresql(self, compiler, connection, **extra):
+        sql, params = compiler.compile(self.source_expressions[0])
+        return (f"CAST(FLOOR((EXTRACT(EPOCH FROM {sql}) - %s) / %s) AS integer)",
+                [*params, self.origin, self.width])
+
+    def as_sql(self, compiler, connection, **extra):  # pragma: no cover - other databases
+        raise NotImplementedError(f"heatmap columns are not implemented for {connection.vendor}")
+
+
+def gpu_heatmap(range_key: str, metric: str, now: datetime | None = None,
+                nodes: list[str] | None = None) -> Heatmap:
+    if range_key not in RANGES:
+        raise ValueError(f"unknown range {range_key!r}; one of {', '.join(RANGES)}")
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; one of {', '.join(METRICS)}")
+    span = RANGES[range_key]
+    now = now or timezone.now()
+    end_epoch = (int(now.timestamp()) // span.column_s + 1) * span.column_s  # the current column included
+    start_epoch = end_epoch - span.seconds
+    heatmap = Heatmap(range_key, metric, span.column_s, _dt(start_epoch), _dt(end_epoch))
+
+    gpus = Gpu.objects.filter(present=True).select_related("node").order_by("node__rack", "node__name", "index")
+    if nodes is not None:
+        gpus = gpus.filter(node__name__in=nodes)
+    gpus = list(gpus)
+    for position, gpu in enumerate(gpus):
+        node = gpu.node
+        heatmap.rows.append(Row(gpu.id, node.name, node.rack, gpu.index, gpu.model, gpu.memory_mib))
+        if not heatmap.groups or heatmap.groups[-1].node != node.name:
+            heatmap.groups.append(Group(node.name, node.rack, node.state, node.cordoned, position, 0))
+        heatmap.groups[-1].rows += 1
+    if not gpus:
+        return heatmap
+
+    row_of = {row.gpu_id: n for n, row in enumerate(heatmap.rows)}
+    columns = heatmap.columns
+    util_sum = [[0.0] * columns for _ in gpus]
+    util_n = [[0] * columns for _ in gpus]
+    mem_max: list[list[float | None]] = [[None] * columns for _ in gpus]
+    for source, since, until in _sources(span, heatmap.start, heatmap.end):
+        buckets = (
+            GpuRollup.objects.filter(gpu_id__in=row_of, resolution=source, bucket_start__gte=since,
+                                     bucket_start__lt=until)
+            .values("gpu_id", column=ColumnIndex("bucket_start", start_epoch, span.column_s))
+            .annotate(u_sum=Sum("util_sum"), u_n=Sum("util_n"), m_max=Max("mem_max"))
+            .values_list("gpu_id", "column", "u_sum", "u_n", "m_max")
+        )
+        for gpu_id, column, u_sum, u_n, m_max in buckets:
+            if not 0 <= column < columns:
+                continue
+            row = row_of[gpu_id]
+            util_sum[row][column] += u_sum or 0.0
+            util_n[row][column] += u_n or 0
+            if m_max is not None and (mem_max[row][column] is None or m_max > mem_max[row][column]):
+                mem_max[row][column] = m_max
+
+    if metric == "util":
+        heatmap.values = [
+            [round(s / n, 1) if n else None for s, n in zip(sums, counts)]
+            for sums, counts in zip(util_sum, util_n)
+        ]
+    else:
+        heatmap.values = [
+            [round(100.0 * m / gpu.memory_mib, 1) if m is not None and gpu.memory_mib else None for m in maxima]
+            for gpu, maxima in zip(gpus, mem_max)
+        ]
+    return heatmap
+
+
+def _sources(span: Span, start: datetime, end: datetime):
+    """(resolution, since, until) pieces that cover [start, end) without overlap."""
+    if span.column_s < Resolution.ONE_MINUTE:
+        return [(Resolution.TEN_SECONDS, start, end)]
+    last_minute = (
+        GpuRollup.objects.filter(resolution=Resolution.ONE_MINUTE, bucket_start__gte=start, bucket_start__lt=end)
+        .aggregate(last=Max("bucket_start"))["last"]
+    )
+    if last_minute is None:
+        return [(Resolution.TEN_SECONDS, start, end)]
+    split = last_minute + timedelta(seconds=Resolution.ONE_MINUTE)
+    return [(Resolution.ONE_MINUTE, start, split), (Resolution.TEN_SECONDS, split, end)]
+
+
+def _dt(epoch: int) -> datetime:
+    return datetime.fromtimestamp(epoch, tz=dt_timezone.utc)
+
+
+# ---------------------------------------------------------------- one job over time
+
+# A job's series uses 10 s buckets while it is short, 1 min buckets (plus the newest 10 s ones
+# not compacted yet) once the 10 s series would pass this many points.
+JOB_SERIES_MAX_FINE_POINTS = 720
+
+
+@dataclass(frozen=True)
+class SeriesPoint:
+    t: datetime
+    mem_max_mib: int | None
+    util: float | None
+
+
+def job_series(job_id: int, start: datetime, end: datetime) -> tuple[int, list[SeriesPoint]]:
+    """(seconds per point, points) of one job's GPU memory (max over its GPUs) and utilisation
+    (mean over its GPUs) between ``start`` and ``end``."""
+    start = _dt(int(start.timestamp()) // Resolution.TEN_SECONDS * Resolution.TEN_SECONDS)
+    seconds = max(0.0, (end - start).total_seconds())
+    if seconds / Resolution.TEN_SECONDS <= JOB_SERIES_MAX_FINE_POINTS:
+        pieces, step = [(Resolution.TEN_SECONDS, start, end)], Resolution.TEN_SECONDS
+    else:
+        last_minute = (
+            JobRollup.objects.filter(job_id=job_id, resolution=Resolution.ONE_MINUTE, bucket_start__gte=start)
+            .aggregate(last=Max("bucket_start"))["last"]
+        )
+        split = last_minute + timedelta(seconds=Resolution.ONE_MINUTE) if last_minute else start
+        pieces, step = [(Resolution.ONE_MINUTE, start, split), (Resolution.TEN_SECONDS, split, end)], 60
+    points = []
+    for resolution, since, until in pieces:
+        rows = JobRollup.objects.filter(
+            job_id=job_id, resolution=resolution, bucket_start__gte=since, bucket_start__lt=until
+        ).order_by("bucket_start").values_list("bucket_start", "mem_max", "util_sum", "util_n")
+        points += [
+            SeriesPoint(bucket, mem, round(util_sum / util_n, 1) if util_n else None)
+            for bucket, mem, util_sum, util_n in rows
+        ]
+    return step, points

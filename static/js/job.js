@@ -1,0 +1,119 @@
+/* Job page: follows the job through /api/v1/jobs/{id}/ (state, reason, timeline, GPUs, output) and
+   draws its GPU memory and utilisation from /api/v1/jobs/{id}/metrics/ with plotly. */
+(function () {
+  "use strict";
+  var C = window.Colony;
+  var root = document.getElementById("job");
+  if (!root) { return; }
+  var $ = function (id) { return document.getElementById(id); };
+  var TERMINAL = ["SUCCEEDED", "FAILED", "CANCELLED"];
+  var finished = false;
+
+  function nodeUrl(name) { return root.dataset.nodeUrl.replace("NODE", encodeURIComponent(name)); }
+  function clock(iso) { return iso ? new Date(iso).toISOString().substr(11, 8) : ""; }
+
+  function renderTimeline(job) {
+    var steps = [["submitted_at", "Submitted"], ["placed_at", "Placed on GPUs"], ["started_at", "Started"],
+                 ["finished_at", "Finished"]];
+    var html = "", previous = null;
+    steps.forEach(function (step) {
+      var at = job[step[0]];
+      if (!at) { return; }
+      html += '<li><span class="what">' + step[1] + '</span><span class="when">' + C.stamp(at) + "</span>" +
+        (previous ? '<span class="gap">+' + C.duration(C.since(previous, at)) + "</span>" : "") + "</li>";
+      previous = at;
+    });
+    if (!job.finished_at && previous) {
+      html += '<li class="open"><span class="what">Now</span><span class="when"></span><span class="gap">for ' +
+        C.duration(C.since(previous)) + "</span></li>";
+    }
+    $("timeline").innerHTML = html;
+  }
+
+  function renderAllocations(job) {
+    var rows = job.allocations.slice().sort(function (a, b) {
+      return (a.released_at ? 1 : 0) - (b.released_at ? 1 : 0) || a.rank - b.rank ||
+        a.node.localeCompare(b.node) || a.gpu_index - b.gpu_index;
+    }).map(function (a) {
+      var duty = a.duty_cycle.toFixed(2) + (a.duty_cycle < 1 ? ' <span class="cls cls-opportunistic">throttled</span>' : "");
+      return '<tr class="' + (a.released_at ? "released" : "") + '"><td><a href="' + nodeUrl(a.node) + '">' +
+        C.esc(a.node) + '</a></td><td class="num">' + a.gpu_index + "</td><td>" + C.esc(a.gpu_model) +
+        "</td><td>" + C.share(a.gpu_milli) + "</td><td>" + C.mib(a.memory_limit_mib) + "</td><td>" + duty +
+        '</td><td class="num">' + a.rank + "</td><td>" + clock(a.created_at) + " – " +
+        (a.released_at ? clock(a.released_at) : "now") + "</td></tr>";
+    });
+    $("allocations").tBodies[0].innerHTML = rows.join("");
+    $("allocations").hidden = rows.length === 0;
+    $("allocations-empty").hidden = rows.length !== 0;
+  }
+
+  function renderJob(job) {
+    var state = $("job-state");
+    state.textContent = C.STATE_LABELS[job.state];
+    state.className = "state state-" + job.state.toLowerCase();
+    $("pending-box").hidden = !job.pending_reason;
+    if (job.pending_reason) { $("pending-message").textContent = job.pending_reason.message; }
+    $("cancel-form").hidden = ["PENDING", "PLACED", "RUNNING"].indexOf(job.state) < 0;
+    $("job-exit").textContent = job.exit_code == null ? "—" : job.exit_code;
+    $("job-peak").textContent = C.mib(job.peak_gpu_memory_mib);
+    if (job.run_class) {
+      $("job-class").innerHTML = '<span class="cls cls-' + job.run_class + '">' +
+        (job.run_class === "guaranteed" ? "Guaranteed" : "Opportunistic") + "</span>" +
+        (job.shareable ? " · shares its GPUs" : "");
+    }
+    $("job-output").textContent = job.output_tail || "";
+    $("job-output-empty").hidden = !!job.output_tail;
+    renderTimeline(job);
+    renderAllocations(job);
+    finished = TERMINAL.indexOf(job.state) >= 0;
+  }
+
+  function renderChart(series) {
+    var chart = $("job-chart");
+    var has = series.points.length > 0;
+    $("job-chart-empty").hidden = has;
+    chart.hidden = !has;
+    if (!has) { return; }
+    var t = series.points.map(function (p) { return p.t; });
+    var traces = [
+      {x: t, y: series.points.map(function (p) { return p.mem_max_mib == null ? null : p.mem_max_mib / 1024; }),
+       name: "GPU memory (GiB, most on any GPU)", type: "scatter", mode: "lines", line: {color: "#2f6fde", width: 2},
+       fill: "tozeroy", fillcolor: "rgba(47,111,222,0.08)", hovertemplate: "%{y:.1f} GiB<extra>memory</extra>"},
+      {x: t, y: series.points.map(function (p) { return p.util; }), name: "SM utilisation (%)", yaxis: "y2",
+       type: "scatter", mode: "lines", line: {color: "#e07b39", width: 2}, hovertemplate: "%{y:.0f}%<extra>utilisation</extra>"}
+    ];
+    var shapes = [], notes = [];
+    if (series.gpu_memory_mib) {
+      var asked = series.gpu_memory_mib / 1024;
+      shapes.push({type: "line", xref: "paper", x0: 0, x1: 1, y0: asked, y1: asked,
+                   line: {color: "#a12622", dash: "dot", width: 1}});
+      notes.push({xref: "paper", x: 0, y: asked, yanchor: "bottom", xanchor: "left", showarrow: false,
+                  text: "requested " + C.mib(series.gpu_memory_mib), font: {size: 11, color: "#a12622"}});
+    }
+    Plotly.react(chart, traces, {
+      margin: {l: 56, r: 56, t: 10, b: 40}, height: 300, hovermode: "x unified",
+      legend: {orientation: "h", y: 1.12}, shapes: shapes, annotations: notes,
+      yaxis: {title: {text: "GiB"}, rangemode: "tozero", gridcolor: "#eef0f4"},
+      yaxis2: {title: {text: "%"}, overlaying: "y", side: "right", range: [0, 105], showgrid: false,
+               tickvals: [0, 25, 50, 75, 100]},
+      xaxis: {type: "date", gridcolor: "#eef0f4"}
+    }, C.plotConfig);
+  }
+
+  var lastChart = 0, finalChart = false;
+  function refresh() {
+    return C.getJSON(root.dataset.api).then(function (job) {
+      renderJob(job);
+      C.updated($("job-updated"));
+      if (finalChart) { return; }
+      if (job.started_at && (Date.now() - lastChart > 9000 || finished)) {
+        lastChart = Date.now();
+        finalChart = finished;
+        return C.getJSON(root.dataset.metrics).then(renderChart);
+      }
+    });
+  }
+
+  C.getJSON(root.dataset.metrics).then(renderChart, function () {});
+  C.poll(refresh, 3000, function (err) { C.stale($("job-updated"), err); });
+})();

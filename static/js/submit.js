@@ -1,0 +1,34 @@
+/* Submit page: keeps the GPU count at 1 when a fraction is chosen, and shows the same request as a
+   `colony submit` command line. Validation is the server's (the API's rules and messages). */
+(function () {
+  "use strict";
+  var form = document.getElementById("submit-form");
+  var out = document.getElementById("cli-equivalent");
+  if (!form) { return; }
+  var field = function (name) { return form.elements[name]; };
+
+  function quote(word) { return /^[\w@%+=:,.\/-]+$/.test(word) ? word : "'" + word.replace(/'/g, "'\\''") + "'"; }
+
+  function render() {
+    var share = field("gpu_milli").value;
+    if (share !== "1000") { field("gpus").value = "1"; }
+    field("gpus").readOnly = share !== "1000";
+    var args = ["colony", "submit"];
+    if (share !== "1000") { args.push("--gpu-fraction", String(Number(share) / 1000)); }
+    else { args.push("--gpus", field("gpus").value || "1"); }
+    var text = function (name, flag) { var v = field(name) && field(name).value.trim(); if (v) { args.push(flag, quote(v)); } };
+    text("gpu_memory", "--memory"); text("name", "--name"); text("max_runtime", "--max-runtime");
+    text("max_nodes", "--max-nodes"); text("profile_key", "--profile-key");
+    if (field("tenant") && field("tenant").value && field("tenant").type !== "hidden") { args.push("--tenant", field("tenant").value); }
+    if (field("priority").value && field("priority").value !== "0") { args.push("--priority", field("priority").value); }
+    if (field("run_as").value === "opportunistic") { args.push("--opportunistic"); }
+    if (field("shareable").checked) { args.push("--shareable"); }
+    form.querySelectorAll("input[name=gpu_models]:checked").forEach(function (box) { args.push("--gpu-model", box.value); });
+    args.push("--", field("command").value.trim() || "python train.py");
+    out.textContent = args.join(" ");
+  }
+
+  form.addEventListener("input", render);
+  form.addEventListener("change", render);
+  render();
+})();

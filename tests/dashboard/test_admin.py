@@ -1,0 +1,84 @@
+"""Operator admin: quota audit trail, usage column, node cordon/uncordon/drain, job cancel/resubmit."""
+
+import pytest
+
+from jobs.choices import JobClass, JobState
+from jobs.models import Job, QuotaChange, Tenant
+from monitoring.models import Node
+from tests.dashboard.conftest import running_job
+from tests.factories import JobFactory
+
+
+@pytest.fixture
+def admin(client, operator):
+    client.force_login(operator)
+    return client
+
+
+def test_quota_edit_in_the_change_form_is_audited(admin, operator, vision):
+    response = admin.post(f"/admin/jobs/tenant/{vision.pk}/change/", {
+        "name": vision.name, "slug": "vision", "guaranteed_gpus": "6", "max_gpus": "8", "weight": "1.0",
+        "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0",
+        "quota_changes-TOTAL_FORMS": "0", "quota_changes-INITIAL_FORMS": "0",
+    })
+    assert response.status_code == 302, response.context["adminform"].form.errors if response.context else response
+    change = QuotaChange.objects.get()
+    assert (change.tenant, change.changed_by, change.field) == (vision, operator, "guaranteed_gpus")
+    assert (change.old_value, change.new_value) == ("4", "6")
+    page = admin.get(f"/admin/jobs/tenant/{vision.pk}/change/").content.decode()
+    assert "Quota changes (audit trail)" in page and "guaranteed_gpus" in page
+
+
+def test_quota_edit_in_the_list_is_audited(admin, vision, nlp):
+    tenants = [vision, nlp]
+    data = {"form-TOTAL_FORMS": "2", "form-INITIAL_FORMS": "2", "_save": "Save", "action": ""}
+    for n, tenant in enumerate(tenants):
+        data |= {f"form-{n}-id": str(tenant.pk), f"form-{n}-guaranteed_gpus": str(tenant.guaranteed_gpus),
+                 f"form-{n}-max_gpus": str(tenant.max_gpus), f"form-{n}-weight": str(tenant.weight)}
+    data |= {"form-1-max_gpus": "10", "form-1-weight": "2.5"}
+    assert admin.post("/admin/jobs/tenant/", data).status_code == 302
+    assert Tenant.objects.get(slug="nlp").max_gpus == 10
+    changes = {(c.tenant.slug, c.field, c.old_value, c.new_value) for c in QuotaChange.objects.all()}
+    assert changes == {("nlp", "max_gpus", "6", "10"), ("nlp", "weight", "1.0", "2.5")}
+    audit = admin.get("/admin/jobs/quotachange/").content.decode()
+    assert "max_gpus" in audit and "weight" in audit
+
+
+def test_tenant_list_shows_usage_against_quota(admin, alice, vision, cluster):
+    running_job(vision, alice, [cluster["a1/0"], cluster["a1/1"]])
+    running_job(vision, alice, [cluster["a1/2"]], milli=500, run_class=JobClass.OPPORTUNISTIC)
+    page = admin.get("/admin/jobs/tenant/").content.decode()
+    assert "2 + 0.5 / 4 / 8 GPUs" in page
+
+
+def test_cordon_uncordon_and_drain_nodes(admin, cluster):
+    def act(action, *names):
+        ids = [str(Node.objects.get(name=name).pk) for name in names]
+        return admin.post("/admin/monitoring/node/", {"action": action, "_selected_action": ids}, follow=True)
+
+    act("cordon", "a1")
+    assert Node.objects.get(name="a1").cordoned
+    act("uncordon", "a1")
+    assert not Node.objects.get(name="a1").cordoned
+    page = act("drain", "a1", "v1").content.decode()
+    assert all(node.cordoned for node in Node.objects.all())
+    assert "Draining a1, v1" in page
+    assert admin.get("/admin/monitoring/node/").status_code == 200
+
+
+def test_cancel_and_resubmit_jobs_from_the_admin(admin, alice, vision):
+    pending = JobFactory(tenant=vision, owner=alice)
+    finished = JobFactory(tenant=vision, owner=alice, state=JobState.FAILED, gpu_memory_mib=1000, priority=2)
+    page = admin.post("/admin/jobs/job/", {"action": "cancel_jobs", "_selected_action": [pending.pk, finished.pk]},
+                      follow=True).content.decode()
+    assert Job.objects.get(pk=pending.pk).state == JobState.CANCELLED
+    assert "Cancelled or stopping 1 job(s)" in page and "Not cancelled" in page
+    admin.post("/admin/jobs/job/", {"action": "resubmit_jobs", "_selected_action": [finished.pk]})
+    copy = Job.objects.exclude(pk__in=[pending.pk, finished.pk]).get()
+    assert (copy.state, copy.gpu_memory_mib, copy.priority, copy.owner) == (JobState.PENDING, 1000, 2, alice)
+
+
+@pytest.mark.parametrize("path", ["/admin/jobs/quotachange/", "/admin/jobs/tenant/add/", "/admin/monitoring/alert/",
+                                  "/admin/monitoring/jobusage/", "/admin/monitoring/gpu/"])
+def test_admin_pages_load(admin, cluster, path):
+    assert admin.get(path).status_code == 200
