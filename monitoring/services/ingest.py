@@ -75,9 +75,17 @@ class Ingestor:
 
     def run_once(self, block_ms: int | None = None) -> BatchResult:
         """Claim stale entries, then read one batch of new ones; apply, commit, ack."""
-        entries = claim_stale(self.client, protocol.METRICS_STREAM, GROUP, self.consumer, CLAIM_IDLE_MS)
-        entries += read_new(self.client, protocol.METRICS_STREAM, GROUP, self.consumer,
-                            max(1, self.batch_size - len(entries)), block_ms=block_ms)
+        try:
+            entries = claim_stale(self.client, protocol.METRICS_STREAM, GROUP, self.consumer, CLAIM_IDLE_MS)
+            entries += read_new(self.client, protocol.METRICS_STREAM, GROUP, self.consumer,
+                                max(1, self.batch_size - len(entries)), block_ms=block_ms)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # Redis restarted empty (it keeps nothing on disk): the group goes with the stream.
+            log.warning("metrics consumer group missing (Redis restarted?); recreating it")
+            ensure_group(self.client, protocol.METRICS_STREAM, GROUP)
+            return BatchResult()
         return self.apply(entries)
 
     def apply(self, entries: list) -> BatchResult:

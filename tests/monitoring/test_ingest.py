@@ -169,3 +169,13 @@ def test_samples_resent_after_a_reconnect_are_not_counted_twice(ingestor, redis_
     result = ingestor.run_once()
     assert (result.samples, result.duplicates) == (1, 1)
     assert rollup(0).samples == 3
+
+
+def test_reader_carries_on_after_redis_restarts_empty(ingestor, redis_client):
+    publish(redis_client, sample(1, T0 + 1))
+    assert ingestor.run_once().samples == 1  # acknowledged: in the database before Redis goes
+    redis_client.flushall()  # what a restart of a Redis that keeps nothing on disk looks like
+    assert ingestor.run_once().entries == 0
+    publish(redis_client, sample(2, T0 + 2))
+    assert ingestor.run_once().samples == 1
+    assert rollup(0).samples == 2
