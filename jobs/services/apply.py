@@ -8,6 +8,8 @@ leaves a PLACED job whose launch is re-sent by ``resend_unstarted_launches``.
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 
@@ -119,14 +121,27 @@ def _reason(pending, now: float) -> dict:
 
 
 def _store_pending_reasons(decisions: Decisions, now: float) -> None:
+    """Write reasons that changed, one UPDATE per distinct reason.
+
+    Thousands of pending jobs share a few dozen distinct reasons ("tenant at its ceiling", "waiting
+    for 8 free GPUs"), so this is a handful of statements rather than a row-by-row bulk update.
+    """
     reasons = {pending.job_id: _reason(pending, now) for pending in decisions.pending}
     if not reasons:
         return
-    jobs = list(Job.objects.filter(pk__in=reasons, state=JobState.PENDING).only("id", "pending_reason"))
-    changed = [job for job in jobs if job.pending_reason != reasons[job.id]]
-    for job in changed:
-        job.pending_reason = reasons[job.id]
-    Job.objects.bulk_update(changed, ["pending_reason"], batch_size=500)
+    current = dict(Job.objects.filter(state=JobState.PENDING).values_list("id", "pending_reason"))
+    changed: dict[str, list[int]] = defaultdict(list)
+    texts: dict[str, dict] = {}
+    for job_id, reason in reasons.items():
+        if job_id in current and current[job_id] != reason:
+            key = json.dumps(reason, sort_keys=True)
+            texts[key] = reason
+            changed[key].append(job_id)
+    for key, job_ids in changed.items():
+        for start in range(0, len(job_ids), 1000):
+            Job.objects.filter(pk__in=job_ids[start:start + 1000], state=JobState.PENDING).update(
+                pending_reason=texts[key]
+            )
 
 
 RESEND_AFTER_S = 15
