@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone as dt_timezone
 
+from django.db import connection
 from django.db.models import Func, IntegerField, Max, Sum
 from django.utils import timezone
 
@@ -139,7 +140,7 @@ def gpu_heatmap(range_key: str, metric: str, now: datetime | None = None,
             .annotate(u_sum=Sum("util_sum"), u_n=Sum("util_n"), m_max=Max("mem_max"))
             .values_list("gpu_id", "column", "u_sum", "u_n", "m_max")
         )
-        for gpu_id, column, u_sum, u_n, m_max in buckets:
+        for gpu_id, column, u_sum, u_n, m_max in _raw_rows(buckets):
             if not 0 <= column < columns:
                 continue
             row = row_of[gpu_id]
@@ -159,6 +160,19 @@ def gpu_heatmap(range_key: str, metric: str, now: datetime | None = None,
             for gpu, maxima in zip(gpus, mem_max)
         ]
     return heatmap
+
+
+def _raw_rows(queryset):
+    """The queryset's rows as the driver returns them, skipping Django's per-value converters.
+
+    A 6 h x 512 GPU matrix is ~184k grouped rows; the converters alone took ~1 s of a 1.3 s
+    request. These columns are plain numbers, so there is nothing to convert.
+    """
+    sql, params = queryset.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        while rows := cursor.fetchmany(10_000):
+            yield from rows
 
 
 def _sources(span: Span, start: datetime, end: datetime):
