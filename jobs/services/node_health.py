@@ -26,15 +26,21 @@ log = logging.getLogger(__name__)
 # One stop per stray (node, job) per this many seconds, however often it is reported.
 STRAY_STOP_EVERY_S = 30
 NODE_LOST = "node_lost"
+VANISHED = "vanished_from_node"
+MISSING_KEY = "colony:missing"
+# A running job its node has stopped reporting for this long is presumed gone (the agent was
+# restarted without it). Long, so that an exit event still in the queue is never overtaken.
+VANISHED_AFTER_S = 60.0
 
 
 def check_node_health(client: redis.Redis) -> dict:
     lost = [node.name for node in health.silent_nodes(client) if requeue_lost_node(node)]
     revived = health.revive_heartbeating(client)
-    strays = 0
+    strays = vanished = 0
     for node, entry in live.latest_nodes(client).items():
         strays += stop_strays(client, node, entry.get("running_jobs", []))
-    return {"lost": lost, "revived": revived, "strays_stopped": strays}
+        vanished += requeue_vanished(client, node, entry.get("running_jobs", []), entry["ts"])
+    return {"lost": lost, "revived": revived, "strays_stopped": strays, "vanished": vanished}
 
 
 @transaction.atomic
@@ -84,3 +90,45 @@ def stop_strays(client: redis.Redis, node: str, running_jobs: list[int]) -> int:
             send_stop(node, job_id)
             stopped += 1
     return stopped
+
+
+def requeue_vanished(client: redis.Redis, node: str, running_jobs: list[int], sample_ts: float) -> int:
+    """Requeue RUNNING jobs a live node has not reported for ``VANISHED_AFTER_S``.
+
+    An agent restarted after a crash no longer knows jobs it had started: without this they
+    would stay RUNNING forever. The node is sent a stop in case a process survived untracked.
+    """
+    reported = set(running_jobs)
+    ours = Allocation.objects.filter(gpu__node__name=node, released_at__isnull=True, job__state=JobState.RUNNING,
+                                     job__started_at__lt=timezone.now() - timezone.timedelta(seconds=5))
+    requeued = 0
+    for job_id in set(ours.values_list("job_id", flat=True)):
+        field = f"{node}:{job_id}"
+        if job_id in reported:
+            client.hdel(MISSING_KEY, field)
+            continue
+        client.hsetnx(MISSING_KEY, field, sample_ts)
+        first_missed = float(client.hget(MISSING_KEY, field))
+        if sample_ts - first_missed < VANISHED_AFTER_S:
+            continue
+        client.hdel(MISSING_KEY, field)
+        if _requeue_vanished_job(job_id, node):
+            requeued += 1
+    return requeued
+
+
+@transaction.atomic
+def _requeue_vanished_job(job_id: int, node: str) -> bool:
+    now = timezone.now()
+    if not Job.objects.filter(pk=job_id, state=JobState.RUNNING).update(
+        state=JobState.PENDING, placed_at=None, started_at=None, requeue_count=F("requeue_count") + 1,
+        pending_reason={"code": VANISHED, "details": {"node": node},
+                        "message": f"Requeued: node {node} stopped reporting this job (its agent restarted?)."},
+    ):
+        return False
+    for other in set(Allocation.objects.filter(job_id=job_id, released_at__isnull=True)
+                     .values_list("gpu__node__name", flat=True)):
+        transaction.on_commit(lambda other=other: send_stop(other, job_id))
+    Allocation.objects.filter(job_id=job_id, released_at__isnull=True).update(released_at=now)
+    log.warning("job %s vanished from node %s; requeued", job_id, node)
+    return True

@@ -83,3 +83,26 @@ def test_lost_node_that_heartbeats_again_is_revived(running_on_n1, redis_client)
     redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=10)
     assert check_node_health(redis_client)["revived"] == ["n1"]
     assert Node.objects.get(name="n1").state == NodeState.UP
+
+
+def test_running_job_its_node_stops_reporting_is_requeued_after_the_grace(running_on_n1, redis_client,
+                                                                          django_capture_on_commit_callbacks):
+    from jobs.services import node_health
+
+    type(running_on_n1).objects.filter(pk=running_on_n1.pk).update(started_at=timezone.now() - timedelta(minutes=5))
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=10)
+    now = time.time()
+
+    def report(ts, jobs):
+        return node_health.requeue_vanished(redis_client, "n1", jobs, ts)
+
+    assert report(now - 100, [running_on_n1.pk]) == 0
+    assert report(now - 90, []) == 0  # missing, but only just
+    assert report(now - 40, [running_on_n1.pk]) == 0  # back: the clock restarts
+    assert report(now - 30, []) == 0
+    with django_capture_on_commit_callbacks(execute=True):
+        assert report(now + 31, []) == 1
+    running_on_n1.refresh_from_db()
+    assert running_on_n1.state == JobState.PENDING and running_on_n1.requeue_count == 1
+    assert running_on_n1.pending_reason["code"] == "vanished_from_node"
+    assert [c.job_id for c in stop_commands(redis_client)] == [running_on_n1.pk]
