@@ -87,6 +87,8 @@ def stack(transactional_db, live_redis, tmp_path, request):
         "COLONY_SCHEDULER_INTERVAL": "0.5",
         "COLONY_EVENTS_INTERVAL": "0.2",
         "COLONY_STOP_GRACE_SECONDS": "3",
+        # A worker killed holding the scheduler lock blocks others for at most this long.
+        "COLONY_SCHEDULER_LOCK_LEASE": "5",
         "COLONY_NODE_REGISTRATION_GRACE_S": "1",
         "PYTHONUNBUFFERED": "1",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
