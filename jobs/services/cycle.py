@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import redis
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 
 from jobs.scheduling import decide
 from jobs.scheduling.config import SchedulerConfig
@@ -19,6 +20,11 @@ from monitoring.services.redis_client import get_redis
 log = logging.getLogger(__name__)
 
 LOCK_KEY = "colony:scheduler:lock"
+# While the database is unreachable, cycles are skipped for a doubling pause (capped) instead of
+# failing every tick; the first cycle that succeeds clears it.
+BACKOFF_KEY = "colony:scheduler:backoff"
+BACKOFF_FIRST_S = 2.0
+BACKOFF_MAX_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,7 @@ class CycleResult:
     throttled: int = 0
     pending: int = 0
     seconds: float = 0.0
+    backed_off: bool = False
 
 
 def scheduler_config() -> SchedulerConfig:
@@ -37,6 +44,8 @@ def scheduler_config() -> SchedulerConfig:
 
 def run_scheduling_cycle() -> CycleResult:
     client = get_redis()
+    if client.exists(BACKOFF_KEY):
+        return CycleResult(ran=False, backed_off=True)
     # The lease bounds how long a crashed worker can block scheduling.
     lock = client.lock(LOCK_KEY, timeout=settings.COLONY_SCHEDULER_LOCK_LEASE, blocking=False)
     if not lock.acquire():
@@ -49,6 +58,13 @@ def run_scheduling_cycle() -> CycleResult:
         decisions = decide(snapshot, now=time.time(), config=config)
         applied = apply_decisions(decisions)
         resend_unstarted_launches(client)
+        client.delete(BACKOFF_KEY + ":next")
+    except (OperationalError, InterfaceError) as exc:
+        pause = min(BACKOFF_MAX_S, float(client.get(BACKOFF_KEY + ":next") or BACKOFF_FIRST_S))
+        client.set(BACKOFF_KEY, 1, px=int(pause * 1000))
+        client.set(BACKOFF_KEY + ":next", min(BACKOFF_MAX_S, pause * 2), ex=int(BACKOFF_MAX_S * 4))
+        log.error("database unavailable (%s); pausing the scheduler for %.0fs", exc, pause)
+        return CycleResult(ran=False, backed_off=True)
     finally:
         try:
             lock.release()

@@ -85,3 +85,27 @@ def test_cancelled_job_is_not_placed(online_node):
     job = JobFactory(gpus=1, state=JobState.CANCELLED)
     assert run_scheduling_cycle().placed == 0
     assert not Allocation.objects.filter(job=job).exists()
+
+
+def test_database_outage_pauses_the_loop_with_a_doubling_backoff_then_resumes(online_node, redis_client, monkeypatch):
+    from django.db import OperationalError
+
+    from jobs.services import cycle as cycle_module
+
+    def unreachable(client):
+        raise OperationalError("could not connect to server")
+
+    monkeypatch.setattr(cycle_module, "build_snapshot", unreachable)
+    assert run_scheduling_cycle().backed_off
+    assert 0 < redis_client.pttl(cycle_module.BACKOFF_KEY) <= 2000
+    assert run_scheduling_cycle().backed_off  # skipped without touching the database
+    redis_client.delete(cycle_module.BACKOFF_KEY)
+    run_scheduling_cycle()
+    assert 2000 < redis_client.pttl(cycle_module.BACKOFF_KEY) <= 4000  # doubled
+    monkeypatch.undo()
+    redis_client.delete(cycle_module.BACKOFF_KEY)
+    job = JobFactory(gpus=1)
+    assert run_scheduling_cycle().ran
+    job.refresh_from_db()
+    assert job.state == JobState.PLACED
+    assert not redis_client.exists(cycle_module.BACKOFF_KEY + ":next")
