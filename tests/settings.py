@@ -7,9 +7,11 @@ from cluster_ui.settings import *  # noqa: F401,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
-# One SQLite test database per test run, so that two suites running at once (two terminals, or a
-# helper and CI) never share, and delete, each other's file.
-if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
-    import os
+# One test database per test run, so that two suites running at once (two terminals, or a helper
+# and CI) never share, and drop, each other's database.
+import os  # noqa: E402
 
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-colony-{os.getpid()}.sqlite3")}  # noqa: F405
+else:
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}  # noqa: F405
