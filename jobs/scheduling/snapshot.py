@@ -94,6 +94,9 @@ class JobRequest:
     allreduce_bytes: int | None = None
     # When this job's current gang reservation began; the service echoes ``Reservation.since``.
     reserved_since: float | None = None
+    # GPU-seconds of service the job already had (runs before a preemption). Only the
+    # least-attained-service baseline reads it; production leaves it at 0.
+    attained_gpu_s: float = 0.0
 
     @property
     def fractional(self) -> bool:
@@ -127,6 +130,8 @@ class RunningJob:
     shareable: bool = False
     # Already told to stop (preempted, cancelling): its GPUs free up soon; never chosen again.
     preempting: bool = False
+    # GPU-seconds of service so far, this run included (see ``JobRequest.attained_gpu_s``).
+    attained_gpu_s: float = 0.0
 
     @property
     def quota_milli(self) -> int:

@@ -39,7 +39,7 @@ def build_snapshot(redis_client) -> ClusterSnapshot:
     )
 
 
-def _intra_node_bandwidth(topology: list[dict]) -> float:
+def intra_node_bandwidth(topology: list[dict]) -> float:
     if topology and all(link["kind"] == "nvlink" and link.get("bandwidth_gbps") for link in topology):
         return min(link["bandwidth_gbps"] for link in topology) / BITS_PER_BYTE
     return PCIE_GB_PER_S
@@ -65,7 +65,7 @@ def _nodes(nodes: list[Node], online: set[str], samples: dict[str, dict]) -> tup
             online=node.name in online,
             cordoned=node.cordoned,
             rack=node.rack,
-            intra_node_gb_per_s=_intra_node_bandwidth(node.topology),
+            intra_node_gb_per_s=intra_node_bandwidth(node.topology),
         ))
     return tuple(states)
 

@@ -21,6 +21,10 @@ MODULES = [
     "agents.backends.nvml",
     "agents.protocol",
     "jobs.scheduling",
+    "jobs.scheduling.policies",
+    "jobs.scheduling.simulate",
+    "jobs.scheduling.simulate.__main__",
+    "jobs.scheduling.simulate.report",
 ]
 
 CHECK = """

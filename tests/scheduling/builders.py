@@ -83,12 +83,12 @@ class RunningSpec:
 def running(id: int, on: str = "a", gpus=(0,), tenant: str = "vision", opportunistic: bool = False,
             mem_gib: float | None = None, started_at: float = 0.0, runtime: float | None = None,
             util: float | None = None, solo: float | None = None, duty: float = 1.0, milli: int = 1000,
-            shareable: bool = False, preempting: bool = False) -> RunningSpec:
+            shareable: bool = False, preempting: bool = False, attained: float = 0.0) -> RunningSpec:
     return RunningSpec(id, on, tuple(gpus), dict(
         tenant=tenant, job_class=JobClass.OPPORTUNISTIC if opportunistic else JobClass.GUARANTEED,
         started_at=started_at, memory_mib=int(mem_gib * GIB) if mem_gib else None, expected_runtime_s=runtime,
         utilisation=util, solo_utilisation=solo, duty_cycle=duty, gpu_milli=milli, shareable=shareable,
-        preempting=preempting))
+        preempting=preempting, attained_gpu_s=attained))
 
 
 def cluster(*node_states: NodeState, pending=(), running=(), tenants=()) -> ClusterSnapshot:

@@ -67,10 +67,13 @@ def test_memory_request_skips_gpus_that_are_too_small():
         ([], job(1), ReasonCode.NO_NODES_ONLINE, "No GPU node is online"),
         ([node("a", online=False)], job(1), ReasonCode.NO_NODES_ONLINE, "No GPU node is online"),
         ([node("a", cordoned=True)], job(1), ReasonCode.NO_NODES_ONLINE, "No GPU node is online"),
-        ([node("a", gpus=8)], job(1, gpus=16), ReasonCode.GANG_LARGER_THAN_ANY_NODE, "Needs 16 GPUs on one node"),
+        ([node("a", gpus=8)], job(1, gpus=16, max_nodes=1), ReasonCode.GANG_LARGER_THAN_ANY_NODE,
+         "Needs 16 GPUs on one node"),
+        ([node("a", gpus=8), node("b", gpus=4)], job(1, gpus=16), ReasonCode.GANG_LARGER_THAN_CLUSTER,
+         "Needs 16 GPUs; the online nodes have 12"),
         ([node("a", mem_gib=32)], job(1, mem_gib=40), ReasonCode.NO_GPU_WITH_ENOUGH_MEMORY, "40 GiB"),
         ([node("a", gpus=8, busy=8)], job(1, gpus=2), ReasonCode.WAITING_FOR_FREE_GPUS,
-         "Waiting for 2 free GPUs on one node; the most free on any node is 0"),
+         "Waiting for 2 GPUs; the most free on any node is 0"),
     ],
 )
 def test_pending_job_says_why(nodes, request_, code, words):
@@ -83,3 +86,10 @@ def test_decisions_are_deterministic_for_a_snapshot():
     snapshot = cluster(node("a", gpus=8, busy=3), node("b", gpus=8, busy=5),
                        pending=[job(i, gpus=1 + i % 3) for i in range(1, 10)])
     assert fifo_exclusive(snapshot, now=0) == fifo_exclusive(snapshot, now=0)
+
+
+def test_gang_wider_than_a_node_takes_whole_free_nodes_most_free_first():
+    snapshot = cluster(node("a", gpus=8, busy=2), node("b", gpus=8), node("c", gpus=8, busy=7),
+                       pending=[job(1, gpus=12)])
+    (place,) = fifo_exclusive(snapshot, now=0).placements
+    assert [(s.node, len(s.gpu_ids), s.first_rank) for s in place.slices] == [("b", 8, 0), ("a", 4, 8)]

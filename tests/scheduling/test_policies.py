@@ -1,9 +1,11 @@
 """The policies the trace replay compares share one signature and one snapshot."""
 
+from dataclasses import replace
+
 import pytest
 
 from jobs.scheduling import decide
-from jobs.scheduling.policies import POLICIES, fifo_exclusive, packing_without_quotas
+from jobs.scheduling.policies import POLICIES, fifo_exclusive, least_attained_service, packing_without_quotas
 from tests.scheduling.builders import classes, cluster, job, node, placed, preempted, running, tenant
 
 
@@ -46,3 +48,24 @@ def test_packing_without_quotas_shares_gpus_that_fifo_keeps_exclusive():
                        pending=[job(1, tenant="y", mem_gib=4, profile=(4, 0.2))])
     assert placed(packing_without_quotas(snapshot, now=0)) == {1: "a"}
     assert placed(fifo_exclusive(snapshot, now=0)) == {}
+
+
+def las_job(id, attained=0.0, gpus=1, submitted_at=None):
+    return replace(job(id, gpus=gpus, submitted_at=submitted_at or float(id)), attained_gpu_s=attained)
+
+
+def test_least_attained_service_runs_the_least_served_job_first():
+    snapshot = cluster(node("a", gpus=1), pending=[las_job(1, attained=7200.0), las_job(2, attained=0.0)])
+    assert placed(least_attained_service(snapshot, now=0)) == {2: "a"}
+
+
+def test_least_attained_service_preempts_only_jobs_of_a_lower_queue():
+    served = running(9, on="a", gpus=[0], tenant="cv", attained=7200.0)
+    fresh = running(8, on="b", gpus=[0], tenant="cv", attained=60.0)
+    snapshot = cluster(node("a", gpus=1), node("b", gpus=1), running=[served, fresh], pending=[las_job(1)])
+    decisions = least_attained_service(snapshot, now=0)
+    assert preempted(decisions) == [9]
+    assert decisions.pending[0].reason.code == "reclaiming"
+    # A job that has had more than the threshold itself waits instead of preempting.
+    snapshot = cluster(node("a", gpus=1), running=[served], pending=[las_job(2, attained=4000.0)])
+    assert preempted(least_attained_service(snapshot, now=0)) == []

@@ -1,14 +1,17 @@
-"""Baseline policy: exclusive whole GPUs, one node per job, priority then submit order, no quotas.
+"""Baseline policy: exclusive whole GPUs, priority then submit order, no quotas.
 
 The walking skeleton's scheduler, kept as the baseline that benchmarks and the trace replay compare
-against. Each job takes the best-fitting node (the fewest free GPUs that still fit it), so that big
-holes stay free for big jobs. A job that does not fit is skipped, not waited on. A GPU with any
-running job (or marked busy) is not free; fractions, profiles and tenants are ignored.
+against (the "FIFO with exclusive GPUs" of the papers). Each job takes the best-fitting node (the
+fewest free GPUs that still fit it), so that big holes stay free for big jobs; a gang wider than
+any free node takes whole free nodes, most free first, unless ``max_nodes`` is 1. A job that does
+not fit is skipped, not waited on. A GPU with any running job (or marked busy) is not free;
+fractions, profiles and tenants are ignored.
 """
 
 from __future__ import annotations
 
 from jobs.scheduling.decisions import Decisions, NodeSlice, Pending, Place
+from jobs.scheduling import reasons
 from jobs.scheduling.reasons import PendingReason, ReasonCode, gib
 from jobs.scheduling.snapshot import ClusterSnapshot, GpuState, JobRequest, NodeState
 
@@ -24,21 +27,31 @@ def fifo_exclusive(snapshot: ClusterSnapshot, now: float, config=None) -> Decisi
     nodes = {node.name: node for node in snapshot.nodes}
     placements: list[Place] = []
     pending: list[Pending] = []
-    # Free GPUs only shrink within a cycle, so a request that found no node finds none later:
-    # remember the reason per request shape instead of searching every node again.
-    failed: dict[tuple, PendingReason] = {}
+    # Free GPUs only shrink within a cycle, so a request that found no node finds none later, nor
+    # does one of the same width asking for more memory: remember the smallest failing memory per
+    # (width, models, spread) instead of searching every node again.
+    failed: dict[tuple, tuple[int, PendingReason]] = {}
     for job in sorted(snapshot.pending, key=lambda job: (-job.priority, job.submitted_at, job.id)):
-        shape = (job.gpus, job.gpu_memory_mib, job.gpu_models)
-        if shape in failed:
-            pending.append(Pending(job.id, failed[shape]))
+        shape, need = (job.gpus, job.gpu_models, job.max_nodes), job.gpu_memory_mib or 0
+        memo = failed.get(shape)
+        if memo is not None and need >= memo[0]:
+            smallest, reason = memo
+            if need != smallest and reason.code is ReasonCode.WAITING_FOR_FREE_GPUS:
+                reason = reasons.waiting_for_free_gpus(job.gpus, need, job.max_nodes == 1,
+                                                       reason.details["most_free_on_a_node"])
+            elif need != smallest:
+                reason = why_pending_exclusive(job, nodes, free)
+            pending.append(Pending(job.id, reason))
             continue
-        placement = _place(job, free)
+        placement = place_exclusive(job, free)
         if placement is None:
-            failed[shape] = _why_pending(job, nodes, free)
-            pending.append(Pending(job.id, failed[shape]))
+            reason = why_pending_exclusive(job, nodes, free)
+            failed[shape] = (need, reason)
+            pending.append(Pending(job.id, reason))
             continue
         taken = set(placement.gpu_ids)
-        free[placement.node] = [gpu for gpu in free[placement.node] if gpu.id not in taken]
+        for node_name in placement.nodes:
+            free[node_name] = [gpu for gpu in free[node_name] if gpu.id not in taken]
         placements.append(placement)
     return Decisions(placements=tuple(placements), pending=tuple(pending))
 
@@ -48,7 +61,7 @@ def _fitting(job: JobRequest, gpus: list[GpuState]) -> list[GpuState]:
     return [gpu for gpu in gpus if gpu.memory_mib >= need and (not job.gpu_models or gpu.model in job.gpu_models)]
 
 
-def _place(job: JobRequest, free: dict[str, list[GpuState]]) -> Place | None:
+def place_exclusive(job: JobRequest, free: dict[str, list[GpuState]]) -> Place | None:
     if job.gpus < 1:
         return None
     best: tuple[int, str, list[GpuState]] | None = None
@@ -58,15 +71,29 @@ def _place(job: JobRequest, free: dict[str, list[GpuState]]) -> Place | None:
         fitting = _fitting(job, gpus)
         if len(fitting) >= job.gpus and (best is None or (len(fitting), name) < best[:2]):
             best = (len(fitting), name, fitting)
-    if best is None:
+    if best is not None:
+        _, name, fitting = best
+        chosen = fitting[: job.gpus]
+        return Place(job_id=job.id, slices=(NodeSlice(node=name, gpu_ids=tuple(gpu.id for gpu in chosen),
+                                                      gpu_indices=tuple(gpu.index for gpu in chosen)),))
+    if job.max_nodes == 1:
         return None
-    _, name, fitting = best
-    chosen = fitting[: job.gpus]
-    return Place(job_id=job.id, slices=(NodeSlice(node=name, gpu_ids=tuple(gpu.id for gpu in chosen),
-                                                  gpu_indices=tuple(gpu.index for gpu in chosen)),))
+    # Fewest nodes: the most free first. Ranks follow that order, as in the production core.
+    widest = sorted(((len(fitting), name, fitting) for name, fitting in
+                     ((name, _fitting(job, gpus)) for name, gpus in free.items()) if fitting),
+                    key=lambda entry: (-entry[0], entry[1]))
+    slices, covered = [], 0
+    for count, name, fitting in widest[: job.max_nodes or None]:
+        chosen = fitting[: job.gpus - covered]
+        slices.append(NodeSlice(node=name, gpu_ids=tuple(g.id for g in chosen), gpu_indices=tuple(g.index for g in chosen),
+                                node_rank=len(slices), first_rank=covered))
+        covered += len(chosen)
+        if covered == job.gpus:
+            return Place(job_id=job.id, slices=tuple(slices))
+    return None
 
 
-def _why_pending(job: JobRequest, nodes: dict[str, NodeState], free: dict[str, list[GpuState]]) -> PendingReason:
+def why_pending_exclusive(job: JobRequest, nodes: dict[str, NodeState], free: dict[str, list[GpuState]]) -> PendingReason:
     online = [node for node in nodes.values() if node.schedulable]
     if not online:
         return PendingReason(ReasonCode.NO_NODES_ONLINE, "No GPU node is online and accepting jobs.")
@@ -78,18 +105,19 @@ def _why_pending(job: JobRequest, nodes: dict[str, NodeState], free: dict[str, l
             f"Needs a GPU with {gib(need_mib)} of memory; the largest online GPU has {gib(biggest_gpu)}.",
             {"needed_mib": need_mib, "largest_mib": biggest_gpu},
         )
-    widest = max(len(_fitting(job, list(node.gpus))) for node in online)
-    if job.gpus > widest:
+    per_node = [len(_fitting(job, list(node.gpus))) for node in online]
+    if job.max_nodes == 1 and job.gpus > max(per_node):
         return PendingReason(
             ReasonCode.GANG_LARGER_THAN_ANY_NODE,
-            f"Needs {job.gpus} GPUs on one node; the largest online node has {widest} that fit.",
-            {"needed_gpus": job.gpus, "largest_node_gpus": widest},
+            f"Needs {job.gpus} GPUs on one node; the largest online node has {max(per_node)} that fit.",
+            {"needed_gpus": job.gpus, "largest_node_gpus": max(per_node)},
+        )
+    reachable = sum(sorted(per_node, reverse=True)[: job.max_nodes or None])
+    if job.gpus > reachable:
+        return PendingReason(
+            ReasonCode.GANG_LARGER_THAN_CLUSTER,
+            f"Needs {job.gpus} GPUs; the online nodes have {reachable} that fit.",
+            {"needed_gpus": job.gpus, "cluster_gpus": reachable},
         )
     most_free = max((len(_fitting(job, gpus)) for gpus in free.values()), default=0)
-    memory_note = f" with {gib(need_mib)}" if need_mib else ""
-    return PendingReason(
-        ReasonCode.WAITING_FOR_FREE_GPUS,
-        f"Waiting for {job.gpus} free GPU{'s' if job.gpus != 1 else ''}{memory_note} on one node; "
-        f"the most free on any node is {most_free}.",
-        {"needed_gpus": job.gpus, "most_free_on_a_node": most_free},
-    )
+    return reasons.waiting_for_free_gpus(job.gpus, need_mib, job.max_nodes == 1, most_free)

@@ -1,0 +1,98 @@
+"""Baseline policy: Tiresias-style discretised least-attained-service (Gu et al., NSDI'19).
+
+A job's priority falls as it gathers service (GPUs x seconds run, earlier runs included): jobs
+sit in queues split at ``THRESHOLDS_GPU_S``, lowest attained queue first, FIFO inside a queue.
+A waiting job that does not fit may preempt running jobs of strictly lower queues (the most
+served first); it starts in the next cycle, once they have stopped, on the GPUs promised to it.
+Tiresias assumes jobs checkpoint, so preempted work resumes; the replay models that for every
+policy. GPUs are exclusive and whole, placed as ``fifo_exclusive`` places them; quotas,
+fractions and packing are ignored, as in the paper. Tiresias' starvation guard (promoting a job
+that waited too long) is left out: the replays here are short enough not to need it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason
+from jobs.scheduling.policies.fifo_exclusive import place_exclusive, why_pending_exclusive
+from jobs.scheduling.reasons import PendingReason, ReasonCode
+from jobs.scheduling.snapshot import ClusterSnapshot, GpuState, RunningJob
+
+# Tiresias' two-queue setting; one GPU-hour is its order of magnitude for the Philly-like traces.
+THRESHOLDS_GPU_S = (3600.0,)
+
+
+def queue_of(attained_gpu_s: float) -> int:
+    return bisect_right(THRESHOLDS_GPU_S, attained_gpu_s)
+
+
+def least_attained_service(snapshot: ClusterSnapshot, now: float, config=None) -> Decisions:
+    held = {gpu_id for job in snapshot.running for gpu_id in job.gpu_ids}
+    gpus: dict[int, tuple[str, GpuState]] = {}
+    free: dict[str, list[GpuState]] = {}
+    for node in snapshot.nodes:
+        for gpu in node.gpus:
+            gpus[gpu.id] = (node.name, gpu)
+        if node.schedulable:
+            free[node.name] = sorted((g for g in node.free_gpus() if g.id not in held), key=lambda g: g.index)
+    nodes = {node.name: node for node in snapshot.nodes}
+    # Victims, least deserving first: highest queue, then the most served.
+    victims = sorted((job for job in snapshot.running if not job.preempting),
+                     key=lambda job: (-queue_of(job.attained_gpu_s), -job.attained_gpu_s, -job.id))
+    chosen: set[int] = set()
+    placements, pending, preemptions = [], [], []
+    for job in sorted(snapshot.pending, key=lambda j: (queue_of(j.attained_gpu_s), -j.priority, j.submitted_at, j.id)):
+        placement = place_exclusive(job, free)
+        if placement is not None:
+            _take(free, placement)
+            placements.append(placement)
+            continue
+        freed = _preempt_for(job, victims, chosen, free, gpus)
+        if freed:
+            preemptions.extend(Preempt(v.id, PreemptReason.RECLAIM_FOR_GUARANTEE,
+                                       f"Job {job.id} has had less GPU time", for_job_id=job.id) for v in freed)
+            pending.append(Pending(job.id, PendingReason(
+                ReasonCode.RECLAIMING,
+                f"Preempting {len(freed)} job{'s' if len(freed) != 1 else ''} that had more GPU time; "
+                "starts once they have stopped.", {"needed_gpus": job.gpus, "victims": len(freed)}), eta_s=0.0))
+        else:
+            pending.append(Pending(job.id, why_pending_exclusive(job, nodes, free)))
+    return Decisions(placements=tuple(placements), pending=tuple(pending), preemptions=tuple(preemptions))
+
+
+def _take(free: dict[str, list[GpuState]], placement: Place) -> None:
+    taken = set(placement.gpu_ids)
+    for name in placement.nodes:
+        free[name] = [g for g in free[name] if g.id not in taken]
+
+
+def _preempt_for(job, victims: list[RunningJob], chosen: set[int], free: dict[str, list[GpuState]],
+                 gpus: dict[int, tuple[str, GpuState]]) -> list[RunningJob]:
+    """Victims of lower queues whose GPUs, added to the free ones, fit the job; [] if none do.
+
+    The freed GPUs are promised: they leave ``free`` for the rest of the cycle, and the job takes
+    them (or others) next cycle."""
+    rank = queue_of(job.attained_gpu_s)
+    trial = {name: list(gs) for name, gs in free.items()}
+    picked: list[RunningJob] = []
+    for victim in victims:
+        if victim.id in chosen or queue_of(victim.attained_gpu_s) <= rank:
+            continue
+        picked.append(victim)
+        for gpu_id in victim.gpu_ids:
+            name, gpu = gpus[gpu_id]
+            if name in trial:
+                trial[name].append(gpu)
+        for name in trial:
+            trial[name].sort(key=lambda g: g.index)
+        placement = place_exclusive(job, trial)
+        if placement is not None:
+            # Keep only the victims the placement needs, then promise their GPUs.
+            needed = set(placement.gpu_ids)
+            picked = [v for v in picked if needed & set(v.gpu_ids)]
+            chosen.update(v.id for v in picked)
+            for name in placement.nodes:
+                free[name] = [g for g in free[name] if g.id not in needed]
+            return picked
+    return []

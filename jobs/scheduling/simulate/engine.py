@@ -1,0 +1,442 @@
+"""The replay driver: a virtual clock that feeds a policy the same snapshots production would.
+
+Events are job arrivals (from the trace), job completions (from each job's remaining work and
+its current speed) and scheduling cycles. A cycle runs on the production grid (every
+``interval`` seconds, default 2 s): the first grid point after an arrival or a completion (the
+nudge), and then every interval for as long as the policy keeps changing things (throttling,
+preemption, reservations, a capped cycle that left placeable work). A quiet cluster costs
+nothing between events, so months of trace replay in seconds.
+
+The co-location model: a job adds ``utilisation x duty_cycle`` to each of its GPUs' load. A GPU
+whose load exceeds 1 slows every resident by the same factor (1 / load); a job progresses at its
+duty cycle times the slowest factor among its GPUs. A preempted job is requeued with the work it
+had done (training jobs checkpoint) plus ``restart_overhead_s`` to do again.
+
+The policy is any ``policy(snapshot, now, config) -> Decisions`` (``jobs.scheduling.policies``).
+Memory is never overcommitted by this driver: a placement that would put more memory on a GPU
+than it has is still carried out and counted as a violation, which tests assert stays at zero.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict, deque
+from dataclasses import dataclass, field, replace
+
+from jobs.scheduling.config import SchedulerConfig
+from jobs.scheduling.decisions import Decisions
+from jobs.scheduling.simulate.trace import Trace, TraceJob
+from jobs.scheduling.snapshot import (
+    WHOLE_GPU_MILLI,
+    ClusterSnapshot,
+    GpuState,
+    JobClass,
+    JobRequest,
+    NodeState,
+    RunningJob,
+    TenantQuota,
+)
+from jobs.scheduling.usage import decay_usage
+
+INF = math.inf
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """What happened to one job during a replay."""
+
+    job: TraceJob
+    first_start: float | None = None
+    finish: float | None = None
+    queued_s: float = 0.0
+    preemptions: int = 0
+    throttles: int = 0
+    guaranteed_gpu_s: float = 0.0
+    opportunistic_gpu_s: float = 0.0
+
+    @property
+    def jct(self) -> float | None:
+        return None if self.finish is None else self.finish - self.job.submit_s
+
+
+@dataclass(slots=True)
+class _Gpu:
+    id: int
+    index: int
+    node: int
+    model: str
+    memory_mib: int
+    residents: set[int] = field(default_factory=set)
+    load: float = 0.0
+    memory_used: int = 0
+
+
+@dataclass(slots=True)
+class _Run:
+    job: TraceJob
+    job_class: JobClass
+    gpu_ids: tuple[int, ...]
+    memory: tuple[int, ...]  # per GPU, MiB
+    started_at: float
+    duty: float
+    remaining: float  # solo-seconds of work left
+    attained_before: float  # GPU-seconds from earlier runs
+    rate: float = 1.0
+    settled_at: float = 0.0
+    version: int = 0
+
+    @property
+    def held_milli(self) -> int:
+        return len(self.gpu_ids) * self.job.gpu_milli
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """The cluster between two events (a step function; ``t`` is where the step begins)."""
+
+    t: float
+    busy_gpus: int
+    utilisation: float  # sum over GPUs of min(1, load)
+    memory_mib: float
+    allocated_milli: int
+    pending: int
+    running: int
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    policy: str
+    trace: Trace
+    records: dict[int, JobRecord]
+    samples: list[Sample]
+    start: float
+    end: float
+    cycles: int = 0
+    preemptions: int = 0
+    throttles: int = 0
+    memory_violations: int = 0
+    unfinished: list[int] = field(default_factory=list)
+    tenant_gpu_s: dict[str, float] = field(default_factory=dict)
+    # Integrals over the replay (value x seconds).
+    busy_gpu_s: float = 0.0
+    used_gpu_s: float = 0.0
+    memory_mib_s: float = 0.0
+    allocated_milli_s: float = 0.0
+    # The same integrals up to the last arrival: the window in which the trace, not the tail of
+    # its longest jobs, sets the load.
+    arrivals_end: float | None = None
+    window_busy_gpu_s: float = 0.0
+    window_used_gpu_s: float = 0.0
+    window_memory_mib_s: float = 0.0
+
+
+class Replay:
+    def __init__(self, trace: Trace, policy, config: SchedulerConfig = SchedulerConfig(), *, name: str = "",
+                 interval: float = 2.0, restart_overhead_s: float = 30.0, max_time: float | None = None):
+        self.trace, self.policy, self.config = trace, policy, config
+        self.interval, self.restart_overhead_s = interval, restart_overhead_s
+        self.max_time = max_time
+        self.gpus: list[_Gpu] = []
+        self.node_gpus: list[list[int]] = []
+        for n, spec in enumerate(trace.nodes):
+            ids = []
+            for index in range(spec.gpus):
+                ids.append(len(self.gpus))
+                self.gpus.append(_Gpu(len(self.gpus), index, n, spec.model, spec.memory_mib))
+            self.node_gpus.append(ids)
+        self.node_cache: list[NodeState | None] = [None] * len(trace.nodes)
+        self.quotas = {q.name: q for q in trace.quotas}
+        self.usage: dict[str, float] = defaultdict(float)
+        self.held: dict[str, int] = defaultdict(int)  # milli-GPUs per tenant
+        self.records = {job.id: JobRecord(job) for job in trace.jobs}
+        self.arrivals = deque(sorted(trace.jobs, key=lambda j: (j.submit_s, j.id)))
+        self.pending: dict[int, JobRequest] = {}
+        self.pending_since: dict[int, float] = {}
+        self.remaining: dict[int, float] = {}  # work left of requeued jobs
+        self.attained: dict[int, float] = defaultdict(float)
+        self.running: dict[int, _Run] = {}
+        self.completions: list[tuple[float, int, int]] = []
+        self.now = 0.0
+        self.next_cycle: float | None = None
+        self.result = ReplayResult(name or getattr(policy, "__name__", "policy"), trace, self.records, [], 0.0, 0.0)
+        self.busy = 0
+        self.used = 0.0
+        self.memory_used = 0
+        self.allocated = 0
+
+    # -- the clock ---------------------------------------------------------------------------------
+
+    def run(self) -> ReplayResult:
+        if self.arrivals:
+            self.now = self.result.start = self.arrivals[0].submit_s
+        while True:
+            t_arrival = self.arrivals[0].submit_s if self.arrivals else INF
+            t_done = self._next_completion()
+            t_cycle = self.next_cycle if self.next_cycle is not None else INF
+            t = min(t_arrival, t_done, t_cycle)
+            if t == INF or (self.max_time is not None and t > self.result.start + self.max_time):
+                break
+            self._advance(t)
+            if t_done == t:
+                self._complete_due(t)
+            elif t_arrival == t:
+                while self.arrivals and self.arrivals[0].submit_s <= t:
+                    self.enqueue(self.arrivals.popleft(), t)
+                if not self.arrivals:
+                    self._close_arrival_window()
+                self._nudge(t)
+            else:
+                self.next_cycle = None
+                self.cycle(t)
+        self.result.end = self.now
+        self.result.unfinished = sorted(j for j, r in self.records.items() if r.finish is None)
+        self._sample()
+        return self.result
+
+    def _close_arrival_window(self) -> None:
+        r = self.result
+        r.arrivals_end = self.now
+        r.window_busy_gpu_s, r.window_used_gpu_s, r.window_memory_mib_s = r.busy_gpu_s, r.used_gpu_s, r.memory_mib_s
+
+    def _nudge(self, t: float) -> None:
+        grid = math.ceil(t / self.interval - 1e-9) * self.interval
+        if self.next_cycle is None or grid < self.next_cycle:
+            self.next_cycle = grid
+
+    def _advance(self, t: float) -> None:
+        dt = t - self.now
+        if dt > 0:
+            r = self.result
+            r.busy_gpu_s += self.busy * dt
+            r.used_gpu_s += self.used * dt
+            r.memory_mib_s += self.memory_used * dt
+            r.allocated_milli_s += self.allocated * dt
+            half_life = self.config.usage_half_life_s
+            for tenant in set(self.usage) | set(self.held):
+                self.usage[tenant] = decay_usage(self.usage[tenant], self.held[tenant] / WHOLE_GPU_MILLI, dt, half_life)
+                r.tenant_gpu_s[tenant] = r.tenant_gpu_s.get(tenant, 0.0) + self.held[tenant] / WHOLE_GPU_MILLI * dt
+            for run in self.running.values():
+                record = self.records[run.job.id]
+                gpu_s = run.held_milli / WHOLE_GPU_MILLI * dt
+                if run.job_class is JobClass.GUARANTEED:
+                    record.guaranteed_gpu_s += gpu_s
+                else:
+                    record.opportunistic_gpu_s += gpu_s
+        self.now = max(self.now, t)
+
+    def _sample(self) -> None:
+        sample = Sample(self.now, self.busy, self.used, self.memory_used, self.allocated, len(self.pending),
+                        len(self.running))
+        samples = self.result.samples
+        if samples and samples[-1].t == self.now:
+            samples[-1] = sample
+        else:
+            samples.append(sample)
+
+    # -- jobs entering and leaving ---------------------------------------------------------------------
+
+    def enqueue(self, job: TraceJob, t: float) -> None:
+        self.pending[job.id] = JobRequest(
+            id=job.id, tenant=job.tenant, gpus=job.gpus, submitted_at=job.submit_s,
+            gpu_memory_mib=job.memory_mib, priority=job.priority, gpu_milli=job.gpu_milli, gpu_models=job.gpu_models,
+            opportunistic_only=job.opportunistic_only, expected_runtime_s=job.duration_s,
+            attained_gpu_s=self.attained[job.id],
+        )
+        self.pending_since[job.id] = t
+        self.usage.setdefault(job.tenant, 0.0)
+        self._sample()
+
+    def _next_completion(self) -> float:
+        heap = self.completions
+        while heap:
+            finish, job_id, version = heap[0]
+            run = self.running.get(job_id)
+            if run is not None and run.version == version:
+                return finish
+            heapq.heappop(heap)
+        return INF
+
+    def _complete_due(self, t: float) -> None:
+        while self._next_completion() <= t:
+            _, job_id, _ = heapq.heappop(self.completions)
+            run = self._stop(job_id)
+            self.records[job_id].finish = t
+            self.attained[job_id] += self._attained_this_run(run)
+        self._sample()
+        self._nudge(t)
+
+    def _attained_this_run(self, run: _Run) -> float:
+        return (self.now - run.started_at) * len(run.gpu_ids)
+
+    def _stop(self, job_id: int) -> _Run:
+        run = self.running.pop(job_id)
+        self._settle(run)
+        self.held[run.job.tenant] -= run.held_milli
+        self.allocated -= run.held_milli
+        touched = set()
+        for gpu_id, memory in zip(run.gpu_ids, run.memory):
+            gpu = self.gpus[gpu_id]
+            self._gpu_out(gpu)
+            gpu.residents.discard(job_id)
+            gpu.load -= run.job.utilisation * run.duty
+            gpu.memory_used -= memory
+            if not gpu.residents:
+                gpu.load, gpu.memory_used = 0.0, 0
+            self._gpu_in(gpu)
+            touched.add(gpu_id)
+        self._rerate(touched)
+        return run
+
+    def _start(self, job_id: int, gpu_ids: tuple[int, ...], job_class: JobClass, duty: float) -> None:
+        request = self.pending.pop(job_id)
+        job = self.records[job_id].job
+        record = self.records[job_id]
+        record.queued_s += self.now - self.pending_since.pop(job_id)
+        if record.first_start is None:
+            record.first_start = self.now
+        memory = tuple(self._memory_of(job, self.gpus[g]) for g in gpu_ids)
+        run = _Run(job, job_class, gpu_ids, memory, started_at=self.now, duty=duty,
+                   remaining=self.remaining.pop(job_id, job.duration_s), attained_before=request.attained_gpu_s,
+                   settled_at=self.now)
+        self.running[job_id] = run
+        self.held[job.tenant] += run.held_milli
+        self.allocated += run.held_milli
+        for gpu_id, mib in zip(gpu_ids, memory):
+            gpu = self.gpus[gpu_id]
+            self._gpu_out(gpu)
+            gpu.residents.add(job_id)
+            gpu.load += job.utilisation * duty
+            gpu.memory_used += mib
+            if gpu.memory_used > gpu.memory_mib:
+                self.result.memory_violations += 1
+            self._gpu_in(gpu)
+        self._rerate(set(gpu_ids))
+
+    @staticmethod
+    def _memory_of(job: TraceJob, gpu: _Gpu) -> int:
+        if job.memory_mib is not None:
+            return job.memory_mib
+        return -(-gpu.memory_mib * job.gpu_milli // WHOLE_GPU_MILLI)
+
+    def _preempt(self, job_id: int) -> None:
+        run = self._stop(job_id)
+        self.attained[job_id] += self._attained_this_run(run)
+        self.remaining[job_id] = run.remaining + self.restart_overhead_s
+        self.records[job_id].preemptions += 1
+        self.enqueue(run.job, self.now)
+
+    def _throttle(self, job_id: int, duty: float) -> None:
+        run = self.running[job_id]
+        self._settle(run)
+        for gpu_id in run.gpu_ids:
+            gpu = self.gpus[gpu_id]
+            self._gpu_out(gpu)
+            gpu.load += run.job.utilisation * (duty - run.duty)
+            self._gpu_in(gpu)
+        run.duty = duty
+        self.records[job_id].throttles += 1
+        self._rerate(set(run.gpu_ids))
+
+    # -- GPU load, job speed -----------------------------------------------------------------------------
+
+    def _gpu_out(self, gpu: _Gpu) -> None:
+        """Take a GPU's contribution out of the cluster totals before changing it."""
+        self.busy -= bool(gpu.residents)
+        self.used -= min(1.0, gpu.load)
+        self.memory_used -= gpu.memory_used
+        self.node_cache[gpu.node] = None
+
+    def _gpu_in(self, gpu: _Gpu) -> None:
+        self.busy += bool(gpu.residents)
+        self.used += min(1.0, gpu.load)
+        self.memory_used += gpu.memory_used
+        if not self.busy:  # drop the rounding the running float sum gathered
+            self.used = 0.0
+
+    def _settle(self, run: _Run) -> None:
+        run.remaining = max(0.0, run.remaining - run.rate * (self.now - run.settled_at))
+        run.settled_at = self.now
+
+    def _rerate(self, gpu_ids: set[int]) -> None:
+        jobs = {job_id for g in gpu_ids for job_id in self.gpus[g].residents}
+        for job_id in jobs:
+            run = self.running[job_id]
+            slowest = min(1.0 / max(1.0, self.gpus[g].load) for g in run.gpu_ids)
+            rate = run.duty * slowest
+            if abs(rate - run.rate) < 1e-12 and run.version:
+                continue
+            self._settle(run)
+            run.rate = rate
+            run.version += 1
+            finish = self.now + run.remaining / rate if rate > 0 else INF
+            heapq.heappush(self.completions, (finish, job_id, run.version))
+
+    # -- a scheduling cycle ----------------------------------------------------------------------------
+
+    def snapshot(self) -> ClusterSnapshot:
+        nodes = []
+        for n, spec in enumerate(self.trace.nodes):
+            node = self.node_cache[n]
+            if node is None:
+                node = self.node_cache[n] = NodeState(
+                    spec.name,
+                    tuple(GpuState(g.id, g.index, g.model, g.memory_mib, utilisation=min(1.0, g.load) if g.residents else 0.0,
+                                   memory_used_mib=g.memory_used)
+                          for g in (self.gpus[i] for i in self.node_gpus[n])),
+                    rack=spec.rack, intra_node_gb_per_s=spec.intra_node_gb_per_s)
+            nodes.append(node)
+        running = tuple(
+            RunningJob(
+                id=run.job.id, tenant=run.job.tenant, job_class=run.job_class, gpu_ids=run.gpu_ids,
+                started_at=run.started_at, memory_mib=max(run.memory), gpu_milli=run.job.gpu_milli,
+                priority=run.job.priority, expected_runtime_s=run.job.duration_s, duty_cycle=run.duty,
+                utilisation=run.job.utilisation * run.rate, solo_utilisation=run.job.utilisation,
+                attained_gpu_s=run.attained_before + self._attained_this_run(run),
+            )
+            for run in self.running.values()
+        )
+        tenants = tuple(
+            replace(self._quota(tenant), decayed_usage=self.usage[tenant]) for tenant in sorted(self.usage)
+        )
+        return ClusterSnapshot(nodes=tuple(nodes), pending=tuple(self.pending.values()), tenants=tenants,
+                               running=running)
+
+    def _quota(self, tenant: str) -> TenantQuota:
+        quota = self.quotas.get(tenant)
+        if quota is None:
+            quota = self.quotas[tenant] = TenantQuota(tenant, 0, len(self.gpus))
+        return quota
+
+    def cycle(self, t: float) -> Decisions:
+        decisions = self.policy(self.snapshot(), t, self.config)
+        result = self.result
+        result.cycles += 1
+        for preempt in decisions.preemptions:
+            if preempt.job_id in self.running:
+                self._preempt(preempt.job_id)
+                result.preemptions += 1
+        for throttle in decisions.throttles:
+            if throttle.job_id in self.running:
+                self._throttle(throttle.job_id, throttle.duty_cycle)
+                result.throttles += 1
+        for place in decisions.placements:
+            if place.job_id in self.pending:
+                self._start(place.job_id, place.gpu_ids, place.job_class, place.duty_cycle)
+        reserved = {r.job_id: r.since for r in decisions.reservations}
+        for job_id, request in self.pending.items():
+            since = reserved.get(job_id)
+            if since != request.reserved_since:
+                self.pending[job_id] = replace(request, reserved_since=since)
+        self._sample()
+        if decisions.preemptions or decisions.throttles or (decisions.placements and self.pending):
+            self.next_cycle = t + self.interval
+        elif decisions.reservations:
+            # A held reservation changes nothing until it lapses (or an event nudges a cycle).
+            until = min(r.until for r in decisions.reservations)
+            self._nudge(max(until, t + self.interval))
+        return decisions
+
+
+def replay(trace: Trace, policy, config: SchedulerConfig = SchedulerConfig(), **options) -> ReplayResult:
+    return Replay(trace, policy, config, **options).run()

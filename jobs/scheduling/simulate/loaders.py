@@ -1,0 +1,180 @@
+"""Readers for the public traces in ``shared/traces`` (see its README), producing a ``Trace``.
+
+* **Philly** (Microsoft, 2017; the Pollux artifact's condensed CSV): submit time, duration, GPUs,
+  virtual cluster. The virtual cluster is the tenant. The trace has no per-job utilisation or
+  memory, so each job draws them from ``synthetic_usage`` (seeded, reproducible).
+* **Alibaba PAI 2023** ("openb", Weng et al., ATC'23): nodes with their GPU models, pods with
+  ``num_gpu``, fractional ``gpu_milli``, ``gpu_spec`` model constraints and ``qos``. BE pods run
+  opportunistic only; LS, Guaranteed and Burstable pods run guaranteed within their tenant's quota.
+  The trace names no user or team, so pods are spread over ``tenants`` synthetic teams by a hash
+  of their name. A fractional pod uses its share of the GPU's compute and memory.
+
+Slicing (``skip`` jobs, then the ``first`` N, or an ``hours`` window) keeps a replay small.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+import zlib
+from datetime import datetime
+from pathlib import Path
+
+from jobs.scheduling.simulate.trace import (
+    NodeSpec,
+    Trace,
+    TraceJob,
+    fit_to_cluster,
+    proportional_quotas,
+    uniform_nodes,
+)
+from jobs.scheduling.snapshot import WHOLE_GPU_MILLI
+
+GIB = 1024
+TRACES_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
+PHILLY_CSV = "philly/philly.csv"
+ALIBABA_NODES_CSV = "alibaba-gpu-2023/openb_node_list_gpu_node.csv"
+ALIBABA_PODS = {
+    "default": "alibaba-gpu-2023/openb_pod_list_default.csv",
+    "gpushare40": "alibaba-gpu-2023/openb_pod_list_gpushare40.csv",
+    "multigpu50": "alibaba-gpu-2023/openb_pod_list_multigpu50.csv",
+}
+# GPU memory of the trace's models. G1-G3 are undisclosed internal models: assumed 32 GiB.
+ALIBABA_GPU_MEMORY_MIB = {
+    "P100": 16 * GIB, "T4": 16 * GIB, "V100M16": 16 * GIB, "V100M32": 32 * GIB, "A10": 24 * GIB,
+    "G1": 32 * GIB, "G2": 32 * GIB, "G3": 32 * GIB,
+}
+
+# (share of jobs, utilisation range, peak memory range as a fraction of the GPU). Shaped after
+# AntMan's production measurements (most GPUs far from busy; about a tenth above 80% SM
+# utilisation) because Philly records neither; every figure built on it says it is synthetic.
+USAGE_CLASSES = (
+    (0.20, (0.05, 0.30), (0.10, 0.35)),  # debugging, data-bound input pipelines, inference
+    (0.50, (0.30, 0.70), (0.25, 0.60)),  # typical training
+    (0.20, (0.70, 0.85), (0.40, 0.80)),
+    (0.10, (0.85, 1.00), (0.60, 0.95)),  # compute-bound large models
+)
+
+
+def synthetic_usage(key: str, gpu_memory_mib: int, seed: int = 0) -> tuple[float, int]:
+    """(solo utilisation, peak memory MiB per GPU) for one job, the same for the same key and seed."""
+    rng = random.Random(f"{seed}:{key}")
+    draw = rng.random()
+    for share, util_range, memory_range in USAGE_CLASSES:
+        draw -= share
+        if draw < 0:
+            break
+    utilisation = round(rng.uniform(*util_range), 3)
+    memory = int(gpu_memory_mib * rng.uniform(*memory_range))
+    return utilisation, max(memory, 256)
+
+
+def _slice(rows: list, skip: int, first: int | None, hours: float | None, submit) -> list:
+    rows = rows[skip:]
+    if hours is not None and rows:
+        end = submit(rows[0]) + hours * 3600
+        rows = [row for row in rows if submit(row) < end]
+    if first is not None:
+        rows = rows[:first]
+    return rows
+
+
+def _rebase(jobs: list[TraceJob]) -> list[TraceJob]:
+    """Times from the first submission of the slice, ids in submit order."""
+    if not jobs:
+        return jobs
+    start = min(job.submit_s for job in jobs)
+    return [
+        TraceJob(id=i + 1, tenant=j.tenant, submit_s=j.submit_s - start, duration_s=j.duration_s, gpus=j.gpus,
+                 gpu_milli=j.gpu_milli, gpu_models=j.gpu_models, memory_mib=j.memory_mib, utilisation=j.utilisation,
+                 opportunistic_only=j.opportunistic_only, priority=j.priority)
+        for i, j in enumerate(sorted(jobs, key=lambda j: (j.submit_s, j.id)))
+    ]
+
+
+def load_philly(path: str | Path | None = None, *, nodes: int = 64, gpus_per_node: int = 8,
+                gpu_model: str = "V100-32GB", gpu_memory_mib: int = 32 * GIB, skip: int = 0,
+                first: int | None = None, hours: float | None = None, seed: int = 0) -> Trace:
+    path = Path(path) if path else TRACES_DIR / PHILLY_CSV
+    with open(path, newline="") as handle:
+        rows = []
+        for row in csv.DictReader(handle):
+            submitted = datetime.strptime(row["timestamp"], "%Y-%m-%d %H:%M:%S").timestamp()
+            rows.append((submitted, row))
+    rows.sort(key=lambda pair: pair[0])
+    rows = _slice(rows, skip, first, hours, submit=lambda pair: pair[0])
+    jobs = []
+    for number, (submitted, row) in enumerate(rows):
+        utilisation, memory = synthetic_usage(f"philly:{skip + number}", gpu_memory_mib, seed)
+        jobs.append(TraceJob(
+            id=number, tenant=row["cluster"], submit_s=submitted, duration_s=max(1.0, float(row["duration"])),
+            gpus=max(1, int(row["num_gpus"])), memory_mib=memory, utilisation=utilisation,
+        ))
+    cluster = uniform_nodes(nodes, gpus_per_node, gpu_model, gpu_memory_mib)
+    kept, skipped = fit_to_cluster(_rebase(jobs), cluster)
+    return Trace("philly", tuple(kept), cluster, proportional_quotas(kept, sum(n.gpus for n in cluster)), skipped)
+
+
+def load_alibaba_nodes(path: str | Path | None = None, nodes: int | None = None) -> tuple[NodeSpec, ...]:
+    """The node list; ``nodes`` keeps an evenly spaced subset, so the mix of models stays the trace's."""
+    path = Path(path) if path else TRACES_DIR / ALIBABA_NODES_CSV
+    with open(path, newline="") as handle:
+        rows = [row for row in csv.DictReader(handle) if int(row["gpu"]) > 0]
+    if nodes is not None and nodes < len(rows):
+        step = len(rows) / nodes
+        rows = [rows[int(i * step)] for i in range(nodes)]
+    return tuple(
+        NodeSpec(row["sn"], int(row["gpu"]), row["model"], ALIBABA_GPU_MEMORY_MIB.get(row["model"], 32 * GIB),
+                 rack=f"rack-{i // 16:03d}")
+        for i, row in enumerate(rows)
+    )
+
+
+def load_alibaba(pods: str | Path = "default", *, nodes_path: str | Path | None = None, nodes: int | None = None,
+                 tenants: int = 4, skip: int = 0, first: int | None = None, hours: float | None = None,
+                 seed: int = 0) -> Trace:
+    path = Path(ALIBABA_PODS.get(str(pods), pods))
+    if not path.is_absolute() and not path.exists():
+        path = TRACES_DIR / path
+    cluster = load_alibaba_nodes(nodes_path, nodes)
+    typical_memory = max((n.memory_mib for n in cluster), default=32 * GIB)
+    skipped: dict[str, int] = {}
+    timed: list[tuple[float, float, dict]] = []
+    with open(path, newline="") as handle:
+        for row in csv.DictReader(handle):
+            if int(row["num_gpu"]) == 0:
+                skipped["CPU-only pod"] = skipped.get("CPU-only pod", 0) + 1
+                continue
+            created = float(row.get("creation_time") or 0)
+            if row.get("deletion_time") is None:  # the sampled lists carry no times: all arrive at 0
+                timed.append((created, 3600.0, row))
+                continue
+            if not row.get("scheduled_time"):
+                skipped["never scheduled in the trace"] = skipped.get("never scheduled in the trace", 0) + 1
+                continue
+            duration = float(row["deletion_time"]) - float(row["scheduled_time"])
+            timed.append((created, max(1.0, duration), row))
+    timed.sort(key=lambda entry: entry[0])
+    timed = _slice(timed, skip, first, hours, submit=lambda entry: entry[0])
+    jobs = []
+    for number, (created, duration, row) in enumerate(timed):
+        gpus, milli = int(row["num_gpu"]), int(row["gpu_milli"]) or WHOLE_GPU_MILLI
+        if gpus > 1:
+            milli = WHOLE_GPU_MILLI
+        if milli < WHOLE_GPU_MILLI:
+            # A fractional pod asked for that share of one GPU; it uses about that much.
+            utilisation, memory = milli / WHOLE_GPU_MILLI, None
+        else:
+            utilisation, memory = synthetic_usage(f"alibaba:{row['name']}", typical_memory, seed)
+        spec = row.get("gpu_spec") or ""
+        jobs.append(TraceJob(
+            id=number, tenant=f"team-{zlib.crc32(row['name'].encode()) % tenants}", submit_s=created,
+            duration_s=duration, gpus=gpus, gpu_milli=milli,
+            gpu_models=frozenset(m for m in spec.split("|") if m), memory_mib=memory, utilisation=utilisation,
+            opportunistic_only=row.get("qos") == "BE",
+        ))
+    kept, unfit = fit_to_cluster(_rebase(jobs), cluster)
+    for why, count in unfit.items():
+        skipped[why] = skipped.get(why, 0) + count
+    return Trace(f"alibaba-{Path(path).stem}", tuple(kept), cluster,
+                 proportional_quotas(kept, sum(n.gpus for n in cluster)), skipped)
