@@ -1,6 +1,12 @@
 """Command line of the node agent: parse arguments, pick a backend, run until SIGTERM/SIGINT.
 
     python -m agents --node gpu-01 --simulate 8xA100-80GB --redis redis://127.0.0.1:6379/0
+    python -m agents --node gpu-01 --run-as colony-jobs --run-as-tenant vision=colony-vision
+
+Job sandbox options (each also read from an environment variable, see ``--help``): the account
+jobs run as (``--run-as``, ``--run-as-tenant``; an agent running as root refuses jobs it has no
+account for unless ``--allow-root-jobs``), the agent variables jobs inherit (``--pass-env``) and
+the size bound of each job's output log (``--max-log-bytes``).
 
 Exit status: 0 after a clean shutdown on SIGTERM/SIGINT, 2 for bad arguments, 1 when the chosen
 GPU backend cannot run here.
@@ -18,10 +24,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from agents import __version__, protocol
+from agents.accounts import DEFAULT_PASS_ENV, RunAsPolicy, parse_tenant_accounts
 from agents.agent import Agent
 from agents.backends import nvml
 from agents.backends.base import BackendUnavailable, GpuBackend
 from agents.backends.simulated import SimulatedBackend
+from agents.joblog import DEFAULT_MAX_LOG_BYTES, MIN_MAX_LOG_BYTES
 from agents.runner import JobRunner
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -50,8 +58,43 @@ def _positive_float(value: str) -> float:
     return number
 
 
+_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def _size(value: str) -> int:
+    """``16M``, ``512K``, ``1G`` or plain bytes."""
+    text = value.strip().upper().removesuffix("B").removesuffix("I")
+    unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
+    number = text[: len(text) - len(unit)]
+    if not number.isdigit():
+        raise argparse.ArgumentTypeError(f"not a size: {value!r} (bytes, or with K, M or G)")
+    size = int(number) * _SIZE_UNITS[unit]
+    if size < MIN_MAX_LOG_BYTES:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_MAX_LOG_BYTES // 1024}K, got {value!r}")
+    return size
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_list(name: str) -> list[str]:
+    value = os.environ.get(name, "").strip()
+    return [value] if value else []
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m agents", description="Colony node agent.")
+    parser = argparse.ArgumentParser(
+        prog="python -m agents",
+        description="Colony node agent.",
+        epilog=(
+            "Jobs run without a shell, in their own directory under --workdir, with an environment "
+            "built from an allow-list (never the agent's whole environment). When the agent runs as "
+            "root, each job drops to the account --run-as-tenant maps its tenant to, else to --run-as; "
+            "with neither, launches are refused (reported as failed to start) unless --allow-root-jobs. "
+            "An agent that is not root runs jobs as its own user and rejects accounts naming anyone else."
+        ),
+    )
     parser.add_argument("--node", required=True, type=_node_name, help="this node's name in the cluster")
     parser.add_argument(
         "--simulate",
@@ -83,6 +126,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--workdir", type=Path, help="job directories and logs (default var/agent/<node>)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    sandbox = parser.add_argument_group("job sandbox")
+    sandbox.add_argument(
+        "--run-as",
+        metavar="USER[:GROUP]",
+        default=os.environ.get("COLONY_AGENT_RUN_AS") or None,
+        help="unprivileged local account jobs run as when the agent is root (supplementary groups "
+        "from the group database); default $COLONY_AGENT_RUN_AS",
+    )
+    sandbox.add_argument(
+        "--run-as-tenant",
+        metavar="TENANT=USER[:GROUP],...",
+        action="append",
+        help="account per tenant slug, e.g. vision=colony-vision,nlp=colony-nlp (repeatable); "
+        "tenants not listed fall back to --run-as; default $COLONY_AGENT_RUN_AS_TENANT",
+    )
+    sandbox.add_argument(
+        "--allow-root-jobs",
+        action="store_true",
+        default=_env_flag("COLONY_AGENT_ALLOW_ROOT_JOBS"),
+        help="let an agent running as root run jobs that have no --run-as account as root. For a "
+        "local demo or CI only, never on a shared cluster; default $COLONY_AGENT_ALLOW_ROOT_JOBS=1",
+    )
+    sandbox.add_argument(
+        "--pass-env",
+        metavar="NAME,...",
+        action="append",
+        help="agent environment variables jobs inherit, besides " + ", ".join(DEFAULT_PASS_ENV)
+        + "; shell patterns like NCCL_* allowed (repeatable); default $COLONY_AGENT_PASS_ENV. "
+        "The Redis URL is never passed",
+    )
+    sandbox.add_argument(
+        "--max-log-bytes",
+        metavar="SIZE",
+        type=_size,
+        default=os.environ.get("COLONY_AGENT_MAX_LOG_BYTES") or str(DEFAULT_MAX_LOG_BYTES),
+        help="bound on each job's output.log, e.g. 16M (default $COLONY_AGENT_MAX_LOG_BYTES, else 16M); "
+        "past it the log keeps its first eighth and the most recent output, and the job goes on",
+    )
     parser.add_argument("--version", action="version", version=f"colony-agent {__version__}")
     return parser
 
@@ -108,6 +189,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.workdir is None:
         args.workdir = Path("var") / "agent" / args.node
     args.workdir = args.workdir.resolve()
+    try:
+        tenant_accounts = parse_tenant_accounts(args.run_as_tenant or _env_list("COLONY_AGENT_RUN_AS_TENANT"))
+        args.run_as_policy = RunAsPolicy.configure(
+            args.run_as, tenant_accounts, allow_root=args.allow_root_jobs
+        )
+    except ValueError as exc:
+        parser.error(str(exc) if str(exc).startswith("--") else f"--run-as-tenant: {exc}")
+    args.pass_env = DEFAULT_PASS_ENV + tuple(
+        name.strip()
+        for value in (args.pass_env or _env_list("COLONY_AGENT_PASS_ENV"))
+        for name in value.split(",")
+        if name.strip()
+    )
     return args
 
 
@@ -136,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     except BackendUnavailable as exc:
         log.error("%s", exc)
         return 1
+    policy: RunAsPolicy = args.run_as_policy
+    if policy.switches_users and policy.default is None and not policy.tenants and not policy.allow_root:
+        log.warning("%s", policy.describe())
+    else:
+        log.info("%s", policy.describe())
 
     stop = threading.Event()
 
@@ -153,7 +252,13 @@ def main(argv: list[str] | None = None) -> int:
             args.node,
             backend,
             args.redis,
-            JobRunner(args.workdir, duty_period=args.duty_period),
+            JobRunner(
+                args.workdir,
+                duty_period=args.duty_period,
+                run_as=policy,
+                max_log_bytes=args.max_log_bytes,
+                pass_env=args.pass_env,
+            ),
             interval=args.interval,
             heartbeat_ttl=args.heartbeat_ttl,
         )

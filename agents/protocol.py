@@ -192,7 +192,9 @@ class LaunchJob(_Message):
     """Start ``argv`` (no shell) with ``CUDA_VISIBLE_DEVICES`` set to ``gpu_indices``.
 
     ``gpu_memory_limit_mib`` is what the job may use per GPU (the simulated GPU enforces it as an
-    OOM; NVML nodes report overuse); ``duty_cycle`` < 1 starts it throttled.
+    OOM; NVML nodes report overuse); ``duty_cycle`` < 1 starts it throttled. ``tenant`` (the
+    tenant's slug) picks the local account the agent runs the job as (``--run-as-tenant``).
+    There is deliberately no working directory, shell or user to ask for: the agent decides those.
     """
 
     kind: Literal["launch"] = "launch"
@@ -203,6 +205,7 @@ class LaunchJob(_Message):
     env: dict[str, str] = Field(default_factory=dict)
     gpu_memory_limit_mib: int | None = Field(default=None, gt=0)
     duty_cycle: float = Field(default=1.0, gt=0, le=1)
+    tenant: str | None = Field(default=None, pattern=r"^[-a-zA-Z0-9_]{1,50}$")
 
 
 class StopJob(_Message):

@@ -5,8 +5,20 @@ that stopping a job reaches everything it spawned (data loader workers, ``torchr
 and nothing of a job outlives it. A process that calls ``setsid()`` itself escapes the group;
 containing that needs cgroups, which is out of scope here.
 
-Layout under ``workdir``: ``jobs/<job_id>/`` is the job's working directory and
-``jobs/<job_id>/output.log`` its stdout and stderr, appended.
+Jobs are contained by what the agent decides, never by the job spec (``LaunchJob`` has no
+working directory, shell or user to ask for):
+
+- the process runs as the account :class:`agents.accounts.RunAsPolicy` picks (``Popen`` drops
+  to its uid, gid and supplementary groups before exec), and an agent running as root refuses a
+  job it has no unprivileged account for unless told otherwise;
+- its environment is an allow-list of the agent's variables plus the spec's and Colony's own,
+  never the agent's whole environment (which may hold the Redis password);
+- its output goes through a pipe into a size-bounded log (:mod:`agents.joblog`).
+
+Layout under ``workdir``: ``jobs/<job_id>/`` belongs to the agent (readable by the job's group)
+and holds ``output.log``, the job's stdout and stderr; ``jobs/<job_id>/work/`` is the job's
+working directory, owned by the job's account. The job cannot write to its log other than
+through the pipe, nor swap it for a link to a file it should not read.
 
 Duty cycles and suspension are delegated to :class:`agents.throttle.DutyCycler` (its own thread);
 the runner tells it to forget a job before reaping the job's leader, so no signal can outlive the
@@ -23,15 +35,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.accounts import (
+    DEFAULT_PASS_ENV,
+    Account,
+    NoAccount,
+    RunAsPolicy,
+    identity_environment,
+    job_environment,
+)
 from agents.backends.base import JobProcesses
+from agents.joblog import DEFAULT_MAX_LOG_BYTES, BoundedLog
 from agents.protocol import OUTPUT_TAIL_BYTES, LaunchJob
 from agents.throttle import DEFAULT_PERIOD, DutyCycler
 
 log = logging.getLogger(__name__)
 
-# The agent's own settings that a tenant's job must not see: the Redis URL (often with a
-# password) would let a job forge commands for any node.
-_AGENT_ONLY_ENV = ("COLONY_REDIS_URL", "REDIS_URL")
+# How long a finished job's output may take to drain from the pipe before the log is closed
+# (only a process that escaped the job's group keeps the pipe open that long).
+OUTPUT_DRAIN_SECONDS = 1.0
 
 
 class LaunchError(RuntimeError):
@@ -60,6 +81,7 @@ class _RunningJob:
     process: subprocess.Popen
     log_path: Path
     command: LaunchJob
+    output: BoundedLog
     stop_deadline: float | None = None  # monotonic; SIGKILL the group once it passes
     killed: bool = False
     oom_error: str | None = None  # set when killed for running out of GPU memory
@@ -72,55 +94,107 @@ class _RunningJob:
 class JobRunner:
     """The job processes of one agent. Not thread-safe: one agent loop drives it."""
 
-    def __init__(self, workdir: str | os.PathLike, *, duty_period: float = DEFAULT_PERIOD):
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        *,
+        duty_period: float = DEFAULT_PERIOD,
+        run_as: RunAsPolicy | None = None,
+        max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
+        pass_env: tuple[str, ...] = DEFAULT_PASS_ENV,
+    ):
+        """``run_as`` picks each job's account; the default one refuses every launch when the
+        agent is root. ``max_log_bytes`` bounds each job's ``output.log``; ``pass_env`` names the
+        agent's variables (``NCCL_*`` patterns allowed) that jobs inherit."""
         self.workdir = Path(workdir)
+        self.run_as = run_as if run_as is not None else RunAsPolicy()
+        self.max_log_bytes = max_log_bytes
+        self.pass_env = tuple(pass_env)
         self._jobs: dict[int, _RunningJob] = {}
         self._cycler = DutyCycler(duty_period)
 
     def job_dir(self, job_id: int) -> Path:
+        """The agent's directory for the job: ``output.log`` and the working directory."""
         return self.workdir / "jobs" / str(job_id)
+
+    def work_dir(self, job_id: int) -> Path:
+        """The job's working directory, owned by the account it runs as."""
+        return self.job_dir(job_id) / "work"
 
     def launch(self, cmd: LaunchJob) -> int:
         """Start the job; return the leader's pid. Launching a running job returns its pid again."""
         running = self._jobs.get(cmd.job_id)
         if running is not None:
             return running.process.pid
-        job_dir = self.job_dir(cmd.job_id)
+        try:
+            account = self.run_as.account_for(cmd.tenant)
+        except NoAccount as exc:
+            raise LaunchError(str(exc)) from None
+        job_dir, work_dir = self.job_dir(cmd.job_id), self.work_dir(cmd.job_id)
         log_path = job_dir / "output.log"
         try:
-            job_dir.mkdir(parents=True, exist_ok=True)
+            self._prepare_directories(job_dir, work_dir, account)
             # A relaunch (a new attempt after a requeue) starts a fresh log: the tail the user
             # reads must be this attempt's, not the last one's.
-            output = open(log_path, "wb")
+            output, write_fd = BoundedLog.open(
+                log_path, self.max_log_bytes, group=account.gid if account else None,
+                name=f"job-{cmd.job_id}-output",
+            )
         except OSError as exc:
             raise LaunchError(f"cannot prepare job directory {job_dir}: {exc.strerror or exc}") from exc
+        identity = {}
+        if account is not None:
+            identity = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
         try:
             process = subprocess.Popen(
                 cmd.argv,
-                cwd=job_dir,
-                env=self._job_env(cmd),
+                cwd=work_dir,
+                env=self._job_env(cmd, account, work_dir),
                 stdin=subprocess.DEVNULL,
-                stdout=output,
+                stdout=write_fd,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own session and process group: pgid == pid
                 close_fds=True,
+                **identity,
             )
-        except OSError as exc:  # missing executable, not executable, bad interpreter ...
-            raise LaunchError(f"cannot start {cmd.argv[0]!r}: {exc.strerror or exc}") from exc
+        except (OSError, subprocess.SubprocessError) as exc:  # missing executable, bad interpreter ...
+            output.finish(0)
+            raise LaunchError(f"cannot start {cmd.argv[0]!r}: {getattr(exc, 'strerror', None) or exc}") from exc
         except ValueError as exc:  # e.g. a NUL byte in argv or env
+            output.finish(0)
             raise LaunchError(f"cannot start {cmd.argv[0]!r}: {exc}") from exc
         finally:
-            output.close()  # the child holds its own copy
-        self._jobs[cmd.job_id] = _RunningJob(cmd.job_id, process, log_path, cmd)
-        log.info("job %d started: pid %d, GPUs %s", cmd.job_id, process.pid, cmd.gpu_indices or "none")
+            os.close(write_fd)  # the child holds its own copy; the pump sees EOF once it is gone
+        output.start()
+        self._jobs[cmd.job_id] = _RunningJob(cmd.job_id, process, log_path, cmd, output)
+        log.info(
+            "job %d started: pid %d, GPUs %s, as %s",
+            cmd.job_id, process.pid, cmd.gpu_indices or "none", account.name if account else "the agent's user",
+        )
         if cmd.duty_cycle < 1:
             self.set_duty_cycle(cmd.job_id, cmd.duty_cycle)
         return process.pid
 
-    @staticmethod
-    def _job_env(cmd: LaunchJob) -> dict[str, str]:
-        env = {key: value for key, value in os.environ.items() if key not in _AGENT_ONLY_ENV}
-        env.update(cmd.env)
+    def _prepare_directories(self, job_dir: Path, work_dir: Path, account: Account | None) -> None:
+        """Create the job's directories; when switching users, the job's account gets the working
+        directory (and only that) and its group may read the log; other accounts get nothing."""
+        jobs_root = job_dir.parent
+        jobs_root.mkdir(parents=True, exist_ok=True)
+        job_dir.mkdir(exist_ok=True)
+        work_dir.mkdir(exist_ok=True)
+        if account is None:
+            return
+        os.chmod(jobs_root, 0o711)  # accounts may pass through to their own job, not list others
+        os.chown(job_dir, -1, account.gid, follow_symlinks=False)
+        os.chmod(job_dir, 0o750)
+        # Not recursive: a retried job finds its previous attempt's files as they were.
+        os.chown(work_dir, account.uid, account.gid, follow_symlinks=False)
+        os.chmod(work_dir, 0o700)
+
+    def _job_env(self, cmd: LaunchJob, account: Account | None, work_dir: Path) -> dict[str, str]:
+        env = job_environment(
+            os.environ, cmd.env, identity_environment(account, str(work_dir)), pass_env=self.pass_env
+        )
         # Set last so a job cannot pick GPUs it was not given. CUDA numbers devices fastest-first
         # unless told otherwise; PCI bus order is the order NVML (and so our indices) uses.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -231,6 +305,7 @@ class JobRunner:
             self._cycler.forget(job.job_id)
             self._signal_group(job, signal.SIGKILL)
             exit_code = job.process.wait()
+            job.output.finish(OUTPUT_DRAIN_SECONDS)
             del self._jobs[job.job_id]
             finished.append(
                 FinishedJob(

@@ -126,9 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.start("beat", [python, "-m", "celery", "-A", "cluster_ui", "beat", "--loglevel=INFO"])
         supervisor.start("ingest", [python, "manage.py", "ingest"])
         for number, spec in enumerate(args.nodes or DEFAULT_NODES, start=1):
+            # Dev only: the demo's jobs run as whoever runs the stack, root included (as in CI).
+            # A real node names unprivileged accounts with --run-as/--run-as-tenant instead.
             supervisor.start(f"agent-node-{number}", [python, "-m", "agents", "--node", f"node-{number}",
                                                       "--simulate", spec, "--redis", redis.url,
-                                                      "--workdir", str(var_dir / "agent" / f"node-{number}")])
+                                                      "--workdir", str(var_dir / "agent" / f"node-{number}"),
+                                                      "--allow-root-jobs"])
         supervisor.start("web", [python, "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload"])
         _banner(args, redis.url, supervisor.log_dir)
         while not stopping:

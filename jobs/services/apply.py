@@ -54,7 +54,8 @@ def _place(place: Place, now: datetime) -> bool:
                    memory_limit_mib=place.memory_limit_mib, duty_cycle=place.duty_cycle)
         for node_slice in place.slices for gpu_id in node_slice.gpu_ids
     ])
-    job = Job.objects.only("command", "env", "requeue_count", "preempt_count").get(pk=place.job_id)
+    job = (Job.objects.select_related("tenant").only("command", "env", "requeue_count", "preempt_count", "tenant__slug")
+           .get(pk=place.job_id))
     attempt = job.requeue_count + job.preempt_count
     hosts = dict(Node.objects.filter(name__in=place.nodes).values_list("name", "hostname"))
     for node_slice in place.slices:
@@ -64,7 +65,7 @@ def _place(place: Place, now: datetime) -> bool:
             env["MASTER_ADDR"] = hosts.get(place.rendezvous.master_node) or place.rendezvous.master_node
         transaction.on_commit(lambda s=node_slice, env=env: send_launch(
             s.node, place.job_id, job.command, s.gpu_indices, attempt=attempt, env=env,
-            gpu_memory_limit_mib=place.memory_limit_mib, duty_cycle=place.duty_cycle,
+            gpu_memory_limit_mib=place.memory_limit_mib, duty_cycle=place.duty_cycle, tenant=job.tenant.slug,
         ))
     return True
 
@@ -155,13 +156,13 @@ def resend_unstarted_launches(redis_client) -> int:
     """
     cutoff = timezone.now() - timezone.timedelta(seconds=RESEND_AFTER_S)
     resent = 0
-    for job in Job.objects.filter(state=JobState.PLACED, placed_at__lt=cutoff):
+    for job in Job.objects.filter(state=JobState.PLACED, placed_at__lt=cutoff).select_related("tenant"):
         if not redis_client.set(f"colony:resend:{job.pk}", 1, nx=True, ex=RESEND_AFTER_S):
             continue
         attempt = job.requeue_count + job.preempt_count
         for allocation_node, indices, memory_limit, duty in _slices(job.pk):
             send_launch(allocation_node, job.pk, job.command, indices, attempt=attempt, env=job.env,
-                        gpu_memory_limit_mib=memory_limit, duty_cycle=duty)
+                        gpu_memory_limit_mib=memory_limit, duty_cycle=duty, tenant=job.tenant.slug)
         resent += 1
     return resent
 

@@ -22,12 +22,12 @@ def _command_id(kind: str, job_id: int) -> str:
 
 def send_launch(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int, ...], *, attempt: int = 0,
                 env: dict[str, str] | None = None, gpu_memory_limit_mib: int | None = None,
-                duty_cycle: float = 1.0) -> None:
+                duty_cycle: float = 1.0, tenant: str | None = None) -> None:
     # One command id per attempt: a re-sent launch of this attempt is recognised by the agent, a
-    # requeued job's next attempt is not mistaken for it.
+    # requeued job's next attempt is not mistaken for it. The tenant picks the agent's run-as account.
     _publish(node, protocol.LaunchJob(
         command_id=f"launch-{job_id}-{attempt}", job_id=job_id, argv=argv, gpu_indices=list(gpu_indices),
-        env=env or {}, gpu_memory_limit_mib=gpu_memory_limit_mib, duty_cycle=duty_cycle,
+        env=env or {}, gpu_memory_limit_mib=gpu_memory_limit_mib, duty_cycle=duty_cycle, tenant=tenant,
     ))
 
 

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from agents.accounts import RunAsPolicy
 from agents.agent import Agent
 from agents.backends.simulated import SimulatedBackend
 from agents.runner import JobRunner
@@ -17,7 +18,8 @@ from agents.runner import JobRunner
 
 @pytest.fixture
 def runner(tmp_path):
-    runner = JobRunner(tmp_path / "agent", duty_period=0.5)
+    # CI runs as root; these tests are about process handling, not accounts (see test_runner_sandbox).
+    runner = JobRunner(tmp_path / "agent", duty_period=0.5, run_as=RunAsPolicy(allow_root=True))
     yield runner
     runner.stop_all(0)  # never leak processes from a failing test
     runner.close()
@@ -63,7 +65,7 @@ def start_agent(tmp_path):
             node,
             backend or SimulatedBackend(spec, node),
             redis_url,
-            JobRunner(tmp_path / f"agent-{node}", duty_period=duty_period),
+            JobRunner(tmp_path / f"agent-{node}", duty_period=duty_period, run_as=RunAsPolicy(allow_root=True)),
             interval=interval,
             **kwargs,
         )

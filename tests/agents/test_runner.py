@@ -48,12 +48,13 @@ def test_job_runs_in_its_own_directory_and_stderr_is_captured(runner):
     cmd = launch(python("import os, sys; print(os.getcwd()); print('oops', file=sys.stderr)"))
     runner.launch(cmd)
     [done] = finish(runner)
-    assert done.output_tail.splitlines() == [str(runner.job_dir(cmd.job_id)), "oops"]
+    assert done.output_tail.splitlines() == [str(runner.work_dir(cmd.job_id)), "oops"]
 
 
 def test_agent_redis_url_is_not_passed_to_jobs(runner, monkeypatch):
     monkeypatch.setenv("COLONY_REDIS_URL", "redis://:secret@control:6379/0")
     monkeypatch.setenv("SOME_SITE_SETTING", "kept")
+    runner.pass_env += ("SOME_SITE_*", "COLONY_REDIS_URL")  # passing the Redis URL is never honoured
     runner.launch(launch(python("import os; print(os.environ.get('COLONY_REDIS_URL'), os.environ['SOME_SITE_SETTING'])")))
     [done] = finish(runner)
     assert done.output_tail == "None kept\n"

@@ -50,7 +50,8 @@ def backend(transactional_db, live_redis, live_server, tmp_path, monkeypatch):
                                "--pool=solo", "--loglevel=INFO", "-s", str(tmp_path / "beat-schedule")])
     processes.start("ingest", [sys.executable, "manage.py", "ingest", "--block-ms", "200"])
     processes.start("agent", [sys.executable, "-m", "agents", "--node", "browser-node", "--simulate", "2xA100-80GB",
-                              "--redis", live_redis, "--interval", "0.5", "--workdir", str(tmp_path / "agent")])
+                              "--redis", live_redis, "--interval", "0.5", "--workdir", str(tmp_path / "agent"),
+                              "--allow-root-jobs"])  # CI runs as root
     try:
         wait_for(lambda: Node.objects.filter(name="browser-node").exists(), timeout=30, what="agent registration")
         yield processes

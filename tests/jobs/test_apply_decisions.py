@@ -45,6 +45,7 @@ def test_launch_carries_the_jobs_env_class_and_attempt(node4, redis_client, djan
     cycle(django_capture_on_commit_callbacks)
     (launch,) = commands(redis_client)
     assert launch.env["EPOCHS"] == "3"
+    assert launch.tenant == job.tenant.slug  # the agent's --run-as-tenant picks the account from it
     assert launch.command_id == f"launch-{job.pk}-0"
     job.refresh_from_db()
     assert job.run_class == JobClass.GUARANTEED
