@@ -1,7 +1,8 @@
 """Colony settings. Everything that differs between machines comes from the environment.
 
 Defaults are the embedded developer set-up: SQLite under ``var/``, Redis on localhost. Production
-sets ``DATABASE_URL`` (PostgreSQL), ``REDIS_URL``, ``DJANGO_SECRET_KEY`` and ``DJANGO_DEBUG=0``.
+sets ``DATABASE_URL`` (PostgreSQL), ``REDIS_URL``, ``DJANGO_SECRET_KEY`` and ``DJANGO_DEBUG=0``;
+``python manage.py check --deploy`` must then report no issues (tests/security checks that it does).
 """
 
 from pathlib import Path
@@ -15,7 +16,8 @@ VAR_DIR = Path(env_str("COLONY_VAR_DIR", str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
-SECRET_KEY = env_secret("DJANGO_SECRET_KEY", "insecure-dev-only-key-set-DJANGO_SECRET_KEY-in-production")
+# The "django-insecure-" prefix makes `check --deploy` flag a production that forgot to set its own.
+SECRET_KEY = env_secret("DJANGO_SECRET_KEY", "django-insecure-dev-only-key-set-DJANGO_SECRET_KEY-in-production")
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
 
@@ -37,6 +39,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "cluster_ui.middleware.RefuseNulInUrlMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -104,8 +107,37 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "jobs:queue"
 LOGOUT_REDIRECT_URL = "login"
 
-# Oversized payloads are refused before any parsing (Django answers 400).
+# ---------------------------------------------------------------- HTTPS and browser hardening
+# Production (DEBUG off) is served over HTTPS only: plain http is redirected, cookies are Secure and
+# browsers are told (HSTS) never to try http again. The developer stack (`make run` sets
+# DJANGO_DEBUG=1) and the tests (tests/settings.py) speak plain http on 127.0.0.1.
+COLONY_HTTPS = env_bool("COLONY_HTTPS", not DEBUG)
+SECURE_SSL_REDIRECT = COLONY_HTTPS
+# Prometheus scrapes /metrics from inside the cluster over plain http (it has its own token).
+SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
+SESSION_COOKIE_SECURE = COLONY_HTTPS
+CSRF_COOKIE_SECURE = COLONY_HTTPS
+SECURE_HSTS_SECONDS = env_int("COLONY_HSTS_SECONDS", 365 * 24 * 3600) if COLONY_HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("COLONY_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = env_bool("COLONY_HSTS_PRELOAD", True)
+# Behind a TLS-terminating proxy Django sees plain http; trust the proxy's X-Forwarded-Proto, or
+# SECURE_SSL_REDIRECT would redirect forever. Only behind a proxy that always sets (overwrites) it.
+if env_bool("COLONY_TRUST_X_FORWARDED_PROTO", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Django's defaults, spelled out because they are part of what we promise.
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+SESSION_COOKIE_HTTPONLY = True
+
+# ---------------------------------------------------------------- hostile input
+# Bodies over this size are refused from their Content-Length before anything reads them: the API
+# answers 413 in its error format (jobs/api/errors.py), pages Django's 400. A job submission is a
+# few KiB.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("COLONY_MAX_REQUEST_BYTES", 256 * 1024)
+# JSON nested deeper than this is refused (400) before it is decoded (jobs/api/parsers.py).
+COLONY_MAX_JSON_DEPTH = env_int("COLONY_MAX_JSON_DEPTH", 32)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -116,6 +148,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # DRF's three, held to the size limit, JSON depth limit and strict UTF-8 (jobs/api/parsers.py).
+    "DEFAULT_PARSER_CLASSES": ["jobs.api.parsers.JSONParser", "jobs.api.parsers.FormParser",
+                               "jobs.api.parsers.MultiPartParser"],
     # One error format everywhere: {"error": {"code", "message", "fields"}}.
     "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
     # Counts only job submissions; 429 + Retry-After past the per-user rate.

@@ -7,6 +7,10 @@ from cluster_ui.settings import *  # noqa: F401,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
+# The test client and live servers speak plain http on 127.0.0.1, like the developer stack.
+SECURE_SSL_REDIRECT = SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = False
+SECURE_HSTS_SECONDS = 0
+
 # One test database per test run, so that two suites running at once (two terminals, or a helper
 # and CI) never share, and drop, each other's database.
 import os  # noqa: E402

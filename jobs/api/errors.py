@@ -9,13 +9,17 @@ Every error answers ``{"error": {"code", "message", "fields"}}``:
   produced them (``{"gpus": ["..."]}``); empty otherwise.
 
 A throttled request also carries ``retry_after`` (seconds) next to the ``Retry-After`` header.
+A body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is a 413 ``payload_too_large``: Django raises
+``RequestDataTooBig`` from the Content-Length before reading the body, and it is answered here
+rather than as Django's bare 400 page.
 Views signal conflicts by raising :class:`Conflict` rather than building a response by hand, so
 that nothing escapes the format.
 """
 
 from __future__ import annotations
 
-from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.conf import settings
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied, RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -31,12 +35,20 @@ class Conflict(exceptions.APIException):
     default_code = "conflict"
 
 
+class PayloadTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "The request body is too large."
+    default_code = "payload_too_large"
+
+
 def exception_handler(exc, context):
     # DRF turns Django's Http404 and PermissionDenied into its own; do the same to read their codes.
     if isinstance(exc, Http404):
         exc = exceptions.NotFound(*exc.args)
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied(*exc.args)
+    elif isinstance(exc, RequestDataTooBig):
+        exc = PayloadTooLarge(f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes.")
     response = drf_exception_handler(exc, context)
     if response is None:  # not an API error: let Django answer 500 (and log it)
         return None

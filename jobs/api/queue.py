@@ -11,7 +11,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema
 from rest_framework import generics, serializers
 
 from jobs.api.serializers import PendingReasonSerializer
-from jobs.choices import JobState
+from jobs.choices import JobClass, JobState
 from jobs.filtersets import JobFilter
 from jobs.models import Job
 from jobs.services.usage import queue_positions
@@ -32,6 +32,8 @@ class QueueEntrySerializer(serializers.ModelSerializer):
     queue_position = serializers.SerializerMethodField(help_text="1 = next in its tenant's queue (pending only).")
     queue_length = serializers.SerializerMethodField(help_text="Pending jobs in its tenant's queue.")
     nodes = serializers.SerializerMethodField(help_text="Nodes it holds GPUs on now.")
+    run_class = serializers.ChoiceField(JobClass.choices, allow_blank=True, read_only=True,
+                                        help_text="How it was admitted when placed; empty until then.")
 
     class Meta:
         model = Job

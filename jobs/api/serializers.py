@@ -6,6 +6,7 @@ import re
 
 from rest_framework import serializers
 
+from jobs.choices import JobClass
 from jobs.models import Job
 from jobs.services.submission import tenants_of
 from monitoring.services.registry import cluster_inventory
@@ -48,7 +49,7 @@ class AllocationSerializer(serializers.Serializer):
     duty_cycle = serializers.FloatField()
     rank = serializers.IntegerField()
     created_at = serializers.DateTimeField()
-    released_at = serializers.DateTimeField()
+    released_at = serializers.DateTimeField(allow_null=True)
 
 
 class PendingReasonSerializer(serializers.Serializer):
@@ -62,6 +63,9 @@ class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
     pending_reason = PendingReasonSerializer(read_only=True, allow_null=True)
     allocations = AllocationSerializer(many=True, read_only=True)
+    # Declared so the schema says what the model allows: blank until the job is placed.
+    run_class = serializers.ChoiceField(JobClass.choices, allow_blank=True, read_only=True,
+                                        help_text="How it was admitted when placed; empty until then.")
 
     class Meta:
         model = Job

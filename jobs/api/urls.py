@@ -1,6 +1,7 @@
 from django.urls import include, path
-from rest_framework.authtoken.views import obtain_auth_token
+from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.routers import DefaultRouter
+from rest_framework.settings import api_settings
 
 from jobs.api.cluster import ClusterView, JobMetricsView, OccupancyView
 from jobs.api.queue import QueueView
@@ -12,7 +13,9 @@ router.register("jobs", JobViewSet, basename="job")
 router.register("tenants", TenantViewSet, basename="tenant")
 
 urlpatterns = [
-    path("auth/token/", obtain_auth_token, name="api-token"),
+    # With the API's parsers (jobs.api.parsers), not DRF's plain ones that this view names itself.
+    path("auth/token/", ObtainAuthToken.as_view(parser_classes=api_settings.DEFAULT_PARSER_CLASSES),
+         name="api-token"),
     path("queue/", QueueView.as_view(), name="api-queue"),
     path("cluster/", ClusterView.as_view(), name="api-cluster"),
     path("usage/", UsageView.as_view(), name="api-usage"),

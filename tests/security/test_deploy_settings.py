@@ -1,0 +1,127 @@
+"""Production settings pass Django's deployment check; the developer stack and tests keep plain http.
+
+The settings are read in a fresh ``manage.py`` process with the environment a deployment sets,
+because cluster_ui/settings.py decides at import time from the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.test import Client
+
+ROOT = Path(__file__).resolve().parents[2]
+# Knobs this file sets or that would change the answer if the developer's shell had them.
+OURS = ("DJANGO_SETTINGS_MODULE", "DJANGO_DEBUG", "DJANGO_SECRET_KEY", "DJANGO_SECRET_KEY_FILE",
+        "DJANGO_ALLOWED_HOSTS", "COLONY_HTTPS", "COLONY_HSTS_SECONDS", "COLONY_HSTS_INCLUDE_SUBDOMAINS",
+        "COLONY_HSTS_PRELOAD", "COLONY_TRUST_X_FORWARDED_PROTO")
+SHOWN = ("DEBUG", "SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "SECURE_HSTS_SECONDS",
+         "SECURE_PROXY_SSL_HEADER", "X_FRAME_OPTIONS")
+
+
+def manage(tmp_path, *argv, **env) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k not in OURS}
+    environ.update(COLONY_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="cluster_ui.settings", **env)
+    return subprocess.run([sys.executable, "manage.py", *argv], cwd=ROOT, env=environ, capture_output=True,
+                          text=True, timeout=60)
+
+
+def production(**extra) -> dict:
+    return {"DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": secrets.token_urlsafe(64),
+            "DJANGO_ALLOWED_HOSTS": "colony.example.org", **extra}
+
+
+def settings_in(tmp_path, **env) -> dict:
+    code = f"from django.conf import settings; print(json.dumps({{n: getattr(settings, n, None) for n in {SHOWN!r}}}))"
+    done = manage(tmp_path, "shell", "-c", f"import json; {code}", **env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_check_deploy_is_clean_in_production(tmp_path):
+    done = manage(tmp_path, "check", "--deploy", "--fail-level", "DEBUG", **production())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "System check identified no issues (0 silenced)." in done.stdout
+
+
+def test_check_deploy_flags_the_development_secret_key(tmp_path):
+    env = production()
+    del env["DJANGO_SECRET_KEY"]
+    done = manage(tmp_path, "check", "--deploy", "--fail-level", "WARNING", **env)
+    assert done.returncode != 0
+    assert "security.W009" in done.stderr
+
+
+def test_production_is_https_only(tmp_path):
+    assert settings_in(tmp_path, **production()) == {
+        "DEBUG": False, "SECURE_SSL_REDIRECT": True, "SESSION_COOKIE_SECURE": True, "CSRF_COOKIE_SECURE": True,
+        "SECURE_HSTS_SECONDS": 31536000, "SECURE_PROXY_SSL_HEADER": None, "X_FRAME_OPTIONS": "DENY",
+    }
+
+
+def test_behind_a_tls_proxy_the_forwarded_scheme_is_trusted_only_when_asked(tmp_path):
+    shown = settings_in(tmp_path, **production(COLONY_TRUST_X_FORWARDED_PROTO="1"))
+    assert shown["SECURE_PROXY_SSL_HEADER"] == ["HTTP_X_FORWARDED_PROTO", "https"]
+
+
+@pytest.mark.parametrize("env", [
+    {"DJANGO_DEBUG": "1"},                        # what `make run` (cluster_ui.devstack) sets
+    production(COLONY_HTTPS="0"),                 # trying the compose stack over plain http
+])
+def test_development_speaks_plain_http(tmp_path, env):
+    shown = settings_in(tmp_path, **env)
+    assert (shown["SECURE_SSL_REDIRECT"], shown["SESSION_COOKIE_SECURE"], shown["CSRF_COOKIE_SECURE"],
+            shown["SECURE_HSTS_SECONDS"]) == (False, False, False, 0)
+
+
+def test_devstack_turns_debug_on_unless_told_otherwise():
+    source = (ROOT / "cluster_ui" / "devstack" / "supervisor.py").read_text()
+    assert '"DJANGO_DEBUG": env.get("DJANGO_DEBUG", "1")' in source
+
+
+def test_pages_carry_the_browser_security_headers(client, db):
+    response = client.get("/accounts/login/")
+    assert response.status_code == 200  # the tests' plain http is not redirected
+    assert response["X-Frame-Options"] == "DENY"
+    assert response["Referrer-Policy"] == "same-origin"
+    assert response["X-Content-Type-Options"] == "nosniff"
+    assert response["Cross-Origin-Opener-Policy"] == "same-origin"
+
+
+def test_https_only_redirects_http_and_sends_hsts(db, settings):
+    settings.SECURE_SSL_REDIRECT, settings.SECURE_HSTS_SECONDS = True, 31536000
+    client = Client()
+    redirected = client.get("/accounts/login/")
+    assert (redirected.status_code, redirected["Location"]) == (301, "https://testserver/accounts/login/")
+    secure = client.get("/accounts/login/", secure=True)
+    assert secure.status_code == 200
+    assert secure["Strict-Transport-Security"] == "max-age=31536000; includeSubDomains; preload"
+    # Prometheus scrapes /metrics over plain http inside the cluster.
+    assert client.get("/metrics").status_code == 200
+
+
+def test_forms_need_a_csrf_token(researcher):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(researcher)
+    refused = client.post("/jobs/submit/", {"command": "python train.py", "gpus": "1"})
+    assert refused.status_code == 403
+    page = client.get("/jobs/submit/")
+    assert b'name="csrfmiddlewaretoken"' in page.content
+
+
+@pytest.mark.parametrize("password", ["short", "password123", "12345678901", "alice123"])
+def test_weak_passwords_are_refused(researcher, password):
+    with pytest.raises(ValidationError):
+        validate_password(password, user=researcher)
+
+
+def test_a_strong_password_is_accepted(researcher):
+    validate_password("correct-horse-battery-staple", user=researcher)
