@@ -130,7 +130,7 @@ class RunningJob:
     shareable: bool = False
     # Already told to stop (preempted, cancelling): its GPUs free up soon; never chosen again.
     preempting: bool = False
-    # GPU-seconds of service so far, this run included (see ``JobRequest.attained_gpu_s``).
+    # GPU-seconds of service in runs before this one; this run adds (now - started_at) x GPUs.
     attained_gpu_s: float = 0.0
 
     @property

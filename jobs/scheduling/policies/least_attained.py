@@ -38,17 +38,24 @@ def least_attained_service(snapshot: ClusterSnapshot, now: float, config=None) -
             free[node.name] = sorted((g for g in node.free_gpus() if g.id not in held), key=lambda g: g.index)
     nodes = {node.name: node for node in snapshot.nodes}
     # Victims, least deserving first: highest queue, then the most served.
+    served = {job.id: job.attained_gpu_s + max(0.0, now - job.started_at) * len(job.gpu_ids) for job in snapshot.running}
     victims = sorted((job for job in snapshot.running if not job.preempting),
-                     key=lambda job: (-queue_of(job.attained_gpu_s), -job.attained_gpu_s, -job.id))
+                     key=lambda job: (-queue_of(served[job.id]), -served[job.id], -job.id))
     chosen: set[int] = set()
     placements, pending, preemptions = [], [], []
+    # Free GPUs and the victims left only shrink within a cycle: a job as wide as one that found
+    # no victims (same queue, models, spread) finds none either.
+    hopeless: dict[tuple, int] = {}
     for job in sorted(snapshot.pending, key=lambda j: (queue_of(j.attained_gpu_s), -j.priority, j.submitted_at, j.id)):
         placement = place_exclusive(job, free)
         if placement is not None:
             _take(free, placement)
             placements.append(placement)
             continue
-        freed = _preempt_for(job, victims, chosen, free, gpus)
+        key = (queue_of(job.attained_gpu_s), job.gpu_models, job.gpu_memory_mib, job.max_nodes)
+        freed = [] if job.gpus >= hopeless.get(key, job.gpus + 1) else _preempt_for(job, victims, served, chosen, free, gpus)
+        if not freed:
+            hopeless[key] = min(job.gpus, hopeless.get(key, job.gpus))
         if freed:
             preemptions.extend(Preempt(v.id, PreemptReason.RECLAIM_FOR_GUARANTEE,
                                        f"Job {job.id} has had less GPU time", for_job_id=job.id) for v in freed)
@@ -67,8 +74,8 @@ def _take(free: dict[str, list[GpuState]], placement: Place) -> None:
         free[name] = [g for g in free[name] if g.id not in taken]
 
 
-def _preempt_for(job, victims: list[RunningJob], chosen: set[int], free: dict[str, list[GpuState]],
-                 gpus: dict[int, tuple[str, GpuState]]) -> list[RunningJob]:
+def _preempt_for(job, victims: list[RunningJob], served: dict[int, float], chosen: set[int],
+                 free: dict[str, list[GpuState]], gpus: dict[int, tuple[str, GpuState]]) -> list[RunningJob]:
     """Victims of lower queues whose GPUs, added to the free ones, fit the job; [] if none do.
 
     The freed GPUs are promised: they leave ``free`` for the rest of the cycle, and the job takes
@@ -77,7 +84,7 @@ def _preempt_for(job, victims: list[RunningJob], chosen: set[int], free: dict[st
     trial = {name: list(gs) for name, gs in free.items()}
     picked: list[RunningJob] = []
     for victim in victims:
-        if victim.id in chosen or queue_of(victim.attained_gpu_s) <= rank:
+        if victim.id in chosen or queue_of(served[victim.id]) <= rank:
             continue
         picked.append(victim)
         for gpu_id in victim.gpu_ids:

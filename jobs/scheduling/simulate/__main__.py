@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({len(trace.nodes)} nodes, {len(trace.tenants)} tenants); left out: {skipped}", flush=True)
 
     def progress(name: str, summary: dict) -> None:
-        print(f"  {name}: {summary['replay_seconds']:.1f} s, {summary['cycles']} cycles", flush=True)
+        print(f"  {name}: {summary['replay_seconds']:.1f} s, {summary.get('cycles', 0)} cycles", flush=True)
 
     comparison = report.compare(trace, policies, SchedulerConfig(), fill=fill, interval=args.interval,
                                 restart_overhead_s=args.restart_overhead, progress=progress)

@@ -84,7 +84,8 @@ class _Run:
     attained_before: float  # GPU-seconds from earlier runs
     rate: float = 1.0
     settled_at: float = 0.0
-    version: int = 0
+    version: int = 0  # bumped on every change of speed or duty cycle
+    seen: tuple[tuple, RunningJob] | None = None  # ((version, duty), what the last snapshot showed)
 
     @property
     def held_milli(self) -> int:
@@ -386,21 +387,24 @@ class Replay:
                           for g in (self.gpus[i] for i in self.node_gpus[n])),
                     rack=spec.rack, intra_node_gb_per_s=spec.intra_node_gb_per_s)
             nodes.append(node)
-        running = tuple(
-            RunningJob(
-                id=run.job.id, tenant=run.job.tenant, job_class=run.job_class, gpu_ids=run.gpu_ids,
-                started_at=run.started_at, memory_mib=max(run.memory), gpu_milli=run.job.gpu_milli,
-                priority=run.job.priority, expected_runtime_s=run.job.duration_s, duty_cycle=run.duty,
-                utilisation=run.job.utilisation * run.rate, solo_utilisation=run.job.utilisation,
-                attained_gpu_s=run.attained_before + self._attained_this_run(run),
-            )
-            for run in self.running.values()
-        )
+        running = tuple(self._running_job(run) for run in self.running.values())
         tenants = tuple(
             replace(self._quota(tenant), decayed_usage=self.usage[tenant]) for tenant in sorted(self.usage)
         )
         return ClusterSnapshot(nodes=tuple(nodes), pending=tuple(self.pending.values()), tenants=tenants,
                                running=running)
+
+    def _running_job(self, run: _Run) -> RunningJob:
+        """The run as the core sees it, rebuilt only when its speed or duty cycle changed."""
+        if run.seen is None or run.seen[0] != (run.version, run.duty):
+            run.seen = ((run.version, run.duty), RunningJob(
+                id=run.job.id, tenant=run.job.tenant, job_class=run.job_class, gpu_ids=run.gpu_ids,
+                started_at=run.started_at, memory_mib=max(run.memory), gpu_milli=run.job.gpu_milli,
+                priority=run.job.priority, expected_runtime_s=run.job.duration_s, duty_cycle=run.duty,
+                utilisation=run.job.utilisation * run.rate, solo_utilisation=run.job.utilisation,
+                attained_gpu_s=run.attained_before,
+            ))
+        return run.seen[1]
 
     def _quota(self, tenant: str) -> TenantQuota:
         quota = self.quotas.get(tenant)

@@ -42,15 +42,18 @@ ROWS = (
 
 
 def compare(trace: Trace, policies: dict, config: SchedulerConfig = SchedulerConfig(), *, fill: bool = False,
-            interval: float = 2.0, restart_overhead_s: float = 30.0, progress=None) -> dict:
-    """Replay every policy on the same trace; returns the JSON-ready comparison."""
+            timed: bool = True, interval: float = 2.0, restart_overhead_s: float = 30.0, progress=None) -> dict:
+    """Replay every policy on the same trace (``timed``) and/or measure its fill curve (``fill``);
+    returns the JSON-ready comparison."""
     runs = {}
     for name, policy in policies.items():
         started = time.perf_counter()
-        result = replay(trace, policy, config, name=name, interval=interval, restart_overhead_s=restart_overhead_s)
-        summary = summarise(result)
-        summary["jct_sorted_s"] = sorted(r.jct for r in result.records.values() if r.jct is not None)
-        summary["utilisation_series"] = utilisation_series(result)
+        summary = {"policy": name, "jct_sorted_s": [], "utilisation_series": []}
+        if timed:
+            result = replay(trace, policy, config, name=name, interval=interval, restart_overhead_s=restart_overhead_s)
+            summary = summarise(result)
+            summary["jct_sorted_s"] = sorted(r.jct for r in result.records.values() if r.jct is not None)
+            summary["utilisation_series"] = utilisation_series(result)
         if fill:
             points = fill_curve(trace, policy, config)
             summary["fill"] = fill_summary(points)
