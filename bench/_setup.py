@@ -44,6 +44,8 @@ def setup(database: str = "auto") -> tuple[str, "PrivateRedis"]:  # noqa: F821
     os.environ["COLONY_VAR_DIR"] = str(workdir)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cluster_ui.settings")
     os.environ.setdefault("COLONY_LOG_LEVEL", "WARNING")
+    # The benchmarks' test client speaks plain http (production defaults to HTTPS redirects).
+    os.environ.setdefault("COLONY_HTTPS", "0")
     import django
 
     django.setup()

@@ -80,7 +80,8 @@ def main() -> None:
 
     from agents.protocol import heartbeat_key
     from jobs.scheduling import decide
-    from jobs.services.cycle import run_scheduling_cycle, scheduler_config
+    from jobs.services.config import scheduler_config
+    from jobs.services.cycle import run_scheduling_cycle
     from jobs.services.snapshot import build_snapshot
 
     populate(random.Random(7), args.nodes, args.tenants, args.running, args.pending)

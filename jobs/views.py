@@ -8,6 +8,7 @@ then poll the JSON API (``static/js/<page>.js``) to stay current.
 from __future__ import annotations
 
 import csv
+import math
 from datetime import timedelta
 
 from django.contrib import messages
@@ -20,6 +21,7 @@ from django.views.decorators.http import require_POST
 from django.views.generic import DetailView, FormView, ListView, TemplateView
 
 from jobs.api.queue import eta_seconds
+from jobs.api.throttles import SubmissionRateThrottle
 from jobs.api.tenants import MAX_REPORT_DAYS, usage_rows
 from jobs.choices import CANCELLABLE_STATES, JobState
 from jobs.filtersets import JobFilter
@@ -78,6 +80,13 @@ class SubmitView(LoginRequiredMixin, FormView):
         return {**super().get_form_kwargs(), "request": self.request}
 
     def form_valid(self, form):
+        throttle = SubmissionRateThrottle()
+        if not throttle.allow_submission(self.request):
+            wait = math.ceil(throttle.wait() or 1)
+            form.add_error(None, f"You are submitting jobs faster than allowed; try again in {wait} s.")
+            response = self.form_invalid(form)
+            response.status_code, response["Retry-After"] = 429, str(wait)
+            return response
         job = submit_job(owner=self.request.user, **form.validated)
         messages.success(self.request, f"Job #{job.pk} {job.name} submitted to {job.tenant.slug}.")
         return redirect("jobs:detail", pk=job.pk)

@@ -27,11 +27,16 @@ class SubmissionRateThrottle(SimpleRateThrottle):
     def allow_request(self, request, view):
         if not _is_submission(request, view):
             return True
+        return self.allow_submission(request)
+
+    def allow_submission(self, request) -> bool:
+        """Count one submission by ``request.user``; the submit page calls this too, so the
+        browser and the API draw on one budget per user."""
         self.rate = self.get_rate()
         if self.rate is None:
             return True
         self.num_requests, self.duration = self.parse_rate(self.rate)
-        return super().allow_request(request, view)
+        return super().allow_request(request, None)
 
     def get_cache_key(self, request, view):
         if not request.user or not request.user.is_authenticated:

@@ -3,7 +3,8 @@
 Every state change is conditional on the state the core saw (``filter(pk, state).update``): a job
 cancelled between snapshot and apply is simply skipped. Redis commands are published in
 ``on_commit``, so a rolled-back cycle sends nothing; a crash after commit but before publish
-leaves a PLACED job whose launch is re-sent by ``resend_unstarted_launches``.
+leaves a PLACED job whose launch is re-sent by ``resend_unstarted_launches``, and a stop lost the
+same way is re-sent by ``resend_stops``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from django.utils import timezone
 from jobs.choices import JobClass, JobState
 from jobs.models import Allocation, Job
 from jobs.scheduling import Decisions
-from jobs.scheduling.decisions import Place
+from jobs.scheduling.decisions import NodeSlice, Place, Rendezvous
+from jobs.scheduling.topology import rendezvous_of
 from jobs.services.commands import send_duty_cycle, send_launch, send_stop
+from jobs.services.config import scheduler_config
 from monitoring.models import Node
 
 
@@ -57,17 +60,26 @@ def _place(place: Place, now: datetime) -> bool:
     job = (Job.objects.select_related("tenant").only("command", "env", "requeue_count", "preempt_count", "tenant__slug")
            .get(pk=place.job_id))
     attempt = job.requeue_count + job.preempt_count
-    hosts = dict(Node.objects.filter(name__in=place.nodes).values_list("name", "hostname"))
+    envs = _launch_envs(job.env, place.slices, place.rendezvous)
     for node_slice in place.slices:
-        env = dict(job.env)
-        if place.rendezvous is not None:
-            env.update(place.rendezvous.env(node_slice, local_rank=0))
-            env["MASTER_ADDR"] = hosts.get(place.rendezvous.master_node) or place.rendezvous.master_node
-        transaction.on_commit(lambda s=node_slice, env=env: send_launch(
-            s.node, place.job_id, job.command, s.gpu_indices, attempt=attempt, env=env,
+        transaction.on_commit(lambda s=node_slice: send_launch(
+            s.node, place.job_id, job.command, s.gpu_indices, attempt=attempt, env=envs[s.node],
             gpu_memory_limit_mib=place.memory_limit_mib, duty_cycle=place.duty_cycle, tenant=job.tenant.slug,
         ))
     return True
+
+
+def _launch_envs(job_env: dict, slices: tuple[NodeSlice, ...], rendezvous: Rendezvous | None) -> dict[str, dict]:
+    """Per node: the job's own variables plus, for a gang, the torchrun rendezvous of that node."""
+    if rendezvous is None:
+        return {s.node: dict(job_env) for s in slices}
+    hosts = dict(Node.objects.filter(name__in=[s.node for s in slices]).values_list("name", "hostname"))
+    envs = {}
+    for node_slice in slices:
+        env = {**job_env, **rendezvous.env(node_slice, local_rank=0)}
+        env["MASTER_ADDR"] = hosts.get(rendezvous.master_node) or rendezvous.master_node
+        envs[node_slice.node] = env
+    return envs
 
 
 def _live_nodes(job_id: int) -> set[str]:
@@ -160,16 +172,57 @@ def resend_unstarted_launches(redis_client) -> int:
         if not redis_client.set(f"colony:resend:{job.pk}", 1, nx=True, ex=RESEND_AFTER_S):
             continue
         attempt = job.requeue_count + job.preempt_count
-        for allocation_node, indices, memory_limit, duty in _slices(job.pk):
-            send_launch(allocation_node, job.pk, job.command, indices, attempt=attempt, env=job.env,
-                        gpu_memory_limit_mib=memory_limit, duty_cycle=duty, tenant=job.tenant.slug)
+        slices, limits = _slices(job.pk)
+        envs = _launch_envs(job.env, slices, rendezvous_of(job.pk, slices, scheduler_config()))
+        for node_slice in slices:
+            memory_limit, duty = limits[node_slice.node]
+            send_launch(node_slice.node, job.pk, job.command, node_slice.gpu_indices, attempt=attempt,
+                        env=envs[node_slice.node], gpu_memory_limit_mib=memory_limit, duty_cycle=duty,
+                        tenant=job.tenant.slug)
         resent += 1
     return resent
 
 
-def _slices(job_id: int):
-    by_node: dict[str, list] = {}
+def _slices(job_id: int) -> tuple[tuple[NodeSlice, ...], dict[str, tuple[int | None, float]]]:
+    """The job's live placement as the core made it (node ranks, global ranks), and per node its
+    memory limit and duty cycle."""
+    by_node: dict[str, list[Allocation]] = defaultdict(list)
     for allocation in Allocation.objects.filter(job_id=job_id, released_at__isnull=True).select_related("gpu__node"):
-        by_node.setdefault(allocation.gpu.node.name, []).append(allocation)
-    for node, held in by_node.items():
-        yield node, tuple(sorted(a.gpu.index for a in held)), held[0].memory_limit_mib, held[0].duty_cycle
+        by_node[allocation.gpu.node.name].append(allocation)
+    slices, first_rank = [], 0
+    for node, held in sorted(by_node.items(), key=lambda item: (item[1][0].rank, item[0])):
+        held.sort(key=lambda a: a.gpu.index)
+        slices.append(NodeSlice(node=node, gpu_ids=tuple(a.gpu_id for a in held),
+                                gpu_indices=tuple(a.gpu.index for a in held), node_rank=held[0].rank,
+                                first_rank=first_rank))
+        first_rank += len(held)
+    return tuple(slices), {node: (held[0].memory_limit_mib, held[0].duty_cycle) for node, held in by_node.items()}
+
+
+def resend_stops(redis_client) -> int:
+    """Re-send the stop of jobs still cancelling or being preempted a while after it was sent.
+
+    A stop lost with Redis (or published by a worker that died after commit) would otherwise
+    leave the job holding its GPUs, and a guaranteed job waiting to reclaim them, for ever. The
+    agent ignores a stop for a job it does not run, so a duplicate is harmless; a job whose node
+    lost it is settled by node health (``requeue_vanished``).
+    """
+    now = timezone.now().timestamp()
+    resent = 0
+    stopping = Job.objects.filter(state__in=(JobState.CANCELLING, JobState.PREEMPTING)).values_list("pk", flat=True)
+    for job_id in stopping:
+        key = f"colony:stopping:{job_id}"
+        first_seen = redis_client.get(key)
+        if first_seen is None or now - float(first_seen) < RESEND_AFTER_S:
+            if first_seen is None:
+                redis_client.set(key, now, ex=STOPPING_MEMORY_S)
+            continue
+        for node in _live_nodes(job_id):
+            send_stop(node, job_id)
+        redis_client.set(key, now, ex=STOPPING_MEMORY_S)
+        resent += 1
+    return resent
+
+
+# How long a stopping job's first sighting is remembered (far longer than any stop takes).
+STOPPING_MEMORY_S = 24 * 3600

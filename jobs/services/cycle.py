@@ -11,8 +11,8 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from jobs.scheduling import decide
-from jobs.scheduling.config import SchedulerConfig
-from jobs.services.apply import apply_decisions, resend_unstarted_launches
+from jobs.services.apply import apply_decisions, resend_stops, resend_unstarted_launches
+from jobs.services.config import scheduler_config
 from jobs.services.fair_share import advance_usage
 from jobs.services.snapshot import build_snapshot
 from monitoring.services.redis_client import get_redis
@@ -38,10 +38,6 @@ class CycleResult:
     backed_off: bool = False
 
 
-def scheduler_config() -> SchedulerConfig:
-    return SchedulerConfig(usage_half_life_s=settings.COLONY_USAGE_HALF_LIFE_S)
-
-
 def run_scheduling_cycle() -> CycleResult:
     client = get_redis()
     if client.exists(BACKOFF_KEY):
@@ -58,6 +54,7 @@ def run_scheduling_cycle() -> CycleResult:
         decisions = decide(snapshot, now=time.time(), config=config)
         applied = apply_decisions(decisions)
         resend_unstarted_launches(client)
+        resend_stops(client)
         client.delete(BACKOFF_KEY + ":next")
     except (OperationalError, InterfaceError) as exc:
         pause = min(BACKOFF_MAX_S, float(client.get(BACKOFF_KEY + ":next") or BACKOFF_FIRST_S))

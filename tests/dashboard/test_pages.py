@@ -20,6 +20,23 @@ def form_errors(response) -> dict:
     return {name: list(errors) for name, errors in response.context["form"].errors.items()}
 
 
+def test_submit_form_shares_the_per_user_submission_budget_with_the_api(alice, cluster, web, api, settings):
+    from django.core.cache import cache
+
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"submit": "2/min"}}
+    cache.clear()
+    try:
+        browser = web(alice)
+        assert browser.post("/jobs/submit/", FORM).status_code == 302
+        assert api(alice).post("/api/v1/jobs/", {"command": ["python", "x.py"], "gpus": 1}, format="json").status_code == 201
+        refused = browser.post("/jobs/submit/", FORM)
+        assert refused.status_code == 429 and 0 < int(refused["Retry-After"]) <= 60
+        assert "faster than allowed" in refused.content.decode()
+        assert Job.objects.filter(owner=alice).count() == 2
+    finally:
+        cache.clear()
+
+
 def test_submit_form_creates_the_job_and_opens_it(alice, cluster, web):
     response = web(alice).post("/jobs/submit/", {**FORM, "name": "sweep", "gpu_memory": "20 GiB", "max_runtime": "4h",
                                                  "gpu_models": ["A100-80GB"], "run_as": "opportunistic",

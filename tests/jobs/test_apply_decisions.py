@@ -136,3 +136,39 @@ def test_unstarted_launch_is_sent_again_with_the_same_command_id(node4, redis_cl
     cycle(django_capture_on_commit_callbacks)  # not again within the window
     launches = [c for c in commands(redis_client) if isinstance(c, protocol.LaunchJob)]
     assert [c.command_id for c in launches] == [f"launch-{job.pk}-0"] * 2
+
+
+def test_re_sent_launch_of_a_gang_keeps_its_rendezvous_environment(node4, redis_client,
+                                                                    django_capture_on_commit_callbacks):
+    job = JobFactory(gpus=2, env={"EPOCHS": "3"})
+    cycle(django_capture_on_commit_callbacks)
+    type(job).objects.filter(pk=job.pk).update(placed_at=timezone.now() - timedelta(minutes=1))
+    cycle(django_capture_on_commit_callbacks)
+    first, again = [c for c in commands(redis_client) if isinstance(c, protocol.LaunchJob)]
+    assert again.command_id == first.command_id and again.gpu_indices == first.gpu_indices
+    assert again.env == first.env
+    assert {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK"} <= set(again.env)
+    assert again.env["WORLD_SIZE"] == "2" and again.env["EPOCHS"] == "3"
+
+
+def test_a_lost_stop_is_sent_again_while_the_job_is_still_stopping(node4, redis_client,
+                                                                     django_capture_on_commit_callbacks, monkeypatch):
+    from jobs.services import apply
+    from jobs.services.submission import cancel_job
+
+    job = JobFactory(gpus=1)
+    cycle(django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        cancel_job(job)
+    redis_client.delete(protocol.command_stream("n1"))  # the stop is lost with Redis
+    cycle(django_capture_on_commit_callbacks)  # first sighting of the stopping job: too early to resend
+    assert commands(redis_client) == []
+    monkeypatch.setattr(apply, "RESEND_AFTER_S", 0)
+    cycle(django_capture_on_commit_callbacks)
+    (stop,) = commands(redis_client)
+    assert isinstance(stop, protocol.StopJob) and stop.job_id == job.pk
+    exit_event(redis_client, job, code=-15, stopped=True)
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELLED
+    cycle(django_capture_on_commit_callbacks)
+    assert len(commands(redis_client)) == 1  # settled: nothing more is sent
