@@ -17,43 +17,60 @@ from jobs.scheduling.snapshot import ClusterSnapshot, GpuState, JobRequest, Node
 
 
 def fifo_exclusive(snapshot: ClusterSnapshot, now: float, config=None) -> Decisions:
-    held = {gpu_id for job in snapshot.running for gpu_id in job.gpu_ids}
-    # Free GPUs per node, consumed as this cycle places jobs.
-    free: dict[str, list[GpuState]] = {
-        node.name: sorted((g for g in node.free_gpus() if g.id not in held), key=lambda gpu: gpu.index)
-        for node in snapshot.nodes
-        if node.schedulable
-    }
-    nodes = {node.name: node for node in snapshot.nodes}
+    gpus = ExclusiveGpus(snapshot)
     placements: list[Place] = []
     pending: list[Pending] = []
-    # Free GPUs only shrink within a cycle, so a request that found no node finds none later, nor
-    # does one of the same width asking for more memory: remember the smallest failing memory per
-    # (width, models, spread) instead of searching every node again.
-    failed: dict[tuple, tuple[int, PendingReason]] = {}
     for job in sorted(snapshot.pending, key=lambda job: (-job.priority, job.submitted_at, job.id)):
+        outcome = gpus.place(job)
+        if isinstance(outcome, Place):
+            placements.append(outcome)
+        else:
+            pending.append(Pending(job.id, outcome))
+    return Decisions(placements=tuple(placements), pending=tuple(pending))
+
+
+class ExclusiveGpus:
+    """The free whole GPUs of one cycle, consumed as jobs are placed (shared with the
+    least-attained-service baseline).
+
+    Free GPUs only shrink within a cycle, so a request that found no node finds none later, nor
+    does one of the same width asking for more memory: the smallest failing memory per (width,
+    models, spread) is remembered instead of searching every node again.
+    """
+
+    def __init__(self, snapshot: ClusterSnapshot):
+        held = {gpu_id for job in snapshot.running for gpu_id in job.gpu_ids}
+        self.free: dict[str, list[GpuState]] = {
+            node.name: sorted((g for g in node.free_gpus() if g.id not in held), key=lambda gpu: gpu.index)
+            for node in snapshot.nodes
+            if node.schedulable
+        }
+        self.nodes = {node.name: node for node in snapshot.nodes}
+        self._failed: dict[tuple, tuple[int, PendingReason]] = {}
+
+    def place(self, job: JobRequest) -> Place | PendingReason:
+        """Take GPUs for the job, or say why there are none."""
         shape, need = (job.gpus, job.gpu_models, job.max_nodes), job.gpu_memory_mib or 0
-        memo = failed.get(shape)
+        memo = self._failed.get(shape)
         if memo is not None and need >= memo[0]:
             smallest, reason = memo
             if need != smallest and reason.code is ReasonCode.WAITING_FOR_FREE_GPUS:
                 reason = reasons.waiting_for_free_gpus(job.gpus, need, job.max_nodes == 1,
                                                        reason.details["most_free_on_a_node"])
             elif need != smallest:
-                reason = why_pending_exclusive(job, nodes, free)
-            pending.append(Pending(job.id, reason))
-            continue
-        placement = place_exclusive(job, free)
+                reason = why_pending_exclusive(job, self.nodes, self.free)
+            return reason
+        placement = place_exclusive(job, self.free)
         if placement is None:
-            reason = why_pending_exclusive(job, nodes, free)
-            failed[shape] = (need, reason)
-            pending.append(Pending(job.id, reason))
-            continue
-        taken = set(placement.gpu_ids)
-        for node_name in placement.nodes:
-            free[node_name] = [gpu for gpu in free[node_name] if gpu.id not in taken]
-        placements.append(placement)
-    return Decisions(placements=tuple(placements), pending=tuple(pending))
+            reason = why_pending_exclusive(job, self.nodes, self.free)
+            self._failed[shape] = (need, reason)
+            return reason
+        self.remove(set(placement.gpu_ids), placement.nodes)
+        return placement
+
+    def remove(self, gpu_ids: set[int], nodes: tuple[str, ...]) -> None:
+        for name in nodes:
+            self.free[name] = [gpu for gpu in self.free[name] if gpu.id not in gpu_ids]
 
 
 def _fitting(job: JobRequest, gpus: list[GpuState]) -> list[GpuState]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason
-from jobs.scheduling.policies.fifo_exclusive import place_exclusive, why_pending_exclusive
+from jobs.scheduling.policies.fifo_exclusive import ExclusiveGpus, place_exclusive
 from jobs.scheduling.reasons import PendingReason, ReasonCode
 from jobs.scheduling.snapshot import ClusterSnapshot, GpuState, RunningJob
 
@@ -28,60 +28,49 @@ def queue_of(attained_gpu_s: float) -> int:
 
 
 def least_attained_service(snapshot: ClusterSnapshot, now: float, config=None) -> Decisions:
-    held = {gpu_id for job in snapshot.running for gpu_id in job.gpu_ids}
-    gpus: dict[int, tuple[str, GpuState]] = {}
-    free: dict[str, list[GpuState]] = {}
-    for node in snapshot.nodes:
-        for gpu in node.gpus:
-            gpus[gpu.id] = (node.name, gpu)
-        if node.schedulable:
-            free[node.name] = sorted((g for g in node.free_gpus() if g.id not in held), key=lambda g: g.index)
-    nodes = {node.name: node for node in snapshot.nodes}
+    exclusive = ExclusiveGpus(snapshot)
+    gpus = {gpu.id: (node.name, gpu) for node in snapshot.nodes for gpu in node.gpus}
     # Victims, least deserving first: highest queue, then the most served.
     served = {job.id: job.attained_gpu_s + max(0.0, now - job.started_at) * len(job.gpu_ids) for job in snapshot.running}
     victims = sorted((job for job in snapshot.running if not job.preempting),
                      key=lambda job: (-queue_of(served[job.id]), -served[job.id], -job.id))
+    lowest_victim_queue = max((queue_of(served[v.id]) for v in victims), default=-1)
     chosen: set[int] = set()
     placements, pending, preemptions = [], [], []
-    # Free GPUs and the victims left only shrink within a cycle: a job as wide as one that found
-    # no victims (same queue, models, spread) finds none either.
+    # The free GPUs and the victims left only shrink within a cycle: a job as wide as one that
+    # found no victims (same queue, models, memory, spread) finds none either.
     hopeless: dict[tuple, int] = {}
     for job in sorted(snapshot.pending, key=lambda j: (queue_of(j.attained_gpu_s), -j.priority, j.submitted_at, j.id)):
-        placement = place_exclusive(job, free)
-        if placement is not None:
-            _take(free, placement)
-            placements.append(placement)
+        outcome = exclusive.place(job)
+        if isinstance(outcome, Place):
+            placements.append(outcome)
             continue
         key = (queue_of(job.attained_gpu_s), job.gpu_models, job.gpu_memory_mib, job.max_nodes)
-        freed = [] if job.gpus >= hopeless.get(key, job.gpus + 1) else _preempt_for(job, victims, served, chosen, free, gpus)
+        if queue_of(job.attained_gpu_s) >= lowest_victim_queue or job.gpus >= hopeless.get(key, job.gpus + 1):
+            freed = []  # nobody runs in a lower queue, or a job this wide already found no victims
+        else:
+            freed = _preempt_for(job, victims, served, chosen, exclusive, gpus)
         if not freed:
             hopeless[key] = min(job.gpus, hopeless.get(key, job.gpus))
-        if freed:
-            preemptions.extend(Preempt(v.id, PreemptReason.RECLAIM_FOR_GUARANTEE,
-                                       f"Job {job.id} has had less GPU time", for_job_id=job.id) for v in freed)
-            pending.append(Pending(job.id, PendingReason(
-                ReasonCode.RECLAIMING,
-                f"Preempting {len(freed)} job{'s' if len(freed) != 1 else ''} that had more GPU time; "
-                "starts once they have stopped.", {"needed_gpus": job.gpus, "victims": len(freed)}), eta_s=0.0))
-        else:
-            pending.append(Pending(job.id, why_pending_exclusive(job, nodes, free)))
+            pending.append(Pending(job.id, outcome))
+            continue
+        preemptions.extend(Preempt(v.id, PreemptReason.RECLAIM_FOR_GUARANTEE,
+                                   f"Job {job.id} has had less GPU time", for_job_id=job.id) for v in freed)
+        pending.append(Pending(job.id, PendingReason(
+            ReasonCode.RECLAIMING,
+            f"Preempting {len(freed)} job{'s' if len(freed) != 1 else ''} that had more GPU time; "
+            "starts once they have stopped.", {"needed_gpus": job.gpus, "victims": len(freed)}), eta_s=0.0))
     return Decisions(placements=tuple(placements), pending=tuple(pending), preemptions=tuple(preemptions))
 
 
-def _take(free: dict[str, list[GpuState]], placement: Place) -> None:
-    taken = set(placement.gpu_ids)
-    for name in placement.nodes:
-        free[name] = [g for g in free[name] if g.id not in taken]
-
-
 def _preempt_for(job, victims: list[RunningJob], served: dict[int, float], chosen: set[int],
-                 free: dict[str, list[GpuState]], gpus: dict[int, tuple[str, GpuState]]) -> list[RunningJob]:
+                 exclusive: ExclusiveGpus, gpus: dict[int, tuple[str, GpuState]]) -> list[RunningJob]:
     """Victims of lower queues whose GPUs, added to the free ones, fit the job; [] if none do.
 
-    The freed GPUs are promised: they leave ``free`` for the rest of the cycle, and the job takes
-    them (or others) next cycle."""
+    The freed GPUs are promised: they leave the free ones for the rest of the cycle, and the job
+    takes them (or others) next cycle."""
     rank = queue_of(job.attained_gpu_s)
-    trial = {name: list(gs) for name, gs in free.items()}
+    trial = {name: list(gs) for name, gs in exclusive.free.items()}
     picked: list[RunningJob] = []
     for victim in victims:
         if victim.id in chosen or queue_of(served[victim.id]) <= rank:
@@ -99,7 +88,6 @@ def _preempt_for(job, victims: list[RunningJob], served: dict[int, float], chose
             needed = set(placement.gpu_ids)
             picked = [v for v in picked if needed & set(v.gpu_ids)]
             chosen.update(v.id for v in picked)
-            for name in placement.nodes:
-                free[name] = [g for g in free[name] if g.id not in needed]
+            exclusive.remove(needed, tuple(name for name in placement.nodes if name in exclusive.free))
             return picked
     return []

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jobs.scheduling.config import SchedulerConfig
-from jobs.scheduling.simulate.engine import Replay, ReplayResult
+from jobs.scheduling.simulate.engine import JobRecord, Replay, ReplayResult
 from jobs.scheduling.simulate.trace import Trace
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI
 
@@ -141,16 +141,26 @@ class FillPoint:
 def fill_curve(trace: Trace, policy, config: SchedulerConfig = SchedulerConfig(), *, step: float = 0.02,
                until: float = 1.3, cycles_per_step: int = 3) -> list[FillPoint]:
     """Jobs arrive in trace order and never leave; after each ``step`` of the cluster's capacity
-    has arrived, the policy runs (a few cycles, as the loop would) and the placed share is read."""
+    has arrived, the policy runs (a few cycles, as the loop would) and the placed share is read.
+
+    A trace that asks for less than ``until`` of the cluster is replayed again from its start (as
+    new jobs), as Weng et al. sample their trace until the cluster is full."""
+    if not trace.jobs:
+        return []
     engine = Replay(trace, policy, config)
     capacity = trace.total_gpus * WHOLE_GPU_MILLI
     arrived, points, t = 0, [], 0.0
     jobs = sorted(trace.jobs, key=lambda j: (j.submit_s, j.id))
+    next_id = max(j.id for j in jobs) + 1
     position = 0
-    while position < len(jobs) and arrived < until * capacity:
+    while arrived < until * capacity:
         target = arrived + step * capacity
-        while position < len(jobs) and arrived < target:
-            job = jobs[position]
+        while arrived < target:
+            job = jobs[position % len(jobs)]
+            if position >= len(jobs):  # a second pass: the same request as a new job
+                job = replace(job, id=next_id)
+                engine.records[next_id] = JobRecord(job)
+                next_id += 1
             engine.enqueue(job, t)
             arrived += job.gpus * job.gpu_milli
             position += 1
