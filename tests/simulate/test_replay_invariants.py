@@ -7,7 +7,7 @@ import pytest
 from jobs.scheduling.policies import POLICIES
 from jobs.scheduling.simulate import replay
 from jobs.scheduling.simulate.loaders import TRACES_DIR, load_alibaba, load_philly
-from jobs.scheduling.simulate.metrics import summarise
+from jobs.scheduling.simulate.metrics import summarise, utilisation_series
 
 pytestmark = pytest.mark.skipif(not TRACES_DIR.is_dir(), reason=f"public traces not found at {TRACES_DIR}")
 
@@ -45,6 +45,10 @@ def test_every_job_finishes_within_capacity(trace_name, policy):
     for record in result.records.values():
         assert record.jct >= record.job.duration_s - 1e-6  # nothing runs faster than alone
         assert record.first_start >= record.job.submit_s
+    # The plotted series is the same utilisation, spread over time.
+    series = utilisation_series(result)
+    assert all(0.0 <= used <= 1.0 + 1e-9 and 0.0 <= busy <= 1.0 + 1e-9 for _, used, busy in series)
+    assert sum(used for _, used, _ in series) / len(series) == pytest.approx(summary["gpu_utilisation"], rel=1e-6)
 
 
 @pytest.mark.parametrize("trace_name", sorted(SLICES))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from bisect import bisect_right
 from dataclasses import dataclass, replace
 
 from jobs.scheduling.config import SchedulerConfig
@@ -116,18 +117,19 @@ def utilisation_series(result: ReplayResult, points: int = 200) -> list[tuple[fl
     if not samples or result.end <= result.start:
         return []
     width = (result.end - result.start) / points
+    edges = [result.start + i * width for i in range(points)] + [result.end]
     gpus = result.trace.total_gpus
     bins_used, bins_busy = [0.0] * points, [0.0] * points
     for sample, following in zip(samples, samples[1:] + samples[-1:]):
         begin, end = sample.t, max(following.t, sample.t)
-        while begin < end:
-            index = min(points - 1, int((begin - result.start) / width))
-            stop = min(end, result.start + (index + 1) * width)
-            if stop <= begin:  # rounding at a bin edge
-                stop = end
-            bins_used[index] += sample.utilisation * (stop - begin)
-            bins_busy[index] += sample.busy_gpus * (stop - begin)
-            begin = stop
+        index = min(points - 1, max(0, bisect_right(edges, begin) - 1))
+        while begin < end and index < points:
+            stop = min(end, edges[index + 1])
+            if stop > begin:
+                bins_used[index] += sample.utilisation * (stop - begin)
+                bins_busy[index] += sample.busy_gpus * (stop - begin)
+                begin = stop
+            index += 1
     return [((i + 0.5) * width / 3600, bins_used[i] / (width * gpus), bins_busy[i] / (width * gpus))
             for i in range(points)]
 
