@@ -10,7 +10,8 @@ RUN pip install --no-cache-dir -r requirements.lock
 COPY . .
 RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \
  && DJANGO_SECRET_KEY=build-only python manage.py collectstatic --noinput \
- && useradd --system --create-home colony && mkdir -p /var/lib/colony && chown colony /var/lib/colony
+ && useradd --system --create-home colony && mkdir -p /var/lib/colony/keys \
+ && chown -R colony /var/lib/colony && chmod 700 /var/lib/colony/keys
 
 USER colony
 EXPOSE 8000

@@ -6,6 +6,8 @@ idempotently (launch, stop, duty cycle, suspend, resume), acks it, and reports j
 exits (including GPU out-of-memory kills) on the events stream. Redis going away never stops
 jobs: events wait in a bounded outbox, and the last ``sample_buffer`` samples in a bounded ring;
 after the agent reconnects and registers again it sends the events, then the samples, in order.
+Given its node key, it signs every message it writes (:mod:`agents.signing`); the control plane
+rejects messages whose signature is not that of the node they name.
 
 What must not live here: process handling (:mod:`agents.runner`), GPU probing
 (:mod:`agents.backends`), message shapes (:mod:`agents.protocol`).
@@ -28,7 +30,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from agents import __version__, protocol
+from agents import __version__, protocol, signing
 from agents.backends.base import GpuBackend
 from agents.runner import FinishedJob, JobRunner, LaunchError
 
@@ -83,6 +85,7 @@ class Agent:
         shutdown_grace: float = 5.0,
         outbox_size: int = OUTBOX_SIZE,
         sample_buffer: int = SAMPLE_BUFFER,
+        key: bytes | None = None,
     ):
         if not protocol.NODE_NAME_RE.match(node):
             raise ValueError(f"invalid node name {node!r}")
@@ -97,6 +100,7 @@ class Agent:
         self.shutdown_grace = shutdown_grace
         self.hostname = socket.gethostname()[:255]
         self.stream = protocol.command_stream(node)
+        self._key = key  # this node's signing key; None sends unsigned messages
 
         self._redis: redis.Redis | None = None
         self._stop = threading.Event()
@@ -264,7 +268,7 @@ class Agent:
             # Only a node with dozens of GPUs gets here (every pair is a link); the GPUs matter more.
             log.warning("registration with %d topology links is too large; sending it without them", len(topology))
             fields = protocol.encode(message.model_copy(update={"topology": []}))
-        self._xadd(protocol.EVENTS_STREAM, fields)
+        self._xadd(protocol.EVENTS_STREAM, signing.signed(fields, self._key))
         log.info("registered with %d GPU(s), %d running job(s)", len(gpus), len(message.running_jobs))
 
     def _ensure_group(self) -> None:
@@ -292,7 +296,7 @@ class Agent:
         """Send buffered events, then buffered samples, oldest first; each leaves its buffer only
         once Redis has it (so an outage mid-flush may repeat a sample, never lose one)."""
         while self._outbox and self._redis is not None:
-            self._xadd(protocol.EVENTS_STREAM, protocol.encode(self._outbox[0]))
+            self._xadd(protocol.EVENTS_STREAM, signing.signed(protocol.encode(self._outbox[0]), self._key))
             self._outbox.popleft()
         while self._samples and self._redis is not None:
             batch = list(itertools.islice(self._samples, SAMPLE_BATCH))
@@ -330,6 +334,7 @@ class Agent:
             if len(fields["m"]) > protocol.MAX_MESSAGE_BYTES:
                 self._sample_failed("sample too large; per-job figures left out", None)
                 fields = protocol.encode(sample.model_copy(update={"jobs": []}))
+            fields = signing.signed(fields, self._key)
         except pydantic.ValidationError as exc:
             self._sample_failed("the GPU backend returned an invalid reading", exc)
             return

@@ -2,6 +2,14 @@
 
     python -m agents --node gpu-01 --simulate 8xA100-80GB --redis redis://127.0.0.1:6379/0
     python -m agents --node gpu-01 --run-as colony-jobs --run-as-tenant vision=colony-vision
+    COLONY_REDIS_URL=redis://colony-node-gpu-01:PASSWORD@redis:6379/0 \
+        python -m agents --node gpu-01 --key-file /etc/colony/agent.key
+
+Authentication: the node's key (``manage.py agent_key NODE`` on the control plane) comes from
+``--key-file``, else ``$COLONY_AGENT_KEY_FILE``, else ``$COLONY_AGENT_KEY``; the agent signs every
+message with it. Without a key messages go unsigned (a control plane that requires agent
+authentication dead-letters them). Pass a Redis URL with a password through the environment, not
+the command line, where any local user (jobs included) can read it.
 
 Job sandbox options (each also read from an environment variable, see ``--help``): the account
 jobs run as (``--run-as``, ``--run-as-tenant``; an agent running as root refuses jobs it has no
@@ -21,9 +29,9 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
-from agents import __version__, protocol
+from agents import __version__, protocol, signing
 from agents.accounts import DEFAULT_PASS_ENV, RunAsPolicy, parse_tenant_accounts
 from agents.agent import Agent
 from agents.backends import nvml
@@ -38,6 +46,43 @@ log = logging.getLogger("agents")
 
 def default_redis_url() -> str:
     return os.environ.get("COLONY_REDIS_URL") or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for help texts and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def load_key(key_file: Path | None) -> tuple[bytes | None, str]:
+    """The node key from ``key_file``, ``$COLONY_AGENT_KEY_FILE`` or ``$COLONY_AGENT_KEY`` (None: no
+    key), and a warning for the operator ("" if none).
+
+    The variables are removed from this process's environment once read, so that nothing the
+    agent starts could inherit them. Raises ValueError with a message for the operator.
+    """
+    env_file = os.environ.pop("COLONY_AGENT_KEY_FILE", "").strip()
+    env_key = os.environ.pop("COLONY_AGENT_KEY", "").strip()
+    path = key_file or (Path(env_file) if env_file else None)
+    if path is not None:
+        try:
+            text = path.read_text()
+            mode = path.stat().st_mode
+        except OSError as exc:
+            raise ValueError(f"cannot read the agent key file {path}: {exc.strerror}") from None
+        warning = f"agent key file {path} is readable by other users; chmod 600 it" if mode & 0o077 else ""
+        source = str(path)
+    elif env_key:
+        text, source, warning = env_key, "$COLONY_AGENT_KEY", ""
+    else:
+        return None, ""
+    try:
+        return signing.parse_key(text), warning
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
 
 
 def _node_name(value: str) -> str:
@@ -111,7 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--redis",
         default=default_redis_url(),
         metavar="URL",
-        help="Redis URL (default: $COLONY_REDIS_URL, else $REDIS_URL, else %(default)s)",
+        help="Redis URL, redis://USER:PASSWORD@HOST:PORT/DB for a per-node ACL user (default: "
+        f"$COLONY_REDIS_URL, else $REDIS_URL, else {DEFAULT_REDIS_URL}; now {redacted_url(default_redis_url())})",
+    )
+    parser.add_argument(
+        "--key-file",
+        type=Path,
+        metavar="PATH",
+        help="this node's signing key (64 hex digits, from `manage.py agent_key NODE`); default "
+        "$COLONY_AGENT_KEY_FILE, else the key itself in $COLONY_AGENT_KEY; without one, messages are unsigned",
     )
     parser.add_argument("--interval", type=_positive_float, default=1.0, help="seconds per loop (default 1.0)")
     parser.add_argument(
@@ -186,6 +239,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--redis: expected a redis://, rediss:// or unix:// URL, got {args.redis!r}")
     if args.heartbeat_ttl <= args.interval:
         parser.error("--heartbeat-ttl must be longer than --interval, or the heartbeat lapses between refreshes")
+    try:
+        args.key, args.key_warning = load_key(args.key_file)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.workdir is None:
         args.workdir = Path("var") / "agent" / args.node
     args.workdir = args.workdir.resolve()
@@ -235,6 +292,13 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("%s", policy.describe())
     else:
         log.info("%s", policy.describe())
+    if args.key_warning:
+        log.warning("%s", args.key_warning)
+    if args.key is None:
+        log.warning("no agent key (--key-file, $COLONY_AGENT_KEY_FILE or $COLONY_AGENT_KEY): messages are "
+                    "unsigned, and a control plane that requires agent authentication rejects them")
+    else:
+        log.info("signing messages with this node's key")
 
     stop = threading.Event()
 
@@ -261,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
             interval=args.interval,
             heartbeat_ttl=args.heartbeat_ttl,
+            key=args.key,
         )
         agent.run(stop)
     finally:

@@ -7,6 +7,10 @@ Every message is one Redis stream entry with a single field ``m`` holding JSON. 
 carries ``v`` (the protocol version) and ``kind`` (which message it is); anything that does not
 parse into one of the models below is rejected with a :class:`ProtocolError` naming the reason, so
 the reader can dead-letter it instead of half-applying it.
+
+Messages an agent writes (events, samples) may carry a second field ``sig``: the writer's
+signature over the exact bytes of ``m`` (see :mod:`agents.signing`). Parsing here does not check
+it; the server verifies it against the node the message names before applying anything.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ METRICS_STREAM = "colony:metrics"
 DEAD_LETTER_STREAM = "colony:deadletter"
 DEAD_LETTER_COUNT_KEY = "colony:deadletter:count"
 AGENT_COMMAND_GROUP = "agent"
+# Stream field with the agent's signature of ``m`` (agent -> control plane messages only).
+SIGNATURE_FIELD = "sig"
 # Approximate MAXLEN for streams; old entries are trimmed, never the unread ones in practice.
 STREAM_MAXLEN = 100_000
 
@@ -254,9 +260,14 @@ def encode(message: _Message) -> dict[str, str]:
     return {"m": message.model_dump_json()}
 
 
-def _payload(fields: dict) -> str:
-    if set(fields) - {"m", b"m"}:
-        raise ProtocolError("unexpected stream fields: " + ", ".join(sorted(map(_text, fields))))
+_COMMAND_FIELDS = frozenset({"m", b"m"})
+_AGENT_FIELDS = _COMMAND_FIELDS | {SIGNATURE_FIELD, SIGNATURE_FIELD.encode()}
+
+
+def _payload(fields: dict, allowed: frozenset = _COMMAND_FIELDS) -> str:
+    unexpected = set(fields) - allowed
+    if unexpected:
+        raise ProtocolError("unexpected stream fields: " + ", ".join(sorted(map(_text, unexpected))))
     raw = fields.get("m", fields.get(b"m"))
     if raw is None:
         raise ProtocolError("missing field 'm'")
@@ -274,8 +285,8 @@ def _text(value) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _parse(adapter: TypeAdapter, fields: dict):
-    raw = _payload(fields)
+def _parse(adapter: TypeAdapter, fields: dict, allowed: frozenset = _COMMAND_FIELDS):
+    raw = _payload(fields, allowed)
     try:
         return adapter.validate_json(raw, context={"wire": True})
     except ValidationError as exc:
@@ -286,7 +297,7 @@ def _parse(adapter: TypeAdapter, fields: dict):
 
 def decode_event(fields: dict) -> NodeRegistered | JobStarted | JobExited:
     """Parse one events-stream entry; raises :class:`ProtocolError`."""
-    return _parse(_event_adapter, fields)
+    return _parse(_event_adapter, fields, _AGENT_FIELDS)
 
 
 def decode_command(fields: dict) -> LaunchJob | StopJob | SetDutyCycle | SuspendJob | ResumeJob:
@@ -296,4 +307,4 @@ def decode_command(fields: dict) -> LaunchJob | StopJob | SetDutyCycle | Suspend
 
 def decode_sample(fields: dict) -> NodeSample:
     """Parse one metrics-stream entry; raises :class:`ProtocolError`."""
-    return _parse(_sample_adapter, fields)
+    return _parse(_sample_adapter, fields, _AGENT_FIELDS)

@@ -9,6 +9,9 @@ of its rollup. Prints sustained samples/s, p50/p99 lag, the backlog left at the 
 reader's capacity (how fast it drains a backlog). As a baseline in the same run it measures how
 fast one reader can merely read, parse and ack (no database), so the ratio shows what the
 database and live values cost.
+
+Samples are signed with each node's key and verified by the reader (``COLONY_AGENT_AUTH=required``,
+as in production); ``--auth off`` sends them unsigned and unchecked, to show what verification costs.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
+import secrets
 import statistics
 import sys
 import time
@@ -26,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._setup import setup  # noqa: E402
 
 GPUS_PER_NODE = 8
+# Made before Django reads its settings (main), inherited by the forked producer.
+SECRET = secrets.token_hex(32)
 
 
 def sample_json(node: str, seq: int, ts: float) -> str:
@@ -38,9 +45,28 @@ def sample_json(node: str, seq: int, ts: float) -> str:
                        "jobs": jobs, "running_jobs": [jobs[0]["job_id"]]})
 
 
-def produce(redis_url: str, nodes: int, seconds: float, stream: str) -> None:
+class Signer:
+    """Stream fields of a sample as its node's agent writes them: signed, or plain with ``auth`` off."""
+
+    def __init__(self, auth: bool):
+        from agents import signing
+
+        self._signing, self.auth, self._keys = signing, auth, {}
+
+    def fields(self, node: str, seq: int, ts: float) -> dict[str, str]:
+        payload = sample_json(node, seq, ts)
+        if not self.auth:
+            return {"m": payload}
+        key = self._keys.get(node)
+        if key is None:
+            key = self._keys[node] = self._signing.node_key(SECRET, node)
+        return {"m": payload, "sig": self._signing.sign(key, payload)}
+
+
+def produce(redis_url: str, nodes: int, seconds: float, stream: str, auth: bool) -> None:
     import redis
 
+    signer = Signer(auth)
     client = redis.Redis.from_url(redis_url)
     start = time.time()
     seq = 0
@@ -48,7 +74,7 @@ def produce(redis_url: str, nodes: int, seconds: float, stream: str) -> None:
         tick = time.time()
         pipe = client.pipeline(transaction=False)
         for n in range(nodes):
-            pipe.xadd(stream, {"m": sample_json(f"bench-{n:05d}", seq, time.time())}, maxlen=1_000_000, approximate=True)
+            pipe.xadd(stream, signer.fields(f"bench-{n:05d}", seq, time.time()), maxlen=1_000_000, approximate=True)
         pipe.execute()
         seq += 1
         time.sleep(max(0.0, 1.0 - (time.time() - tick)))
@@ -86,17 +112,32 @@ def parse_only_rate(client, stream: str, count: int) -> float:
     return count / (time.perf_counter() - started)
 
 
-def drain_rate(client, ingestor, stream: str, count: int, nodes: int) -> float:
+def drain_rate(client, ingestor, stream: str, count: int, nodes: int, signer: Signer) -> float:
     """Capacity: how fast the full pipeline drains a backlog of ``count`` entries."""
     pipe = client.pipeline(transaction=False)
     base = time.time() + 3600  # newer than anything ingested, so none is dropped as a repeat
     for i in range(count):
-        pipe.xadd(stream, {"m": sample_json(f"bench-{i % nodes:05d}", 10_000 + i, base + i / nodes)})
+        pipe.xadd(stream, signer.fields(f"bench-{i % nodes:05d}", 10_000 + i, base + i / nodes))
     pipe.execute()
     started, done = time.perf_counter(), 0
     while done < count:
         done += ingestor.run_once().entries
     return count / (time.perf_counter() - started)
+
+
+def verify_cost_us(count: int = 10_000) -> float:
+    """Microseconds the reader spends checking one signed sample (key cached, as in the reader)."""
+    from agents import protocol
+    from monitoring.services.registry import authenticate
+
+    signer = Signer(True)
+    entries = [signer.fields(f"bench-{i % 1000:05d}", i, time.time()) for i in range(count)]
+    entries = [{k.encode(): v.encode() for k, v in fields.items()} for fields in entries]  # as Redis returns them
+    messages = [protocol.decode_sample(fields) for fields in entries]
+    started = time.perf_counter()
+    for fields, message in zip(entries, messages):
+        authenticate(fields, message, required=True)
+    return (time.perf_counter() - started) / count * 1e6
 
 
 def main() -> None:
@@ -105,7 +146,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--database", choices=["auto", "postgres", "sqlite"], default="auto")
+    parser.add_argument("--auth", choices=["required", "off"], default="required",
+                        help="agent authentication: signed samples, verified (default), or neither")
     args = parser.parse_args()
+    os.environ["COLONY_AGENT_AUTH"] = args.auth
+    os.environ["COLONY_AGENT_SECRET"] = SECRET
 
     db_label, redis_server = setup(args.database)
     import redis
@@ -117,8 +162,9 @@ def main() -> None:
     register(args.nodes)
     baseline = parse_only_rate(client, "bench:baseline", 10_000)
 
-    producer = multiprocessing.Process(target=produce, args=(redis_server.url, args.nodes,
-                                                             args.warmup + args.seconds, protocol.METRICS_STREAM))
+    signer = Signer(args.auth == "required")
+    producer = multiprocessing.Process(target=produce, args=(redis_server.url, args.nodes, args.warmup + args.seconds,
+                                                             protocol.METRICS_STREAM, signer.auth))
     ingestor = Ingestor(client, consumer="bench")
     producer.start()
     lags: list[float] = []
@@ -137,12 +183,16 @@ def main() -> None:
             break
     producer.join()
     measured = time.time() - measuring_from
-    capacity = drain_rate(client, ingestor, protocol.METRICS_STREAM, 10_000, args.nodes)
+    capacity = drain_rate(client, ingestor, protocol.METRICS_STREAM, 10_000, args.nodes, signer)
     backlog = client.xinfo_groups(protocol.METRICS_STREAM)[0]
+    from monitoring.services.dead_letters import dead_letter_count
+
+    rejected = dead_letter_count(client)
     lags.sort()
     p = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))] if lags else float("nan")  # noqa: E731
     print(f"ingest bench: {args.nodes} nodes x {GPUS_PER_NODE} GPUs = {args.nodes * GPUS_PER_NODE} GPUs at 1 Hz, "
-          f"{db_label}, 1 reader, {args.seconds:.0f} s measured after {args.warmup:.0f} s warm-up")
+          f"{db_label}, 1 reader, {args.seconds:.0f} s measured after {args.warmup:.0f} s warm-up, "
+          f"agent auth {args.auth}")
     print(f"  node samples ingested/s : {samples / measured:,.0f}  (offered {args.nodes:,}/s)")
     print(f"  GPU samples ingested/s  : {samples * GPUS_PER_NODE / measured:,.0f}")
     print(f"  lag sample->rollup      : p50 {p(0.5):.2f} s   p99 {p(0.99):.2f} s   max {lags[-1] if lags else 0:.2f} s")
@@ -153,6 +203,10 @@ def main() -> None:
           f"samples/s, {capacity / args.nodes:.1f}x the offered load")
     print(f"  baseline parse+ack only : {baseline:,.0f} node samples/s; full pipeline / baseline = "
           f"{capacity / baseline:.2f}")
+    print(f"  signature check         : {verify_cost_us():.1f} us per sample (auth {args.auth}); "
+          f"{rejected} sample(s) dead-lettered")
+    if rejected:
+        raise SystemExit("samples were dead-lettered: the figures above do not measure the pipeline")
     redis_server.stop()
 
 

@@ -8,6 +8,7 @@ sets ``DATABASE_URL`` (PostgreSQL), ``REDIS_URL``, ``DJANGO_SECRET_KEY`` and ``D
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from cluster_ui.env import env_bool, env_float, env_int, env_list, env_secret, env_str
 
@@ -227,6 +228,19 @@ COLONY_ROLLUP_RETENTION_10S_HOURS = env_float("COLONY_ROLLUP_RETENTION_10S_HOURS
 COLONY_ROLLUP_RETENTION_1M_DAYS = env_float("COLONY_ROLLUP_RETENTION_1M_DAYS", 30.0)
 # Bearer token Prometheus must send to /metrics; empty means /metrics is open (bind it privately).
 COLONY_METRICS_TOKEN = env_secret("COLONY_METRICS_TOKEN", "")
+
+# ---------------------------------------------------------------- agent authentication
+# One secret makes every node's signing key and Redis password (agents/signing.py; operators get
+# them with `manage.py agent_key NODE` and `manage.py agent_acl NODE`). "required": an agent message
+# that is unsigned, or not signed with the key of the node it names, is dead-lettered, never
+# applied. "off": messages are not checked (the readers log a warning when they start).
+COLONY_AGENT_SECRET = env_secret("COLONY_AGENT_SECRET", "") or ""
+COLONY_AGENT_AUTH = env_str("COLONY_AGENT_AUTH", "required" if COLONY_AGENT_SECRET else "off").strip().lower()
+if COLONY_AGENT_AUTH not in ("required", "off"):
+    raise ImproperlyConfigured(f"COLONY_AGENT_AUTH={COLONY_AGENT_AUTH!r}: use 'required' or 'off'")
+if COLONY_AGENT_AUTH == "required" and len(COLONY_AGENT_SECRET) < 16:
+    raise ImproperlyConfigured("COLONY_AGENT_AUTH=required needs COLONY_AGENT_SECRET (or COLONY_AGENT_SECRET_FILE) "
+                               "of at least 16 characters, e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`")
 
 CELERY_BEAT_SCHEDULE.update({
     "node-health": {

@@ -2,7 +2,8 @@
 
 Starts a private Redis, migrates and seeds the database (SQLite unless ``DATABASE_URL`` says
 otherwise), then a Celery worker, Celery beat, a metrics ingest reader, one simulated agent per
-node and the web server.
+node and the web server. Agents authenticate as in production: the stack makes a random
+``COLONY_AGENT_SECRET`` for its run (unless one is set) and hands each agent only its own key.
 Ctrl-C (or SIGTERM) stops every child, newest first, and leaves no orphan: each child runs in its
 own process group, which is signalled as a whole, and also gets SIGTERM if this process dies.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -19,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents import signing
 from cluster_ui.devstack.redis_server import PrivateRedis, free_port
 
 BASE_DIR = Path(__file__).resolve().parents[2]
@@ -47,10 +50,10 @@ class Supervisor:
         self.env = env
         self.children: list[Child] = []
 
-    def start(self, name: str, argv: list[str]) -> Child:
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
         log = open(self.log_dir / f"{name}.log", "ab")
         process = subprocess.Popen(
-            argv, cwd=BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            argv, cwd=BASE_DIR, env=self.env if env is None else env, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
         )
         log.close()
@@ -82,6 +85,14 @@ def _signal_group(process: subprocess.Popen, signum: int) -> None:
         pass
 
 
+def agent_environment(server_env: dict[str, str], node: str) -> dict[str, str]:
+    """An agent's environment: the server's without the agent secret, plus this node's key only."""
+    env = {name: value for name, value in server_env.items()
+           if name not in ("COLONY_AGENT_SECRET", "COLONY_AGENT_SECRET_FILE")}
+    env["COLONY_AGENT_KEY"] = signing.node_key(server_env["COLONY_AGENT_SECRET"], node).hex()
+    return env
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m cluster_ui.devstack", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8000, help="web server port (default 8000)")
@@ -109,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         # Jobs' `python` is this virtualenv's interpreter.
         "PATH": f"{Path(python).parent}{os.pathsep}{env.get('PATH', '')}",
     })
+    # Agents authenticate in the demo too: a secret for this run, unless the developer set one.
+    if env.get("COLONY_AGENT_SECRET_FILE"):
+        env["COLONY_AGENT_SECRET"] = Path(env.pop("COLONY_AGENT_SECRET_FILE")).read_text().strip()
+    env.setdefault("COLONY_AGENT_SECRET", secrets.token_hex(32))
     supervisor = Supervisor(var_dir, env)
     stopping = False
 
@@ -128,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         for number, spec in enumerate(args.nodes or DEFAULT_NODES, start=1):
             # Dev only: the demo's jobs run as whoever runs the stack, root included (as in CI).
             # A real node names unprivileged accounts with --run-as/--run-as-tenant instead.
-            supervisor.start(f"agent-node-{number}", [python, "-m", "agents", "--node", f"node-{number}",
-                                                      "--simulate", spec, "--redis", redis.url,
-                                                      "--workdir", str(var_dir / "agent" / f"node-{number}"),
-                                                      "--allow-root-jobs"])
+            node = f"node-{number}"
+            supervisor.start(f"agent-{node}", [python, "-m", "agents", "--node", node,
+                                               "--simulate", spec, "--redis", redis.url,
+                                               "--workdir", str(var_dir / "agent" / node),
+                                               "--allow-root-jobs"], env=agent_environment(env, node))
         supervisor.start("web", [python, "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload"])
         _banner(args, redis.url, supervisor.log_dir)
         while not stopping:
@@ -165,6 +181,7 @@ Colony is up.
            curl -s -H "Authorization: Token <token>" -H "Content-Type: application/json" \\
                 -d '{{"command": ["python", "-c", "print(42)"], "gpus": 1}}' {url}api/v1/jobs/
   Redis:   {redis_url}
+  Agents:  sign their messages with per-node keys (a secret made for this run)
   Logs:    {log_dir}/
 Press Ctrl-C to stop everything.
 """, flush=True)

@@ -2,8 +2,9 @@
 
 Read through a consumer group so that several workers can share the stream and entries of a
 worker that died are claimed by another. Every entry is parsed into a protocol message first;
-one that does not parse, or that claims something its node has no business reporting, goes to
-the dead-letter stream with a reason. Entries are acknowledged only after their effect is
+one that does not parse, is not signed by the node it names (when agent authentication is
+required), or claims something its node has no business reporting, goes to the dead-letter
+stream with a reason. Entries are acknowledged only after their effect is
 committed, so a crash re-delivers instead of losing.
 """
 
@@ -26,7 +27,7 @@ from jobs.services.nudge import nudge_scheduler
 from monitoring.models import JobUsage
 from monitoring.services.dead_letters import dead_letter
 from monitoring.services.redis_client import get_redis
-from monitoring.services.registry import register_node
+from monitoring.services.registry import agent_auth_required, authenticate, register_node
 from monitoring.services.streams import claim_stale, consumer_name, ensure_group, read_new
 
 log = logging.getLogger(__name__)
@@ -57,12 +58,14 @@ def consume_events(client: redis.Redis | None = None, max_batches: int = 50) -> 
 
 def _handle_entries(client: redis.Redis, entries) -> int:
     finished = False
+    auth_required = agent_auth_required()
     for entry_id, fields in entries:
         if fields is None:  # trimmed away while pending
             client.xack(protocol.EVENTS_STREAM, GROUP, entry_id)
             continue
         try:
             message = protocol.decode_event(fields)
+            authenticate(fields, message, auth_required)
             finished |= apply_event(message)
         except (protocol.ProtocolError, Rejected) as exc:
             dead_letter(client, protocol.EVENTS_STREAM, entry_id, fields, str(exc))

@@ -3,7 +3,8 @@
 Run as many readers as you like (``manage.py ingest``); they share the stream through one consumer
 group and entries left pending by a reader that died are claimed after ``CLAIM_IDLE_MS``. A batch
 is acknowledged only after its rollups are committed, so a crash re-delivers instead of losing.
-Writes are per batch (a few multi-row statements), never per sample.
+Writes are per batch (a few multi-row statements), never per sample. A sample that is not signed
+by the node it names (when agent authentication is required) is dead-lettered like any garbage.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from agents import protocol
 from monitoring.models import Gpu
 from monitoring.services import alerts, live
 from monitoring.services.dead_letters import dead_letter
+from monitoring.services.registry import agent_auth_required, authenticate
 from monitoring.services.rollups import Accumulator, flush
 from monitoring.services.streams import claim_stale, consumer_name, ensure_group, read_new
 
@@ -72,6 +74,7 @@ class Ingestor:
         self.batch_size = batch_size
         self.gpu_ids = GpuIds()
         ensure_group(client, protocol.METRICS_STREAM, GROUP)
+        agent_auth_required()  # warns now, at start, when it is off
 
     def run_once(self, block_ms: int | None = None) -> BatchResult:
         """Claim stale entries, then read one batch of new ones; apply, commit, ack."""
@@ -94,11 +97,14 @@ class Ingestor:
             return result
         samples: list[protocol.NodeSample] = []
         raws: list = []
+        auth_required = agent_auth_required()
         for entry_id, fields in entries:
             if fields is None:  # trimmed while pending
                 continue
             try:
-                samples.append(protocol.decode_sample(fields))
+                sample = protocol.decode_sample(fields)
+                authenticate(fields, sample, auth_required)
+                samples.append(sample)
                 raws.append(fields.get(b"m", fields.get("m")))
             except protocol.ProtocolError as exc:
                 dead_letter(self.client, protocol.METRICS_STREAM, entry_id, fields, str(exc))

@@ -1,16 +1,66 @@
-"""Node registrations from agents -> Node and Gpu rows."""
+"""Who the nodes are: agent authentication, and registrations from agents -> Node and Gpu rows.
+
+Every reader of what agents write (metric ingest, agent events) calls :func:`authenticate` on each
+parsed message before applying anything: under ``COLONY_AGENT_AUTH=required`` a message must be
+signed with the key of the node it names (:mod:`agents.signing`), or it is rejected.
+"""
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Max
 from django.utils import timezone
 
+from agents import protocol, signing
 from agents.protocol import NodeRegistered
 from monitoring.choices import NodeState
 from monitoring.models import Gpu, Node
+
+log = logging.getLogger(__name__)
+
+
+class BadSignature(protocol.ProtocolError):
+    """An agent message that is unsigned, or not signed by the node it names."""
+
+
+def agent_auth_required() -> bool:
+    """Whether agent messages must be signed (``COLONY_AGENT_AUTH``); warns once per process if not."""
+    if settings.COLONY_AGENT_AUTH == "required":
+        return True
+    _warn_auth_off()
+    return False
+
+
+@functools.cache
+def _warn_auth_off() -> None:
+    log.warning("agent authentication is off (COLONY_AGENT_AUTH=off, or no COLONY_AGENT_SECRET): any client "
+                "of Redis can post metrics and events for any node")
+
+
+@functools.lru_cache(maxsize=65_536)
+def _node_key(secret: str, node: str) -> bytes:
+    return signing.node_key(secret, node)
+
+
+def authenticate(fields: dict, message, required: bool | None = None) -> None:
+    """Raise :class:`BadSignature` unless ``fields`` (the stream entry ``message`` was parsed from)
+    carry a valid signature by the key of ``message.node``. Nothing is checked when authentication
+    is off; ``required`` overrides the setting (readers look it up once per batch)."""
+    if required is None:
+        required = agent_auth_required()
+    if not required:
+        return
+    signature = fields.get(protocol.SIGNATURE_FIELD, fields.get(protocol.SIGNATURE_FIELD.encode()))
+    if signature is None:
+        raise BadSignature("unsigned message (agent authentication is required)")
+    payload = fields.get("m", fields.get(b"m"))
+    if not signing.verify(_node_key(settings.COLONY_AGENT_SECRET, message.node), payload, signature):
+        raise BadSignature(f"bad signature for node {message.node}")
 
 
 @transaction.atomic

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Processes, database_url, wait_for
+from tests.e2e.conftest import Processes, agent_env, agent_secret, database_url, wait_for
 
 CHROMIUM = os.environ.get("COLONY_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -42,6 +42,8 @@ def backend(transactional_db, live_redis, live_server, tmp_path, monkeypatch):
         "COLONY_SCHEDULER_INTERVAL": "0.5",
         "COLONY_EVENTS_INTERVAL": "0.2",
         "COLONY_STOP_GRACE_SECONDS": "3",
+        "COLONY_AGENT_SECRET": agent_secret(),
+        "COLONY_AGENT_AUTH": "required",
         "PYTHONUNBUFFERED": "1",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
@@ -51,7 +53,8 @@ def backend(transactional_db, live_redis, live_server, tmp_path, monkeypatch):
     processes.start("ingest", [sys.executable, "manage.py", "ingest", "--block-ms", "200"])
     processes.start("agent", [sys.executable, "-m", "agents", "--node", "browser-node", "--simulate", "2xA100-80GB",
                               "--redis", live_redis, "--interval", "0.5", "--workdir", str(tmp_path / "agent"),
-                              "--allow-root-jobs"])  # CI runs as root
+                              "--allow-root-jobs"],  # CI runs as root
+                    env=agent_env(env, "browser-node"))
     try:
         wait_for(lambda: Node.objects.filter(name="browser-node").exists(), timeout=30, what="agent registration")
         yield processes

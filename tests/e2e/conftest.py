@@ -1,9 +1,14 @@
 """Real processes for end-to-end tests: a Celery worker with embedded beat and a simulated agent,
-against the private Redis and the test database (committed data, so ``transactional_db``)."""
+against the private Redis and the test database (committed data, so ``transactional_db``).
+
+Agent authentication is on, as in production: the server processes get a random
+``COLONY_AGENT_SECRET`` and each agent only its own key (:func:`agent_env`).
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -12,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+
+from agents import signing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,6 +31,17 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str 
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def agent_secret() -> str:
+    return secrets.token_hex(32)
+
+
+def agent_env(server_env: dict[str, str], node: str) -> dict[str, str]:
+    """An agent's environment: the server's without the secret, plus ``node``'s key."""
+    env = {name: value for name, value in server_env.items() if name != "COLONY_AGENT_SECRET"}
+    env["COLONY_AGENT_KEY"] = signing.node_key(server_env["COLONY_AGENT_SECRET"], node).hex()
+    return env
 
 
 def database_url() -> str:
@@ -39,9 +57,9 @@ class Processes:
         self.env, self.log_dir = env, log_dir
         self.started: list[tuple[str, subprocess.Popen]] = []
 
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen:
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "ab")
-        process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(argv, cwd=ROOT, env=self.env if env is None else env, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         log.close()
         self.started.append((name, process))
@@ -52,7 +70,7 @@ class Processes:
             sys.executable, "-m", "agents", "--node", node, "--simulate", spec, "--redis", self.env["REDIS_URL"],
             "--interval", "0.2", "--heartbeat-ttl", "1.5", "--workdir", str(self.log_dir / f"agent-{node}"),
             "--allow-root-jobs",  # CI runs as root; accounts are tested in tests/agents/test_runner_sandbox.py
-        ])
+        ], env=agent_env(self.env, node))
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
@@ -91,6 +109,8 @@ def stack(transactional_db, live_redis, tmp_path, request):
         # A worker killed holding the scheduler lock blocks others for at most this long.
         "COLONY_SCHEDULER_LOCK_LEASE": "5",
         "COLONY_NODE_REGISTRATION_GRACE_S": "1",
+        "COLONY_AGENT_SECRET": agent_secret(),
+        "COLONY_AGENT_AUTH": "required",
         "PYTHONUNBUFFERED": "1",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }

@@ -1,0 +1,115 @@
+"""Agent credentials: per-node signing keys, message signatures, and each node's Redis ACL user.
+
+Both ends import this module (the agent to sign, the server to verify and to print credentials
+for operators); like :mod:`agents.protocol` it must never import Django. Standard library only.
+
+One server secret makes every credential, so the control plane stores nothing per node:
+
+- a node's **signing key** is ``HMAC-SHA256(secret, "colony-agent:" + node)``. The agent signs the
+  exact bytes of each message it writes (the ``m`` field) with it and adds the hex signature as
+  the stream field ``sig``; the server derives the key of the node the message *names* and
+  compares in constant time. A node holding only its own key cannot post for another node.
+- a node's **Redis password** is ``HMAC-SHA256(secret, "colony-redis:" + node)``, for a Redis ACL
+  user (:func:`redis_acl_setuser`) that may read only its own command stream and only append to
+  the streams agents write, so it can neither read other nodes' commands nor replay their
+  messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from agents import protocol
+
+KEY_BYTES = 32
+# Shorter server secrets are refused: every node key is only as strong as the secret.
+MIN_SECRET_LENGTH = 16
+_KEY_CONTEXT = "colony-agent:"
+_REDIS_CONTEXT = "colony-redis:"
+
+
+def _derive(secret: str, context: str, node: str) -> bytes:
+    if len(secret) < MIN_SECRET_LENGTH:
+        raise ValueError(f"the agent secret must be at least {MIN_SECRET_LENGTH} characters")
+    if not protocol.NODE_NAME_RE.match(node):
+        raise ValueError(f"invalid node name {node!r}")
+    return hmac.new(secret.encode("utf-8"), (context + node).encode("utf-8"), hashlib.sha256).digest()
+
+
+def node_key(secret: str, node: str) -> bytes:
+    """The signing key of ``node`` (32 bytes); operators install it as 64 hex digits."""
+    return _derive(secret, _KEY_CONTEXT, node)
+
+
+def parse_key(text: str) -> bytes:
+    """A key as installed on a node (64 hex digits, surrounding whitespace ignored) -> bytes."""
+    text = text.strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"an agent key is {KEY_BYTES * 2} hex digits (from `manage.py agent_key NODE`)")
+    return key
+
+
+def sign(key: bytes, payload: bytes | str) -> str:
+    """Hex HMAC-SHA256 of ``payload`` (str is taken as its UTF-8 bytes)."""
+    if isinstance(payload, str):
+        payload = payload.encode("utf-8")
+    return hmac.new(key, payload, hashlib.sha256).hexdigest()
+
+
+def verify(key: bytes, payload: bytes | str, signature: bytes | str | None) -> bool:
+    """True when ``signature`` is ``payload``'s signature by ``key`` (constant-time compare)."""
+    if signature is None:
+        return False
+    if isinstance(signature, str):
+        signature = signature.encode("utf-8", "replace")
+    return hmac.compare_digest(sign(key, payload).encode("ascii"), signature)
+
+
+def signed(fields: dict[str, str], key: bytes | None) -> dict[str, str]:
+    """Stream fields from :func:`protocol.encode` plus their signature (unchanged without a key)."""
+    if key is None:
+        return fields
+    return {**fields, protocol.SIGNATURE_FIELD: sign(key, fields["m"])}
+
+
+# ---------------------------------------------------------------- Redis ACL user per node
+
+
+def redis_user(node: str) -> str:
+    return f"colony-node-{node}"
+
+
+def redis_password(secret: str, node: str) -> str:
+    return _derive(secret, _REDIS_CONTEXT, node).hex()
+
+
+def redis_acl_rules(node: str, password: str) -> list[str]:
+    """``ACL SETUSER`` rules for ``node``'s agent: exactly the calls :class:`agents.agent.Agent` makes.
+
+    Root permissions only append (``XADD``) to the shared streams, write-only (``%W~``), so a node
+    cannot read other nodes' events, samples or job output. Selectors (Redis >= 7.0) give the
+    other commands, each on its own keys: the node's command stream and heartbeat, and the
+    dead-letter counter. Node names hold no glob characters, so the patterns match nothing else.
+    Redis keeps only the password's SHA-256 (``#``), so the rule line holds no secret.
+    """
+    digest = hashlib.sha256(password.encode("utf-8")).hexdigest()
+    own = f"colony:node:{node}:*"
+    return [
+        "reset", "on", f"#{digest}", "resetchannels", "-@all",
+        "+ping", "+xadd",
+        f"%W~{protocol.EVENTS_STREAM}", f"%W~{protocol.METRICS_STREAM}", f"%W~{protocol.DEAD_LETTER_STREAM}",
+        # Own command stream (consumer group read, ack, create) and heartbeat key.
+        f"(~{own} +xreadgroup +xack +xgroup|create +set)",
+        f"(~{protocol.DEAD_LETTER_COUNT_KEY} +incrby)",
+    ]
+
+
+def redis_acl_setuser(node: str, password: str) -> str:
+    """The ``ACL SETUSER`` line (for redis-cli, or without ``ACL SETUSER`` as a ``user`` line of
+    an ACL file) for ``node``'s agent."""
+    return " ".join(["ACL", "SETUSER", redis_user(node), *redis_acl_rules(node, password)])

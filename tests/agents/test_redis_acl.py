@@ -1,0 +1,132 @@
+"""The Redis ACL user of a node (``manage.py agent_acl NODE`` prints the same line) lets a real agent
+process do all it does, and nothing that would let it read another node's commands or what
+other nodes sent."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import redis as redis_lib
+
+from agents import protocol, signing
+from tests.agents.helpers import events, launch, python, samples, send, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "acl-test-secret-" + "x" * 16
+
+
+def _node_client(redis_url: str, node: str, password: str | None = None) -> redis_lib.Redis:
+    """A client logged in as ``node``'s ACL user (created on the test Redis from its SETUSER line)."""
+    admin = redis_lib.Redis.from_url(redis_url)
+    password = password or signing.redis_password(SECRET, node)
+    admin.execute_command(*signing.redis_acl_setuser(node, password).split())  # as redis-cli splits it
+    admin.close()
+    parts = urlsplit(redis_url)
+    return redis_lib.Redis.from_url(f"redis://{signing.redis_user(node)}:{password}@{parts.netloc}{parts.path}",
+                                    protocol=2)
+
+
+@pytest.fixture
+def acl_users(redis_url):
+    clients = []
+
+    def make(node):
+        clients.append(_node_client(redis_url, node))
+        return clients[-1]
+
+    yield make
+    admin = redis_lib.Redis.from_url(redis_url)
+    for name in admin.acl_users():
+        if (name.decode() if isinstance(name, bytes) else name).startswith("colony-node-"):
+            admin.acl_deluser(name)
+    for client in clients:
+        client.close()
+    admin.close()
+
+
+def test_the_acl_line_holds_no_password_and_only_the_nodes_own_keys():
+    line = signing.redis_acl_setuser("node-a", "pw-123")
+    assert line.startswith("ACL SETUSER colony-node-node-a reset on #")
+    assert "pw-123" not in line and "node-b" not in line and "~*" not in line and "+@all" not in line
+    assert "~colony:node:node-a:*" in line
+
+
+def test_a_node_user_cannot_read_another_nodes_commands_or_what_others_sent(redis_client, acl_users):
+    send(redis_client, "node-b", launch(["true"]))
+    redis_client.xgroup_create(protocol.command_stream("node-b"), protocol.AGENT_COMMAND_GROUP, id="0")
+    redis_client.xadd(protocol.EVENTS_STREAM, {"m": "someone else's event"})
+    node_a = acl_users("node-a")
+    forbidden = {
+        "XREADGROUP node-b's commands": lambda: node_a.xreadgroup(
+            protocol.AGENT_COMMAND_GROUP, "node-a", {protocol.command_stream("node-b"): ">"}),
+        "XREAD node-b's commands": lambda: node_a.xread({protocol.command_stream("node-b"): "0"}),
+        "XRANGE node-b's commands": lambda: node_a.xrange(protocol.command_stream("node-b")),
+        "XADD to node-b's commands": lambda: node_a.xadd(protocol.command_stream("node-b"), {"m": "x"}),
+        "SET node-b's heartbeat": lambda: node_a.set(protocol.heartbeat_key("node-b"), "x"),
+        "XRANGE the events stream": lambda: node_a.xrange(protocol.EVENTS_STREAM),
+        "XREAD the metrics stream": lambda: node_a.xread({protocol.METRICS_STREAM: "0"}),
+        "overwrite the events stream": lambda: node_a.set(protocol.EVENTS_STREAM, "x"),
+        "DEL the events stream": lambda: node_a.delete(protocol.EVENTS_STREAM),
+        "KEYS": lambda: node_a.keys("*"),
+        "FLUSHALL": lambda: node_a.flushall(),
+    }
+    allowed = [what for what, call in forbidden.items() if not _refused(call)]
+    assert allowed == []
+    assert redis_client.xlen(protocol.command_stream("node-b")) == 1  # untouched
+
+
+def _refused(call) -> bool:
+    try:
+        call()
+    except redis_lib.exceptions.NoPermissionError:
+        return True
+    return False
+
+
+def test_a_real_agent_logged_in_as_its_node_user_registers_samples_and_runs_jobs(redis_url, redis_client,
+                                                                                 acl_users, tmp_path):
+    acl_users("node-a")  # creates the user
+    parts = urlsplit(redis_url)
+    agent_url = f"redis://colony-node-node-a:{signing.redis_password(SECRET, 'node-a')}@{parts.netloc}{parts.path}"
+    key = signing.node_key(SECRET, "node-a")
+    env = {**os.environ, "COLONY_REDIS_URL": agent_url, "COLONY_AGENT_KEY": key.hex()}
+    log_path = tmp_path / "agent.log"
+    with open(log_path, "wb") as log:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "agents", "--node", "node-a", "--simulate", "1xT4-16GB", "--interval", "0.2",
+             "--heartbeat-ttl", "2", "--workdir", str(tmp_path / "work"), "--allow-root-jobs"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: events(redis_client, "node_registered") and samples(redis_client), timeout=20)
+        assert redis_client.ttl(protocol.heartbeat_key("node-a")) > 0
+        job = launch(python("print('as node-a')"))
+        send(redis_client, "node-a", job)
+        exited = wait_for(lambda: events(redis_client, "job_exited"), timeout=20)[0]
+        assert (exited.node, exited.job_id, exited.exit_code) == ("node-a", job.job_id, 0)
+        assert "as node-a" in exited.output_tail
+        # Acked: nothing of its stream is left pending.
+        assert redis_client.xpending(protocol.command_stream("node-a"), protocol.AGENT_COMMAND_GROUP)["pending"] == 0
+        # A garbage command is dead-lettered by the agent itself (XADD + INCRBY are allowed).
+        redis_client.xadd(protocol.command_stream("node-a"), {"m": json.dumps({"v": 1, "kind": "reboot"})})
+        wait_for(lambda: redis_client.get(protocol.DEAD_LETTER_COUNT_KEY) == b"1", timeout=10)
+        for _id, fields in redis_client.xrange(protocol.EVENTS_STREAM) + redis_client.xrange(protocol.METRICS_STREAM):
+            assert signing.verify(key, fields[b"m"], fields[b"sig"])
+    finally:
+        os.killpg(agent.pid, signal.SIGTERM)
+        assert agent.wait(15) == 0, log_path.read_text()
+    output = log_path.read_text()
+    assert "NOPERM" not in output and "no permissions" not in output, output
+    assert agent_url.split(":")[2].split("@")[0] not in output  # the password is never logged
+
+
+def test_a_wrong_password_is_refused(redis_url, acl_users):
+    acl_users("node-a")
+    parts = urlsplit(redis_url)
+    client = redis_lib.Redis.from_url(f"redis://colony-node-node-a:wrong@{parts.netloc}{parts.path}")
+    with pytest.raises(redis_lib.exceptions.AuthenticationError):
+        client.ping()
