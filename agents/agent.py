@@ -15,6 +15,7 @@ What must not live here: process handling (:mod:`agents.runner`), GPU probing
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -141,6 +142,10 @@ class Agent:
         """Serve until ``stop`` is set, then stop every job and report their exits."""
         self._stop = stop
         log.info("agent %s starting (backend %s, interval %.2fs)", self.node, self.backend.name, self.interval)
+        # Before registering: processes an earlier agent left behind must not run beside the
+        # job's next attempt. Their exits wait in the outbox, sent once registered.
+        for finished in self.runner.stop_orphans(self.shutdown_grace):
+            self._publish(self._exited(finished))
         try:
             while not stop.is_set():
                 self.step()
@@ -172,8 +177,11 @@ class Agent:
         """Stop all jobs (SIGTERM, SIGKILL after the grace), publish their exits best-effort."""
         if self.runner.running():
             log.info("stopping %d running job(s)", len(self.runner.running()))
+        self._report_exits()  # jobs that ended by themselves are reported as they ended
         for finished in self.runner.stop_all(self.shutdown_grace):
-            self._publish(self._exited(finished))
+            # Jobs the agent stops because it is going away are not done: the control plane
+            # requeues them (a job being cancelled or preempted is settled as that anyway).
+            self._publish(self._exited(dataclasses.replace(finished, requeue=True)))
         self.runner.close()
         if self._redis is None and self._outbox:
             self._connect(register=False)
@@ -370,6 +378,7 @@ class Agent:
             exit_code=finished.exit_code,
             stopped=finished.stopped,
             oom=finished.oom,
+            requeue=finished.requeue,
             error=finished.error[:2000] if finished.error else None,
             output_tail=finished.output_tail,
             finished_at=finished.finished_at,

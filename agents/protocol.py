@@ -133,7 +133,7 @@ class JobStarted(_NodeMessage):
 
 
 class JobExited(_NodeMessage):
-    """A job's process group is gone. ``stopped`` is true when a stop command ended it.
+    """A job's process group is gone. ``stopped`` is true when a stop command (or the agent) ended it.
 
     ``exit_code`` is the process's code, or ``-signal`` when a signal killed it; ``None`` with an
     ``error`` means the process could not be started at all.
@@ -144,6 +144,9 @@ class JobExited(_NodeMessage):
     exit_code: int | None
     stopped: bool = False
     oom: bool = False  # killed because its GPU ran out of memory
+    # The node ended the job for reasons of its own (its agent restarted or shut down), not the
+    # job: the control plane puts it back in the queue instead of failing it.
+    requeue: bool = False
     error: str | None = Field(default=None, max_length=2000)
     output_tail: str = Field(default="", max_length=OUTPUT_TAIL_BYTES)
     finished_at: float

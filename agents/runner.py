@@ -20,6 +20,12 @@ and holds ``output.log``, the job's stdout and stderr; ``jobs/<job_id>/work/`` i
 working directory, owned by the job's account. The job cannot write to its log other than
 through the pipe, nor swap it for a link to a file it should not read.
 
+An agent that dies (SIGKILL, a crash) leaves its jobs' processes running with nobody to read their
+output pipe. The runner keeps a ``process.json`` per running job (leader pid and its start time,
+so a reused pid is never mistaken for it); the next agent on the node stops those orphans before
+it registers (:meth:`JobRunner.stop_orphans`) and reports them for a requeue, so a job never runs
+twice at once. (Re-adopting them is not possible: their output pipe died with the agent.)
+
 Duty cycles and suspension are delegated to :class:`agents.throttle.DutyCycler` (its own thread);
 the runner tells it to forget a job before reaping the job's leader, so no signal can outlive the
 job's process group id.
@@ -27,6 +33,7 @@ job's process group id.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -34,6 +41,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from agents.accounts import (
     DEFAULT_PASS_ENV,
@@ -53,6 +62,7 @@ log = logging.getLogger(__name__)
 # How long a finished job's output may take to drain from the pipe before the log is closed
 # (only a process that escaped the job's group keeps the pipe open that long).
 OUTPUT_DRAIN_SECONDS = 1.0
+PROCESS_RECORD = "process.json"
 
 
 class LaunchError(RuntimeError):
@@ -64,8 +74,9 @@ class FinishedJob:
     """A job whose leader exited and whose process group has been killed."""
 
     job_id: int
-    #: The leader's exit status, or ``-signum`` when a signal killed it.
-    exit_code: int
+    #: The leader's exit status, or ``-signum`` when a signal killed it; None when not known
+    #: (an orphan of an earlier agent is not this process's child).
+    exit_code: int | None
     #: True when :meth:`JobRunner.stop` was asked to end it.
     stopped: bool
     output_tail: str
@@ -73,6 +84,8 @@ class FinishedJob:
     #: True when :meth:`JobRunner.kill_out_of_memory` ended it; ``error`` says what happened.
     oom: bool = False
     error: str | None = None
+    #: The node ended it for reasons of its own (agent restart or shutdown), not the job: run it again.
+    requeue: bool = False
 
 
 @dataclass
@@ -167,6 +180,7 @@ class JobRunner:
             os.close(write_fd)  # the child holds its own copy; the pump sees EOF once it is gone
         output.start()
         self._jobs[cmd.job_id] = _RunningJob(cmd.job_id, process, log_path, cmd, output)
+        self._write_record(cmd.job_id, process.pid)
         log.info(
             "job %d started: pid %d, GPUs %s, as %s",
             cmd.job_id, process.pid, cmd.gpu_indices or "none", account.name if account else "the agent's user",
@@ -307,6 +321,7 @@ class JobRunner:
             exit_code = job.process.wait()
             job.output.finish(OUTPUT_DRAIN_SECONDS)
             del self._jobs[job.job_id]
+            self._record_path(job.job_id).unlink(missing_ok=True)
             finished.append(
                 FinishedJob(
                     job_id=job.job_id,
@@ -343,6 +358,64 @@ class JobRunner:
             log.error("jobs %s did not exit after SIGKILL", sorted(self._jobs))
         return finished
 
+    # ------------------------------------------------------------------ orphans of an earlier agent
+
+    def _record_path(self, job_id: int) -> Path:
+        return self.job_dir(job_id) / PROCESS_RECORD
+
+    def _write_record(self, job_id: int, pid: int) -> None:
+        try:
+            started = psutil.Process(pid).create_time()
+        except psutil.Error:
+            return  # already gone: nothing could be orphaned
+        path = self._record_path(job_id)
+        tmp = path.with_name(PROCESS_RECORD + ".tmp")
+        try:
+            tmp.write_text(json.dumps({"pid": pid, "create_time": started}))
+            tmp.replace(path)
+        except OSError as exc:  # a full disk costs orphan detection, never the job
+            log.warning("job %d: cannot write %s: %s", job_id, path, exc)
+
+    def stop_orphans(self, grace_seconds: float) -> list[FinishedJob]:
+        """Stop job processes an earlier agent on this workdir started and never reaped.
+
+        Each is continued (a duty cycle may have left it stopped), sent SIGTERM, and its group
+        SIGKILLed after ``grace_seconds``. Returns them as finished jobs to requeue; records of
+        processes that are gone, or whose pid now names another process, are just removed.
+        """
+        orphans: list[tuple[int, psutil.Process]] = []
+        for path in sorted((self.workdir / "jobs").glob(f"*/{PROCESS_RECORD}")):
+            job_id = int(path.parent.name) if path.parent.name.isdigit() else None
+            try:
+                record = json.loads(path.read_text())
+                process = psutil.Process(int(record["pid"]))
+                same = abs(process.create_time() - float(record["create_time"])) < 0.01 and _running(process)
+            except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+                same = False
+            if job_id is None or job_id in self._jobs or not same:
+                path.unlink(missing_ok=True)
+                continue
+            log.warning("job %d: process %d outlived an earlier agent; stopping it", job_id, process.pid)
+            for signum in (signal.SIGCONT, signal.SIGTERM):
+                _signal_orphan(process.pid, signum)
+            orphans.append((job_id, process))
+        if orphans:
+            alive = _wait_gone([process for _, process in orphans], grace_seconds)
+            for process in alive:
+                log.warning("process %d: still running after %.0fs; killing its group", process.pid, grace_seconds)
+            for _, process in orphans:
+                _signal_orphan(process.pid, signal.SIGKILL)  # the group's stragglers, or the leader itself
+            _wait_gone(alive, 5.0)
+        finished = []
+        for job_id, process in orphans:
+            self._record_path(job_id).unlink(missing_ok=True)
+            finished.append(FinishedJob(
+                job_id=job_id, exit_code=None, stopped=True, requeue=True, finished_at=time.time(),
+                output_tail=read_tail(self.job_dir(job_id) / "output.log"),
+                error="the node's agent restarted while the job ran; its process was stopped",
+            ))
+        return finished
+
     def close(self) -> None:
         """End the duty-cycle thread, continuing anything it holds stopped. Idempotent."""
         self._cycler.close()
@@ -356,6 +429,33 @@ class JobRunner:
             pass  # the whole group is already gone
         except PermissionError as exc:  # should not happen for our own children; never crash
             log.error("job %d: cannot signal process group %d: %s", job.job_id, job.process.pid, exc)
+
+
+def _wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until each process has exited (a zombie has: its parent reaps it, not us); returns
+    those still running after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in processes if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal_orphan(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+    except PermissionError as exc:  # an agent not running as root, and a job of another account
+        log.error("cannot signal process group %d: %s", pgid, exc)
 
 
 def _has_exited(process: subprocess.Popen) -> bool:

@@ -66,6 +66,8 @@ class Signer:
 def produce(redis_url: str, nodes: int, seconds: float, stream: str, auth: bool) -> None:
     import redis
 
+    from agents.protocol import STREAM_MAXLEN as maxlen  # trimmed as the agents trim it
+
     signer = Signer(auth)
     client = redis.Redis.from_url(redis_url)
     start = time.time()
@@ -74,7 +76,7 @@ def produce(redis_url: str, nodes: int, seconds: float, stream: str, auth: bool)
         tick = time.time()
         pipe = client.pipeline(transaction=False)
         for n in range(nodes):
-            pipe.xadd(stream, signer.fields(f"bench-{n:05d}", seq, time.time()), maxlen=1_000_000, approximate=True)
+            pipe.xadd(stream, signer.fields(f"bench-{n:05d}", seq, time.time()), maxlen=maxlen, approximate=True)
         pipe.execute()
         seq += 1
         time.sleep(max(0.0, 1.0 - (time.time() - tick)))
@@ -140,6 +142,46 @@ def verify_cost_us(count: int = 10_000) -> float:
     return (time.perf_counter() - started) / count * 1e6
 
 
+class Resources:
+    """Every ``every`` seconds: RSS of the reader and the producer, Redis memory, stream length,
+    and samples ingested since the last reading (for a soak: does anything grow without bound?)."""
+
+    def __init__(self, client, producer_pid: int, every: float = 10.0):
+        import psutil
+
+        self.client, self.every, self.rows = client, every, []
+        self.me, self.producer = psutil.Process(), psutil.Process(producer_pid)
+        self._next, self._samples = time.time() + every, 0
+
+    def tick(self, samples_total: int) -> None:
+        now = time.time()
+        if now < self._next:
+            return
+        from agents import protocol
+
+        try:
+            producer_rss = self.producer.memory_info().rss
+        except Exception:  # the producer has finished
+            producer_rss = 0
+        self.rows.append({"t": now, "reader_mib": self.me.memory_info().rss / 2**20, "producer_mib": producer_rss / 2**20,
+                          "redis_mib": self.client.info("memory")["used_memory"] / 2**20,
+                          "stream_len": self.client.xlen(protocol.METRICS_STREAM),
+                          "rate": (samples_total - self._samples) / (now - self._next + self.every)})
+        self._next, self._samples = now + self.every, samples_total
+
+    def report(self) -> None:
+        if len(self.rows) < 2:
+            return
+        first, last = self.rows[0], self.rows[-1]
+        rates = [r["rate"] for r in self.rows[1:]]
+        print(f"  soak, every {self.every:.0f} s ({len(self.rows)} readings; first -> last, max):")
+        for key, label in (("reader_mib", "reader RSS MiB"), ("producer_mib", "producer RSS MiB"),
+                           ("redis_mib", "Redis used MiB"), ("stream_len", "metrics stream entries")):
+            print(f"    {label:<23}: {first[key]:,.0f} -> {last[key]:,.0f}, max {max(r[key] for r in self.rows):,.0f}")
+        print(f"    node samples/s per window: min {min(rates):,.0f}, median {statistics.median(rates):,.0f}, "
+              f"max {max(rates):,.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1024)
@@ -167,6 +209,7 @@ def main() -> None:
                                                              protocol.METRICS_STREAM, signer.auth))
     ingestor = Ingestor(client, consumer="bench")
     producer.start()
+    resources = Resources(client, producer.pid)
     lags: list[float] = []
     samples = 0
     batch_seconds: list[float] = []
@@ -179,6 +222,7 @@ def main() -> None:
             lags.extend(result.lags)
             samples += result.samples
             batch_seconds.append(time.perf_counter() - t0)
+        resources.tick(samples)
         if time.time() - started > args.warmup + args.seconds + 60:
             break
     producer.join()
@@ -203,6 +247,7 @@ def main() -> None:
           f"samples/s, {capacity / args.nodes:.1f}x the offered load")
     print(f"  baseline parse+ack only : {baseline:,.0f} node samples/s; full pipeline / baseline = "
           f"{capacity / baseline:.2f}")
+    resources.report()
     print(f"  signature check         : {verify_cost_us():.1f} us per sample (auth {args.auth}); "
           f"{rejected} sample(s) dead-lettered")
     if rejected:

@@ -15,6 +15,7 @@ from datetime import datetime, timezone as dt_timezone
 
 import redis
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from agents import protocol
@@ -31,6 +32,8 @@ from monitoring.services.registry import agent_auth_required, authenticate, regi
 from monitoring.services.streams import claim_stale, consumer_name, ensure_group, read_new
 
 log = logging.getLogger(__name__)
+
+AGENT_RESTARTED = "agent_restarted"
 
 GROUP = "control-plane"
 # An entry delivered to a consumer that has not acked it for this long is claimed by another.
@@ -139,6 +142,15 @@ def _job_exited(message: protocol.JobExited) -> bool:
     Job.objects.filter(pk=message.job_id, state=JobState.PREEMPTING).update(
         state=JobState.PENDING, placed_at=None, started_at=None, peak_gpu_memory_mib=outcome["peak_gpu_memory_mib"],
     )
+    if message.requeue:
+        # The node ended it (its agent restarted or shut down), not the job: run it again.
+        Job.objects.filter(pk=message.job_id, state__in=(JobState.PLACED, JobState.RUNNING)).update(
+            state=JobState.PENDING, placed_at=None, started_at=None, requeue_count=F("requeue_count") + 1,
+            peak_gpu_memory_mib=outcome["peak_gpu_memory_mib"],
+            pending_reason={"code": AGENT_RESTARTED, "details": {"node": message.node},
+                            "message": f"Requeued: the agent on node {message.node} restarted or stopped while "
+                                       "this job ran."},
+        )
     succeeded = message.exit_code == 0 and message.error is None and not message.oom
     if Job.objects.filter(pk=message.job_id, state__in=(JobState.PLACED, JobState.RUNNING)).update(
         state=JobState.SUCCEEDED if succeeded else JobState.FAILED, **outcome

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import redis as redis_lib
 
@@ -162,6 +163,18 @@ def test_shutdown_stops_running_jobs_and_reports_them(redis_url, redis_client, s
     agent.stop()
     [done] = exited(redis_client, cmd.job_id)
     assert done.stopped and done.exit_code == -signal.SIGTERM
+    assert done.requeue  # the agent went away, the job did not fail: the control plane requeues it
+
+
+def test_a_job_that_ended_by_itself_before_shutdown_is_not_requeued(redis_url, redis_client, start_agent):
+    agent = start_agent(redis_url)
+    cmd = launch(python("print('quick')"))
+    send(redis_client, "n1", cmd)
+    wait_for(lambda: started(redis_client, cmd.job_id))
+    time.sleep(0.5)  # exited, perhaps not yet reaped by the agent's loop
+    agent.stop()
+    [done] = exited(redis_client, cmd.job_id)
+    assert (done.exit_code, done.stopped, done.requeue) == (0, False, False)
 
 
 def test_agent_survives_a_redis_restart(tmp_path, start_agent):

@@ -166,3 +166,52 @@ def test_stop_all_returns_once_everything_exited(runner):
     assert all(gone(pid) for pid in pids)
     with pytest.raises(ProcessLookupError):
         os.kill(pids[0], 0)
+
+
+# ---------------------------------------------------------------- orphans of an agent that died
+
+
+def test_a_new_agent_stops_the_jobs_a_dead_agent_left_running_and_reports_them_for_requeue(tmp_path):
+    from agents.accounts import RunAsPolicy
+
+    workdir = tmp_path / "agent"
+    dead = JobRunner(workdir, run_as=RunAsPolicy(allow_root=True))
+    cmd = launch(python("import time; print('working', flush=True); time.sleep(60)"))
+    pid = dead.launch(cmd)
+    wait_for(lambda: "working" in read_tail(dead.job_dir(cmd.job_id) / "output.log"))
+    dead.close()  # the dead agent's threads are gone with it; its job is not...
+    os.killpg(pid, signal.SIGSTOP)  # ...and a duty cycle may have left it stopped
+
+    fresh = JobRunner(workdir, run_as=RunAsPolicy(allow_root=True))
+    started = time.monotonic()
+    [orphan] = fresh.stop_orphans(grace_seconds=5)
+    assert (orphan.job_id, orphan.exit_code, orphan.stopped, orphan.requeue) == (cmd.job_id, None, True, True)
+    assert "agent restarted" in orphan.error and "working" in orphan.output_tail
+    assert dead._jobs[cmd.job_id].process.wait(5) == -signal.SIGTERM  # ended by SIGTERM, not left stopped
+    assert time.monotonic() - started < 4
+    assert fresh.stop_orphans(grace_seconds=5) == []  # its record is gone: nothing is stopped twice
+    assert not (fresh.job_dir(cmd.job_id) / "process.json").exists() and gone(pid)
+    fresh.close()
+
+
+def test_a_record_whose_pid_now_names_another_process_is_dropped_without_a_signal(tmp_path):
+    import json
+
+    from agents.accounts import RunAsPolicy
+
+    runner = JobRunner(tmp_path / "agent", run_as=RunAsPolicy(allow_root=True))
+    record = runner.job_dir(7) / "process.json"
+    record.parent.mkdir(parents=True)
+    # Our own pid with another start time: what a reused pid looks like. Signalling it would end this test.
+    record.write_text(json.dumps({"pid": os.getpid(), "create_time": 12345.0}))
+    assert runner.stop_orphans(grace_seconds=1) == []
+    assert not record.exists()
+    runner.close()
+
+
+def test_a_reaped_job_leaves_no_record(runner):
+    cmd = launch(python("pass"))
+    runner.launch(cmd)
+    assert (runner.job_dir(cmd.job_id) / "process.json").exists()
+    finish(runner)
+    assert not (runner.job_dir(cmd.job_id) / "process.json").exists()

@@ -76,3 +76,29 @@ def test_killed_node_is_lost_its_job_requeued_once_and_run_when_it_returns(stack
     assert back["requeue_count"] == 1
     assert api.post(f"/api/v1/jobs/{job_id}/cancel/").status_code == 200
     wait_for(lambda: job(api, job_id)["state"] == "CANCELLED", timeout=30, what="cancel")
+
+
+def test_an_agent_killed_under_its_job_stops_the_orphan_on_restart_and_the_job_runs_again_once(stack, api, tmp_path):
+    import psutil
+
+    attempts = tmp_path / "attempts.txt"
+    script = (f"import os, time; p = {str(attempts)!r}; n = len(open(p).readlines()) if os.path.exists(p) else 0; "
+              "open(p, 'a').write(f'{os.getpid()}\\n'); print('attempt', n + 1, flush=True); "
+              "time.sleep(120 if n == 0 else 0)")
+    job_id = submit(api, [sys.executable, "-c", script])
+    wait_for(lambda: job(api, job_id)["state"] == "RUNNING" and attempts.exists(), timeout=30, what="the first run")
+    first_pid = int(attempts.read_text().split()[0])
+    agent = next(p for name, p in stack.started if name == "agent-e2e-node")
+    agent.kill()  # SIGKILL to the agent alone: its job runs on, orphaned
+    agent.wait()
+    assert psutil.pid_exists(first_pid)
+
+    stack.start_agent("e2e-node", "2xA100-80GB")
+    wait_for(lambda: len(attempts.read_text().split()) == 2, timeout=60, what="the second attempt")
+    # The orphan was stopped before the job could start again: never two runs at once.
+    assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == psutil.STATUS_ZOMBIE
+    done = wait_for(lambda: (j := job(api, job_id))["state"] in ("SUCCEEDED", "FAILED") and j, timeout=30,
+                    what="the second attempt to finish")
+    assert done["state"] == "SUCCEEDED" and "attempt 2" in done["output_tail"]
+    assert done["requeue_count"] == 1
+    assert len(attempts.read_text().split()) == 2

@@ -121,3 +121,25 @@ def test_node_cannot_report_on_a_job_placed_elsewhere(placed_job, redis_client, 
     assert placed_job.state == JobState.PLACED
     (letter,) = dead_letters(redis_client)
     assert b"never placed on node intruder" in letter[b"reason"]
+
+
+@pytest.mark.parametrize("state", [JobState.PLACED, JobState.RUNNING])
+def test_a_job_its_agent_ended_by_restarting_goes_back_to_the_queue(placed_job, redis_client, live_redis, state):
+    placed_job.state = state
+    placed_job.save()
+    emit(redis_client, exited(placed_job, None, stopped=True, requeue=True,
+                              error="the node's agent restarted while the job ran; its process was stopped"))
+    consume_events(redis_client)
+    placed_job.refresh_from_db()
+    assert (placed_job.state, placed_job.requeue_count, placed_job.exit_code) == (JobState.PENDING, 1, None)
+    assert placed_job.pending_reason["code"] == "agent_restarted" and "n1" in placed_job.pending_reason["message"]
+    assert not Allocation.objects.filter(job=placed_job, released_at__isnull=True).exists()
+
+
+def test_requeue_does_not_undo_a_cancel(placed_job, redis_client, live_redis):
+    placed_job.state = JobState.CANCELLING
+    placed_job.save()
+    emit(redis_client, exited(placed_job, -15, stopped=True, requeue=True))
+    consume_events(redis_client)
+    placed_job.refresh_from_db()
+    assert placed_job.state == JobState.CANCELLED
