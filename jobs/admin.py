@@ -7,7 +7,7 @@ from django.utils.html import format_html
 
 from jobs.choices import TERMINAL_STATES, JobClass
 from jobs.models import Allocation, Job, Membership, QuotaChange, Tenant
-from jobs.services.submission import NotCancellable, cancel_job, submit_job
+from jobs.services.submission import NotCancellable, NotRequeueable, cancel_job, requeue_job, submit_job
 
 QUOTA_FIELDS = ("guaranteed_gpus", "max_gpus", "weight")
 
@@ -162,7 +162,7 @@ class JobAdmin(admin.ModelAdmin):
     list_select_related = ("tenant", "owner")
     readonly_fields = ("submitted_at", "placed_at", "started_at", "finished_at", "pending_reason", "output_tail")
     inlines = [AllocationInline]
-    actions = ["cancel_jobs", "resubmit_jobs"]
+    actions = ["cancel_jobs", "requeue_jobs", "resubmit_jobs"]
 
     @admin.action(description="Cancel selected jobs (running ones are stopped on their nodes)")
     def cancel_jobs(self, request, queryset):
@@ -177,6 +177,21 @@ class JobAdmin(admin.ModelAdmin):
             self.message_user(request, f"Cancelled or stopping {done} job(s).", messages.SUCCESS)
         if refused:
             self.message_user(request, "Not cancelled: " + "; ".join(refused), messages.WARNING)
+
+    @admin.action(description="Requeue selected running jobs (stopped on their nodes, then placed again)")
+    def requeue_jobs(self, request, queryset):
+        done, refused = 0, []
+        for job in queryset:
+            try:
+                requeue_job(job, by=request.user.get_username())
+                done += 1
+            except NotRequeueable as exc:
+                refused.append(str(exc))
+        if done:
+            self.message_user(request, f"Requeueing {done} job(s): they are stopped, then queued again.",
+                              messages.SUCCESS)
+        if refused:
+            self.message_user(request, "Not requeued: " + "; ".join(refused), messages.WARNING)
 
     @admin.action(description="Resubmit selected finished jobs as new pending jobs")
     def resubmit_jobs(self, request, queryset):

@@ -17,6 +17,24 @@ from jobs.models import Job
 from jobs.services.usage import queue_positions
 
 
+JOB_FILTER_PARAMETERS = [
+    OpenApiParameter("tenant", str, description="Tenant slug(s), comma-separated."),
+    OpenApiParameter("state", str, description="State(s), comma-separated, or `active` / `finished`."),
+    OpenApiParameter("owner", str, description="Username(s), comma-separated, or `me`."),
+]
+
+
+def job_filter_from(request) -> JobFilter:
+    """The request's job filter; an unknown state is a 400 naming the ones that exist."""
+    job_filter = JobFilter.from_params(request.query_params, request.user)
+    if job_filter.unknown_states:
+        raise serializers.ValidationError({"state": [
+            f"Unknown state(s) {', '.join(job_filter.unknown_states)}; use "
+            f"{', '.join(s.lower() for s in JobState.values)}, active or finished."
+        ]})
+    return job_filter
+
+
 def eta_seconds(job: Job) -> float | None:
     """The scheduler's estimate of seconds until the job can start, when it has one."""
     reason = job.pending_reason or {}
@@ -58,24 +76,14 @@ class QueueEntrySerializer(serializers.ModelSerializer):
         return sorted({a.gpu.node.name for a in job.allocations.all() if a.released_at is None})
 
 
-@extend_schema_view(get=extend_schema(parameters=[
-    OpenApiParameter("tenant", str, description="Tenant slug(s), comma-separated."),
-    OpenApiParameter("state", str, description="State(s), comma-separated, or `active` / `finished`."),
-    OpenApiParameter("owner", str, description="Username(s), comma-separated, or `me`."),
-]))
+@extend_schema_view(get=extend_schema(parameters=JOB_FILTER_PARAMETERS))
 class QueueView(generics.ListAPIView):
     """Jobs you may see, newest first, each with its place in the queue and why it waits."""
 
     serializer_class = QueueEntrySerializer
 
     def get_queryset(self):
-        job_filter = JobFilter.from_params(self.request.query_params, self.request.user)
-        if job_filter.unknown_states:
-            raise serializers.ValidationError({"state": [
-                f"Unknown state(s) {', '.join(job_filter.unknown_states)}; use "
-                f"{', '.join(s.lower() for s in JobState.values)}, active or finished."
-            ]})
-        return job_filter.apply(
+        return job_filter_from(self.request).apply(
             Job.objects.visible_to(self.request.user)
             .select_related("tenant", "owner")
             .prefetch_related("allocations__gpu__node")

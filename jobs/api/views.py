@@ -8,6 +8,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from jobs.api.errors import Conflict
+from jobs.api.queue import JOB_FILTER_PARAMETERS, job_filter_from
 from jobs.api.serializers import JobSerializer, JobSubmitSerializer
 from jobs.models import Job
 from jobs.services.submission import NotCancellable, cancel_job, submit_job
@@ -23,13 +24,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
             .select_related("tenant", "owner")
             .prefetch_related("allocations__gpu__node")
         )
-        state = self.request.query_params.get("state")
-        if state:
-            jobs = jobs.filter(state__in=[s.strip().upper() for s in state.split(",")])
-        tenant = self.request.query_params.get("tenant")
-        if tenant:
-            jobs = jobs.filter(tenant__slug=tenant)
+        if self.action == "list":
+            jobs = job_filter_from(self.request).apply(jobs)
         return jobs
+
+    @extend_schema(parameters=JOB_FILTER_PARAMETERS)
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
 
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
     def create(self, request, *args, **kwargs):

@@ -1,8 +1,10 @@
-"""Submitting and cancelling jobs: the only places that create jobs or start a cancel."""
+"""Submitting, cancelling and requeueing jobs: the only places that create jobs or start a
+cancel or an operator's requeue."""
 
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from jobs.choices import JobState
@@ -45,6 +47,28 @@ def cancel_job(job: Job) -> Job:
     nodes = set(
         Allocation.objects.filter(job=job, released_at__isnull=True).values_list("gpu__node__name", flat=True)
     )
+    for node in nodes:
+        transaction.on_commit(lambda node=node: send_stop(node, job.pk))
+    job.refresh_from_db()
+    return job
+
+
+class NotRequeueable(Exception):
+    pass
+
+
+@transaction.atomic
+def requeue_job(job: Job, by: str) -> Job:
+    """An operator sends a placed or running job back to the queue: its processes are stopped
+    (as for a preemption) and it waits for its next placement with its place in the queue kept."""
+    if not Job.objects.filter(pk=job.pk, state__in=(JobState.PLACED, JobState.RUNNING)).update(
+        state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1,
+        pending_reason={"code": "requeued_by_operator", "details": {"by": by},
+                        "message": f"Requeued by operator {by}; waiting to be placed again."},
+    ):
+        job.refresh_from_db()
+        raise NotRequeueable(f"job {job.pk} is {job.state.lower()}; only placed or running jobs can be requeued")
+    nodes = set(Allocation.objects.filter(job=job, released_at__isnull=True).values_list("gpu__node__name", flat=True))
     for node in nodes:
         transaction.on_commit(lambda node=node: send_stop(node, job.pk))
     job.refresh_from_db()

@@ -82,3 +82,29 @@ def test_cancel_and_resubmit_jobs_from_the_admin(admin, alice, vision):
                                   "/admin/monitoring/jobusage/", "/admin/monitoring/gpu/"])
 def test_admin_pages_load(admin, cluster, path):
     assert admin.get(path).status_code == 200
+
+
+def test_requeue_from_the_admin_stops_a_running_job_and_queues_it_again(admin, alice, vision, cluster,
+                                                                         redis_client, live_redis,
+                                                                         django_capture_on_commit_callbacks):
+    from agents import protocol
+    from jobs.services.agent_events import consume_events
+
+    gpu = cluster["a1/0"]
+    job = running_job(vision, alice, [gpu])
+    pending = JobFactory(tenant=vision, owner=alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        page = admin.post("/admin/jobs/job/", {"action": "requeue_jobs", "_selected_action": [job.pk, pending.pk]},
+                          follow=True).content.decode()
+    assert "Requeueing 1 job(s)" in page and "only placed or running jobs can be requeued" in page
+    job.refresh_from_db()
+    assert job.state == JobState.PREEMPTING and job.requeue_count == 1
+    [(_, fields)] = redis_client.xrange(protocol.command_stream(gpu.node.name))
+    stop = protocol.decode_command(fields)
+    assert (stop.kind, stop.job_id) == ("stop", job.pk)
+    # The node reports the stop: the job is back in the queue, its GPU free.
+    redis_client.xadd(protocol.EVENTS_STREAM, protocol.encode(protocol.JobExited(
+        node=gpu.node.name, job_id=job.pk, exit_code=-15, stopped=True, finished_at=0)))
+    consume_events(redis_client)
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and not job.allocations.filter(released_at__isnull=True).exists()

@@ -148,6 +148,14 @@ def test_state_filter(api, alice):
     JobFactory(tenant=tenant, owner=alice, state=JobState.SUCCEEDED)
     pending = JobFactory(tenant=tenant, owner=alice)
     assert [j["id"] for j in api(alice).get(URL, {"state": "pending"}).json()["results"]] == [pending.pk]
+    assert api(alice).get(URL, {"state": "finished"}).json()["count"] == 1
+    assert api(alice).get(URL, {"owner": "me", "state": "active"}).json()["count"] == 1
+
+
+def test_an_unknown_state_is_a_400_that_names_the_states_there_are(api, alice):
+    response = api(alice).get(URL, {"state": "pending,runing"})
+    assert response.status_code == 400
+    assert "runing" in str(response.json()) and "running" in str(response.json())
 
 
 # ------------------------------------------------------------------ cancel
