@@ -75,6 +75,11 @@ def browser():
         try:
             yield chromium
         finally:
+            # ORM calls made while Playwright's loop runs get a connection of their own context;
+            # left open it keeps the test database from being dropped at the end of the run.
+            from django.db import connections
+
+            connections.close_all()
             chromium.close()
 
 
