@@ -22,7 +22,7 @@ from agents import protocol
 from jobs.choices import JobState
 from jobs.models import Allocation, Job
 from jobs.services.commands import send_stop
-from jobs.services.node_health import stop_strays
+from jobs.services.node_health import resend_duty_cycles, stop_strays
 from jobs.services.profiles import record_profile
 from jobs.services.nudge import nudge_scheduler
 from monitoring.models import JobUsage
@@ -84,6 +84,7 @@ def apply_event(message) -> bool:
         register_node(message)
         if message.running_jobs:
             stop_strays(get_redis(), message.node, message.running_jobs)
+            resend_duty_cycles(message.node, message.running_jobs)
         return False
     if isinstance(message, protocol.JobStarted):
         _job_started(message)

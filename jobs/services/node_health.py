@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Allocation, Job
-from jobs.services.commands import send_stop
+from jobs.services.commands import send_duty_cycle, send_stop
 from monitoring.models import Node
 from monitoring.services import alerts, health, live
 
@@ -90,6 +90,20 @@ def stop_strays(client: redis.Redis, node: str, running_jobs: list[int]) -> int:
             send_stop(node, job_id)
             stopped += 1
     return stopped
+
+
+def resend_duty_cycles(node: str, running_jobs: list[int]) -> int:
+    """Tell a node that registered again (after a Redis restart, say) the duty cycle each of its
+    running jobs should have: a throttle or un-throttle command lost on the way is not lost for
+    good. Commands are idempotent, so repeating one that did arrive costs nothing."""
+    desired = dict(
+        Allocation.objects.filter(job_id__in=running_jobs, gpu__node__name=node, released_at__isnull=True,
+                                  job__state=JobState.RUNNING)
+        .values_list("job_id", "duty_cycle").distinct()
+    )
+    for job_id, duty_cycle in desired.items():
+        send_duty_cycle(node, job_id, duty_cycle)
+    return len(desired)
 
 
 def requeue_vanished(client: redis.Redis, node: str, running_jobs: list[int], sample_ts: float) -> int:

@@ -143,3 +143,15 @@ def test_requeue_does_not_undo_a_cancel(placed_job, redis_client, live_redis):
     consume_events(redis_client)
     placed_job.refresh_from_db()
     assert placed_job.state == JobState.CANCELLED
+
+
+def test_a_node_registering_again_is_told_each_running_jobs_duty_cycle(placed_job, redis_client, live_redis):
+    placed_job.state = JobState.RUNNING
+    placed_job.save()
+    Allocation.objects.filter(job=placed_job).update(duty_cycle=0.4)
+    gpus = [protocol.GpuInfo(index=0, uuid="GPU-0", model="H100-80GB", memory_mib=81559)]
+    emit(redis_client, protocol.NodeRegistered(node="n1", gpus=gpus, backend="simulated", agent_version="x",
+                                               hostname="h", running_jobs=[placed_job.pk]))
+    consume_events(redis_client)
+    commands = [protocol.decode_command(f) for _, f in redis_client.xrange(protocol.command_stream("n1"))]
+    assert [(c.kind, c.job_id, c.duty_cycle) for c in commands] == [("set_duty_cycle", placed_job.pk, 0.4)]
