@@ -64,7 +64,7 @@ class GpuSlot:
 
 
 class NodeSlot:
-    __slots__ = ("key", "name", "rack", "gb_per_s", "pool", "gpus", "empty", "schedulable", "reserved")
+    __slots__ = ("key", "name", "rack", "gb_per_s", "pool", "gpus", "empty", "schedulable", "cordoned", "reserved")
 
     def __init__(self, key: int, node, schedulable: bool):
         self.key, self.name, self.rack = key, node.name, node.rack
@@ -73,6 +73,7 @@ class NodeSlot:
         self.gpus: list[GpuSlot] = []
         self.empty: list[GpuSlot] = []  # by GPU index
         self.schedulable = schedulable
+        self.cordoned = node.online and node.cordoned  # up, but an operator keeps new work off it
         self.reserved = False  # held for a blocked gang this cycle
 
     @property

@@ -28,10 +28,16 @@ def invalid_request(job: JobRequest) -> PendingReason | None:
 
 
 class InventoryCheck:
-    def __init__(self, capacity: Capacity, placer: Placer):
+    """``nodes``: the inventory to check against (default: the schedulable nodes)."""
+
+    def __init__(self, capacity: Capacity, placer: Placer, nodes=None):
         self.capacity = capacity
         self.placer = placer
-        self.schedulable = [n for n in capacity.nodes if n.schedulable]
+        self.schedulable = [n for n in capacity.nodes if n.schedulable] if nodes is None else list(nodes)
+        # Cordoned nodes are checked only when the request fits nowhere else, to tell its owner
+        # that the cordon, not the request, is what keeps it waiting.
+        self.cordoned = [n for n in capacity.nodes if n.cordoned] if nodes is None else []
+        self._with_cordoned: InventoryCheck | None = None
         self.online_models = sorted({g.model for n in self.schedulable for g in n.gpus})
         self.largest_mib: dict[str, int] = {}
         for node in self.schedulable:
@@ -45,8 +51,18 @@ class InventoryCheck:
         pools = tuple(self.placer.pools_for(shape))
         key = (pools, shape.models, shape.gpus, shape.max_nodes, None if pools else shape.memory_mib)
         if key not in self._memo:
-            self._memo[key] = self._reason(shape)
+            self._memo[key] = self._reason_or_cordon(shape)
         return self._memo[key]
+
+    def _reason_or_cordon(self, shape: Shape) -> PendingReason | None:
+        reason = self._reason(shape)
+        if reason is None or not self.cordoned or reason.code is reasons.ReasonCode.NO_NODES_ONLINE:
+            return reason  # (with no node schedulable, that reason already counts the cordoned ones)
+        if self._with_cordoned is None:
+            self._with_cordoned = InventoryCheck(self.capacity, self.placer, nodes=[*self.schedulable, *self.cordoned])
+        if self._with_cordoned._reason(shape) is not None:
+            return reason
+        return reasons.needs_cordoned_nodes(sorted(n.name for n in self.cordoned), reason)
 
     def _node_widths(self, pools: list[int]) -> list[int]:
         """Usable GPUs per schedulable node for these pools, widest first."""

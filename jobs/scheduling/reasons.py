@@ -20,6 +20,7 @@ class ReasonCode(StrEnum):
     NO_GPU_WITH_ENOUGH_MEMORY = "no_gpu_with_enough_memory"
     GANG_LARGER_THAN_ANY_NODE = "gang_larger_than_any_node"
     GANG_LARGER_THAN_CLUSTER = "gang_larger_than_cluster"
+    NEEDS_CORDONED_NODES = "needs_cordoned_nodes"
     # Quota.
     AT_MAX_GPUS = "at_max_gpus"
     OVER_QUOTA_CLUSTER_FULL = "over_quota_cluster_full"
@@ -58,6 +59,17 @@ def no_nodes_online(nodes: int, cordoned: int) -> PendingReason:
     else:
         message = "No GPU node is online and accepting jobs."
     return PendingReason(ReasonCode.NO_NODES_ONLINE, message, {"nodes": nodes, "cordoned": cordoned})
+
+
+def needs_cordoned_nodes(cordoned: list[str], otherwise: PendingReason) -> PendingReason:
+    """The request would fit if the cordoned nodes took work; ``otherwise`` is why it fits nowhere else."""
+    shown = ", ".join(cordoned[:5]) + (f" and {len(cordoned) - 5} more" if len(cordoned) > 5 else "")
+    return PendingReason(
+        ReasonCode.NEEDS_CORDONED_NODES,
+        f"Only cordoned nodes ({shown}) can run this job; it waits until an operator uncordons one. "
+        f"Elsewhere: {otherwise.message}",
+        {"cordoned": cordoned, "otherwise": otherwise.as_dict()},
+    )
 
 
 def invalid_request(problem: str) -> PendingReason:
