@@ -1,13 +1,15 @@
 """The operators' admin for tenants (quotas, members, usage, audit trail of quota changes), jobs
-(cancel, resubmit) and allocations."""
+(cancel, requeue, resubmit), allocations, and the nodes admin's drain-now (it moves jobs)."""
 
 from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, Subquery, Sum
 from django.utils.html import format_html
 
-from jobs.choices import TERMINAL_STATES, JobClass
+from jobs.choices import TERMINAL_STATES, JobClass, JobState
 from jobs.models import Allocation, Job, Membership, QuotaChange, Tenant
 from jobs.services.submission import NotCancellable, NotRequeueable, cancel_job, requeue_job, submit_job
+from monitoring.admin import NodeAdmin
+from monitoring.models import Node
 
 QUOTA_FIELDS = ("guaranteed_gpus", "max_gpus", "weight")
 
@@ -215,3 +217,34 @@ class AllocationAdmin(admin.ModelAdmin):
     list_display = ("job", "gpu", "gpu_milli", "duty_cycle", "created_at", "released_at")
     list_select_related = ("job", "gpu__node")
     raw_id_fields = ("job", "gpu")
+
+
+class NodeWithJobsAdmin(NodeAdmin):
+    """The nodes admin (``monitoring``) plus what needs jobs: a drain that moves running work off."""
+
+    actions = [*NodeAdmin.actions, "drain_now"]
+
+    @admin.action(description="Drain now: cordon, and requeue the jobs running there (stopped, placed elsewhere)")
+    def drain_now(self, request, queryset):
+        names = list(queryset.values_list("name", flat=True))
+        queryset.update(cordoned=True)
+        jobs = Job.objects.filter(
+            allocations__gpu__node__name__in=names, allocations__released_at__isnull=True,
+            state__in=(JobState.PLACED, JobState.RUNNING),
+        ).distinct()
+        requeued = []
+        for job in jobs:
+            try:
+                requeue_job(job, by=request.user.get_username())
+                requeued.append(f"#{job.pk}")
+            except NotRequeueable:
+                pass  # it ended meanwhile
+        self.message_user(
+            request, f"Draining {', '.join(names)}: cordoned; requeued {len(requeued)} running job(s)"
+                     + (f" ({', '.join(requeued)})" if requeued else "") + ". The nodes are empty once they stop.",
+            messages.SUCCESS,
+        )
+
+
+admin.site.unregister(Node)
+admin.site.register(Node, NodeWithJobsAdmin)

@@ -47,12 +47,12 @@ class NodeAdmin(admin.ModelAdmin):
     def drain(self, request, queryset):
         names = list(queryset.values_list("name", flat=True))
         queryset.update(cordoned=True)
-        # Stopping or requeueing the jobs still running there is the scheduler's business (a jobs
-        # service); from here a drain is a cordon and a note to the operator.
+        # Moving the jobs still running there is the jobs app's business: its "drain now" action
+        # (jobs/admin.py) extends this admin; monitoring never imports jobs.
         self.message_user(
             request,
             f"Draining {', '.join(names)}: cordoned, so no new jobs land there. Jobs already running keep "
-            f"running until they finish; cancel them from the Jobs admin to free the node sooner.",
+            f"running until they finish; "Drain now" requeues them to free the node sooner.",
             messages.WARNING,
         )
 

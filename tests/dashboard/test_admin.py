@@ -108,3 +108,17 @@ def test_requeue_from_the_admin_stops_a_running_job_and_queues_it_again(admin, a
     consume_events(redis_client)
     job.refresh_from_db()
     assert job.state == JobState.PENDING and not job.allocations.filter(released_at__isnull=True).exists()
+
+
+def test_drain_now_cordons_and_requeues_what_runs_there(admin, alice, vision, cluster, redis_client, live_redis,
+                                                        django_capture_on_commit_callbacks):
+    on_a1 = running_job(vision, alice, [cluster["a1/0"], cluster["a1/1"]])
+    on_v1 = running_job(vision, alice, [cluster["v1/0"]])
+    with django_capture_on_commit_callbacks(execute=True):
+        page = admin.post("/admin/monitoring/node/", {"action": "drain_now",
+                                                      "_selected_action": [Node.objects.get(name="a1").pk]},
+                          follow=True).content.decode()
+    assert f"requeued 1 running job(s) (#{on_a1.pk})" in page
+    assert Node.objects.get(name="a1").cordoned and not Node.objects.get(name="v1").cordoned
+    states = dict(Job.objects.values_list("pk", "state"))
+    assert (states[on_a1.pk], states[on_v1.pk]) == (JobState.PREEMPTING, JobState.RUNNING)
