@@ -52,7 +52,7 @@ class NodeAdmin(admin.ModelAdmin):
         self.message_user(
             request,
             f"Draining {', '.join(names)}: cordoned, so no new jobs land there. Jobs already running keep "
-            f"running until they finish; "Drain now" requeues them to free the node sooner.",
+            f"running until they finish; 'Drain now' requeues them to free the node sooner.",
             messages.WARNING,
         )
 
