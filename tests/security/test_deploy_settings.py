@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # Knobs this file sets or that would change the answer if the developer's shell had them.
 OURS = ("DJANGO_SETTINGS_MODULE", "DJANGO_DEBUG", "DJANGO_SECRET_KEY", "DJANGO_SECRET_KEY_FILE",
         "DJANGO_ALLOWED_HOSTS", "COLONY_HTTPS", "COLONY_HSTS_SECONDS", "COLONY_HSTS_INCLUDE_SUBDOMAINS",
-        "COLONY_HSTS_PRELOAD", "COLONY_TRUST_X_FORWARDED_PROTO")
+        "COLONY_HSTS_PRELOAD", "COLONY_TRUST_X_FORWARDED_PROTO", "COLONY_AGENT_SECRET",
+        "COLONY_AGENT_SECRET_FILE", "COLONY_AGENT_AUTH")
 SHOWN = ("DEBUG", "SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "SECURE_HSTS_SECONDS",
          "SECURE_PROXY_SSL_HEADER", "X_FRAME_OPTIONS")
 
@@ -36,7 +37,7 @@ def manage(tmp_path, *argv, **env) -> subprocess.CompletedProcess:
 
 def production(**extra) -> dict:
     return {"DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": secrets.token_urlsafe(64),
-            "DJANGO_ALLOWED_HOSTS": "colony.example.org", **extra}
+            "DJANGO_ALLOWED_HOSTS": "colony.example.org", "COLONY_AGENT_SECRET": secrets.token_hex(32), **extra}
 
 
 def settings_in(tmp_path, **env) -> dict:
@@ -50,6 +51,14 @@ def test_check_deploy_is_clean_in_production(tmp_path):
     done = manage(tmp_path, "check", "--deploy", "--fail-level", "DEBUG", **production())
     assert done.returncode == 0, done.stdout + done.stderr
     assert "System check identified no issues (0 silenced)." in done.stdout
+
+
+def test_check_deploy_flags_agents_that_need_no_key(tmp_path):
+    env = production()
+    del env["COLONY_AGENT_SECRET"]
+    done = manage(tmp_path, "check", "--deploy", "--fail-level", "WARNING", **env)
+    assert done.returncode != 0
+    assert "colony.W001" in done.stderr and "agent_key" in done.stderr
 
 
 def test_check_deploy_flags_the_development_secret_key(tmp_path):

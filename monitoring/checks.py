@@ -1,0 +1,17 @@
+"""System checks for a deployment (``manage.py check --deploy``)."""
+
+from django.conf import settings
+from django.core.checks import Tags, Warning, register
+
+
+@register(Tags.security, deploy=True)
+def agent_authentication(app_configs, **kwargs):
+    """Without agent authentication any client of Redis can post metrics and events for any node."""
+    if settings.COLONY_AGENT_AUTH == "required":
+        return []
+    return [Warning(
+        "Agent authentication is off: any client of Redis can post metrics and job events for any node.",
+        hint="Set COLONY_AGENT_SECRET (or COLONY_AGENT_SECRET_FILE), at least 16 characters, and install "
+             "each node's key from `manage.py agent_key NODE` (see README, 'Agent authentication').",
+        id="colony.W001",
+    )]
