@@ -28,6 +28,9 @@ class SchedulerConfig:
 
     # Throttling (AIMD on the duty cycle of opportunistic jobs; the agent time-slices them).
     duty_cycle_floor: float = 0.1
+    # An opportunistic job already at the floor that a GPU still says to slow down is suspended
+    # (duty cycle 0: SIGSTOP; it keeps its GPU memory, frees all compute) until there is room.
+    suspend_at_floor: bool = True
     duty_cycle_ceiling: float = 1.0
     duty_cycle_increase: float = 0.1
     duty_cycle_decrease_factor: float = 0.5

@@ -107,7 +107,8 @@ class ThrottleReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Throttle:
-    """Set an opportunistic job's duty cycle (fraction of time it may run)."""
+    """Set an opportunistic job's duty cycle (fraction of time it may run); 0 suspends it (its
+    processes are stopped and keep their GPU memory; compute is freed)."""
 
     job_id: int
     duty_cycle: float

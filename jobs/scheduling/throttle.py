@@ -11,7 +11,9 @@ Per GPU that an opportunistic job runs on, one signal:
 * **hold** otherwise (no reading yet: do nothing rather than guess).
 
 A job on several GPUs decreases if any GPU says so and increases only if all do. Duty cycles stay
-within [floor, ceiling]; a Throttle is emitted only when the value changes. Jobs that are being
+within [floor, ceiling], except that a job at the floor told to decrease again is suspended
+(duty cycle 0, ``suspend_at_floor``) and comes back at the floor's level once its GPUs have room
+(0 + increase). A Throttle is emitted only when the value changes. Jobs that are being
 stopped are left alone.
 """
 
@@ -59,7 +61,10 @@ def throttles(capacity: Capacity, running: tuple[RunningJob, ...], leaving: set[
             continue
         decrease = next((r for r in reasons if r in _DECREASE), None)
         if decrease is not None:
-            duty = max(config.duty_cycle_floor, job.duty_cycle * config.duty_cycle_decrease_factor)
+            if config.suspend_at_floor and job.duty_cycle <= config.duty_cycle_floor + 1e-9:
+                duty = 0.0  # suspended: the floor was not enough
+            else:
+                duty = max(config.duty_cycle_floor, job.duty_cycle * config.duty_cycle_decrease_factor)
             reason = decrease
         elif all(r is ThrottleReason.ROOM_AVAILABLE for r in reasons):
             duty = min(config.duty_cycle_ceiling, job.duty_cycle + config.duty_cycle_increase)

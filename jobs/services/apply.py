@@ -103,10 +103,11 @@ def _preempt(job_id: int, message: str) -> bool:
 def _throttle(job_id: int, duty_cycle: float) -> bool:
     live = Allocation.objects.filter(job_id=job_id, released_at__isnull=True,
                                      job__state__in=(JobState.PLACED, JobState.RUNNING))
+    was_suspended = live.filter(duty_cycle__lte=0).exists()
     if not live.exclude(duty_cycle=duty_cycle).update(duty_cycle=duty_cycle):
         return False
     for node in _live_nodes(job_id):
-        transaction.on_commit(lambda node=node: send_duty_cycle(node, job_id, duty_cycle))
+        transaction.on_commit(lambda node=node: send_duty_cycle(node, job_id, duty_cycle, resume=was_suspended))
     return True
 
 

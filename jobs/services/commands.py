@@ -37,6 +37,13 @@ def send_stop(node: str, job_id: int) -> None:
     ))
 
 
-def send_duty_cycle(node: str, job_id: int, duty_cycle: float) -> None:
+def send_duty_cycle(node: str, job_id: int, duty_cycle: float, *, resume: bool = False) -> None:
+    """Throttle the job to ``duty_cycle``; 0 suspends it. ``resume``: it was suspended, so continue
+    it under the new duty cycle (a resume of a job that is not suspended does nothing)."""
+    if duty_cycle <= 0:
+        _publish(node, protocol.SuspendJob(command_id=_command_id("suspend", job_id), job_id=job_id))
+        return
     _publish(node, protocol.SetDutyCycle(command_id=_command_id("duty", job_id), job_id=job_id,
                                          duty_cycle=duty_cycle))
+    if resume:
+        _publish(node, protocol.ResumeJob(command_id=_command_id("resume", job_id), job_id=job_id))

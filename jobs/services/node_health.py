@@ -102,7 +102,7 @@ def resend_duty_cycles(node: str, running_jobs: list[int]) -> int:
         .values_list("job_id", "duty_cycle").distinct()
     )
     for job_id, duty_cycle in desired.items():
-        send_duty_cycle(node, job_id, duty_cycle)
+        send_duty_cycle(node, job_id, duty_cycle, resume=True)
     return len(desired)
 
 

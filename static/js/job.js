@@ -35,7 +35,8 @@
       return (a.released_at ? 1 : 0) - (b.released_at ? 1 : 0) || a.rank - b.rank ||
         a.node.localeCompare(b.node) || a.gpu_index - b.gpu_index;
     }).map(function (a) {
-      var duty = a.duty_cycle.toFixed(2) + (a.duty_cycle < 1 ? ' <span class="cls cls-opportunistic">throttled</span>' : "");
+      var duty = a.duty_cycle.toFixed(2) + (a.duty_cycle <= 0 ? ' <span class="cls cls-opportunistic">suspended</span>'
+        : a.duty_cycle < 1 ? ' <span class="cls cls-opportunistic">throttled</span>' : "");
       return '<tr class="' + (a.released_at ? "released" : "") + '"><td><a href="' + nodeUrl(a.node) + '">' +
         C.esc(a.node) + '</a></td><td class="num">' + a.gpu_index + "</td><td>" + C.esc(a.gpu_model) +
         "</td><td>" + C.share(a.gpu_milli) + "</td><td>" + C.mib(a.memory_limit_mib) + "</td><td>" + duty +

@@ -172,3 +172,18 @@ def test_a_lost_stop_is_sent_again_while_the_job_is_still_stopping(node4, redis_
     assert job.state == JobState.CANCELLED
     cycle(django_capture_on_commit_callbacks)
     assert len(commands(redis_client)) == 1  # settled: nothing more is sent
+
+
+def test_a_throttle_to_zero_suspends_the_job_and_the_next_one_resumes_it(node4, redis_client,
+                                                                           django_capture_on_commit_callbacks):
+    from jobs.scheduling.decisions import Decisions, Throttle, ThrottleReason
+    from jobs.services.apply import apply_decisions
+
+    borrower = JobFactory(gpus=1, state=JobState.RUNNING, run_class=JobClass.OPPORTUNISTIC)
+    Allocation.objects.create(job=borrower, gpu=node4.gpus.get(index=0), duty_cycle=0.1)
+    for duty in (0.0, 0.1):
+        with django_capture_on_commit_callbacks(execute=True):
+            apply_decisions(Decisions(throttles=(Throttle(borrower.pk, duty, ThrottleReason.GPU_SATURATED),)))
+    assert Allocation.objects.get(job=borrower).duty_cycle == pytest.approx(0.1)
+    sent = [(c.kind, getattr(c, "duty_cycle", None)) for c in commands(redis_client) if c.job_id == borrower.pk]
+    assert sent == [("suspend", None), ("set_duty_cycle", 0.1), ("resume", None)]

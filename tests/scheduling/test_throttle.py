@@ -8,19 +8,24 @@ from tests.scheduling.builders import cluster, node, running, tenant
 TENANTS = [tenant("owner", guaranteed=4), tenant("borrower")]
 
 
-def throttled(gpu_util, guaranteed=None, duty=1.0, **borrower):
+def throttled(gpu_util, guaranteed=None, duty=1.0, config=None, **borrower):
     """One GPU with a borrower and (unless ``guaranteed`` is False) a guaranteed neighbour."""
     residents = [running(2, tenant="borrower", opportunistic=True, mem_gib=10, duty=duty, **borrower)]
     if guaranteed is not False:
         residents.append(running(1, tenant="owner", mem_gib=10, **(guaranteed or {})))
     snapshot = cluster(node("a", gpus=1, util=gpu_util), tenants=TENANTS, running=residents)
-    return {t.job_id: (t.duty_cycle, t.reason) for t in decide(snapshot, now=0).throttles}
+    return {t.job_id: (t.duty_cycle, t.reason) for t in decide(snapshot, now=0, config=config or SchedulerConfig()).throttles}
 
 
 @pytest.mark.parametrize("gpu_util, guaranteed, duty, expected", [
     # guaranteed neighbour slowed below its solo profile by more than the margin: halve
     (0.6, dict(util=0.4, solo=0.7), 1.0, (0.5, ThrottleReason.NEIGHBOUR_SLOWED)),
     (0.6, dict(util=0.4, solo=0.7), 0.15, (0.1, ThrottleReason.NEIGHBOUR_SLOWED)),  # floor
+    # at the floor and still in the way: suspended (its memory stays, its compute is freed)
+    (0.6, dict(util=0.4, solo=0.7), 0.1, (0.0, ThrottleReason.NEIGHBOUR_SLOWED)),
+    (0.97, dict(util=0.6, solo=0.65), 0.1, (0.0, ThrottleReason.GPU_SATURATED)),
+    # suspended, and the GPU has room again: back at the floor's level
+    (0.5, dict(util=0.45, solo=0.5), 0.0, (0.1, ThrottleReason.ROOM_AVAILABLE)),
     # saturated GPU with a guaranteed job on it: halve
     (0.97, dict(util=0.6, solo=0.65), 0.8, (0.4, ThrottleReason.GPU_SATURATED)),
     # room again: add 0.1, up to the ceiling
@@ -39,10 +44,15 @@ def test_duty_cycle_moves_by_aimd(gpu_util, guaranteed, duty, expected):
     (None, None, 0.5),                                # no reading next to guaranteed work: hold
     (0.9, dict(util=0.65, solo=0.7), 0.5),            # busy but not saturated, neighbour fine: hold
     (0.5, dict(util=0.45, solo=0.5), 1.0),            # already at the ceiling
-    (0.6, dict(util=0.4, solo=0.7), 0.1),             # already at the floor
+    (0.6, dict(util=0.4, solo=0.7), 0.0),             # already suspended
+    (None, None, 0.0),                                # suspended, no reading: hold
 ])
 def test_duty_cycle_is_left_alone(gpu_util, guaranteed, duty):
     assert throttled(gpu_util, guaranteed, duty) == {}
+
+
+def test_without_suspend_at_floor_the_floor_is_as_low_as_it_goes():
+    assert throttled(0.6, dict(util=0.4, solo=0.7), 0.1, config=SchedulerConfig(suspend_at_floor=False)) == {}
 
 
 def test_guaranteed_jobs_are_never_throttled():
