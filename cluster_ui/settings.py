@@ -221,6 +221,9 @@ LOGGING = {
 # A node whose heartbeat key has expired (agents refresh it every interval, TTL 10 s) is LOST,
 # unless it (re)registered less than this long ago.
 COLONY_NODE_REGISTRATION_GRACE_S = env_float("COLONY_NODE_REGISTRATION_GRACE_S", 15.0)
+# After Redis restarts (empty: heartbeats gone), no node is judged LOST for this long, so that
+# agents can reconnect (their backoff tops out at 5 s) before their silence means anything.
+COLONY_REDIS_RESTART_GRACE_S = env_float("COLONY_REDIS_RESTART_GRACE_S", 30.0)
 COLONY_ALERT_TEMPERATURE_C = env_float("COLONY_ALERT_TEMPERATURE_C", 85.0)
 COLONY_IDLE_GPU_MINUTES = env_float("COLONY_IDLE_GPU_MINUTES", 30.0)
 COLONY_IDLE_GPU_UTIL_PERCENT = env_float("COLONY_IDLE_GPU_UTIL_PERCENT", 5.0)

@@ -1,7 +1,14 @@
-"""Node liveness from the agents' heartbeat keys (a key with a TTL per node)."""
+"""Node liveness from the agents' heartbeat keys (a key with a TTL per node).
+
+The keys live in Redis, which keeps nothing on disk: after it restarts, every heartbeat is gone
+at once and the agents need a moment to reconnect. Silence then says nothing about the nodes, so
+nobody is judged until ``COLONY_REDIS_RESTART_GRACE_S`` after this Redis was first seen (a key
+of our own that the restart took with it). Otherwise every job would be requeued, and run twice.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from datetime import timedelta
 
@@ -13,6 +20,7 @@ from agents.protocol import heartbeat_key
 from monitoring.choices import NodeState
 from monitoring.models import Node
 
+REDIS_SEEN_SINCE_KEY = "colony:redis:seen_since"
 
 
 def _registration_grace() -> timedelta:
@@ -31,8 +39,17 @@ def live_node_names(client: redis.Redis, names: Iterable[str]) -> set[str]:
     return {name for name, alive in zip(names, pipe.execute()) if alive}
 
 
+def redis_seen_for(client: redis.Redis) -> float:
+    """Seconds since the control plane first saw this Redis (since it last restarted empty)."""
+    now = time.time()
+    client.set(REDIS_SEEN_SINCE_KEY, now, nx=True)
+    return now - float(client.get(REDIS_SEEN_SINCE_KEY) or now)
+
+
 def silent_nodes(client: redis.Redis) -> list[Node]:
-    """UP nodes whose heartbeat expired: candidates to be marked LOST."""
+    """UP nodes whose heartbeat expired: candidates to be marked LOST. None while Redis is new."""
+    if redis_seen_for(client) < settings.COLONY_REDIS_RESTART_GRACE_S:
+        return []
     candidates = list(Node.objects.filter(state=NodeState.UP, registered_at__lt=timezone.now() - _registration_grace()))
     alive = live_node_names(client, [node.name for node in candidates])
     return [node for node in candidates if node.name not in alive]

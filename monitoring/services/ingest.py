@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass, field
 
 import redis
+from django import db
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 
 from agents import protocol
 from monitoring.models import Gpu
@@ -34,6 +36,10 @@ STATS_KEY = "colony:ingest:stats"
 # may repeat samples, which must not be counted twice.
 LAST_TS_KEY = "colony:ingest:last_ts"
 CLAIM_IDLE_MS = 60_000
+DB_BACKOFF_FIRST_S = 1.0
+DB_BACKOFF_MAX_S = 30.0
+# What a database that went away raises (not what a bug raises: that should stop the reader).
+DB_UNAVAILABLE = (OperationalError, InterfaceError)
 
 
 @dataclass
@@ -73,11 +79,17 @@ class Ingestor:
         self.consumer = consumer or consumer_name()
         self.batch_size = batch_size
         self.gpu_ids = GpuIds()
+        # A batch whose commit failed (the database went away): applied again before anything new.
+        self._unapplied: list = []
         ensure_group(client, protocol.METRICS_STREAM, GROUP)
         agent_auth_required()  # warns now, at start, when it is off
 
     def run_once(self, block_ms: int | None = None) -> BatchResult:
-        """Claim stale entries, then read one batch of new ones; apply, commit, ack."""
+        """Claim stale entries, then read one batch of new ones; apply, commit, ack. A batch that
+        could not be committed is kept (still unacked) and applied first next time."""
+        if self._unapplied:
+            entries, self._unapplied = self._unapplied, []
+            return self._apply_or_keep(entries)
         try:
             entries = claim_stale(self.client, protocol.METRICS_STREAM, GROUP, self.consumer, CLAIM_IDLE_MS)
             entries += read_new(self.client, protocol.METRICS_STREAM, GROUP, self.consumer,
@@ -89,7 +101,14 @@ class Ingestor:
             log.warning("metrics consumer group missing (Redis restarted?); recreating it")
             ensure_group(self.client, protocol.METRICS_STREAM, GROUP)
             return BatchResult()
-        return self.apply(entries)
+        return self._apply_or_keep(entries)
+
+    def _apply_or_keep(self, entries: list) -> BatchResult:
+        try:
+            return self.apply(entries)
+        except DB_UNAVAILABLE:
+            self._unapplied = entries
+            raise
 
     def apply(self, entries: list) -> BatchResult:
         result = BatchResult(entries=len(entries))
@@ -158,12 +177,27 @@ class Ingestor:
         return kept, kept_raws, len(samples) - len(kept)
 
     def run_forever(self, stop: threading.Event, block_ms: int = 1000) -> None:
+        pause = DB_BACKOFF_FIRST_S
         while not stop.is_set():
             try:
                 self.run_once(block_ms=block_ms)
+                pause = DB_BACKOFF_FIRST_S
             except redis.ConnectionError as exc:
                 log.warning("Redis unavailable (%s); retrying", exc)
                 stop.wait(1.0)
+            except DB_UNAVAILABLE as exc:
+                # The samples stay unacked in Redis (and in hand): nothing is lost while we wait.
+                log.warning("database unavailable (%s); retrying in %.0fs", str(exc).strip(), pause)
+                _drop_broken_connections()
+                stop.wait(pause)
+                pause = min(DB_BACKOFF_MAX_S, pause * 2)
+
+
+def _drop_broken_connections() -> None:
+    """Close database connections that no longer answer, so the next query opens a fresh one."""
+    for connection in db.connections.all(initialized_only=True):
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
 
 
 def ingest_stats(client: redis.Redis) -> dict[str, float]:

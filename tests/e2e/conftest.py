@@ -109,6 +109,7 @@ def stack(transactional_db, live_redis, tmp_path, request):
         # A worker killed holding the scheduler lock blocks others for at most this long.
         "COLONY_SCHEDULER_LOCK_LEASE": "5",
         "COLONY_NODE_REGISTRATION_GRACE_S": "1",
+        "COLONY_REDIS_RESTART_GRACE_S": "6",
         "COLONY_AGENT_SECRET": agent_secret(),
         "COLONY_AGENT_AUTH": "required",
         "PYTHONUNBUFFERED": "1",

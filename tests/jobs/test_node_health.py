@@ -44,6 +44,18 @@ def test_silent_node_is_lost_and_its_job_requeued_once(running_on_n1, redis_clie
     assert Alert.objects.filter(kind=AlertKind.NODE_LOST, resolved_at__isnull=True).count() == 1
 
 
+def test_after_redis_restarts_empty_no_node_is_judged_until_the_grace_has_passed(running_on_n1, redis_client,
+                                                                                 settings):
+    """Every heartbeat vanished with Redis: silence means nothing until agents could reconnect."""
+    settings.COLONY_REDIS_RESTART_GRACE_S = 30
+    assert check_node_health(redis_client)["lost"] == []  # first look at this (empty) Redis
+    running_on_n1.refresh_from_db()
+    assert running_on_n1.state == JobState.RUNNING
+    seen = float(redis_client.get("colony:redis:seen_since"))
+    redis_client.set("colony:redis:seen_since", seen - 31)  # the grace has passed, still silent
+    assert check_node_health(redis_client)["lost"] == ["n1"]
+
+
 def test_heartbeating_node_is_left_alone(running_on_n1, redis_client):
     redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=10)
     assert check_node_health(redis_client)["lost"] == []

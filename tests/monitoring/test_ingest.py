@@ -1,5 +1,7 @@
 """Metric ingest: node samples on the stream -> live values in Redis and 10 s rollups."""
 
+import time
+
 import pytest
 
 from agents import protocol
@@ -179,3 +181,40 @@ def test_reader_carries_on_after_redis_restarts_empty(ingestor, redis_client):
     publish(redis_client, sample(2, T0 + 2))
     assert ingestor.run_once().samples == 1
     assert rollup(0).samples == 2
+
+
+def test_a_batch_the_database_refused_stays_unacked_and_is_applied_once_it_returns(ingestor, redis_client,
+                                                                                  monkeypatch):
+    from django.db import OperationalError
+
+    from monitoring.services import ingest
+
+    real_flush, failures = ingest.flush, []
+
+    def flaky_flush(acc):
+        if len(failures) < 2:
+            failures.append(1)
+            raise OperationalError("server closed the connection unexpectedly")
+        real_flush(acc)
+
+    monkeypatch.setattr(ingest, "flush", flaky_flush)
+    monkeypatch.setattr(ingest, "DB_BACKOFF_FIRST_S", 0.05)
+    publish(redis_client, sample(1, T0 + 1), sample(2, T0 + 2))
+    with pytest.raises(OperationalError):
+        ingestor.run_once()
+    assert redis_client.xpending(protocol.METRICS_STREAM, GROUP)["pending"] == 2  # unacked, not lost
+
+    class UntilDrained:  # run_forever's stop event: set once nothing is pending (or after 10 s)
+        deadline = time.monotonic() + 10
+
+        def is_set(self):
+            return not redis_client.xpending(protocol.METRICS_STREAM, GROUP)["pending"] or \
+                time.monotonic() > self.deadline
+
+        def wait(self, seconds):
+            time.sleep(seconds)
+
+    ingestor.run_forever(UntilDrained(), block_ms=50)  # fails once more, backs off, then commits the batch
+    assert len(failures) == 2
+    assert redis_client.xpending(protocol.METRICS_STREAM, GROUP)["pending"] == 0
+    assert rollup(0).samples == 2  # each sample once
