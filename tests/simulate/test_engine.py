@@ -47,6 +47,20 @@ def test_borrower_next_to_a_returning_owner_is_throttled_so_the_owner_runs_near_
     assert borrower.finish > 1000 + 50 * 0.8  # it gave the owner most of the GPU
 
 
+def test_a_borrower_that_saturates_the_gpu_even_at_the_floor_is_suspended_then_resumed():
+    # Both would use the whole GPU: cutting the borrower to the floor is not enough, so it stops
+    # (keeping its memory) while the owner runs, and carries on once the owner is done.
+    quotas = [("owner", 1, 1), ("borrower", 0, 1)]
+    jobs = [tjob(1, tenant="borrower", duration=1000, util=1.0), tjob(2, tenant="owner", submit=100, duration=200,
+                                                                       util=1.0)]
+    result = replay(trace(jobs, quotas=quotas), POLICIES["fair_share"])
+    borrower, owner = result.records[1], result.records[2]
+    assert result.suspensions >= 1 and borrower.preemptions == 0
+    assert owner.finish - owner.first_start < 200 * 1.1  # near solo speed once the borrower stopped
+    assert borrower.finish > owner.finish  # it waited, then finished its work
+    assert result.unfinished == []
+
+
 def test_reclaimed_borrower_resumes_its_work_after_the_owner_with_a_restart_overhead():
     # 50 GiB each on an 80 GiB GPU: no sharing, so the owner's guarantee preempts the borrower.
     quotas = [("owner", 1, 1), ("borrower", 0, 1)]

@@ -116,6 +116,7 @@ class ReplayResult:
     cycles: int = 0
     preemptions: int = 0
     throttles: int = 0
+    suspensions: int = 0  # throttles to duty cycle 0 (counted among the throttles too)
     memory_violations: int = 0
     unfinished: list[int] = field(default_factory=list)
     tenant_gpu_s: dict[str, float] = field(default_factory=dict)
@@ -424,6 +425,7 @@ class Replay:
             if throttle.job_id in self.running:
                 self._throttle(throttle.job_id, throttle.duty_cycle)
                 result.throttles += 1
+                result.suspensions += throttle.duty_cycle <= 0
         for place in decisions.placements:
             if place.job_id in self.pending:
                 self._start(place.job_id, place.gpu_ids, place.job_class, place.duty_cycle)

@@ -89,6 +89,7 @@ def summarise(result: ReplayResult) -> dict:
         **_arrival_window(result),
         "preemptions": result.preemptions,
         "throttles": result.throttles,
+        "suspensions": result.suspensions,
         "cycles": result.cycles,
         "memory_violations": result.memory_violations,
         "jain_fairness": jain_index([t["mean_speed"] for t in tenants.values() if t["mean_speed"] is not None]),

@@ -35,6 +35,7 @@ ROWS = (
     ("Jain fairness (tenants)", ("jain_fairness",), False, "share"),
     ("preemptions", ("preemptions",), True, "count"),
     ("throttles", ("throttles",), True, "count"),
+    ("  of which suspensions", ("suspensions",), True, "count"),
     ("unfinished jobs", ("unfinished",), True, "count"),
     ("allocated at 90% requested", ("fill", "allocated_at_90"), False, "share"),
     ("allocated at 100% requested", ("fill", "allocated_at_100"), False, "share"),
