@@ -470,7 +470,12 @@ class Agent:
 
     def _stop_job(self, command: protocol.StopJob) -> None:
         if command.job_id not in self.runner.running():
-            log.info("stop %s: job %d is not running here; nothing to do", command.command_id, command.job_id)
+            # Say so: a job whose launch never arrived (or whose exit was lost) would otherwise
+            # wait forever to be stopped. The control plane ignores this for a job already settled.
+            log.info("stop %s: job %d is not running here", command.command_id, command.job_id)
+            self._publish(protocol.JobExited(node=self.node, job_id=command.job_id, exit_code=None, stopped=True,
+                                             error="not running on this node when told to stop",
+                                             finished_at=time.time()))
             return
         self.runner.stop(command.job_id, command.grace_seconds)
 

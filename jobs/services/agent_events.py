@@ -139,15 +139,11 @@ def _job_exited(message: protocol.JobExited) -> bool:
         .values_list("peak_gpu_memory_mib", flat=True).first(),
     }
     Job.objects.filter(pk=message.job_id, state=JobState.CANCELLING).update(state=JobState.CANCELLED, **outcome)
-    # Preempted: back to the queue (the stop it got is not a failure of the job).
-    Job.objects.filter(pk=message.job_id, state=JobState.PREEMPTING).update(
-        state=JobState.PENDING, placed_at=None, started_at=None, peak_gpu_memory_mib=outcome["peak_gpu_memory_mib"],
-    )
     if message.requeue:
-        # The node ended it (its agent restarted or shut down), not the job: run it again.
+        # The node ended it (its agent restarted or shut down), not the job: run it again, once
+        # every node of the job has stopped it (below).
         Job.objects.filter(pk=message.job_id, state__in=(JobState.PLACED, JobState.RUNNING)).update(
-            state=JobState.PENDING, placed_at=None, started_at=None, requeue_count=F("requeue_count") + 1,
-            peak_gpu_memory_mib=outcome["peak_gpu_memory_mib"],
+            state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1,
             pending_reason={"code": AGENT_RESTARTED, "details": {"node": message.node},
                             "message": f"Requeued: the agent on node {message.node} restarted or stopped while "
                                        "this job ran."},
@@ -158,8 +154,17 @@ def _job_exited(message: protocol.JobExited) -> bool:
     ) and succeeded:
         record_profile(message.job_id)
     live.update(released_at=now)
-    # A gang's other nodes hold allocations of a job that is over: stop them too.
-    for other in set(Allocation.objects.filter(job_id=message.job_id, released_at__isnull=True)
-                     .values_list("gpu__node__name", flat=True)):
+    others = set(Allocation.objects.filter(job_id=message.job_id, released_at__isnull=True)
+                 .values_list("gpu__node__name", flat=True))
+    if not others:
+        # Preempted or requeued, and now stopped everywhere: back to the queue (the stop it got
+        # is not a failure of the job). Until then its GPUs elsewhere are still busy.
+        Job.objects.filter(pk=message.job_id, state=JobState.PREEMPTING).update(
+            state=JobState.PENDING, placed_at=None, started_at=None,
+            peak_gpu_memory_mib=outcome["peak_gpu_memory_mib"],
+        )
+    # A gang's other nodes hold allocations of a job that is over (or going back to the queue):
+    # stop them too. (Stops are idempotent; a preempted gang already had one.)
+    for other in others:
         transaction.on_commit(lambda other=other: send_stop(other, message.job_id))
     return True

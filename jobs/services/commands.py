@@ -10,6 +10,9 @@ from agents import protocol
 from monitoring.services.redis_client import get_redis
 
 
+SUSPENDED_LAUNCH_DUTY_CYCLE = 0.1
+
+
 def _publish(node: str, command) -> None:
     get_redis().xadd(
         protocol.command_stream(node), protocol.encode(command), maxlen=protocol.STREAM_MAXLEN, approximate=True
@@ -25,10 +28,14 @@ def send_launch(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int,
                 duty_cycle: float = 1.0, tenant: str | None = None) -> None:
     # One command id per attempt: a re-sent launch of this attempt is recognised by the agent, a
     # requeued job's next attempt is not mistaken for it. The tenant picks the agent's run-as account.
+    # A job suspended before it started (duty cycle 0) is launched throttled and suspended at once.
     _publish(node, protocol.LaunchJob(
         command_id=f"launch-{job_id}-{attempt}", job_id=job_id, argv=argv, gpu_indices=list(gpu_indices),
-        env=env or {}, gpu_memory_limit_mib=gpu_memory_limit_mib, duty_cycle=duty_cycle, tenant=tenant,
+        env=env or {}, gpu_memory_limit_mib=gpu_memory_limit_mib, duty_cycle=duty_cycle if duty_cycle > 0 else
+        SUSPENDED_LAUNCH_DUTY_CYCLE, tenant=tenant,
     ))
+    if duty_cycle <= 0:
+        _publish(node, protocol.SuspendJob(command_id=_command_id("suspend", job_id), job_id=job_id))
 
 
 def send_stop(node: str, job_id: int) -> None:

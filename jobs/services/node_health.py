@@ -68,6 +68,10 @@ def requeue_lost_node(node: Node) -> bool:
         requeue_count=F("requeue_count") + 1,
     )
     Job.objects.filter(pk__in=job_ids, state=JobState.CANCELLING).update(state=JobState.CANCELLED, finished_at=now)
+    # Being preempted or requeued when its node went: its allocations are gone, so no exit will
+    # ever move it on. It goes back to the queue now.
+    Job.objects.filter(pk__in=job_ids, state=JobState.PREEMPTING).update(
+        state=JobState.PENDING, placed_at=None, started_at=None)
     for job_id, other in other_nodes:
         transaction.on_commit(lambda other=other, job_id=job_id: send_stop(other, job_id))
     alerts.node_lost(node)

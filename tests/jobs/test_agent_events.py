@@ -156,3 +156,31 @@ def test_a_node_registering_again_is_told_each_running_jobs_duty_cycle(placed_jo
     commands = [protocol.decode_command(f) for _, f in redis_client.xrange(protocol.command_stream("n1"))]
     assert [(c.kind, c.job_id, getattr(c, "duty_cycle", None)) for c in commands] == [
         ("set_duty_cycle", placed_job.pk, 0.4), ("resume", placed_job.pk, None)]  # in case it was suspended
+
+
+def test_a_gang_requeued_by_one_nodes_agent_waits_for_its_other_node_then_queues_not_fails(
+        db, redis_client, live_redis, django_capture_on_commit_callbacks):
+    job = JobFactory(state=JobState.RUNNING, gpus=2)
+    for name in ("n1", "n2"):
+        Allocation.objects.create(job=job, gpu=GpuFactory(node=NodeFactory(name=name), index=0))
+    emit(redis_client, exited(job, None, node="n1", stopped=True, requeue=True, error="agent restarted"))
+    with django_capture_on_commit_callbacks(execute=True):
+        consume_events(redis_client)
+    job.refresh_from_db()
+    assert job.state == JobState.PREEMPTING  # n2's GPU is still busy until its process stops
+    assert [protocol.decode_command(f).kind for _, f in redis_client.xrange(protocol.command_stream("n2"))] == ["stop"]
+    emit(redis_client, exited(job, -15, node="n2", stopped=True))
+    consume_events(redis_client)
+    job.refresh_from_db()
+    assert (job.state, job.requeue_count) == (JobState.PENDING, 1)
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
+
+
+def test_a_job_being_stopped_whose_node_never_ran_it_is_settled_by_the_nodes_answer(placed_job, redis_client,
+                                                                                    live_redis):
+    placed_job.state = JobState.PREEMPTING  # placed, launch lost, then preempted
+    placed_job.save()
+    emit(redis_client, exited(placed_job, None, stopped=True, error="not running on this node when told to stop"))
+    consume_events(redis_client)
+    placed_job.refresh_from_db()
+    assert placed_job.state == JobState.PENDING

@@ -187,3 +187,13 @@ def test_a_throttle_to_zero_suspends_the_job_and_the_next_one_resumes_it(node4, 
     assert Allocation.objects.get(job=borrower).duty_cycle == pytest.approx(0.1)
     sent = [(c.kind, getattr(c, "duty_cycle", None)) for c in commands(redis_client) if c.job_id == borrower.pk]
     assert sent == [("suspend", None), ("set_duty_cycle", 0.1), ("resume", None)]
+
+
+def test_a_placed_job_suspended_before_it_started_is_relaunched_and_suspended(node4, redis_client):
+    from jobs.services.apply import RESEND_AFTER_S, resend_unstarted_launches
+
+    job = JobFactory(gpus=1, state=JobState.PLACED, placed_at=timezone.now() - timedelta(seconds=RESEND_AFTER_S + 1))
+    Allocation.objects.create(job=job, gpu=node4.gpus.get(index=0), duty_cycle=0.0)
+    assert resend_unstarted_launches(redis_client) == 1
+    sent = [(c.kind, getattr(c, "duty_cycle", None)) for c in commands(redis_client) if c.job_id == job.pk]
+    assert sent == [("launch", 0.1), ("suspend", None)]

@@ -118,3 +118,11 @@ def test_running_job_its_node_stops_reporting_is_requeued_after_the_grace(runnin
     assert running_on_n1.state == JobState.PENDING and running_on_n1.requeue_count == 1
     assert running_on_n1.pending_reason["code"] == "vanished_from_node"
     assert [c.job_id for c in stop_commands(redis_client)] == [running_on_n1.pk]
+
+
+def test_a_job_being_requeued_when_its_node_is_lost_goes_back_to_the_queue(running_on_n1, redis_client):
+    running_on_n1.state = JobState.PREEMPTING
+    running_on_n1.save()
+    assert check_node_health(redis_client)["lost"] == ["n1"]
+    running_on_n1.refresh_from_db()
+    assert running_on_n1.state == JobState.PENDING  # no exit will come to move it on
