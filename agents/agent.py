@@ -180,8 +180,10 @@ class Agent:
         self._report_exits()  # jobs that ended by themselves are reported as they ended
         for finished in self.runner.stop_all(self.shutdown_grace):
             # Jobs the agent stops because it is going away are not done: the control plane
-            # requeues them (a job being cancelled or preempted is settled as that anyway).
-            self._publish(self._exited(dataclasses.replace(finished, requeue=True)))
+            # requeues them (a job being cancelled or preempted is settled as that anyway). One
+            # that finished or ran out of memory just before the stop reached it is reported as it was.
+            ended_by_stop = finished.exit_code != 0 and not finished.oom
+            self._publish(self._exited(dataclasses.replace(finished, requeue=ended_by_stop)))
         self.runner.close()
         if self._redis is None and self._outbox:
             self._connect(register=False)

@@ -399,15 +399,22 @@ class JobRunner:
             for signum in (signal.SIGCONT, signal.SIGTERM):
                 _signal_orphan(process.pid, signum)
             orphans.append((job_id, process))
+        survivors: list[psutil.Process] = []
         if orphans:
             alive = _wait_gone([process for _, process in orphans], grace_seconds)
             for process in alive:
                 log.warning("process %d: still running after %.0fs; killing its group", process.pid, grace_seconds)
             for _, process in orphans:
                 _signal_orphan(process.pid, signal.SIGKILL)  # the group's stragglers, or the leader itself
-            _wait_gone(alive, 5.0)
+            survivors = _wait_gone(alive, 5.0)
         finished = []
         for job_id, process in orphans:
+            if process in survivors:
+                # Not reported: a requeue now would run the job beside it. The record stays, so the
+                # next agent start tries again; the control plane requeues it after it vanishes.
+                log.error("job %d: process %d survived SIGKILL (or may not be signalled); not requeued",
+                          job_id, process.pid)
+                continue
             self._record_path(job_id).unlink(missing_ok=True)
             finished.append(FinishedJob(
                 job_id=job_id, exit_code=None, stopped=True, requeue=True, finished_at=time.time(),

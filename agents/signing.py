@@ -98,13 +98,14 @@ def redis_acl_rules(node: str, password: str) -> list[str]:
     Redis keeps only the password's SHA-256 (``#``), so the rule line holds no secret.
     """
     digest = hashlib.sha256(password.encode("utf-8")).hexdigest()
-    own = f"colony:node:{node}:*"
     return [
         "reset", "on", f"#{digest}", "resetchannels", "-@all",
         "+ping", "+xadd",
         f"%W~{protocol.EVENTS_STREAM}", f"%W~{protocol.METRICS_STREAM}", f"%W~{protocol.DEAD_LETTER_STREAM}",
-        # Own command stream (consumer group read, ack, create) and heartbeat key.
-        f"(~{own} +xreadgroup +xack +xgroup|create +set)",
+        # Own command stream (consumer group read, ack, create), own heartbeat: each key only
+        # the commands it needs, so a node cannot, say, turn its command stream into a string.
+        f"(~{protocol.command_stream(node)} +xreadgroup +xack +xgroup|create)",
+        f"(~{protocol.heartbeat_key(node)} +set)",
         f"(~{protocol.DEAD_LETTER_COUNT_KEY} +incrby)",
     ]
 

@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 
+import redis
 from django.conf import settings
 
 from agents import protocol
 from monitoring.services.redis_client import get_redis
 
+log = logging.getLogger(__name__)
 
 SUSPENDED_LAUNCH_DUTY_CYCLE = 0.1
 
 
 def _publish(node: str, command) -> None:
-    get_redis().xadd(
-        protocol.command_stream(node), protocol.encode(command), maxlen=protocol.STREAM_MAXLEN, approximate=True
-    )
+    """Add a command to the node's stream. A failure is logged, not raised: commands are sent from
+    on-commit callbacks, and one raising would drop the rest of the commit's commands (those of
+    other nodes too). What is lost is re-sent: launches and stops while the job is still placed or
+    stopping, duty cycles when the node registers again."""
+    try:
+        get_redis().xadd(
+            protocol.command_stream(node), protocol.encode(command), maxlen=protocol.STREAM_MAXLEN, approximate=True
+        )
+    except redis.RedisError as exc:
+        log.error("could not send %s for job %s to node %s: %s", command.kind, command.job_id, node, exc)
 
 
 def _command_id(kind: str, job_id: int) -> str:

@@ -63,7 +63,8 @@ def test_the_acl_line_holds_no_password_and_only_the_nodes_own_keys():
     line = signing.redis_acl_setuser("node-a", "pw-123")
     assert line.startswith("ACL SETUSER colony-node-node-a reset on #")
     assert "pw-123" not in line and "node-b" not in line and "~*" not in line and "+@all" not in line
-    assert "~colony:node:node-a:*" in line
+    assert "(~colony:node:node-a:commands +xreadgroup +xack +xgroup|create)" in line
+    assert "(~colony:node:node-a:heartbeat +set)" in line
 
 
 def test_a_node_user_cannot_read_another_nodes_commands_or_what_others_sent(redis_client, acl_users):
@@ -78,6 +79,7 @@ def test_a_node_user_cannot_read_another_nodes_commands_or_what_others_sent(redi
         "XRANGE node-b's commands": lambda: node_a.xrange(protocol.command_stream("node-b")),
         "XADD to node-b's commands": lambda: node_a.xadd(protocol.command_stream("node-b"), {"m": "x"}),
         "SET node-b's heartbeat": lambda: node_a.set(protocol.heartbeat_key("node-b"), "x"),
+        "SET its own command stream to a string": lambda: node_a.set(protocol.command_stream("node-a"), "x"),
         "XRANGE the events stream": lambda: node_a.xrange(protocol.EVENTS_STREAM),
         "XREAD the metrics stream": lambda: node_a.xread({protocol.METRICS_STREAM: "0"}),
         "overwrite the events stream": lambda: node_a.set(protocol.EVENTS_STREAM, "x"),

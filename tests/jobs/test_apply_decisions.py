@@ -197,3 +197,17 @@ def test_a_placed_job_suspended_before_it_started_is_relaunched_and_suspended(no
     assert resend_unstarted_launches(redis_client) == 1
     sent = [(c.kind, getattr(c, "duty_cycle", None)) for c in commands(redis_client) if c.job_id == job.pk]
     assert sent == [("launch", 0.1), ("suspend", None)]
+
+
+def test_a_command_that_cannot_be_sent_does_not_stop_the_others(db, redis_client, live_redis, caplog,
+                                                                django_capture_on_commit_callbacks):
+    from django.db import transaction
+
+    from jobs.services.commands import send_stop
+
+    redis_client.set(protocol.command_stream("broken"), "not a stream")  # e.g. a node's ACL gone wrong
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        transaction.on_commit(lambda: send_stop("broken", 1))
+        transaction.on_commit(lambda: send_stop("n2", 2))
+    assert [c.job_id for c in commands(redis_client, "n2")] == [2]
+    assert "could not send stop for job 1 to node broken" in caplog.text
