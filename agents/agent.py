@@ -476,7 +476,7 @@ class Agent:
             # wait forever to be stopped. The control plane ignores this for a job already settled.
             log.info("stop %s: job %d is not running here", command.command_id, command.job_id)
             self._publish(protocol.JobExited(node=self.node, job_id=command.job_id, exit_code=None, stopped=True,
-                                             error="not running on this node when told to stop",
+                                             absent=True, error="not running on this node when told to stop",
                                              finished_at=time.time()))
             return
         self.runner.stop(command.job_id, command.grace_seconds)

@@ -147,6 +147,10 @@ class JobExited(_NodeMessage):
     # The node ended the job for reasons of its own (its agent restarted or shut down), not the
     # job: the control plane puts it back in the queue instead of failing it.
     requeue: bool = False
+    # Answer to a stop for a job this node does not run (its launch was lost, or it already
+    # ended): settles a job the control plane is stopping, and is ignored for any other (a stale
+    # stop must not end a later attempt of the job placed here since).
+    absent: bool = False
     error: str | None = Field(default=None, max_length=2000)
     output_tail: str = Field(default="", max_length=OUTPUT_TAIL_BYTES)
     finished_at: float

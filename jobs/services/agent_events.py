@@ -129,6 +129,12 @@ def _job_exited(message: protocol.JobExited) -> bool:
     if not live.exists():
         # A stale run (requeued since, or a duplicate report): the job's state is not its to set.
         return False
+    if message.absent and not Job.objects.filter(
+        pk=message.job_id, state__in=(JobState.CANCELLING, JobState.PREEMPTING)
+    ).exists():
+        # The node never ran it (or no longer does) and was told to stop it, but the job is not
+        # being stopped now: the stop was for an earlier attempt, not this one.
+        return False
     now = timezone.now()
     outcome = {
         "exit_code": message.exit_code,

@@ -94,7 +94,7 @@ def test_a_stop_for_a_job_not_running_here_is_answered_so_the_job_is_not_stuck_s
     start_agent(redis_url)
     send(redis_client, "n1", stop(4242, grace=1))  # e.g. its launch was lost
     [done] = wait_for(lambda: exited(redis_client, 4242))
-    assert (done.exit_code, done.stopped) == (None, True) and "not running" in done.error
+    assert (done.exit_code, done.stopped, done.absent) == (None, True, True) and "not running" in done.error
 
 
 def test_job_that_cannot_start_is_reported_with_the_error(redis_url, redis_client, start_agent):

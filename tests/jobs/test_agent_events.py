@@ -180,7 +180,16 @@ def test_a_job_being_stopped_whose_node_never_ran_it_is_settled_by_the_nodes_ans
                                                                                     live_redis):
     placed_job.state = JobState.PREEMPTING  # placed, launch lost, then preempted
     placed_job.save()
-    emit(redis_client, exited(placed_job, None, stopped=True, error="not running on this node when told to stop"))
+    emit(redis_client, exited(placed_job, None, stopped=True, absent=True, error="not running on this node"))
     consume_events(redis_client)
     placed_job.refresh_from_db()
     assert placed_job.state == JobState.PENDING
+
+
+def test_a_stale_not_running_answer_does_not_end_a_later_attempt_placed_on_that_node(placed_job, redis_client,
+                                                                                    live_redis):
+    emit(redis_client, exited(placed_job, None, stopped=True, absent=True, error="not running on this node"))
+    consume_events(redis_client)
+    placed_job.refresh_from_db()
+    assert placed_job.state == JobState.PLACED  # its launch is on the way; the stop was for an earlier attempt
+    assert Allocation.objects.filter(job=placed_job, released_at__isnull=True).exists()
