@@ -121,7 +121,7 @@ def _expected_runtime(max_runtime_s: int | None, profile: JobProfile | None) -> 
 def _running(samples: dict[str, dict]) -> tuple[RunningJob, ...]:
     allocations = list(
         Allocation.objects.filter(released_at__isnull=True, job__state__in=ACTIVE_STATES)
-        .select_related("job__tenant").order_by("job_id", "rank", "gpu__index")
+        .select_related("job__tenant", "gpu__node").order_by("job_id", "rank", "gpu__index")
     )
     by_job: dict[int, list[Allocation]] = defaultdict(list)
     for allocation in allocations:
@@ -129,7 +129,7 @@ def _running(samples: dict[str, dict]) -> tuple[RunningJob, ...]:
     usage = {u.job_id: u for u in JobUsage.objects.filter(job_id__in=by_job)}
     jobs = {a.job_id: a.job for a in allocations}
     profiles = _profiles({(j.tenant_id, j.profile_key) for j in jobs.values() if j.profile_key})
-    live_util = _live_job_utilisation(samples)
+    live_util = _live_job_utilisation(samples, {job_id: {a.gpu.node.name for a in held} for job_id, held in by_job.items()})
     running = []
     for job_id, held in by_job.items():
         job = jobs[job_id]
@@ -161,10 +161,12 @@ def _memory_estimate(observed: JobUsage | None, allocation: Allocation, job: Job
     return allocation.memory_limit_mib or job.gpu_memory_mib or (profile.peak_gpu_memory_mib if profile else None)
 
 
-def _live_job_utilisation(samples: dict[str, dict]) -> dict[int, float]:
+def _live_job_utilisation(samples: dict[str, dict], nodes_of: dict[int, set[str]]) -> dict[int, float]:
+    """Each job's mean live utilisation, from the nodes it holds GPUs on only: what another node
+    says about it (a bug, or a node lying) must not move its throttling."""
     readings: dict[int, list[float]] = defaultdict(list)
-    for sample in samples.values():
+    for node, sample in samples.items():
         for usage in sample.get("jobs", []):
-            if usage.get("util_sm") is not None:
+            if usage.get("util_sm") is not None and node in nodes_of.get(usage.get("job_id"), ()):
                 readings[usage["job_id"]].append(usage["util_sm"] / 100.0)
     return {job_id: sum(values) / len(values) for job_id, values in readings.items()}

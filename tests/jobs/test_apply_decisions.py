@@ -211,3 +211,21 @@ def test_a_command_that_cannot_be_sent_does_not_stop_the_others(db, redis_client
         transaction.on_commit(lambda: send_stop("n2", 2))
     assert [c.job_id for c in commands(redis_client, "n2")] == [2]
     assert "could not send stop for job 1 to node broken" in caplog.text
+
+
+def test_live_job_figures_count_only_from_the_nodes_the_job_runs_on(node4, redis_client):
+    from jobs.services.snapshot import build_snapshot
+    from monitoring.services import live
+
+    job = JobFactory(gpus=1, state=JobState.RUNNING)
+    Allocation.objects.create(job=job, gpu=node4.gpus.get(index=0))
+    NodeFactory(name="n2")
+    live.store_latest(redis_client, [
+        protocol.NodeSample(node="n1", ts=time.time(), seq=1, gpus=[],
+                            jobs=[protocol.JobGpuSample(job_id=job.pk, gpu_index=0, mem_used_mib=900, util_sm=80.0)]),
+        # Another node says the job idles on it: a bug or a lie, it must not count.
+        protocol.NodeSample(node="n2", ts=time.time(), seq=1, gpus=[],
+                            jobs=[protocol.JobGpuSample(job_id=job.pk, gpu_index=0, mem_used_mib=1, util_sm=0.0)]),
+    ])
+    [running] = [r for r in build_snapshot(redis_client).running if r.id == job.pk]
+    assert running.utilisation == pytest.approx(0.8)
