@@ -27,15 +27,17 @@ def build_snapshot(redis_client) -> ClusterSnapshot:
     nodes = list(Node.objects.all())
     online = live_node_names(redis_client, [node.name for node in nodes])
     samples = live.latest_nodes(redis_client)
+    node_states = _nodes(nodes, online, samples)
+    gpu_nodes = {gpu.id: node.name for node in node_states for gpu in node.gpus}
     return ClusterSnapshot(
-        nodes=_nodes(nodes, online, samples),
+        nodes=node_states,
         pending=_pending(),
         tenants=tuple(
             TenantQuota(name=t.slug, guaranteed_gpus=t.guaranteed_gpus, max_gpus=t.max_gpus, weight=t.weight,
                         decayed_usage=t.decayed_usage)
             for t in Tenant.objects.all()
         ),
-        running=_running(samples),
+        running=_running(samples, gpu_nodes),
     )
 
 
@@ -118,10 +120,10 @@ def _expected_runtime(max_runtime_s: int | None, profile: JobProfile | None) -> 
     return float(max_runtime_s) if max_runtime_s else None
 
 
-def _running(samples: dict[str, dict]) -> tuple[RunningJob, ...]:
+def _running(samples: dict[str, dict], gpu_nodes: dict[int, str]) -> tuple[RunningJob, ...]:
     allocations = list(
         Allocation.objects.filter(released_at__isnull=True, job__state__in=ACTIVE_STATES)
-        .select_related("job__tenant", "gpu__node").order_by("job_id", "rank", "gpu__index")
+        .select_related("job__tenant").order_by("job_id", "rank", "gpu__index")
     )
     by_job: dict[int, list[Allocation]] = defaultdict(list)
     for allocation in allocations:
@@ -129,7 +131,8 @@ def _running(samples: dict[str, dict]) -> tuple[RunningJob, ...]:
     usage = {u.job_id: u for u in JobUsage.objects.filter(job_id__in=by_job)}
     jobs = {a.job_id: a.job for a in allocations}
     profiles = _profiles({(j.tenant_id, j.profile_key) for j in jobs.values() if j.profile_key})
-    live_util = _live_job_utilisation(samples, {job_id: {a.gpu.node.name for a in held} for job_id, held in by_job.items()})
+    live_util = _live_job_utilisation(samples, {job_id: {gpu_nodes.get(a.gpu_id) for a in held}
+                                                for job_id, held in by_job.items()})
     running = []
     for job_id, held in by_job.items():
         job = jobs[job_id]
