@@ -43,6 +43,11 @@ OUTBOX_SIZE = 10_000
 # Samples kept while Redis is away: five minutes at the default interval. Older ones are dropped
 # (the ingest sees a gap in ``seq``); events are never traded for samples.
 SAMPLE_BUFFER = 300
+# Exits sent in the last RECENT_EXITS_S seconds are sent again after a reconnect: Redis keeps
+# nothing on disk, so an exit it took just before it restarted may be gone unread. The control
+# plane ignores an exit it already applied.
+RECENT_EXITS = 256
+RECENT_EXITS_S = 600.0
 SAMPLE_BATCH = 100  # samples per pipelined round trip when catching up
 # How many applied command ids are remembered for idempotency. Commands are
 # re-delivered only shortly after they were sent (pending entries, duplicates), so this is plenty.
@@ -106,6 +111,7 @@ class Agent:
         self._redis: redis.Redis | None = None
         self._stop = threading.Event()
         self._outbox: deque = deque()
+        self._recent_exits: deque[tuple[float, protocol.JobExited]] = deque(maxlen=RECENT_EXITS)
         self._outbox_size = outbox_size
         self.dropped_events = 0
         self._samples: deque[tuple[int, dict]] = deque()  # (seq, stream fields), oldest first
@@ -227,10 +233,15 @@ class Agent:
             self._schedule_reconnect(exc)
             return
         if self._disconnected_since is not None:
+            now = time.monotonic()
+            again = [m for t, m in self._recent_exits if now - t < RECENT_EXITS_S and m not in self._outbox]
+            self._outbox.extendleft(reversed(again))  # they went before anything still buffered
             log.info(
-                "reconnected to Redis after %.1fs; sending %d buffered event(s) and %d sample(s)",
+                "reconnected to Redis after %.1fs; sending %d buffered event(s) (%d of them exits sent "
+                "before, in case Redis lost them) and %d sample(s)",
                 time.monotonic() - self._disconnected_since,
                 len(self._outbox),
+                len(again),
                 len(self._samples),
             )
         else:
@@ -301,6 +312,8 @@ class Agent:
             if self.dropped_events == 1 or self.dropped_events % 1000 == 0:
                 log.warning("event buffer full; %d oldest event(s) dropped so far", self.dropped_events)
         self._outbox.append(message)
+        if isinstance(message, protocol.JobExited):
+            self._recent_exits.append((time.monotonic(), message))
 
     def _flush(self) -> None:
         """Send buffered events, then buffered samples, oldest first; each leaves its buffer only
@@ -381,6 +394,7 @@ class Agent:
             stopped=finished.stopped,
             oom=finished.oom,
             requeue=finished.requeue,
+            launch_id=finished.launch_id,
             error=finished.error[:2000] if finished.error else None,
             output_tail=finished.output_tail,
             finished_at=finished.finished_at,
@@ -464,11 +478,13 @@ class Agent:
             log.warning("job %d could not start: %s", job_id, exc)
             self._publish(
                 protocol.JobExited(
-                    node=self.node, job_id=job_id, exit_code=None, error=str(exc)[:2000], finished_at=time.time()
+                    node=self.node, job_id=job_id, exit_code=None, error=str(exc)[:2000], finished_at=time.time(),
+                    launch_id=command.command_id,
                 )
             )
             return
-        self._publish(protocol.JobStarted(node=self.node, job_id=job_id, pid=pid, started_at=time.time()))
+        self._publish(protocol.JobStarted(node=self.node, job_id=job_id, pid=pid, started_at=time.time(),
+                                          launch_id=command.command_id))
 
     def _stop_job(self, command: protocol.StopJob) -> None:
         if command.job_id not in self.runner.running():

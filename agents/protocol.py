@@ -130,6 +130,8 @@ class JobStarted(_NodeMessage):
     job_id: int = Field(gt=0)
     pid: int = Field(gt=0)
     started_at: float
+    # The command id of the LaunchJob this run came from: which attempt of the job it is.
+    launch_id: str | None = Field(default=None, max_length=64)
 
 
 class JobExited(_NodeMessage):
@@ -151,6 +153,9 @@ class JobExited(_NodeMessage):
     # ended): settles a job the control plane is stopping, and is ignored for any other (a stale
     # stop must not end a later attempt of the job placed here since).
     absent: bool = False
+    # The LaunchJob command id of the run that ended (None: no run, e.g. ``absent``); lets the
+    # control plane tell an earlier attempt's exit, re-sent after a Redis restart, from this one's.
+    launch_id: str | None = Field(default=None, max_length=64)
     error: str | None = Field(default=None, max_length=2000)
     output_tail: str = Field(default="", max_length=OUTPUT_TAIL_BYTES)
     finished_at: float

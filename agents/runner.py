@@ -86,6 +86,8 @@ class FinishedJob:
     error: str | None = None
     #: The node ended it for reasons of its own (agent restart or shutdown), not the job: run it again.
     requeue: bool = False
+    #: Command id of the LaunchJob that started this run.
+    launch_id: str | None = None
 
 
 @dataclass
@@ -180,7 +182,7 @@ class JobRunner:
             os.close(write_fd)  # the child holds its own copy; the pump sees EOF once it is gone
         output.start()
         self._jobs[cmd.job_id] = _RunningJob(cmd.job_id, process, log_path, cmd, output)
-        self._write_record(cmd.job_id, process.pid)
+        self._write_record(cmd.job_id, process.pid, cmd.command_id)
         log.info(
             "job %d started: pid %d, GPUs %s, as %s",
             cmd.job_id, process.pid, cmd.gpu_indices or "none", account.name if account else "the agent's user",
@@ -331,6 +333,7 @@ class JobRunner:
                     finished_at=time.time(),
                     oom=job.oom_error is not None,
                     error=job.oom_error,
+                    launch_id=job.command.command_id,
                 )
             )
             log.info(
@@ -363,7 +366,7 @@ class JobRunner:
     def _record_path(self, job_id: int) -> Path:
         return self.job_dir(job_id) / PROCESS_RECORD
 
-    def _write_record(self, job_id: int, pid: int) -> None:
+    def _write_record(self, job_id: int, pid: int, launch_id: str) -> None:
         try:
             started = psutil.Process(pid).create_time()
         except psutil.Error:
@@ -371,7 +374,7 @@ class JobRunner:
         path = self._record_path(job_id)
         tmp = path.with_name(PROCESS_RECORD + ".tmp")
         try:
-            tmp.write_text(json.dumps({"pid": pid, "create_time": started}))
+            tmp.write_text(json.dumps({"pid": pid, "create_time": started, "launch_id": launch_id}))
             tmp.replace(path)
         except OSError as exc:  # a full disk costs orphan detection, never the job
             log.warning("job %d: cannot write %s: %s", job_id, path, exc)
@@ -383,7 +386,7 @@ class JobRunner:
         SIGKILLed after ``grace_seconds``. Returns them as finished jobs to requeue; records of
         processes that are gone, or whose pid now names another process, are just removed.
         """
-        orphans: list[tuple[int, psutil.Process]] = []
+        orphans: list[tuple[int, psutil.Process, str | None]] = []
         for path in sorted((self.workdir / "jobs").glob(f"*/{PROCESS_RECORD}")):
             job_id = int(path.parent.name) if path.parent.name.isdigit() else None
             try:
@@ -398,17 +401,17 @@ class JobRunner:
             log.warning("job %d: process %d outlived an earlier agent; stopping it", job_id, process.pid)
             for signum in (signal.SIGCONT, signal.SIGTERM):
                 _signal_orphan(process.pid, signum)
-            orphans.append((job_id, process))
+            orphans.append((job_id, process, record.get("launch_id")))
         survivors: list[psutil.Process] = []
         if orphans:
-            alive = _wait_gone([process for _, process in orphans], grace_seconds)
+            alive = _wait_gone([process for _, process, _ in orphans], grace_seconds)
             for process in alive:
                 log.warning("process %d: still running after %.0fs; killing its group", process.pid, grace_seconds)
-            for _, process in orphans:
+            for _, process, _ in orphans:
                 _signal_orphan(process.pid, signal.SIGKILL)  # the group's stragglers, or the leader itself
             survivors = _wait_gone(alive, 5.0)
         finished = []
-        for job_id, process in orphans:
+        for job_id, process, launch_id in orphans:
             if process in survivors:
                 # Not reported: a requeue now would run the job beside it. The record stays, so the
                 # next agent start tries again; the control plane requeues it after it vanishes.
@@ -417,7 +420,7 @@ class JobRunner:
                 continue
             self._record_path(job_id).unlink(missing_ok=True)
             finished.append(FinishedJob(
-                job_id=job_id, exit_code=None, stopped=True, requeue=True, finished_at=time.time(),
+                job_id=job_id, exit_code=None, stopped=True, requeue=True, finished_at=time.time(), launch_id=launch_id,
                 output_tail=read_tail(self.job_dir(job_id) / "output.log"),
                 error="the node's agent restarted while the job ran; its process was stopped",
             ))

@@ -21,7 +21,7 @@ from django.utils import timezone
 from agents import protocol
 from jobs.choices import JobState
 from jobs.models import Allocation, Job
-from jobs.services.commands import send_stop
+from jobs.services.commands import launch_id, send_stop
 from jobs.services.node_health import resend_duty_cycles, stop_strays
 from jobs.services.profiles import record_profile
 from jobs.services.nudge import nudge_scheduler
@@ -98,6 +98,16 @@ def _allocated_on(job_id: int, node: str):
     return Allocation.objects.filter(job_id=job_id, gpu__node__name=node)
 
 
+def _earlier_attempt(message, live_states=(JobState.PLACED, JobState.RUNNING)) -> bool:
+    """Whether ``message`` comes from an earlier run of a job now placed or running again: an
+    event re-sent after a Redis restart, say. (A job being stopped takes its run's events: its
+    attempt count moved on when the stop began.)"""
+    if message.launch_id is None:
+        return False
+    job = Job.objects.filter(pk=message.job_id, state__in=live_states).values("requeue_count", "preempt_count").first()
+    return job is not None and message.launch_id != launch_id(message.job_id, job["requeue_count"] + job["preempt_count"])
+
+
 def _when(unix: float) -> datetime:
     return datetime.fromtimestamp(unix, tz=dt_timezone.utc)
 
@@ -107,6 +117,9 @@ def _job_started(message: protocol.JobStarted) -> None:
     allocations = _allocated_on(message.job_id, message.node)
     if not allocations.exists():
         raise Rejected(f"job {message.job_id} was never placed on node {message.node}")
+    if _earlier_attempt(message, (JobState.PLACED,)):
+        log.info("job %s: start of an earlier run (%s) ignored", message.job_id, message.launch_id)
+        return
     if not allocations.filter(released_at__isnull=True).exists():
         # Started under an allocation that is gone (the job was requeued or ended): make it stop.
         transaction.on_commit(lambda: send_stop(message.node, message.job_id))
@@ -128,6 +141,9 @@ def _job_exited(message: protocol.JobExited) -> bool:
     live = allocations.filter(released_at__isnull=True)
     if not live.exists():
         # A stale run (requeued since, or a duplicate report): the job's state is not its to set.
+        return False
+    if _earlier_attempt(message):
+        log.info("job %s: exit of an earlier run (%s) ignored", message.job_id, message.launch_id)
         return False
     if message.absent and not Job.objects.filter(
         pk=message.job_id, state__in=(JobState.CANCELLING, JobState.PREEMPTING)

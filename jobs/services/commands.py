@@ -33,6 +33,11 @@ def _command_id(kind: str, job_id: int) -> str:
     return f"{kind}-{job_id}-{uuid.uuid4().hex[:8]}"
 
 
+def launch_id(job_id: int, attempt: int) -> str:
+    """The LaunchJob command id of a job's attempt (attempt = requeues + preemptions so far)."""
+    return f"launch-{job_id}-{attempt}"
+
+
 def send_launch(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int, ...], *, attempt: int = 0,
                 env: dict[str, str] | None = None, gpu_memory_limit_mib: int | None = None,
                 duty_cycle: float = 1.0, tenant: str | None = None) -> None:
@@ -40,7 +45,7 @@ def send_launch(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int,
     # requeued job's next attempt is not mistaken for it. The tenant picks the agent's run-as account.
     # A job suspended before it started (duty cycle 0) is launched throttled and suspended at once.
     _publish(node, protocol.LaunchJob(
-        command_id=f"launch-{job_id}-{attempt}", job_id=job_id, argv=argv, gpu_indices=list(gpu_indices),
+        command_id=launch_id(job_id, attempt), job_id=job_id, argv=argv, gpu_indices=list(gpu_indices),
         env=env or {}, gpu_memory_limit_mib=gpu_memory_limit_mib, duty_cycle=duty_cycle if duty_cycle > 0 else
         SUSPENDED_LAUNCH_DUTY_CYCLE, tenant=tenant,
     ))

@@ -185,6 +185,21 @@ def test_a_job_that_ended_by_itself_before_shutdown_is_not_requeued(redis_url, r
     assert (done.exit_code, done.stopped, done.requeue) == (0, False, False)
 
 
+def test_exits_redis_took_just_before_it_restarted_are_sent_again(tmp_path, start_agent):
+    with PrivateRedis(tmp_path / "redis") as server:
+        client = redis_lib.Redis.from_url(server.url)
+        start_agent(server.url)
+        cmd = launch(python("print('quick')"))
+        send(client, "n1", cmd)
+        [first] = wait_for(lambda: exited(client, cmd.job_id))  # in Redis, maybe never read by anyone...
+        server.restart()  # ...and gone with it
+        client = redis_lib.Redis.from_url(server.url)
+        [again] = wait_for(lambda: exited(client, cmd.job_id), timeout=10)
+        assert again == first and again.launch_id == cmd.command_id
+        kinds = [e.kind for e in events(client)]
+        assert kinds.index("node_registered") < kinds.index("job_exited")
+
+
 def test_agent_survives_a_redis_restart(tmp_path, start_agent):
     with PrivateRedis(tmp_path / "redis") as server:
         client = redis_lib.Redis.from_url(server.url)

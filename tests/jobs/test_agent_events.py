@@ -193,3 +193,16 @@ def test_a_stale_not_running_answer_does_not_end_a_later_attempt_placed_on_that_
     placed_job.refresh_from_db()
     assert placed_job.state == JobState.PLACED  # its launch is on the way; the stop was for an earlier attempt
     assert Allocation.objects.filter(job=placed_job, released_at__isnull=True).exists()
+
+
+def test_an_earlier_runs_exit_does_not_end_the_current_run(placed_job, redis_client, live_redis):
+    placed_job.state, placed_job.preempt_count = JobState.RUNNING, 1  # attempt 1 runs; attempt 0 was preempted
+    placed_job.save()
+    emit(redis_client, exited(placed_job, 0, launch_id=f"launch-{placed_job.pk}-0"))  # re-sent after a Redis restart
+    consume_events(redis_client)
+    placed_job.refresh_from_db()
+    assert placed_job.state == JobState.RUNNING
+    emit(redis_client, exited(placed_job, 3, launch_id=f"launch-{placed_job.pk}-1"))
+    consume_events(redis_client)
+    placed_job.refresh_from_db()
+    assert (placed_job.state, placed_job.exit_code) == (JobState.FAILED, 3)
