@@ -34,6 +34,8 @@ PROTOCOL_VERSION = 1
 # A generous cap: a registration of a 16-GPU node is ~3 KiB, an exit event with its output tail ~9 KiB.
 MAX_MESSAGE_BYTES = 64 * 1024
 OUTPUT_TAIL_BYTES = 8 * 1024
+# The longest runtime limit a job may ask for (a year): bounds every deadline a node computes.
+MAX_RUNTIME_S = 366 * 24 * 3600
 
 NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -146,6 +148,8 @@ class JobExited(_NodeMessage):
     exit_code: int | None
     stopped: bool = False
     oom: bool = False  # killed because its GPU ran out of memory
+    # Stopped by its node because it ran past the launch's ``max_runtime_s`` (SIGTERM, grace, SIGKILL).
+    timed_out: bool = False
     # The node ended the job for reasons of its own (its agent restarted or shut down), not the
     # job: the control plane puts it back in the queue instead of failing it.
     requeue: bool = False
@@ -224,6 +228,10 @@ class LaunchJob(_Message):
     gpu_memory_limit_mib: int | None = Field(default=None, gt=0)
     duty_cycle: float = Field(default=1.0, gt=0, le=1)
     tenant: str | None = Field(default=None, pattern=r"^[-a-zA-Z0-9_]{1,50}$")
+    # Wall-clock limit of this attempt, counted by the node from the process start; the node
+    # ends the job past it (SIGTERM, then SIGKILL after ``stop_grace_s``) and reports ``timed_out``.
+    max_runtime_s: int | None = Field(default=None, gt=0, le=MAX_RUNTIME_S)
+    stop_grace_s: float = Field(default=10.0, ge=0, le=600)
 
 
 class StopJob(_Message):

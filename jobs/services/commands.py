@@ -40,14 +40,15 @@ def launch_id(job_id: int, attempt: int) -> str:
 
 def send_launch(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int, ...], *, attempt: int = 0,
                 env: dict[str, str] | None = None, gpu_memory_limit_mib: int | None = None,
-                duty_cycle: float = 1.0, tenant: str | None = None) -> None:
+                duty_cycle: float = 1.0, tenant: str | None = None, max_runtime_s: int | None = None) -> None:
     # One command id per attempt: a re-sent launch of this attempt is recognised by the agent, a
     # requeued job's next attempt is not mistaken for it. The tenant picks the agent's run-as account.
     # A job suspended before it started (duty cycle 0) is launched throttled and suspended at once.
     _publish(node, protocol.LaunchJob(
         command_id=launch_id(job_id, attempt), job_id=job_id, argv=argv, gpu_indices=list(gpu_indices),
         env=env or {}, gpu_memory_limit_mib=gpu_memory_limit_mib, duty_cycle=duty_cycle if duty_cycle > 0 else
-        SUSPENDED_LAUNCH_DUTY_CYCLE, tenant=tenant,
+        SUSPENDED_LAUNCH_DUTY_CYCLE, tenant=tenant, max_runtime_s=max_runtime_s,
+        stop_grace_s=settings.COLONY_STOP_GRACE_SECONDS,
     ))
     if duty_cycle <= 0:
         _publish(node, protocol.SuspendJob(command_id=_command_id("suspend", job_id), job_id=job_id))
