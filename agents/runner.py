@@ -88,6 +88,8 @@ class FinishedJob:
     requeue: bool = False
     #: Command id of the LaunchJob that started this run.
     launch_id: str | None = None
+    #: The node ended it for running past the launch's ``max_runtime_s`` (SIGTERM, grace, SIGKILL).
+    timed_out: bool = False
 
 
 @dataclass
@@ -97,13 +99,23 @@ class _RunningJob:
     log_path: Path
     command: LaunchJob
     output: BoundedLog
-    stop_deadline: float | None = None  # monotonic; SIGKILL the group once it passes
+    started: float = 0.0  # monotonic, when the process was started
+    kill_deadline: float | None = None  # monotonic; SIGKILL the group once it passes
+    stopped: bool = False  # :meth:`JobRunner.stop` was asked to end it
+    timed_out: bool = False  # ended for running past ``command.max_runtime_s``
     killed: bool = False
     oom_error: str | None = None  # set when killed for running out of GPU memory
 
     @property
-    def stopped(self) -> bool:
-        return self.stop_deadline is not None
+    def ending(self) -> bool:
+        """Told to end (stopped or timed out): SIGTERM sent, SIGKILL due at ``kill_deadline``."""
+        return self.kill_deadline is not None
+
+    def runtime_deadline(self) -> float | None:
+        """When the job has run for its ``max_runtime_s`` (monotonic), or None without a limit.
+        Wall-clock time: a throttled or suspended job's time counts too."""
+        limit = self.command.max_runtime_s
+        return None if limit is None else self.started + limit
 
 
 class JobRunner:
@@ -181,7 +193,7 @@ class JobRunner:
         finally:
             os.close(write_fd)  # the child holds its own copy; the pump sees EOF once it is gone
         output.start()
-        self._jobs[cmd.job_id] = _RunningJob(cmd.job_id, process, log_path, cmd, output)
+        self._jobs[cmd.job_id] = _RunningJob(cmd.job_id, process, log_path, cmd, output, started=time.monotonic())
         self._write_record(cmd.job_id, process.pid, cmd.command_id)
         log.info(
             "job %d started: pid %d, GPUs %s, as %s",
@@ -226,14 +238,20 @@ class JobRunner:
         job = self._jobs.get(job_id)
         if job is None:
             return
-        deadline = time.monotonic() + max(0.0, grace_seconds)
-        if job.stop_deadline is not None and job.stop_deadline <= deadline:
-            return
-        job.stop_deadline = deadline
+        job.stopped = True
         log.info("job %d: stopping (grace %.1fs)", job_id, grace_seconds)
+        self._terminate(job, grace_seconds)
+
+    def _terminate(self, job: _RunningJob, grace_seconds: float) -> None:
+        """SIGTERM the group now and SIGKILL it ``grace_seconds`` later (:meth:`poll`); a second
+        call never extends the deadline."""
+        deadline = time.monotonic() + max(0.0, grace_seconds)
+        if job.kill_deadline is not None and job.kill_deadline <= deadline:
+            return
+        job.kill_deadline = deadline
         # No more slicing; a stopped (throttled or suspended) group only acts on SIGTERM once it
         # is continued, so SIGCONT follows. SIGKILL needs no help.
-        self._cycler.forget(job_id)
+        self._cycler.forget(job.job_id)
         self._signal_group(job, signal.SIGKILL if grace_seconds <= 0 else signal.SIGTERM)
         self._signal_group(job, signal.SIGCONT)
 
@@ -283,7 +301,7 @@ class JobRunner:
     def _live(self, job_id: int) -> _RunningJob | None:
         """A job that is running and not being stopped or killed (so it may be throttled)."""
         job = self._jobs.get(job_id)
-        if job is None or job.stopped or job.killed:
+        if job is None or job.ending or job.killed:
             return None
         return job
 
@@ -306,11 +324,18 @@ class JobRunner:
         }
 
     def poll(self) -> list[FinishedJob]:
-        """Escalate overdue stops and return the jobs that finished since the last call."""
+        """End jobs past their runtime limit, escalate overdue stops, and return the jobs that
+        finished since the last call."""
         now = time.monotonic()
         finished = []
         for job in list(self._jobs.values()):
-            if job.stop_deadline is not None and now >= job.stop_deadline and not job.killed:
+            runtime_deadline = job.runtime_deadline()
+            if runtime_deadline is not None and now >= runtime_deadline and not job.timed_out and not job.killed:
+                job.timed_out = True
+                log.warning("job %d: ran past its limit of %ds; ending it (grace %.1fs)",
+                            job.job_id, job.command.max_runtime_s, job.command.stop_grace_s)
+                self._terminate(job, job.command.stop_grace_s)
+            if job.kill_deadline is not None and now >= job.kill_deadline and not job.killed:
                 log.warning("job %d: still running after its grace period; killing it", job.job_id)
                 self._signal_group(job, signal.SIGKILL)
             if not _has_exited(job.process):
@@ -334,13 +359,15 @@ class JobRunner:
                     oom=job.oom_error is not None,
                     error=job.oom_error,
                     launch_id=job.command.command_id,
+                    timed_out=job.timed_out,
                 )
             )
             log.info(
                 "job %d exited with %d%s",
                 job.job_id,
                 exit_code,
-                " (stopped)" if job.stopped else " (out of memory)" if job.oom_error else "",
+                " (stopped)" if job.stopped else " (out of memory)" if job.oom_error
+                else " (timed out)" if job.timed_out else "",
             )
         return finished
 
