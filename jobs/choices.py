@@ -12,11 +12,12 @@ class JobState(models.TextChoices):
     SUCCEEDED = "SUCCEEDED", "Succeeded"
     FAILED = "FAILED", "Failed"
     CANCELLED = "CANCELLED", "Cancelled"
+    TIMEOUT = "TIMEOUT", "Timed out"  # ran past its max_runtime_s and was stopped
 
 
 # States in which a job holds GPUs.
 ACTIVE_STATES = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING, JobState.PREEMPTING)
-TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT)
 CANCELLABLE_STATES = (JobState.PENDING, JobState.PLACED, JobState.RUNNING, JobState.PREEMPTING)
 
 

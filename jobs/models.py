@@ -88,6 +88,8 @@ class Job(models.Model):
                                  help_text="How it was admitted when placed.")
     reserved_since = models.DateTimeField(null=True, blank=True, help_text="When its gang reservation began.")
     preempt_count = models.PositiveSmallIntegerField(default=0)
+    attempt = models.PositiveIntegerField(
+        default=0, help_text="Placements so far; the current one's launch command is launch-<id>-<attempt>.")
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
     pending_reason = models.JSONField(null=True, blank=True, help_text="{code, message, details} while pending.")

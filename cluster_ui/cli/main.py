@@ -15,7 +15,7 @@ from cluster_ui.cli import units
 from cluster_ui.cli.client import ApiError, Client, ConfigError, resolve
 
 OK, API_ERROR, USAGE = 0, 1, 2
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT"}
 
 
 class Usage(Exception):

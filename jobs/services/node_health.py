@@ -1,7 +1,9 @@
 """What happens to jobs when nodes disappear and come back.
 
 A node whose heartbeat expires is marked LOST and its jobs are requeued exactly once (the
-UP -> LOST transition and each job's state change are conditional updates). When the node talks
+UP -> LOST transition and each job's state change are conditional updates, made by
+:mod:`jobs.services.lifecycle`). A running job far past its runtime limit is timed out here too,
+a backstop for a node that did not enforce it. When the node talks
 again, any process it still runs for a job that no longer belongs there is stopped, so nothing
 runs twice.
 """
@@ -11,12 +13,13 @@ from __future__ import annotations
 import logging
 
 import redis
+from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Allocation, Job
+from jobs.services import lifecycle
 from jobs.services.commands import send_duty_cycle, send_stop
 from monitoring.models import Node
 from monitoring.services import alerts, health, live
@@ -25,8 +28,8 @@ log = logging.getLogger(__name__)
 
 # One stop per stray (node, job) per this many seconds, however often it is reported.
 STRAY_STOP_EVERY_S = 30
-NODE_LOST = "node_lost"
-VANISHED = "vanished_from_node"
+NODE_LOST = lifecycle.NODE_LOST
+VANISHED = lifecycle.VANISHED
 MISSING_KEY = "colony:missing"
 # A running job its node has stopped reporting for this long is presumed gone (the agent was
 # restarted without it). Long, so that an exit event still in the queue is never overtaken.
@@ -40,42 +43,23 @@ def check_node_health(client: redis.Redis) -> dict:
     for node, entry in live.latest_nodes(client).items():
         strays += stop_strays(client, node, entry.get("running_jobs", []))
         vanished += requeue_vanished(client, node, entry.get("running_jobs", []), entry["ts"])
-    return {"lost": lost, "revived": revived, "strays_stopped": strays, "vanished": vanished}
+    timed_out = time_out_overdue()
+    return {"lost": lost, "revived": revived, "strays_stopped": strays, "vanished": vanished, "timed_out": timed_out}
 
 
 @transaction.atomic
 def requeue_lost_node(node: Node) -> bool:
     if not health.mark_lost(node):
         return False
-    now = timezone.now()
-    allocations = Allocation.objects.filter(gpu__node=node, released_at__isnull=True)
-    job_ids = set(allocations.values_list("job_id", flat=True))
-    # A gang spanning nodes loses every member: release its allocations everywhere.
-    other_nodes = set(
-        Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True)
-        .exclude(gpu__node=node).values_list("job_id", "gpu__node__name")
-    )
-    Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True).update(released_at=now)
-    reason = {
+    job_ids = set(Allocation.objects.filter(gpu__node=node, released_at__isnull=True).values_list("job_id", flat=True))
+    # A gang spanning nodes loses every member: requeue_now releases its allocations everywhere.
+    requeued = lifecycle.requeue_now(job_ids, {
         "code": NODE_LOST,
         "message": f"Requeued: node {node.name} stopped responding while this job ran on it.",
         "details": {"node": node.name},
-    }
-    requeued = Job.objects.filter(pk__in=job_ids, state__in=(JobState.PLACED, JobState.RUNNING))
-    requeued_ids = list(requeued.values_list("pk", flat=True))
-    Job.objects.filter(pk__in=requeued_ids).update(
-        state=JobState.PENDING, pending_reason=reason, placed_at=None, started_at=None,
-        requeue_count=F("requeue_count") + 1,
-    )
-    Job.objects.filter(pk__in=job_ids, state=JobState.CANCELLING).update(state=JobState.CANCELLED, finished_at=now)
-    # Being preempted or requeued when its node went: its allocations are gone, so no exit will
-    # ever move it on. It goes back to the queue now.
-    Job.objects.filter(pk__in=job_ids, state=JobState.PREEMPTING).update(
-        state=JobState.PENDING, placed_at=None, started_at=None)
-    for job_id, other in other_nodes:
-        transaction.on_commit(lambda other=other, job_id=job_id: send_stop(other, job_id))
+    })
     alerts.node_lost(node)
-    log.warning("node %s lost; requeued jobs %s", node.name, requeued_ids)
+    log.warning("node %s lost; requeued jobs %s", node.name, requeued)
     return True
 
 
@@ -135,18 +119,32 @@ def requeue_vanished(client: redis.Redis, node: str, running_jobs: list[int], sa
     return requeued
 
 
-@transaction.atomic
 def _requeue_vanished_job(job_id: int, node: str) -> bool:
-    now = timezone.now()
-    if not Job.objects.filter(pk=job_id, state=JobState.RUNNING).update(
-        state=JobState.PENDING, placed_at=None, started_at=None, requeue_count=F("requeue_count") + 1,
-        pending_reason={"code": VANISHED, "details": {"node": node},
-                        "message": f"Requeued: node {node} stopped reporting this job (its agent restarted?)."},
-    ):
-        return False
-    for other in set(Allocation.objects.filter(job_id=job_id, released_at__isnull=True)
-                     .values_list("gpu__node__name", flat=True)):
-        transaction.on_commit(lambda other=other: send_stop(other, job_id))
-    Allocation.objects.filter(job_id=job_id, released_at__isnull=True).update(released_at=now)
-    log.warning("job %s vanished from node %s; requeued", job_id, node)
-    return True
+    requeued = lifecycle.requeue_now([job_id], {
+        "code": VANISHED, "details": {"node": node},
+        "message": f"Requeued: node {node} stopped reporting this job (its agent restarted?).",
+    }, only_running=True)
+    if requeued:
+        log.warning("job %s vanished from node %s; requeued", job_id, node)
+    return bool(requeued)
+
+
+# The control plane's backstop stops a job this long past its runtime limit and stop grace: its
+# node enforces the limit itself and reports the exit first, unless it could not.
+TIMEOUT_BACKSTOP_SLACK_S = 30.0
+
+
+def time_out_overdue(now=None) -> list[int]:
+    """End RUNNING jobs that ran well past their ``max_runtime_s`` (TIMEOUT), telling their
+    nodes to stop them. Running jobs with a limit are few (bounded by the GPUs), so this reads
+    them rather than doing date arithmetic in SQL that SQLite and PostgreSQL spell differently."""
+    now = now or timezone.now()
+    slack = settings.COLONY_STOP_GRACE_SECONDS + TIMEOUT_BACKSTOP_SLACK_S
+    overdue = []
+    for job_id, started_at, limit in Job.objects.filter(
+        state=JobState.RUNNING, max_runtime_s__isnull=False, started_at__isnull=False
+    ).values_list("pk", "started_at", "max_runtime_s"):
+        deadline = started_at + timezone.timedelta(seconds=limit + slack)
+        if deadline < now and lifecycle.time_out(job_id, started_before=now - timezone.timedelta(seconds=limit + slack)):
+            overdue.append(job_id)
+    return overdue

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from jobs.choices import JobClass as JobClassChoice
-from jobs.choices import ACTIVE_STATES, JobState
+from jobs.choices import JobState
 from jobs.models import Allocation, Job, JobProfile, Tenant
 from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, NodeState, TenantQuota
 from jobs.scheduling.snapshot import JobClass, JobProfile as CoreProfile, RunningJob
@@ -122,7 +122,9 @@ def _expected_runtime(max_runtime_s: int | None, profile: JobProfile | None) -> 
 
 def _running(samples: dict[str, dict], gpu_nodes: dict[int, str]) -> tuple[RunningJob, ...]:
     allocations = list(
-        Allocation.objects.filter(released_at__isnull=True, job__state__in=ACTIVE_STATES)
+        # Every live allocation holds its GPU, whatever the job's state: a job settled while its
+        # node may still run it (timed out by the control plane) keeps its GPUs until the exit.
+        Allocation.objects.filter(released_at__isnull=True)
         .select_related("job__tenant").order_by("job_id", "rank", "gpu__index")
     )
     by_job: dict[int, list[Allocation]] = defaultdict(list)
@@ -151,7 +153,7 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str]) -> tuple[Runni
             utilisation=live_util.get(job_id),
             solo_utilisation=profile.mean_util if profile else None,
             shareable=job.shareable,
-            preempting=job.state in (JobState.CANCELLING, JobState.PREEMPTING),
+            preempting=job.state not in (JobState.PLACED, JobState.RUNNING),
         ))
     return tuple(running)
 

@@ -104,7 +104,8 @@
   }
 
   var STATE_LABELS = {PENDING: "Pending", PLACED: "Placed", RUNNING: "Running", CANCELLING: "Cancelling",
-                      SUCCEEDED: "Succeeded", FAILED: "Failed", CANCELLED: "Cancelled"};
+                      PREEMPTING: "Preempting", SUCCEEDED: "Succeeded", FAILED: "Failed", CANCELLED: "Cancelled",
+                      TIMEOUT: "Timed out"};
 
   var plotConfig = {displaylogo: false, responsive: true,
                     modeBarButtonsToRemove: ["lasso2d", "select2d", "autoScale2d", "toggleSpikelines"]};

@@ -6,7 +6,7 @@
   var root = document.getElementById("job");
   if (!root) { return; }
   var $ = function (id) { return document.getElementById(id); };
-  var TERMINAL = ["SUCCEEDED", "FAILED", "CANCELLED"];
+  var TERMINAL = ["SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT"];
   var finished = false;
 
   function nodeUrl(name) { return root.dataset.nodeUrl.replace("NODE", encodeURIComponent(name)); }

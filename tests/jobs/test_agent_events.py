@@ -196,7 +196,7 @@ def test_a_stale_not_running_answer_does_not_end_a_later_attempt_placed_on_that_
 
 
 def test_an_earlier_runs_exit_does_not_end_the_current_run(placed_job, redis_client, live_redis):
-    placed_job.state, placed_job.preempt_count = JobState.RUNNING, 1  # attempt 1 runs; attempt 0 was preempted
+    placed_job.state, placed_job.attempt = JobState.RUNNING, 1  # attempt 1 runs; attempt 0 was preempted
     placed_job.save()
     emit(redis_client, exited(placed_job, 0, launch_id=f"launch-{placed_job.pk}-0"))  # re-sent after a Redis restart
     consume_events(redis_client)

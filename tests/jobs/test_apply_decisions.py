@@ -40,15 +40,18 @@ def exit_event(redis_client, job, code=0, stopped=False, node="n1"):
     consume_events(redis_client)
 
 
-def test_launch_carries_the_jobs_env_class_and_attempt(node4, redis_client, django_capture_on_commit_callbacks):
-    job = JobFactory(gpus=1, env={"EPOCHS": "3"}, tenant=TenantFactory(slug="vision", guaranteed_gpus=2))
+def test_launch_carries_the_jobs_env_class_attempt_and_runtime_limit(node4, redis_client,
+                                                                     django_capture_on_commit_callbacks):
+    job = JobFactory(gpus=1, env={"EPOCHS": "3"}, tenant=TenantFactory(slug="vision", guaranteed_gpus=2),
+                     max_runtime_s=90)
     cycle(django_capture_on_commit_callbacks)
     (launch,) = commands(redis_client)
     assert launch.env["EPOCHS"] == "3"
     assert launch.tenant == job.tenant.slug  # the agent's --run-as-tenant picks the account from it
-    assert launch.command_id == f"launch-{job.pk}-0"
+    assert launch.command_id == f"launch-{job.pk}-1"  # the first placement is attempt 1
+    assert launch.max_runtime_s == 90  # the node enforces it
     job.refresh_from_db()
-    assert job.run_class == JobClass.GUARANTEED
+    assert job.run_class == JobClass.GUARANTEED and job.attempt == 1
 
 
 def test_over_guarantee_work_runs_opportunistic(node4, django_capture_on_commit_callbacks):
@@ -135,7 +138,7 @@ def test_unstarted_launch_is_sent_again_with_the_same_command_id(node4, redis_cl
     cycle(django_capture_on_commit_callbacks)
     cycle(django_capture_on_commit_callbacks)  # not again within the window
     launches = [c for c in commands(redis_client) if isinstance(c, protocol.LaunchJob)]
-    assert [c.command_id for c in launches] == [f"launch-{job.pk}-0"] * 2
+    assert [c.command_id for c in launches] == [f"launch-{job.pk}-1"] * 2
 
 
 def test_re_sent_launch_of_a_gang_keeps_its_rendezvous_environment(node4, redis_client,

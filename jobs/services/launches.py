@@ -1,0 +1,59 @@
+"""What a node is told to start for one attempt of a job: its GPU slices, environment and limits.
+
+Shared by the first launch of an attempt (:func:`jobs.services.lifecycle.place`) and its re-sends
+(:func:`jobs.services.apply.resend_unstarted_launches`), so a re-sent launch is byte-for-byte the
+same command as the one it replaces: same command id, same gang rendezvous, same limits.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from jobs.models import Allocation, Job
+from jobs.scheduling.decisions import NodeSlice, Rendezvous
+from jobs.scheduling.topology import rendezvous_of
+from jobs.services.commands import send_launch
+from jobs.services.config import scheduler_config
+from monitoring.models import Node
+
+
+def launch_envs(job_env: dict, slices: tuple[NodeSlice, ...], rendezvous: Rendezvous | None) -> dict[str, dict]:
+    """Per node: the job's own variables plus, for a gang, the torchrun rendezvous of that node."""
+    if rendezvous is None:
+        return {s.node: dict(job_env) for s in slices}
+    hosts = dict(Node.objects.filter(name__in=[s.node for s in slices]).values_list("name", "hostname"))
+    envs = {}
+    for node_slice in slices:
+        env = {**job_env, **rendezvous.env(node_slice, local_rank=0)}
+        env["MASTER_ADDR"] = hosts.get(rendezvous.master_node) or rendezvous.master_node
+        envs[node_slice.node] = env
+    return envs
+
+
+def live_slices(job_id: int) -> tuple[tuple[NodeSlice, ...], dict[str, tuple[int | None, float]]]:
+    """The job's live placement as the core made it (node ranks, global ranks), and per node its
+    memory limit and duty cycle."""
+    by_node: dict[str, list[Allocation]] = defaultdict(list)
+    for allocation in Allocation.objects.filter(job_id=job_id, released_at__isnull=True).select_related("gpu__node"):
+        by_node[allocation.gpu.node.name].append(allocation)
+    slices, first_rank = [], 0
+    for node, held in sorted(by_node.items(), key=lambda item: (item[1][0].rank, item[0])):
+        held.sort(key=lambda a: a.gpu.index)
+        slices.append(NodeSlice(node=node, gpu_ids=tuple(a.gpu_id for a in held),
+                                gpu_indices=tuple(a.gpu.index for a in held), node_rank=held[0].rank,
+                                first_rank=first_rank))
+        first_rank += len(held)
+    return tuple(slices), {node: (held[0].memory_limit_mib, held[0].duty_cycle) for node, held in by_node.items()}
+
+
+def send_attempt(job: Job) -> int:
+    """Send the launch of the job's current attempt to every node it holds GPUs on; returns how
+    many nodes were told. ``job`` needs ``tenant`` loaded."""
+    slices, limits = live_slices(job.pk)
+    envs = launch_envs(job.env, slices, rendezvous_of(job.pk, slices, scheduler_config()))
+    for node_slice in slices:
+        memory_limit, duty = limits[node_slice.node]
+        send_launch(node_slice.node, job.pk, job.command, node_slice.gpu_indices, attempt=job.attempt,
+                    env=envs[node_slice.node], gpu_memory_limit_mib=memory_limit, duty_cycle=duty,
+                    tenant=job.tenant.slug, max_runtime_s=job.max_runtime_s)
+    return len(slices)

@@ -1,0 +1,347 @@
+"""Every state change a job can make, each one function: the only code that writes ``Job.state``.
+
+A job's life is a sequence of *attempts*. Each placement starts a new one (``Job.attempt`` counts
+them) and the launch command of attempt N has the id ``launch-<job>-<N>``; everything a node
+reports about a run names that id. Each function here is one conditional update fenced by the
+state (and, for node reports, the attempt) it expects, plus the commands it sends after commit:
+
+    PENDING --place--> PLACED --start--> RUNNING --finish--> SUCCEEDED | FAILED | TIMEOUT
+       |                  \\________________/  |
+       |                         | begin_cancel / begin_preempt / begin_requeue / time_out
+       v                         v
+    CANCELLED     CANCELLING (-> CANCELLED) | PREEMPTING (-> PENDING, next attempt) | TIMEOUT
+                  node lost or job vanished: requeue_now -> PENDING at once
+
+Rules every function keeps:
+
+- A report for an attempt that is not the job's current one (an earlier run's exit re-sent after
+  a Redis restart, a stale stop's answer) changes nothing; it is counted in
+  :data:`IGNORED_REPORTS_KEY` and logged, so operators can see fencing at work.
+- A job holds its GPUs (live ``Allocation`` rows) until its node confirms the process gone, even
+  once its outcome is settled (a job timed out by the control plane); the snapshot counts every
+  live allocation, so no GPU is handed out while a process may still run on it.
+- Commands go out in ``transaction.on_commit``: a rolled-back change sends nothing.
+
+Callers: :mod:`jobs.services.apply` (place, preempt), :mod:`jobs.services.agent_events` (start,
+finish), :mod:`jobs.services.node_health` (node lost, vanished, overdue), and
+:mod:`jobs.services.submission` (cancel, operator requeue, which the admin and API use).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+import redis
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from jobs.choices import JobClass, JobState
+from jobs.models import Allocation, Job
+from jobs.scheduling.decisions import Place
+from jobs.services.commands import launch_id, send_launch, send_stop
+from jobs.services.launches import launch_envs
+from monitoring.services.redis_client import get_redis
+
+log = logging.getLogger(__name__)
+
+# Reasons a job is back in the queue (``pending_reason.code``).
+AGENT_RESTARTED = "agent_restarted"
+NODE_LOST = "node_lost"
+VANISHED = "vanished_from_node"
+PREEMPTED = "preempted"
+REQUEUED_BY_OPERATOR = "requeued_by_operator"
+
+IGNORED_REPORTS_KEY = "colony:lifecycle:ignored_reports"
+
+# States in which the job's processes should be running (or starting) on its nodes.
+LIVE = (JobState.PLACED, JobState.RUNNING)
+STOPPING = (JobState.CANCELLING, JobState.PREEMPTING)
+
+
+class ForeignReport(Exception):
+    """A node reported on a job it was never given: a bug or a lie, never applied."""
+
+
+class NotAllowed(Exception):
+    """The job is not in a state the requested change applies to; the message says why."""
+
+
+@dataclass(frozen=True)
+class Exit:
+    """What a node says about the end of a run."""
+
+    node: str
+    launch_id: str | None
+    exit_code: int | None
+    finished_at: datetime
+    error: str | None = None
+    output_tail: str = ""
+    oom: bool = False
+    timed_out: bool = False
+    requeue: bool = False  # its node ended it (agent restart/shutdown): run it again
+    absent: bool = False  # answer to a stop for a job the node does not run
+
+
+# ---------------------------------------------------------------- placement
+
+
+def place(decision: Place, now: datetime, job_class: str) -> bool:
+    """PENDING -> PLACED as a new attempt: allocate the decision's GPUs and launch on each node."""
+    if not Job.objects.filter(pk=decision.job_id, state=JobState.PENDING).update(
+        state=JobState.PLACED, placed_at=now, started_at=None, pending_reason=None, reserved_since=None,
+        run_class=job_class, attempt=F("attempt") + 1,
+    ):
+        return False
+    Allocation.objects.bulk_create([
+        Allocation(job_id=decision.job_id, gpu_id=gpu_id, rank=node_slice.node_rank, gpu_milli=decision.gpu_milli,
+                   memory_limit_mib=decision.memory_limit_mib, duty_cycle=decision.duty_cycle)
+        for node_slice in decision.slices for gpu_id in node_slice.gpu_ids
+    ])
+    job = (Job.objects.select_related("tenant")
+           .only("command", "env", "attempt", "max_runtime_s", "tenant__slug").get(pk=decision.job_id))
+    envs = launch_envs(job.env, decision.slices, decision.rendezvous)
+    for node_slice in decision.slices:
+        transaction.on_commit(lambda s=node_slice: send_launch(
+            s.node, job.pk, job.command, s.gpu_indices, attempt=job.attempt, env=envs[s.node],
+            gpu_memory_limit_mib=decision.memory_limit_mib, duty_cycle=decision.duty_cycle,
+            tenant=job.tenant.slug, max_runtime_s=job.max_runtime_s,
+        ))
+    return True
+
+
+# ---------------------------------------------------------------- what nodes report
+
+
+def current_launch_id(job_id: int) -> str | None:
+    attempt = Job.objects.filter(pk=job_id).values_list("attempt", flat=True).first()
+    return None if attempt is None else launch_id(job_id, attempt)
+
+
+def _on_node(job_id: int, node: str):
+    allocations = Allocation.objects.filter(job_id=job_id, gpu__node__name=node)
+    if not allocations.exists():
+        raise ForeignReport(f"job {job_id} was never placed on node {node}")
+    return allocations.filter(released_at__isnull=True)
+
+
+def _ignored(job_id: int, node: str, what: str, why: str) -> None:
+    log.info("job %s: %s from node %s ignored: %s", job_id, what, node, why)
+
+    def count():
+        try:
+            get_redis().incr(IGNORED_REPORTS_KEY)
+        except redis.RedisError:
+            pass  # a counter, not a reason to fail the report
+
+    transaction.on_commit(count)
+
+
+@transaction.atomic
+def start(job_id: int, node: str, launch: str | None, started_at: datetime) -> bool:
+    """PLACED -> RUNNING when the current attempt's process started on one of its nodes."""
+    live = _on_node(job_id, node)
+    current = current_launch_id(job_id)
+    if launch is not None and launch != current:
+        _ignored(job_id, node, "start", f"{launch} is not the current attempt {current}")
+        if not live.exists():
+            transaction.on_commit(lambda: send_stop(node, job_id))
+        return False
+    if not live.exists():
+        # Started under an allocation that is gone (requeued or ended since): make it stop.
+        _ignored(job_id, node, "start", "the job holds no GPUs there any more; stopping it")
+        transaction.on_commit(lambda: send_stop(node, job_id))
+        return False
+    if Job.objects.filter(pk=job_id, state=JobState.PLACED).update(state=JobState.RUNNING, started_at=started_at):
+        return True
+    # Cancelled (or timed out) before it reported started: keep when it ran for the record.
+    Job.objects.filter(pk=job_id, started_at__isnull=True).exclude(state=JobState.PENDING).update(
+        started_at=started_at)
+    return False
+
+
+@transaction.atomic
+def finish(job_id: int, exit: Exit) -> bool:
+    """A run ended on ``exit.node``: settle the job's outcome for the current attempt and free
+    the GPUs it held there. Returns True when GPUs were freed (worth a scheduling cycle)."""
+    live = _on_node(job_id, exit.node)
+    if not live.exists():
+        _ignored(job_id, exit.node, "exit", "the job holds no GPUs there (requeued or settled since)")
+        return False
+    current = current_launch_id(job_id)
+    if exit.launch_id is not None and exit.launch_id != current:
+        _ignored(job_id, exit.node, "exit", f"{exit.launch_id} is not the current attempt {current}")
+        return False
+    state = Job.objects.filter(pk=job_id).values_list("state", flat=True).get()
+    if exit.absent and state in LIVE:
+        # The node does not run it and was told to stop it, but this attempt is not being
+        # stopped: the stop was for an earlier attempt. (A lost launch is re-sent instead.)
+        _ignored(job_id, exit.node, "absent-answer", "the current attempt is not being stopped")
+        return False
+    outcome = _outcome(job_id, exit)
+    if state == JobState.CANCELLING:
+        Job.objects.filter(pk=job_id, state=JobState.CANCELLING).update(state=JobState.CANCELLED, **outcome)
+    elif state in LIVE and exit.requeue:
+        Job.objects.filter(pk=job_id, state__in=LIVE).update(
+            state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1,
+            pending_reason=_reason(AGENT_RESTARTED, f"Requeued: the agent on node {exit.node} restarted or "
+                                                    "stopped while this job ran.", node=exit.node),
+        )
+    elif state in LIVE:
+        final = _final_state(exit)
+        if Job.objects.filter(pk=job_id, state__in=LIVE).update(state=final, **outcome) and final == JobState.SUCCEEDED:
+            from jobs.services.profiles import record_profile  # profiles reads usage; keep this module light
+
+            record_profile(job_id)
+    elif state == JobState.TIMEOUT:
+        # Timed out by the control plane's backstop; the node's report fills in what it knows.
+        Job.objects.filter(pk=job_id, state=JobState.TIMEOUT, exit_code__isnull=True).update(
+            exit_code=exit.exit_code, output_tail=exit.output_tail)
+    live.update(released_at=timezone.now())
+    _settle_if_stopped_everywhere(job_id, outcome.get("peak_gpu_memory_mib"))
+    return True
+
+
+def _final_state(exit: Exit) -> str:
+    if exit.timed_out:
+        return JobState.TIMEOUT
+    if exit.exit_code == 0 and exit.error is None and not exit.oom:
+        return JobState.SUCCEEDED
+    return JobState.FAILED
+
+
+def _outcome(job_id: int, exit: Exit) -> dict:
+    from monitoring.models import JobUsage
+
+    error = exit.error or ""
+    if exit.oom:
+        error = error or "Killed: out of GPU memory"
+    if exit.timed_out:
+        limit = Job.objects.filter(pk=job_id).values_list("max_runtime_s", flat=True).get()
+        error = f"Stopped: ran longer than its runtime limit of {limit} s"
+    return {
+        "exit_code": exit.exit_code,
+        "output_tail": exit.output_tail,
+        "error": error,
+        "finished_at": exit.finished_at,
+        "peak_gpu_memory_mib": JobUsage.objects.filter(job_id=job_id)
+        .values_list("peak_gpu_memory_mib", flat=True).first(),
+    }
+
+
+def _settle_if_stopped_everywhere(job_id: int, peak_mib: int | None) -> None:
+    """After one node's GPUs are freed: a gang's other nodes are told to stop a job that is over
+    (or going back to the queue); a preempted job stopped everywhere returns to the queue."""
+    others = live_nodes(job_id)
+    if not others:
+        Job.objects.filter(pk=job_id, state=JobState.PREEMPTING).update(
+            state=JobState.PENDING, placed_at=None, started_at=None, peak_gpu_memory_mib=peak_mib)
+        return
+    _stop_on(job_id, others)
+
+
+# ---------------------------------------------------------------- stopping
+
+
+def live_nodes(job_id: int) -> set[str]:
+    return set(Allocation.objects.filter(job_id=job_id, released_at__isnull=True)
+               .values_list("gpu__node__name", flat=True))
+
+
+def _stop_on(job_id: int, nodes) -> None:
+    for node in nodes:
+        transaction.on_commit(lambda node=node: send_stop(node, job_id))
+
+
+def _reason(code: str, message: str, **details) -> dict:
+    return {"code": code, "message": message, "details": details}
+
+
+@transaction.atomic
+def begin_cancel(job_id: int) -> str:
+    """A user's cancel: a pending job ends at once, a placed or running one is stopped first.
+    Returns the new state; raises :class:`NotAllowed` for a job that already ended."""
+    if Job.objects.filter(pk=job_id, state=JobState.PENDING).update(
+        state=JobState.CANCELLED, finished_at=timezone.now(), pending_reason=None
+    ):
+        return JobState.CANCELLED
+    if not Job.objects.filter(pk=job_id, state__in=(*LIVE, JobState.PREEMPTING)).update(state=JobState.CANCELLING):
+        state = Job.objects.filter(pk=job_id).values_list("state", flat=True).first()
+        raise NotAllowed(f"job {job_id} is {str(state).lower()} and cannot be cancelled")
+    _stop_on(job_id, live_nodes(job_id))
+    return JobState.CANCELLING
+
+
+@transaction.atomic
+def begin_preempt(job_id: int, message: str) -> bool:
+    """Stop an opportunistic job to make room; it returns to the queue once every node stopped it."""
+    if not Job.objects.filter(pk=job_id, state__in=LIVE, run_class=JobClass.OPPORTUNISTIC).update(
+        state=JobState.PREEMPTING, preempt_count=F("preempt_count") + 1, pending_reason=_reason(PREEMPTED, message),
+    ):
+        return False
+    _stop_on(job_id, live_nodes(job_id))
+    return True
+
+
+@transaction.atomic
+def begin_requeue(job_id: int, by: str) -> None:
+    """An operator sends a placed or running job back to the queue (its place in it kept)."""
+    if not Job.objects.filter(pk=job_id, state__in=LIVE).update(
+        state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1,
+        pending_reason=_reason(REQUEUED_BY_OPERATOR, f"Requeued by operator {by}; waiting to be placed again.", by=by),
+    ):
+        state = Job.objects.filter(pk=job_id).values_list("state", flat=True).first()
+        raise NotAllowed(f"job {job_id} is {str(state).lower()}; only placed or running jobs can be requeued")
+    _stop_on(job_id, live_nodes(job_id))
+
+
+@transaction.atomic
+def time_out(job_id: int, started_before: datetime) -> bool:
+    """The control plane's backstop for a runtime limit its node did not enforce (an old agent,
+    a lost launch field): the job ends TIMEOUT now and its nodes are told to stop it; its GPUs
+    stay held until they confirm. Fenced on the run it judged (``started_at``)."""
+    limit = Job.objects.filter(pk=job_id).values_list("max_runtime_s", flat=True).first()
+    if not Job.objects.filter(pk=job_id, state=JobState.RUNNING, started_at__lt=started_before).update(
+        state=JobState.TIMEOUT, finished_at=timezone.now(),
+        error=f"Stopped by the control plane: ran longer than its runtime limit of {limit} s",
+    ):
+        return False
+    _stop_on(job_id, live_nodes(job_id))
+    log.warning("job %s ran past its runtime limit of %s s; stopping it", job_id, limit)
+    return True
+
+
+# ---------------------------------------------------------------- losing nodes
+
+
+@transaction.atomic
+def requeue_now(job_ids, reason: dict, *, only_running: bool = False) -> list[int]:
+    """Its node is gone (lost, or no longer runs it): release the jobs' GPUs everywhere at once
+    and settle each without waiting for an exit that will never come. Live jobs go back to the
+    queue (requeue counted), cancelling ones end CANCELLED, preempted ones return to the queue.
+    ``only_running``: requeue only jobs that are RUNNING (a placed job's launch may be in flight).
+    Returns the ids requeued."""
+    job_ids = list(job_ids)
+    now = timezone.now()
+    live_states = (JobState.RUNNING,) if only_running else LIVE
+    requeued = list(Job.objects.filter(pk__in=job_ids, state__in=live_states).values_list("pk", flat=True))
+    if only_running and not requeued:
+        return []
+    if only_running:
+        job_ids = requeued
+    stops = set(Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True)
+                .values_list("job_id", "gpu__node__name"))
+    Job.objects.filter(pk__in=requeued).update(
+        state=JobState.PENDING, pending_reason=reason, placed_at=None, started_at=None,
+        requeue_count=F("requeue_count") + 1,
+    )
+    Job.objects.filter(pk__in=job_ids, state=JobState.CANCELLING).update(state=JobState.CANCELLED, finished_at=now)
+    Job.objects.filter(pk__in=job_ids, state=JobState.PREEMPTING).update(
+        state=JobState.PENDING, placed_at=None, started_at=None)
+    Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True).update(released_at=now)
+    # Wherever a process of theirs may still run (a gang's other nodes, a node that comes back).
+    for job_id, node in stops:
+        transaction.on_commit(lambda node=node, job_id=job_id: send_stop(node, job_id))
+    return requeued
