@@ -9,6 +9,13 @@ One server secret makes every credential, so the control plane stores nothing pe
   exact bytes of each message it writes (the ``m`` field) with it and adds the hex signature as
   the stream field ``sig``; the server derives the key of the node the message *names* and
   compares in constant time. A node holding only its own key cannot post for another node.
+- **commands** the control plane writes to a node's command stream are MACed with the same node
+  key, but over ``"colony-command:" + m`` (:func:`sign_command`): a domain separation, so an
+  agent's own signed event can never pass as a command, nor a command as an event (an event's
+  ``m`` is a JSON object and never starts with that prefix). The agent already holds the key,
+  so it needs nothing new to verify what it is told. What the MAC covers (the node, the time it
+  was issued, a launch's attempt) is in :mod:`agents.protocol`; what the agent refuses is in
+  :meth:`agents.agent.Agent._authenticate`.
 - a node's **Redis password** is ``HMAC-SHA256(secret, "colony-redis:" + node)``, for a Redis ACL
   user (:func:`redis_acl_setuser`) that may read only its own command stream and only append to
   the streams agents write, so it can neither read other nodes' commands nor replay their
@@ -27,6 +34,8 @@ KEY_BYTES = 32
 MIN_SECRET_LENGTH = 16
 _KEY_CONTEXT = "colony-agent:"
 _REDIS_CONTEXT = "colony-redis:"
+# Prefix of a command's MAC input (never the start of an agent message, which is a JSON object).
+_COMMAND_CONTEXT = b"colony-command:"
 
 
 def _derive(secret: str, context: str, node: str) -> bytes:
@@ -75,6 +84,27 @@ def signed(fields: dict[str, str], key: bytes | None) -> dict[str, str]:
     if key is None:
         return fields
     return {**fields, protocol.SIGNATURE_FIELD: sign(key, fields["m"])}
+
+
+def _bytes(payload: bytes | str) -> bytes:
+    return payload.encode("utf-8") if isinstance(payload, str) else payload
+
+
+def sign_command(key: bytes, payload: bytes | str) -> str:
+    """Hex MAC of a command's ``m`` by the target node's key, in the command domain."""
+    return sign(key, _COMMAND_CONTEXT + _bytes(payload))
+
+
+def verify_command(key: bytes, payload: bytes | str, signature: bytes | str | None) -> bool:
+    """True when ``signature`` is :func:`sign_command` of ``payload`` by ``key`` (constant time)."""
+    return verify(key, _COMMAND_CONTEXT + _bytes(payload), signature)
+
+
+def signed_command(fields: dict[str, str], key: bytes | None) -> dict[str, str]:
+    """Command stream fields from :func:`protocol.encode` plus their MAC (unchanged without a key)."""
+    if key is None:
+        return fields
+    return {**fields, protocol.SIGNATURE_FIELD: sign_command(key, fields["m"])}
 
 
 # ---------------------------------------------------------------- Redis ACL user per node
