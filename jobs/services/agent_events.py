@@ -21,7 +21,7 @@ from jobs.services.node_health import resend_duty_cycles, stop_strays
 from jobs.services.nudge import nudge_scheduler
 from monitoring.services.dead_letters import dead_letter
 from monitoring.services.redis_client import get_redis
-from monitoring.services.registry import agent_auth_required, authenticate, register_node
+from monitoring.services.registry import ForeignGpus, agent_auth_required, authenticate, register_node
 from monitoring.services.streams import claim_stale, consumer_name, ensure_group, read_new
 
 log = logging.getLogger(__name__)
@@ -70,14 +70,15 @@ def _handle_entries(client: redis.Redis, entries) -> int:
 
 
 def apply_event(message) -> bool:
-    """Apply one parsed event; returns True when GPUs were freed (worth a scheduling cycle)."""
-    if isinstance(message, protocol.NodeRegistered):
-        register_node(message)
-        if message.running_jobs:
-            stop_strays(get_redis(), message.node, message.running_jobs)
-            resend_duty_cycles(message.node, message.running_jobs)
-        return False
+    """Apply one parsed event; returns True when GPUs were freed (worth a scheduling cycle).
+    Raises :class:`Rejected` for a report its node has no business making."""
     try:
+        if isinstance(message, protocol.NodeRegistered):
+            register_node(message)
+            if message.running_jobs:
+                stop_strays(get_redis(), message.node, message.running_jobs)
+                resend_duty_cycles(message.node, message.running_jobs)
+            return False
         if isinstance(message, protocol.JobStarted):
             lifecycle.start(message.job_id, message.node, message.launch_id, _when(message.started_at))
             return False
@@ -87,7 +88,7 @@ def apply_event(message) -> bool:
                 finished_at=_when(message.finished_at), error=message.error, output_tail=message.output_tail,
                 oom=message.oom, timed_out=message.timed_out, requeue=message.requeue, absent=message.absent,
             ))
-    except lifecycle.ForeignReport as exc:
+    except (lifecycle.ForeignReport, ForeignGpus) as exc:
         raise Rejected(str(exc)) from None
     raise Rejected(f"unhandled event kind {message.kind}")
 

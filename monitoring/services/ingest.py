@@ -22,7 +22,7 @@ from django.db import InterfaceError, OperationalError
 
 from agents import protocol
 from monitoring.models import Gpu
-from monitoring.services import alerts, live
+from monitoring.services import alerts, live, placements
 from monitoring.services.dead_letters import dead_letter
 from monitoring.services.registry import agent_auth_required, authenticate
 from monitoring.services.rollups import Accumulator, flush
@@ -49,6 +49,7 @@ class BatchResult:
     dead: int = 0
     unknown_node: int = 0
     duplicates: int = 0
+    foreign_usage: int = 0  # per-job readings from a node the job was never placed on (dropped)
     lags: list[float] = field(default_factory=list)
 
 
@@ -130,6 +131,7 @@ class Ingestor:
                 result.dead += 1
         samples, raws, result.duplicates = self._drop_repeats(samples, raws)
         acc = Accumulator()
+        rightful = placements.placed((sample.node, usage.job_id) for sample in samples for usage in sample.jobs)
         for sample in samples:
             if not self.gpu_ids.knows(sample.node):
                 result.unknown_node += 1
@@ -139,7 +141,10 @@ class Ingestor:
                 if gpu_id is not None:
                     acc.add_gpu(gpu_id, sample.ts, gpu.util_sm, gpu.mem_used_mib, gpu.temperature_c, gpu.power_w)
             for usage in sample.jobs:
-                acc.add_job(usage.job_id, sample.ts, usage.mem_used_mib, usage.util_sm)
+                if rightful is None or (sample.node, usage.job_id) in rightful:
+                    acc.add_job(usage.job_id, sample.ts, usage.mem_used_mib, usage.util_sm)
+                else:
+                    result.foreign_usage += 1
             result.samples += 1
         if acc:
             flush(acc)
@@ -157,6 +162,7 @@ class Ingestor:
         pipe.hincrby(STATS_KEY, "samples", result.samples)
         pipe.hincrby(STATS_KEY, "unknown_node", result.unknown_node)
         pipe.hincrby(STATS_KEY, "duplicates", result.duplicates)
+        pipe.hincrby(STATS_KEY, "foreign_usage", result.foreign_usage)
         newest: dict[str, float] = {}
         for sample in samples:
             newest[sample.node] = max(sample.ts, newest.get(sample.node, 0.0))

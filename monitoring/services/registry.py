@@ -28,6 +28,10 @@ class BadSignature(protocol.ProtocolError):
     """An agent message that is unsigned, or not signed by the node it names."""
 
 
+class ForeignGpus(protocol.ProtocolError):
+    """A registration naming GPUs that another node has (a node may register only its own)."""
+
+
 def agent_auth_required() -> bool:
     """Whether agent messages must be signed (``COLONY_AGENT_AUTH``); warns once per process if not."""
     if settings.COLONY_AGENT_AUTH == "required":
@@ -68,7 +72,17 @@ def register_node(message: NodeRegistered) -> Node:
     """Create or refresh a node and its GPUs; GPUs no longer reported are marked absent.
 
     Absent GPUs are kept rather than deleted because allocations of finished jobs point at them.
+    A GPU present on another node is not taken over: the whole registration is refused
+    (:class:`ForeignGpus`), so one node's key cannot shrink the cluster by claiming other nodes'
+    GPUs. A GPU that really moved is registered once its old node reports it gone (or an operator
+    marks it absent).
     """
+    reported = {gpu.uuid: gpu for gpu in message.gpus}
+    taken = list(Gpu.objects.filter(uuid__in=reported, present=True).exclude(node__name=message.node)
+                 .values_list("uuid", "node__name")[:5])
+    if taken:
+        raise ForeignGpus("registration names GPUs of other nodes: " +
+                          ", ".join(f"{uuid} (on {node})" for uuid, node in taken))
     now = timezone.now()
     node, _ = Node.objects.update_or_create(
         name=message.node,
@@ -83,7 +97,6 @@ def register_node(message: NodeRegistered) -> Node:
     if node.state != NodeState.UP:
         Node.objects.filter(pk=node.pk).update(state=NodeState.UP, state_changed_at=now)
         node.refresh_from_db()
-    reported = {gpu.uuid: gpu for gpu in message.gpus}
     Gpu.objects.filter(node=node).exclude(uuid__in=reported).update(present=False)
     for uuid, info in reported.items():
         Gpu.objects.update_or_create(

@@ -206,3 +206,18 @@ def test_an_earlier_runs_exit_does_not_end_the_current_run(placed_job, redis_cli
     consume_events(redis_client)
     placed_job.refresh_from_db()
     assert (placed_job.state, placed_job.exit_code) == (JobState.FAILED, 3)
+
+
+def test_a_node_cannot_register_another_nodes_gpus(db, redis_client, live_redis):
+    """One node's key must not shrink the cluster by claiming GPUs another node has."""
+    victim = NodeFactory(name="victim")
+    for i in range(2):
+        GpuFactory(node=victim, index=i, uuid=f"GPU-victim-{i}")
+    emit(redis_client, protocol.NodeRegistered(
+        node="thief", backend="simulated", agent_version="0.1.0", hostname="h",
+        gpus=[protocol.GpuInfo(index=0, uuid="GPU-victim-1", model="H100-80GB", memory_mib=81559)]))
+    consume_events(redis_client)
+    assert victim.gpus.filter(present=True).count() == 2
+    assert not Node.objects.filter(name="thief").exists()
+    (letter,) = dead_letters(redis_client)
+    assert b"GPU-victim-1 (on victim)" in letter[b"reason"]

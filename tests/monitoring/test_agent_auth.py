@@ -15,6 +15,7 @@ from monitoring.services import live
 from monitoring.services.dead_letters import dead_letter_count
 from monitoring.services.ingest import GROUP, Ingestor, ingest_stats
 from tests.factories import GpuFactory, NodeFactory
+from tests.monitoring.conftest import place_job
 
 SECRET = "monitoring-test-secret-0123456789"
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,6 +106,8 @@ def test_an_unsigned_sample_is_applied_when_authentication_is_off(auth_off, inge
 
 
 def test_a_correctly_signed_sample_is_applied(auth_required, ingestor, redis_client):
+    place_job(7, "node-a")
+    place_job(7, "node-b")
     post(redis_client, sample("node-a"), signer="node-a")
     post(redis_client, sample("node-b"), signer="node-b")
     result = ingestor.run_once()

@@ -9,6 +9,7 @@ from monitoring.choices import AlertKind, Resolution
 from monitoring.models import Alert, GpuRollup, JobRollup, JobUsage
 from monitoring.services import live
 from monitoring.services.ingest import GROUP, Ingestor, ingest_stats
+from tests.monitoring.conftest import place_job
 
 T0 = 1_700_000_000.0  # a bucket boundary (divisible by 10)
 
@@ -79,6 +80,7 @@ def test_unknown_readings_are_not_counted_as_zero(ingestor, redis_client):
 
 
 def test_job_memory_is_rolled_up_and_its_peak_recorded(ingestor, redis_client):
+    place_job(7, "n1")
     publish(redis_client,
             sample(1, T0 + 1, jobs=[(7, 0, 4000, 90.0), (7, 1, 5000, 80.0)]),
             sample(2, T0 + 2, jobs=[(7, 0, 6000, 95.0), (7, 1, 5500, 85.0)]))
@@ -218,3 +220,19 @@ def test_a_batch_the_database_refused_stays_unacked_and_is_applied_once_it_retur
     assert len(failures) == 2
     assert redis_client.xpending(protocol.METRICS_STREAM, GROUP)["pending"] == 0
     assert rollup(0).samples == 2  # each sample once
+
+
+def test_a_node_cannot_report_usage_for_a_job_placed_elsewhere(ingestor, redis_client):
+    """A node's key speaks for that node only: its figures for another node's job (a 500,000 MiB
+    peak that would poison the job's profile) are dropped and counted; its own GPUs still count."""
+    from tests.factories import GpuFactory, NodeFactory
+
+    GpuFactory(node=NodeFactory(name="n2"), index=0, uuid="GPU-n2-0")
+    place_job(7, "n2")
+    publish(redis_client, sample(1, T0 + 1, jobs=[(7, 0, 500_000, 100.0)]),  # n1 lies about job 7
+            sample(1, T0 + 1, node="n2", jobs=[(7, 0, 3000, 60.0)]))
+    result = ingestor.run_once()
+    assert (result.samples, result.foreign_usage) == (2, 1)
+    assert JobUsage.objects.get(job_id=7).peak_gpu_memory_mib == 3000
+    assert ingest_stats(redis_client)["foreign_usage"] == 1
+    assert GpuRollup.objects.filter(gpu__node__name="n1").exists()  # n1's own GPU readings are kept
