@@ -21,6 +21,10 @@ from monitoring.choices import NodeState
 from monitoring.models import Node
 
 REDIS_SEEN_SINCE_KEY = "colony:redis:seen_since"
+# A heartbeat key set to outlive this is not a heartbeat: a node (or a job holding its Redis
+# password) that sets one for ten years must not keep a dead node UP and its jobs unrequeued.
+# Agents use a TTL of a few intervals (10 s by default).
+MAX_HEARTBEAT_TTL_S = 120
 
 
 def _registration_grace() -> timedelta:
@@ -29,14 +33,15 @@ def _registration_grace() -> timedelta:
 
 
 def live_node_names(client: redis.Redis, names: Iterable[str]) -> set[str]:
-    """The subset of ``names`` whose agent heartbeat has not expired (one round trip)."""
+    """The subset of ``names`` whose agent heartbeat has not expired (one round trip). A key with
+    no expiry, or one longer than :data:`MAX_HEARTBEAT_TTL_S`, does not count."""
     names = list(names)
     if not names:
         return set()
     pipe = client.pipeline(transaction=False)
     for name in names:
-        pipe.exists(heartbeat_key(name))
-    return {name for name, alive in zip(names, pipe.execute()) if alive}
+        pipe.pttl(heartbeat_key(name))
+    return {name for name, ttl_ms in zip(names, pipe.execute()) if 0 < ttl_ms <= MAX_HEARTBEAT_TTL_S * 1000}
 
 
 def redis_seen_for(client: redis.Redis) -> float:

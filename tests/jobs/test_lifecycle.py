@@ -29,7 +29,7 @@ def node1(db, redis_client, live_redis):
     """One node with one GPU, heartbeating: every job below competes for that GPU."""
     node = NodeFactory(name="n1")
     GpuFactory(node=node, index=0)
-    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=600)
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=60)
     return node
 
 

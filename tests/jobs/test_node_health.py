@@ -63,6 +63,16 @@ def test_heartbeating_node_is_left_alone(running_on_n1, redis_client):
     assert running_on_n1.state == JobState.RUNNING
 
 
+@pytest.mark.parametrize("ttl", [None, 10 * 365 * 24 * 3600], ids=["no expiry", "ten years"])
+def test_a_heartbeat_set_to_never_expire_does_not_keep_a_node_up(running_on_n1, redis_client, ttl):
+    """A node (or a job that stole its Redis password) cannot pin itself UP: a dead node's jobs
+    must still be requeued."""
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=ttl)
+    assert check_node_health(redis_client)["lost"] == ["n1"]
+    running_on_n1.refresh_from_db()
+    assert running_on_n1.state == JobState.PENDING
+
+
 def test_returning_node_stops_the_stale_process_and_its_exit_does_not_touch_the_job(running_on_n1, redis_client):
     check_node_health(redis_client)  # lost, requeued
     gpus = [protocol.GpuInfo(index=0, uuid=Allocation.objects.get().gpu.uuid, model="A100-80GB", memory_mib=81920)]
