@@ -2,14 +2,18 @@
 
     python -m agents --node gpu-01 --simulate 8xA100-80GB --redis redis://127.0.0.1:6379/0
     python -m agents --node gpu-01 --run-as colony-jobs --run-as-tenant vision=colony-vision
-    COLONY_REDIS_URL=redis://colony-node-gpu-01:PASSWORD@redis:6379/0 \
-        python -m agents --node gpu-01 --key-file /etc/colony/agent.key
+    python -m agents --node gpu-01 --key-file /etc/colony/agent.key --redis-file /etc/colony/redis-url
 
 Authentication: the node's key (``manage.py agent_key NODE`` on the control plane) comes from
 ``--key-file``, else ``$COLONY_AGENT_KEY_FILE``, else ``$COLONY_AGENT_KEY``; the agent signs every
 message with it. Without a key messages go unsigned (a control plane that requires agent
-authentication dead-letters them). Pass a Redis URL with a password through the environment, not
-the command line, where any local user (jobs included) can read it.
+authentication dead-letters them). A Redis URL with a password (``manage.py agent_acl NODE --url``)
+belongs in a file only the agent's account can read (``--redis-file``, ``$COLONY_REDIS_URL_FILE``):
+never on the command line, which any local user (jobs included) can read, and better not in the
+environment either, which stays in ``/proc/<pid>/environ`` even after the agent removes it.
+
+The agent makes itself non-dumpable first thing (:func:`agents.hardening.make_non_dumpable`), so
+a job running under the agent's own account cannot ptrace it or read its memory or environment.
 
 Job sandbox options (each also read from an environment variable, see ``--help``): the account
 jobs run as (``--run-as``, ``--run-as-tenant``; an agent running as root refuses jobs it has no
@@ -37,6 +41,7 @@ from agents.agent import Agent
 from agents.backends import nvml
 from agents.backends.base import BackendUnavailable, GpuBackend
 from agents.backends.simulated import SimulatedBackend
+from agents.hardening import make_non_dumpable
 from agents.joblog import DEFAULT_MAX_LOG_BYTES, MIN_MAX_LOG_BYTES
 from agents.runner import JobRunner
 
@@ -45,7 +50,22 @@ log = logging.getLogger("agents")
 
 
 def default_redis_url() -> str:
+    """``$COLONY_REDIS_URL``, else ``$REDIS_URL``, else the local default (the URL files are read
+    by :func:`parse_args`)."""
     return os.environ.get("COLONY_REDIS_URL") or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+
+
+def read_redis_url_file(path: Path) -> tuple[str, str]:
+    """The Redis URL in ``path`` and a warning for the operator ("" if none); ValueError if unreadable."""
+    try:
+        text = path.read_text().strip()
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise ValueError(f"cannot read the Redis URL file {path}: {exc.strerror}") from None
+    if not text:
+        raise ValueError(f"the Redis URL file {path} is empty")
+    warning = f"Redis URL file {path} is readable by other users; chmod 600 it" if mode & 0o077 else ""
+    return text, warning
 
 
 def redacted_url(url: str) -> str:
@@ -160,6 +180,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"$COLONY_REDIS_URL, else $REDIS_URL, else {DEFAULT_REDIS_URL}; now {redacted_url(default_redis_url())})",
     )
     parser.add_argument(
+        "--redis-file",
+        type=Path,
+        metavar="PATH",
+        help="read the Redis URL from this file (mode 600), for a URL with a password; default "
+        "$COLONY_REDIS_URL_FILE. Takes precedence over --redis",
+    )
+    parser.add_argument(
         "--key-file",
         type=Path,
         metavar="PATH",
@@ -235,8 +262,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--simulate: {exc}")
     elif args.backend == "simulated":
         parser.error("--backend simulated needs --simulate SPEC, e.g. --simulate 8xA100-80GB")
+    redis_file = args.redis_file or (Path(os.environ["COLONY_REDIS_URL_FILE"])
+                                     if os.environ.get("COLONY_REDIS_URL_FILE") else None)
+    os.environ.pop("COLONY_REDIS_URL_FILE", None)
+    args.redis_warning = ""
+    if redis_file is not None:
+        try:
+            args.redis, args.redis_warning = read_redis_url_file(redis_file)
+        except ValueError as exc:
+            parser.error(f"--redis-file: {exc}")
     if urlsplit(args.redis).scheme not in ("redis", "rediss", "unix"):
-        parser.error(f"--redis: expected a redis://, rediss:// or unix:// URL, got {args.redis!r}")
+        parser.error(f"--redis: expected a redis://, rediss:// or unix:// URL, got {redacted_url(args.redis)!r}")
     if args.heartbeat_ttl <= args.interval:
         parser.error("--heartbeat-ttl must be longer than --interval, or the heartbeat lapses between refreshes")
     try:
@@ -275,6 +311,9 @@ def make_backend(args: argparse.Namespace) -> GpuBackend:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Before reading any secret: no job (even one under the agent's own account) may ptrace this
+    # process or read its memory or /proc/<pid>/environ.
+    non_dumpable = make_non_dumpable()
     args = parse_args(argv)
     logging.basicConfig(
         level=args.log_level,
@@ -292,8 +331,11 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("%s", policy.describe())
     else:
         log.info("%s", policy.describe())
-    if args.key_warning:
-        log.warning("%s", args.key_warning)
+    if not non_dumpable and sys.platform.startswith("linux"):
+        log.warning("could not make the agent non-dumpable (prctl failed): jobs under its account could read its memory")
+    for warning in (args.key_warning, args.redis_warning):
+        if warning:
+            log.warning("%s", warning)
     if args.key is None:
         log.warning("no agent key (--key-file, $COLONY_AGENT_KEY_FILE or $COLONY_AGENT_KEY): messages are "
                     "unsigned, and a control plane that requires agent authentication rejects them")

@@ -2,10 +2,20 @@
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
+
+from agents.hardening import make_non_dumpable
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cluster_ui.settings")
 
 app = Celery("colony")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@signals.worker_init.connect
+@signals.beat_init.connect
+def _harden(**_kwargs):
+    # Worker and beat hold the agent secret and the Redis password: no job may read their memory.
+    # (Pool processes and an embedded beat are forked from here and inherit it.)
+    make_non_dumpable()
