@@ -85,7 +85,8 @@ def _database(url: str) -> dict:
     return config
 
 
-DATABASES = {"default": _database(env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'colony.sqlite3'}"))}
+# URLs may hold a password: each also comes from the file NAME_FILE names (as the dev stack passes them).
+DATABASES = {"default": _database(env_secret("DATABASE_URL", f"sqlite:///{VAR_DIR / 'colony.sqlite3'}"))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -170,16 +171,17 @@ SPECTACULAR_SETTINGS = {
 }
 
 # ---------------------------------------------------------------- Redis, Celery, scheduler
-REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# With a password in it, pass REDIS_URL_FILE (a file only Colony's account can read) instead.
+REDIS_URL = env_secret("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 # Throttle counters live in the cache; production shares one Redis cache between web workers.
-_cache_url = env_str("COLONY_CACHE_URL", "")
+_cache_url = env_secret("COLONY_CACHE_URL", "")
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _cache_url}
     if _cache_url else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 }
 
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_BROKER_URL = env_secret("CELERY_BROKER_URL", REDIS_URL)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
