@@ -7,12 +7,15 @@ Agent authentication is on, as in production: the server processes get a random
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -137,3 +140,123 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+# ---------------------------------------------------------------- the real dev stack
+
+
+class DevStack:
+    """A running ``python -m cluster_ui.devstack`` (see :func:`devstack`)."""
+
+    def __init__(self, process: subprocess.Popen, port: int, var_dir: Path, out: Path):
+        self.process, self.port, self.var_dir, self._out = process, port, var_dir, out
+
+    def output(self) -> str:
+        return self._out.read_text(errors="replace")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def children(self):
+        import psutil
+
+        return psutil.Process(self.process.pid).children(recursive=True)
+
+    def child_pid(self, *words: str) -> int | None:
+        """The pid of the supervised child whose command line holds every word (None: none now)."""
+        import psutil
+
+        for child in psutil.Process(self.process.pid).children():
+            try:
+                cmdline = child.cmdline()
+                if all(word in cmdline for word in words) and child.status() != psutil.STATUS_ZOMBIE:
+                    return child.pid
+            except psutil.NoSuchProcess:
+                continue
+        return None
+
+    def api(self, method: str, path: str, token: str | None = None, data: dict | None = None) -> dict:
+        body = json.dumps(data).encode() if data is not None else None
+        request = urllib.request.Request(f"{self.url}/api/v1/{path}", data=body, method=method,
+                                         headers={"Content-Type": "application/json",
+                                                  **({"Authorization": f"Token {token}"} if token else {})})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def token(self, username: str, password: str = "colony-demo") -> str:
+        return self.api("POST", "auth/token/", data={"username": username, "password": password})["token"]
+
+    def run_job(self, token: str, command: list[str], timeout: float = 60) -> dict:
+        """Submit a one-GPU job and wait for it to end; returns the job as the API shows it."""
+        job = self.api("POST", "jobs/", token, {"command": command, "gpus": 1})
+
+        def finished():
+            try:
+                current = self.api("GET", f"jobs/{job['id']}/", token)
+            except OSError:
+                return None
+            return current if current["state"] in ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT") else None
+
+        return wait_for(finished, timeout=timeout, interval=0.5, what=f"job {job['id']} to end")
+
+    def login_page_answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/accounts/login/", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+
+@contextlib.contextmanager
+def devstack(var_dir: Path, nodes: tuple[str, ...] = ("2xT4-16GB", "2xT4-16GB"), extra_env: dict | None = None):
+    """Start ``python -m cluster_ui.devstack`` on a free port with its own ``var_dir`` (SQLite, as a
+    newcomer runs it), wait for the banner and the web server; stop it with SIGINT on exit."""
+    from cluster_ui.devstack.redis_server import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    env["COLONY_VAR_DIR"] = str(var_dir)
+    env.update(extra_env or {})
+    var_dir.mkdir(parents=True, exist_ok=True)
+    out = var_dir.parent / f"{var_dir.name}-devstack.out"
+    with open(out, "w+b") as log:
+        argv = [sys.executable, "-m", "cluster_ui.devstack", "--port", str(port)]
+        for spec in nodes:
+            argv += ["--node", spec]
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        stack = DevStack(process, port, var_dir, out)
+        try:
+            wait_for(lambda: "Colony is up." in stack.output() or process.poll() is not None, timeout=120,
+                     what="the banner")
+            assert process.poll() is None, stack.output()
+            wait_for(stack.login_page_answers, timeout=30, what="the web server")
+            yield stack
+        except BaseException:
+            print(stack.output())
+            for name in sorted(var_dir.glob("log/*.log")):
+                print(f"--- {name.name}\n{name.read_text(errors='replace')[-3000:]}")
+            raise
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+                try:
+                    process.wait(45)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+@pytest.fixture
+def devstack_dir():
+    """A var dir for :func:`devstack` that job accounts can pass through (pytest's own tmp_path is
+    under a 0700 directory, where a stack run as root would have to run jobs as root)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="colony-devstack-"))
+    os.chmod(path, 0o711)
+    try:
+        yield path / "var"
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

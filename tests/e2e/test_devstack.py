@@ -1,58 +1,63 @@
 """The README's first command: ``python -m cluster_ui.devstack`` brings everything up on
-embedded defaults, serves the login page, and Ctrl-C leaves no process behind."""
+embedded defaults, serves the login page, restarts a child that dies (saying so) while the rest
+runs on, and Ctrl-C leaves no process behind."""
 
 import os
+import re
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 
 import psutil
 import pytest
 
-from cluster_ui.devstack.redis_server import free_port
-from tests.e2e.conftest import ROOT, wait_for
+from tests.e2e.conftest import devstack, wait_for
 
 pytestmark = pytest.mark.e2e
 
 
-def test_devstack_comes_up_seeded_and_ctrl_c_leaves_no_orphans(tmp_path):
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
-    env["COLONY_VAR_DIR"] = str(tmp_path)
-    log = open(tmp_path / "devstack.out", "w+b")
-    stack = subprocess.Popen([sys.executable, "-m", "cluster_ui.devstack", "--port", str(port),
-                              "--node", "2xT4-16GB", "--node", "2xT4-16GB"],
-                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    output = lambda: (tmp_path / "devstack.out").read_text()  # noqa: E731
-    try:
-        wait_for(lambda: "Colony is up." in output() or stack.poll() is not None, timeout=90, what="the banner")
-        assert stack.poll() is None, output()
-        assert "alice / colony-demo" in output()
-
-        def login_page():
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=2) as response:
-                    return response.status == 200
-            except OSError:
-                return False
-
-        wait_for(login_page, timeout=30, what="the web server")
-        descendants = psutil.Process(stack.pid).children(recursive=True)
+def test_devstack_restarts_a_killed_child_and_ctrl_c_leaves_no_orphans(devstack_dir):
+    with devstack(devstack_dir) as stack:
+        assert "alice / colony-demo" in stack.output()
+        descendants = stack.children()
         names = " ".join(" ".join(p.cmdline()) for p in descendants)
         assert "celery" in names and "beat" in names and names.count("-m agents") == 2 and "runserver" in names
+        token = stack.token("alice")
 
-        stack.send_signal(signal.SIGINT)
-        assert stack.wait(45) == 0, output()
+        # SIGKILL an agent and the ingest reader: each is started again, and the output says so.
+        agent_pid = stack.child_pid("agents", "node-1")
+        ingest_pid = stack.child_pid("manage.py", "ingest")
+        assert agent_pid and ingest_pid
+        os.kill(agent_pid, signal.SIGKILL)
+        os.kill(ingest_pid, signal.SIGKILL)
+        wait_for(lambda: "agent-node-1 restarted" in stack.output() and "ingest restarted" in stack.output(),
+                 timeout=20, what="the restarts")
+        out = stack.output()
+        assert "agent-node-1 exited with code -9; restarting in 1 s (restart 1)" in out, out
+        assert "ingest exited with code -9; restarting in 1 s (restart 1)" in out, out
+        new_agent_pid = stack.child_pid("agents", "node-1")
+        assert new_agent_pid and new_agent_pid != agent_pid
+        assert re.search(rf"agent-node-1 restarted \(pid {new_agent_pid}\)", out)
+        assert stack.child_pid("manage.py", "ingest") not in (None, ingest_pid)
+
+        # Killed again at once: the backoff doubles.
+        os.kill(new_agent_pid, signal.SIGKILL)
+        wait_for(lambda: "(restart 2)" in stack.output(), timeout=10, what="the second restart")
+        assert "agent-node-1 exited with code -9; restarting in 2 s (restart 2)" in stack.output()
+        wait_for(lambda: stack.output().count("agent-node-1 restarted") == 2, timeout=10, what="agent back")
+
+        # Nothing else stopped, and the stack still runs jobs on both nodes.
+        assert stack.process.poll() is None and "Stopping" not in stack.output()
+        jobs = [stack.run_job(token, ["python", "-c", "print(6 * 7)"], timeout=90) for _ in range(2)]
+        assert [job["state"] for job in jobs] == ["SUCCEEDED", "SUCCEEDED"], jobs
+        assert all("42" in job["output_tail"] for job in jobs)
+
+        descendants = stack.children()
+        stack.process.send_signal(signal.SIGINT)
+        assert stack.process.wait(45) == 0, stack.output()
         deadline = time.monotonic() + 10
         alive = descendants
         while alive and time.monotonic() < deadline:
             alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
             time.sleep(0.2)
         assert not alive, [p.cmdline() for p in alive]
-        assert "Stopped." in output()
-    finally:
-        if stack.poll() is None:
-            stack.kill()
-        log.close()
+        assert "Stopped." in stack.output()
