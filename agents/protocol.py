@@ -39,6 +39,30 @@ MAX_RUNTIME_S = 366 * 24 * 3600
 
 NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
+# Bounds of every number an agent sends. A signed message is still untrusted data: a non-finite or
+# absurd number must be rejected here, with a reason, instead of failing (or poisoning) whatever
+# stores it. Non-finite floats (NaN, Infinity) are refused by every model (``allow_inf_nan``).
+UNIX_TIME_MAX = 4_102_444_800.0  # 2100-01-01T00:00:00Z; unix times become datetimes
+PID_MAX = 2**22  # Linux's highest pid_max
+EXIT_CODE_MIN, EXIT_CODE_MAX = -255, 255  # 0..255, or -signal when a signal ended the process
+ID_MAX = 2**63 - 1  # job ids (BIGINT) and sequence numbers
+MEMORY_MIB_MAX = 16 * 1024 * 1024  # 16 TiB per GPU; fits the 32-bit columns that store MiB
+TEMPERATURE_C_MIN, TEMPERATURE_C_MAX = -100.0, 200.0
+POWER_W_MAX = 10_000.0
+CLOCK_MHZ_MAX = 100_000
+COUNTER_MAX = 2**63 - 1  # ECC error counts
+XID_MAX = 2**31 - 1
+BANDWIDTH_GBPS_MAX = 100_000.0
+MAX_GPUS = 64
+
+UnixTime = Annotated[float, Field(ge=0, le=UNIX_TIME_MAX, description="unix time, seconds")]
+JobId = Annotated[int, Field(gt=0, le=ID_MAX)]
+MemoryMib = Annotated[int, Field(ge=0, le=MEMORY_MIB_MAX)]
+GpuIndex = Annotated[int, Field(ge=0, lt=MAX_GPUS)]
+
+# Every wire model: unknown fields and non-finite numbers are errors; messages are immutable.
+_WIRE_CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
 # Redis names. Agents write EVENTS_STREAM and METRICS_STREAM and read their own command stream.
 EVENTS_STREAM = "colony:events"
 METRICS_STREAM = "colony:metrics"
@@ -68,7 +92,7 @@ class ProtocolError(ValueError):
 
 
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _WIRE_CONFIG
     v: Literal[1] = PROTOCOL_VERSION
 
     @model_validator(mode="before")
@@ -95,21 +119,21 @@ class _NodeMessage(_Message):
 
 
 class GpuInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    index: int = Field(ge=0, lt=64)
+    model_config = _WIRE_CONFIG
+    index: GpuIndex
     uuid: str = Field(min_length=1, max_length=128)
     model: str = Field(min_length=1, max_length=64)
-    memory_mib: int = Field(gt=0)
+    memory_mib: int = Field(gt=0, le=MEMORY_MIB_MAX)
 
 
 class GpuLink(BaseModel):
     """How two GPUs of one node talk: ``nvlink`` (with link count), ``pcie`` levels, or ``system``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    a: int = Field(ge=0, lt=64)
-    b: int = Field(ge=0, lt=64)
+    model_config = _WIRE_CONFIG
+    a: GpuIndex
+    b: GpuIndex
     kind: Literal["nvlink", "same_board", "pcie_switch", "pcie_host_bridge", "system", "unknown"]
-    bandwidth_gbps: float | None = Field(default=None, ge=0)
+    bandwidth_gbps: float | None = Field(default=None, ge=0, le=BANDWIDTH_GBPS_MAX)
 
 
 class NodeRegistered(_NodeMessage):
@@ -119,19 +143,19 @@ class NodeRegistered(_NodeMessage):
     """
 
     kind: Literal["node_registered"] = "node_registered"
-    gpus: list[GpuInfo] = Field(max_length=64)
-    topology: list[GpuLink] = Field(default_factory=list, max_length=64 * 64)
+    gpus: list[GpuInfo] = Field(max_length=MAX_GPUS)
+    topology: list[GpuLink] = Field(default_factory=list, max_length=MAX_GPUS * MAX_GPUS)
     backend: str = Field(max_length=32)
     agent_version: str = Field(max_length=32)
     hostname: str = Field(max_length=255)
-    running_jobs: list[int] = Field(default_factory=list, max_length=4096)
+    running_jobs: list[JobId] = Field(default_factory=list, max_length=4096)
 
 
 class JobStarted(_NodeMessage):
     kind: Literal["job_started"] = "job_started"
-    job_id: int = Field(gt=0)
-    pid: int = Field(gt=0)
-    started_at: float
+    job_id: JobId
+    pid: int = Field(gt=0, le=PID_MAX)
+    started_at: UnixTime
     # The command id of the LaunchJob this run came from: which attempt of the job it is.
     launch_id: str | None = Field(default=None, max_length=64)
 
@@ -144,8 +168,8 @@ class JobExited(_NodeMessage):
     """
 
     kind: Literal["job_exited"] = "job_exited"
-    job_id: int = Field(gt=0)
-    exit_code: int | None
+    job_id: JobId
+    exit_code: int | None = Field(ge=EXIT_CODE_MIN, le=EXIT_CODE_MAX)
     stopped: bool = False
     oom: bool = False  # killed because its GPU ran out of memory
     # Stopped by its node because it ran past the launch's ``max_runtime_s`` (SIGTERM, grace, SIGKILL).
@@ -162,7 +186,7 @@ class JobExited(_NodeMessage):
     launch_id: str | None = Field(default=None, max_length=64)
     error: str | None = Field(default=None, max_length=2000)
     output_tail: str = Field(default="", max_length=OUTPUT_TAIL_BYTES)
-    finished_at: float
+    finished_at: UnixTime
 
 
 AgentEvent = Annotated[Union[NodeRegistered, JobStarted, JobExited], Field(discriminator="kind")]
@@ -173,39 +197,41 @@ AgentEvent = Annotated[Union[NodeRegistered, JobStarted, JobExited], Field(discr
 
 
 class GpuSample(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    index: int = Field(ge=0, lt=64)
+    model_config = _WIRE_CONFIG
+    index: GpuIndex
     util_sm: float | None = Field(default=None, ge=0, le=100, description="percent")
     util_mem: float | None = Field(default=None, ge=0, le=100, description="memory controller busy, percent")
-    mem_used_mib: int | None = Field(default=None, ge=0)
-    mem_total_mib: int | None = Field(default=None, ge=0)
-    temperature_c: float | None = None
-    power_w: float | None = Field(default=None, ge=0)
-    sm_clock_mhz: int | None = Field(default=None, ge=0)
-    mem_clock_mhz: int | None = Field(default=None, ge=0)
-    ecc_uncorrected: int | None = Field(default=None, ge=0, description="volatile total")
-    xid_events: list[int] = Field(default_factory=list, max_length=64, description="XID codes since last sample")
+    mem_used_mib: MemoryMib | None = None
+    mem_total_mib: MemoryMib | None = None
+    temperature_c: float | None = Field(default=None, ge=TEMPERATURE_C_MIN, le=TEMPERATURE_C_MAX)
+    power_w: float | None = Field(default=None, ge=0, le=POWER_W_MAX)
+    sm_clock_mhz: int | None = Field(default=None, ge=0, le=CLOCK_MHZ_MAX)
+    mem_clock_mhz: int | None = Field(default=None, ge=0, le=CLOCK_MHZ_MAX)
+    ecc_uncorrected: int | None = Field(default=None, ge=0, le=COUNTER_MAX, description="volatile total")
+    xid_events: list[Annotated[int, Field(ge=0, le=XID_MAX)]] = Field(
+        default_factory=list, max_length=64, description="XID codes since last sample"
+    )
 
 
 class JobGpuSample(BaseModel):
     """GPU memory (and utilisation where known) of one job's processes on one GPU."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    job_id: int = Field(gt=0)
-    gpu_index: int = Field(ge=0, lt=64)
-    mem_used_mib: int = Field(ge=0)
+    model_config = _WIRE_CONFIG
+    job_id: JobId
+    gpu_index: GpuIndex
+    mem_used_mib: MemoryMib
     util_sm: float | None = Field(default=None, ge=0, le=100)
 
 
 class NodeSample(_NodeMessage):
     kind: Literal["node_sample"] = "node_sample"
-    ts: float = Field(description="unix time the sample was taken")
-    seq: int = Field(ge=0, description="counts up per agent process; gaps mean lost samples")
-    gpus: list[GpuSample] = Field(max_length=64)
+    ts: UnixTime = Field(description="unix time the sample was taken")
+    seq: int = Field(ge=0, le=ID_MAX, description="counts up per agent process; gaps mean lost samples")
+    gpus: list[GpuSample] = Field(max_length=MAX_GPUS)
     jobs: list[JobGpuSample] = Field(default_factory=list, max_length=4096)
     # Memory held by processes the agent did not launch, per GPU index.
-    unattributed_mib: dict[int, int] = Field(default_factory=dict)
-    running_jobs: list[int] = Field(default_factory=list, max_length=4096)
+    unattributed_mib: dict[GpuIndex, MemoryMib] = Field(default_factory=dict, max_length=MAX_GPUS)
+    running_jobs: list[JobId] = Field(default_factory=list, max_length=4096)
 
 # ---------------------------------------------------------------- control plane -> agent commands
 
