@@ -1,34 +1,46 @@
 """Starts, stops and reaps job processes on this node. No Redis and no protocol I/O here.
 
-Each job runs its argv without a shell as the leader of its own session and process group, so
-that stopping a job reaches everything it spawned (data loader workers, ``torchrun`` children),
-and nothing of a job outlives it. A process that calls ``setsid()`` itself escapes the group;
-containing that needs cgroups, which is out of scope here.
+Each job is owned by its own supervisor process (:mod:`agents.supervise`, the role of Slurm's
+``slurmstepd``), which the runner starts in a session of its own: the supervisor starts the job's
+argv without a shell as the leader of a further session and process group, so that stopping a job
+reaches everything it spawned (data loader workers, ``torchrun`` children), and nothing of a job
+outlives it. A process that calls ``setsid()`` itself escapes the group; containing that needs
+cgroups, which is out of scope here.
 
 Jobs are contained by what the agent decides, never by the job spec (``LaunchJob`` has no
 working directory, shell or user to ask for):
 
-- the process runs as the account :class:`agents.accounts.RunAsPolicy` picks (``Popen`` drops
-  to its uid, gid and supplementary groups before exec), and an agent running as root refuses a
-  job it has no unprivileged account for unless told otherwise;
+- the process runs as the account :class:`agents.accounts.RunAsPolicy` picks (the supervisor's
+  ``Popen`` drops to its uid, gid and supplementary groups before exec), and an agent running as
+  root refuses a job it has no unprivileged account for unless told otherwise;
 - its environment is an allow-list of the agent's variables plus the spec's and Colony's own,
-  never the agent's whole environment (which may hold the Redis password);
-- its output goes through a pipe into a size-bounded log (:mod:`agents.joblog`).
+  never the agent's whole environment (which may hold the Redis password); the spec reaches the
+  supervisor on its stdin, never on a command line or in its environment;
+- its output goes through a pipe into a size-bounded log (:mod:`agents.joblog`) that the
+  supervisor writes.
 
 Layout under ``workdir``: ``jobs/<job_id>/`` belongs to the agent (readable by the job's group)
-and holds ``output.log``, the job's stdout and stderr; ``jobs/<job_id>/work/`` is the job's
-working directory, owned by the job's account. The job cannot write to its log other than
-through the pipe, nor swap it for a link to a file it should not read.
+and holds ``output.log``, the job's stdout and stderr; ``launch.json`` (the LaunchJob, mode 600:
+it holds the job's environment); ``process.json`` (the job's leader pid and start time and its
+supervisor's, written by the supervisor); ``stop.json`` (written by the agent when it ends the job:
+why, and when SIGKILL is due); ``exit.json`` (the job's exit, written atomically by the supervisor
+when it ends); ``supervisor.log``. ``jobs/<job_id>/work/`` is the job's working directory, owned
+by the job's account. The job cannot write to its log other than through the pipe, nor swap it
+for a link to a file it should not read.
 
-An agent that dies (SIGKILL, a crash) leaves its jobs' processes running with nobody to read their
-output pipe. The runner keeps a ``process.json`` per running job (leader pid and its start time,
-so a reused pid is never mistaken for it); the next agent on the node stops those orphans before
-it registers (:meth:`JobRunner.stop_orphans`) and reports them for a requeue, so a job never runs
-twice at once. (Re-adopting them is not possible: their output pipe died with the agent.)
+Jobs survive their agent: an agent that dies (SIGKILL, a crash) leaves its jobs running under
+their supervisors, which keep writing their output and write their exit. The next agent on the
+node re-adopts them before it registers (:meth:`JobRunner.recover`): a job whose leader is alive
+(same pid and start time) with its supervisor is reported as running again and throttled, stopped
+and reaped as if this agent had started it; a job that ended while no agent ran is reported from
+its ``exit.json``. Only processes nobody supervises any more (their supervisor died, or a record
+of an agent from before supervisors) are stopped and reported for a requeue, as before, so a job
+never runs twice at once. A clean agent shutdown still stops every job (:meth:`JobRunner.stop_all`).
 
-Duty cycles and suspension are delegated to :class:`agents.throttle.DutyCycler` (its own thread);
-the runner tells it to forget a job before reaping the job's leader, so no signal can outlive the
-job's process group id.
+Stop, throttling (:class:`agents.throttle.DutyCycler`, its own thread) and suspension signal the
+job's process group from the agent; every such signal first checks that the leader is the same,
+not yet reaped process (a pidfd held since launch or adoption), and the runner tells the cycler to
+forget a job before it reports the job's exit, so no signal can reach a reused process group id.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import time
@@ -44,6 +57,7 @@ from pathlib import Path
 
 import psutil
 
+from agents import supervise
 from agents.accounts import (
     DEFAULT_PASS_ENV,
     Account,
@@ -53,16 +67,18 @@ from agents.accounts import (
     job_environment,
 )
 from agents.backends.base import JobProcesses
-from agents.joblog import DEFAULT_MAX_LOG_BYTES, BoundedLog
+from agents.joblog import DEFAULT_MAX_LOG_BYTES
 from agents.protocol import OUTPUT_TAIL_BYTES, LaunchJob
 from agents.throttle import DEFAULT_PERIOD, DutyCycler
 
 log = logging.getLogger(__name__)
 
-# How long a finished job's output may take to drain from the pipe before the log is closed
-# (only a process that escaped the job's group keeps the pipe open that long).
-OUTPUT_DRAIN_SECONDS = 1.0
-PROCESS_RECORD = "process.json"
+# How long the runner waits for a new supervisor to say the job started (or could not).
+SUPERVISOR_START_SECONDS = 30.0
+PROCESS_RECORD = supervise.PROCESS_RECORD
+EXIT_RECORD = supervise.EXIT_RECORD
+STOP_RECORD = supervise.STOP_RECORD
+LAUNCH_RECORD = "launch.json"
 
 
 class LaunchError(RuntimeError):
@@ -75,7 +91,7 @@ class FinishedJob:
 
     job_id: int
     #: The leader's exit status, or ``-signum`` when a signal killed it; None when not known
-    #: (an orphan of an earlier agent is not this process's child).
+    #: (an orphan nobody supervised, or one whose supervisor died).
     exit_code: int | None
     #: True when :meth:`JobRunner.stop` was asked to end it.
     stopped: bool
@@ -92,30 +108,112 @@ class FinishedJob:
     timed_out: bool = False
 
 
+class _Leader:
+    """A job's process group leader, pinned by a pidfd: signals go to its group only while the
+    leader is the same, not yet reaped process (a reaped leader's pid may name a stranger)."""
+
+    def __init__(self, pid: int, pidfd: int | None, create_time: float | None):
+        self.pid, self._pidfd, self._create_time = pid, pidfd, create_time
+
+    @classmethod
+    def attach(cls, pid: int, create_time: float | None) -> _Leader | None:
+        """The process ``pid`` if it started at ``create_time`` and is not reaped; else None."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            pidfd = None
+        leader = cls(pid, pidfd, create_time)
+        try:
+            same = create_time is not None and abs(psutil.Process(pid).create_time() - create_time) < 0.01
+        except psutil.Error:
+            same = False
+        if not same or not leader.unreaped():
+            leader.close()
+            return None
+        return leader
+
+    def unreaped(self) -> bool:
+        if self._pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self._pidfd, 0)
+                return True
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+        try:  # no pidfd (an old kernel): the start time tells a reused pid apart
+            return abs(psutil.Process(self.pid).create_time() - (self._create_time or 0)) < 0.01
+        except psutil.Error:
+            return False
+
+    def running(self) -> bool:
+        """Alive and not a zombie."""
+        if not self.unreaped():
+            return False
+        try:
+            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def signal_group(self, signum: int, job_id: int) -> None:
+        if not self.unreaped():
+            return  # its group is gone, or on its way: nothing of the job is left to signal
+        try:
+            os.killpg(self.pid, signum)
+        except ProcessLookupError:
+            pass  # the whole group is already gone
+        except PermissionError as exc:  # should not happen for our own jobs; never crash
+            log.error("job %d: cannot signal process group %d: %s", job_id, self.pid, exc)
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+class _Supervisor:
+    """A job's supervisor: this runner's child (``process``), or an earlier agent's (``adopted``)."""
+
+    def __init__(self, process: subprocess.Popen | None = None, adopted: psutil.Process | None = None):
+        self.process, self.adopted = process, adopted
+        self.pid = process.pid if process is not None else adopted.pid
+
+    def alive(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None  # reaps it once it exits
+        try:
+            return self.adopted.is_running() and self.adopted.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+
 @dataclass
 class _RunningJob:
     job_id: int
-    process: subprocess.Popen
-    log_path: Path
+    leader: _Leader
+    supervisor: _Supervisor
     command: LaunchJob
-    output: BoundedLog
-    started: float = 0.0  # monotonic, when the process was started
+    #: Monotonic time past which the supervisor ends the job (None: no limit); the runner stops
+    #: throttling it then, so that it can act on the supervisor's SIGTERM.
+    runtime_deadline: float | None = None
     kill_deadline: float | None = None  # monotonic; SIGKILL the group once it passes
     stopped: bool = False  # :meth:`JobRunner.stop` was asked to end it
-    timed_out: bool = False  # ended for running past ``command.max_runtime_s``
     killed: bool = False
     oom_error: str | None = None  # set when killed for running out of GPU memory
+    adopted: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.leader.pid
 
     @property
     def ending(self) -> bool:
-        """Told to end (stopped or timed out): SIGTERM sent, SIGKILL due at ``kill_deadline``."""
+        """Told to end: SIGTERM sent, SIGKILL due at ``kill_deadline``."""
         return self.kill_deadline is not None
 
-    def runtime_deadline(self) -> float | None:
-        """When the job has run for its ``max_runtime_s`` (monotonic), or None without a limit.
-        Wall-clock time: a throttled or suspended job's time counts too."""
-        limit = self.command.max_runtime_s
-        return None if limit is None else self.started + limit
+    @property
+    def timing_out(self) -> bool:
+        return self.runtime_deadline is not None and time.monotonic() >= self.runtime_deadline
 
 
 class JobRunner:
@@ -138,7 +236,8 @@ class JobRunner:
         self.max_log_bytes = max_log_bytes
         self.pass_env = tuple(pass_env)
         self._jobs: dict[int, _RunningJob] = {}
-        self._cycler = DutyCycler(duty_period)
+        self._exiting: list[subprocess.Popen] = []  # supervisors that reported an exit, to reap
+        self._cycler = DutyCycler(duty_period, signal_group=self._cycler_signal)
 
     def job_dir(self, job_id: int) -> Path:
         """The agent's directory for the job: ``output.log`` and the working directory."""
@@ -149,59 +248,67 @@ class JobRunner:
         return self.job_dir(job_id) / "work"
 
     def launch(self, cmd: LaunchJob) -> int:
-        """Start the job; return the leader's pid. Launching a running job returns its pid again."""
+        """Start the job under a supervisor; return the leader's pid. Launching a running job
+        returns its pid again."""
         running = self._jobs.get(cmd.job_id)
         if running is not None:
-            return running.process.pid
+            return running.pid
         try:
             account = self.run_as.account_for(cmd.tenant)
         except NoAccount as exc:
             raise LaunchError(str(exc)) from None
         job_dir, work_dir = self.job_dir(cmd.job_id), self.work_dir(cmd.job_id)
-        log_path = job_dir / "output.log"
         try:
             self._prepare_directories(job_dir, work_dir, account)
-            # A relaunch (a new attempt after a requeue) starts a fresh log: the tail the user
-            # reads must be this attempt's, not the last one's.
-            output, write_fd = BoundedLog.open(
-                log_path, self.max_log_bytes, group=account.gid if account else None,
-                name=f"job-{cmd.job_id}-output",
-            )
+            for name in (PROCESS_RECORD, EXIT_RECORD, STOP_RECORD):  # an earlier attempt's
+                (job_dir / name).unlink(missing_ok=True)
+            supervise.write_json_atomically(job_dir / LAUNCH_RECORD, json.loads(cmd.model_dump_json()), mode=0o600)
+            supervisor_log = os.open(job_dir / supervise.SUPERVISOR_LOG,
+                                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise LaunchError(f"cannot prepare job directory {job_dir}: {exc.strerror or exc}") from exc
-        identity = {}
-        if account is not None:
-            identity = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
+        spec = {
+            "job_id": cmd.job_id, "launch_id": cmd.command_id, "argv": list(cmd.argv),
+            "env": self._job_env(cmd, account, work_dir), "cwd": str(work_dir), "job_dir": str(job_dir),
+            # A relaunch (a new attempt after a requeue) starts a fresh log: the tail the user
+            # reads must be this attempt's, not the last one's.
+            "log_path": str(job_dir / "output.log"), "max_log_bytes": self.max_log_bytes,
+            "log_group": account.gid if account else None,
+            "user": account.uid if account else None, "group": account.gid if account else None,
+            "extra_groups": list(account.groups) if account else [],
+            "max_runtime_s": cmd.max_runtime_s, "stop_grace_s": cmd.stop_grace_s,
+        }
         try:
             process = subprocess.Popen(
-                cmd.argv,
-                cwd=work_dir,
-                env=self._job_env(cmd, account, work_dir),
-                stdin=subprocess.DEVNULL,
-                stdout=write_fd,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own session and process group: pgid == pid
-                close_fds=True,
-                **identity,
+                supervise.command(), cwd=job_dir, env={}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=supervisor_log, close_fds=True,
+                # Its own session: the agent's death, a killpg of the agent's group or a terminal's
+                # Ctrl-C never reaches it, so the job outlives an agent restart.
+                start_new_session=True,
             )
-        except (OSError, subprocess.SubprocessError) as exc:  # missing executable, bad interpreter ...
-            output.finish(0)
-            raise LaunchError(f"cannot start {cmd.argv[0]!r}: {getattr(exc, 'strerror', None) or exc}") from exc
-        except ValueError as exc:  # e.g. a NUL byte in argv or env
-            output.finish(0)
-            raise LaunchError(f"cannot start {cmd.argv[0]!r}: {exc}") from exc
+        except OSError as exc:
+            raise LaunchError(f"cannot start the job's supervisor: {exc.strerror or exc}") from exc
         finally:
-            os.close(write_fd)  # the child holds its own copy; the pump sees EOF once it is gone
-        output.start()
-        self._jobs[cmd.job_id] = _RunningJob(cmd.job_id, process, log_path, cmd, output, started=time.monotonic())
-        self._write_record(cmd.job_id, process.pid, cmd.command_id)
+            os.close(supervisor_log)
+        answer = _supervisor_answer(process, spec)
+        if "error" in answer:
+            _reap(process)
+            raise LaunchError(str(answer["error"]))
+        leader = _Leader.attach(int(answer["pid"]), answer.get("create_time"))
+        if leader is None:  # exited (and was reaped) already: the supervisor writes its exit
+            leader = _Leader(int(answer["pid"]), None, -1.0)
+        limit = cmd.max_runtime_s
+        self._jobs[cmd.job_id] = _RunningJob(
+            cmd.job_id, leader, _Supervisor(process), cmd,
+            runtime_deadline=None if limit is None else time.monotonic() + limit,
+        )
         log.info(
-            "job %d started: pid %d, GPUs %s, as %s",
-            cmd.job_id, process.pid, cmd.gpu_indices or "none", account.name if account else "the agent's user",
+            "job %d started: pid %d (supervisor %d), GPUs %s, as %s", cmd.job_id, leader.pid, process.pid,
+            cmd.gpu_indices or "none", account.name if account else "the agent's user",
         )
         if cmd.duty_cycle < 1:
             self.set_duty_cycle(cmd.job_id, cmd.duty_cycle)
-        return process.pid
+        return leader.pid
 
     def _prepare_directories(self, job_dir: Path, work_dir: Path, account: Account | None) -> None:
         """Create the job's directories; when switching users, the job's account gets the working
@@ -238,20 +345,17 @@ class JobRunner:
         job = self._jobs.get(job_id)
         if job is None:
             return
-        job.stopped = True
-        log.info("job %d: stopping (grace %.1fs)", job_id, grace_seconds)
-        self._terminate(job, grace_seconds)
-
-    def _terminate(self, job: _RunningJob, grace_seconds: float) -> None:
-        """SIGTERM the group now and SIGKILL it ``grace_seconds`` later (:meth:`poll`); a second
-        call never extends the deadline."""
         deadline = time.monotonic() + max(0.0, grace_seconds)
         if job.kill_deadline is not None and job.kill_deadline <= deadline:
             return
+        job.stopped = True
         job.kill_deadline = deadline
+        log.info("job %d: stopping (grace %.1fs)", job_id, grace_seconds)
+        # Recorded for the supervisor's exit.json and for an agent that adopts the job meanwhile.
+        self._write_stop(job, "stop", None, time.time() + max(0.0, grace_seconds))
         # No more slicing; a stopped (throttled or suspended) group only acts on SIGTERM once it
         # is continued, so SIGCONT follows. SIGKILL needs no help.
-        self._cycler.forget(job.job_id)
+        self._cycler.forget(job_id)
         self._signal_group(job, signal.SIGKILL if grace_seconds <= 0 else signal.SIGTERM)
         self._signal_group(job, signal.SIGCONT)
 
@@ -263,8 +367,16 @@ class JobRunner:
             return
         log.warning("job %d: out of GPU memory; killing it: %s", job_id, error)
         job.oom_error = error
+        self._write_stop(job, "oom", error, time.time())
         self._cycler.forget(job_id)
         self._signal_group(job, signal.SIGKILL)
+
+    def _write_stop(self, job: _RunningJob, reason: str, error: str | None, kill_at: float) -> None:
+        try:
+            supervise.write_json_atomically(self.job_dir(job.job_id) / STOP_RECORD,
+                                            {"reason": reason, "error": error, "kill_at": kill_at})
+        except OSError as exc:  # the agent still knows; only an adopting agent would not
+            log.warning("job %d: cannot write %s: %s", job.job_id, STOP_RECORD, exc)
 
     # ------------------------------------------------------------------ throttling
 
@@ -273,7 +385,7 @@ class JobRunner:
         job = self._live(job_id)
         if job is None:
             return False
-        self._cycler.set_duty_cycle(job_id, job.process.pid, duty_cycle)
+        self._cycler.set_duty_cycle(job_id, job.pid, duty_cycle)
         log.info("job %d: duty cycle %.2f", job_id, duty_cycle)
         return True
 
@@ -282,7 +394,7 @@ class JobRunner:
         job = self._live(job_id)
         if job is None:
             return False
-        self._cycler.suspend(job_id, job.process.pid)
+        self._cycler.suspend(job_id, job.pid)
         log.info("job %d: suspended", job_id)
         return True
 
@@ -299,11 +411,17 @@ class JobRunner:
         return 0.0 if self._cycler.suspended(job_id) else self._cycler.duty_cycle(job_id)
 
     def _live(self, job_id: int) -> _RunningJob | None:
-        """A job that is running and not being stopped or killed (so it may be throttled)."""
+        """A job that is running and not being ended or killed (so it may be throttled)."""
         job = self._jobs.get(job_id)
-        if job is None or job.ending or job.killed:
+        if job is None or job.ending or job.killed or job.timing_out:
             return None
         return job
+
+    def _cycler_signal(self, job_id: int, pgid: int, signum: int) -> None:
+        """The duty cycler's signals (called with its lock held), checked against the leader."""
+        job = self._jobs.get(job_id)
+        if job is not None and job.pid == pgid:
+            job.leader.signal_group(signum, job_id)
 
     def running(self) -> set[int]:
         """Ids of jobs whose exit has not yet been returned by :meth:`poll`."""
@@ -314,7 +432,7 @@ class JobRunner:
         return {
             job.job_id: JobProcesses(
                 job_id=job.job_id,
-                pid=job.process.pid,
+                pid=job.pid,
                 gpu_indices=tuple(job.command.gpu_indices),
                 env=dict(job.command.env),
                 gpu_memory_limit_mib=job.command.gpu_memory_limit_mib,
@@ -324,52 +442,69 @@ class JobRunner:
         }
 
     def poll(self) -> list[FinishedJob]:
-        """End jobs past their runtime limit, escalate overdue stops, and return the jobs that
-        finished since the last call."""
+        """Escalate overdue stops, stop throttling jobs past their runtime limit (their
+        supervisor ends them), and return the jobs that finished since the last call."""
         now = time.monotonic()
+        self._exiting = [process for process in self._exiting if process.poll() is None]
         finished = []
         for job in list(self._jobs.values()):
-            runtime_deadline = job.runtime_deadline()
-            if runtime_deadline is not None and now >= runtime_deadline and not job.timed_out and not job.killed:
-                job.timed_out = True
-                log.warning("job %d: ran past its limit of %ds; ending it (grace %.1fs)",
-                            job.job_id, job.command.max_runtime_s, job.command.stop_grace_s)
-                self._terminate(job, job.command.stop_grace_s)
             if job.kill_deadline is not None and now >= job.kill_deadline and not job.killed:
                 log.warning("job %d: still running after its grace period; killing it", job.job_id)
                 self._signal_group(job, signal.SIGKILL)
-            if not _has_exited(job.process):
-                continue
-            # The leader is a zombie until we reap it, so its pid (== the group id) cannot be
-            # reused yet: killing the group now reaches only this job's stragglers (stopped ones
-            # too: SIGKILL needs no SIGCONT). The duty cycler lets go first, for the same reason.
+            if job.timing_out:
+                self._cycler.forget(job.job_id)  # it must run to act on the supervisor's SIGTERM
+            result = supervise.read_json(self.job_dir(job.job_id) / EXIT_RECORD)
+            if result is None:
+                if job.supervisor.alive():
+                    continue
+                # It may have written its exit just before it exited.
+                result = supervise.read_json(self.job_dir(job.job_id) / EXIT_RECORD)
+            if result is None:
+                log.error("job %d: its supervisor (pid %d) died; killing the job's processes",
+                          job.job_id, job.supervisor.pid)
+            # Forgotten before anything else: no duty-cycle signal once the job is reported.
             self._cycler.forget(job.job_id)
-            self._signal_group(job, signal.SIGKILL)
-            exit_code = job.process.wait()
-            job.output.finish(OUTPUT_DRAIN_SECONDS)
+            if result is None:
+                self._signal_group(job, signal.SIGKILL)
+            finished.append(self._finished(job, result))
             del self._jobs[job.job_id]
-            self._record_path(job.job_id).unlink(missing_ok=True)
-            finished.append(
-                FinishedJob(
-                    job_id=job.job_id,
-                    exit_code=exit_code,
-                    stopped=job.stopped,
-                    output_tail=read_tail(job.log_path),
-                    finished_at=time.time(),
-                    oom=job.oom_error is not None,
-                    error=job.oom_error,
-                    launch_id=job.command.command_id,
-                    timed_out=job.timed_out,
-                )
-            )
-            log.info(
-                "job %d exited with %d%s",
-                job.job_id,
-                exit_code,
-                " (stopped)" if job.stopped else " (out of memory)" if job.oom_error
-                else " (timed out)" if job.timed_out else "",
-            )
+            job.leader.close()
+            if job.supervisor.process is not None and job.supervisor.process.poll() is None:
+                self._exiting.append(job.supervisor.process)  # exits right after writing exit.json
         return finished
+
+    def _finished(self, job: _RunningJob, result: dict | None) -> FinishedJob:
+        """The job's exit from its supervisor's ``result`` (None: the supervisor died), and its
+        records removed (``process.json`` first: an ``exit.json`` without one is never read)."""
+        job_dir = self.job_dir(job.job_id)
+        for name in (PROCESS_RECORD, EXIT_RECORD, STOP_RECORD):
+            (job_dir / name).unlink(missing_ok=True)
+        if result is None:
+            done = FinishedJob(
+                job_id=job.job_id, exit_code=None, stopped=job.stopped, requeue=not job.stopped,
+                finished_at=time.time(), launch_id=job.command.command_id,
+                output_tail=read_tail(job_dir / "output.log"),
+                error="the job's supervisor process died; the job's processes were killed",
+            )
+        else:
+            exit_code = result.get("exit_code")
+            oom = job.oom_error is not None or bool(result.get("oom"))
+            done = FinishedJob(
+                job_id=job.job_id,
+                exit_code=exit_code if isinstance(exit_code, int) else None,
+                stopped=job.stopped or bool(result.get("stopped")),
+                output_tail=read_tail(job_dir / "output.log"),
+                finished_at=float(result.get("finished_at") or time.time()),
+                oom=oom,
+                error=job.oom_error or (result.get("error") if oom else None),
+                launch_id=job.command.command_id,
+                timed_out=bool(result.get("timed_out")),
+            )
+        log.info("job %d exited with %s%s%s", job.job_id, done.exit_code,
+                 " (stopped)" if done.stopped else " (out of memory)" if done.oom
+                 else " (timed out)" if done.timed_out else "",
+                 " (adopted from an earlier agent)" if job.adopted else "")
+        return done
 
     def stop_all(self, grace_seconds: float, give_up_after: float = 10.0) -> list[FinishedJob]:
         """Stop every job and wait until all have exited (SIGKILL after the grace).
@@ -388,44 +523,103 @@ class JobRunner:
             log.error("jobs %s did not exit after SIGKILL", sorted(self._jobs))
         return finished
 
-    # ------------------------------------------------------------------ orphans of an earlier agent
+    # ------------------------------------------------------------------ jobs of an earlier agent
 
     def _record_path(self, job_id: int) -> Path:
         return self.job_dir(job_id) / PROCESS_RECORD
 
-    def _write_record(self, job_id: int, pid: int, launch_id: str) -> None:
-        try:
-            started = psutil.Process(pid).create_time()
-        except psutil.Error:
-            return  # already gone: nothing could be orphaned
-        path = self._record_path(job_id)
-        tmp = path.with_name(PROCESS_RECORD + ".tmp")
-        try:
-            tmp.write_text(json.dumps({"pid": pid, "create_time": started, "launch_id": launch_id}))
-            tmp.replace(path)
-        except OSError as exc:  # a full disk costs orphan detection, never the job
-            log.warning("job %d: cannot write %s: %s", job_id, path, exc)
+    def recover(self, grace_seconds: float) -> list[FinishedJob]:
+        """Take over what an earlier agent on this workdir left: call once, before registering.
+
+        A job whose supervisor and leader still run is adopted (listed by :meth:`running`,
+        throttled, stopped and reported by :meth:`poll` like any other); a job that ended while
+        no agent ran is returned with the exit its supervisor recorded; processes nobody
+        supervises any more are stopped and returned for a requeue (:meth:`_stop_unsupervised`).
+        """
+        finished: list[FinishedJob] = []
+        for path in sorted((self.workdir / "jobs").glob(f"*/{PROCESS_RECORD}")):
+            if not path.parent.name.isdigit() or int(path.parent.name) in self._jobs:
+                continue
+            job_id = int(path.parent.name)
+            record = supervise.read_json(path)
+            command = self._launch_record(job_id)
+            if record is None or "supervisor_pid" not in record or command is None:
+                continue  # a record from before supervisors: _stop_unsupervised handles it
+            result = supervise.read_json(self.job_dir(job_id) / EXIT_RECORD)
+            supervisor = _adopted_supervisor(record)
+            if result is None and supervisor is None:
+                result = supervise.read_json(self.job_dir(job_id) / EXIT_RECORD)
+                if result is None:
+                    continue  # nobody supervises it: _stop_unsupervised
+            leader = _Leader.attach(int(record["pid"]), record.get("create_time")) if result is None else None
+            job = _RunningJob(job_id, leader or _Leader(int(record["pid"]), None, -1.0),
+                              _Supervisor(adopted=supervisor) if supervisor else None, command, adopted=True)
+            if result is not None:
+                log.info("job %d ended while no agent ran; reporting its exit", job_id)
+                finished.append(self._finished(job, result))
+                job.leader.close()
+                continue
+            started_at, limit = record.get("started_at"), record.get("max_runtime_s")
+            if isinstance(started_at, (int, float)) and isinstance(limit, (int, float)):
+                job.runtime_deadline = time.monotonic() + (started_at + limit - time.time())
+            stop = supervise.read_json(self.job_dir(job_id) / STOP_RECORD) or {}
+            if stop.get("reason") == "oom":
+                job.oom_error, job.killed = str(stop.get("error") or "out of GPU memory"), True
+                job.leader.signal_group(signal.SIGKILL, job_id)
+            elif stop.get("reason") == "stop":
+                # The earlier agent was stopping it: carry the stop through, SIGKILL when it was due.
+                job.stopped = True
+                kill_at = stop.get("kill_at") if isinstance(stop.get("kill_at"), (int, float)) else time.time()
+                job.kill_deadline = time.monotonic() + max(0.0, kill_at - time.time())
+            # A duty cycle may have left it stopped; the control plane tells this agent the job's
+            # duty cycle again once it registers.
+            job.leader.signal_group(signal.SIGCONT, job_id)
+            self._jobs[job_id] = job
+            log.info("job %d: adopted from an earlier agent (pid %d, supervisor %d)", job_id, job.pid, supervisor.pid)
+        return finished + self._stop_unsupervised(grace_seconds)
 
     def stop_orphans(self, grace_seconds: float) -> list[FinishedJob]:
-        """Stop job processes an earlier agent on this workdir started and never reaped.
+        """The name :meth:`recover` had before jobs had supervisors (it only stopped orphans)."""
+        return self.recover(grace_seconds)
+
+    def _launch_record(self, job_id: int) -> LaunchJob | None:
+        try:
+            return LaunchJob.model_validate_json((self.job_dir(job_id) / LAUNCH_RECORD).read_bytes())
+        except (OSError, ValueError):
+            return None
+
+    def _stop_unsupervised(self, grace_seconds: float) -> list[FinishedJob]:
+        """Stop job processes an earlier agent on this workdir left that nobody supervises any
+        more (their supervisor died, or the record predates supervisors).
 
         Each is continued (a duty cycle may have left it stopped), sent SIGTERM, and its group
         SIGKILLed after ``grace_seconds``. Returns them as finished jobs to requeue; records of
-        processes that are gone, or whose pid now names another process, are just removed.
+        processes that are gone, or whose pid now names another process, are just removed (a
+        supervised job's is reported for a requeue: its fate is unknown). Jobs this runner runs or
+        adopted (:meth:`recover`) are left alone.
         """
         orphans: list[tuple[int, psutil.Process, str | None]] = []
+        vanished: list[tuple[int, str | None]] = []
         for path in sorted((self.workdir / "jobs").glob(f"*/{PROCESS_RECORD}")):
             job_id = int(path.parent.name) if path.parent.name.isdigit() else None
+            if job_id in self._jobs:
+                continue
+            record = supervise.read_json(path) or {}
+            if "supervisor_pid" in record and (
+                _adopted_supervisor(record) is not None or (path.parent / EXIT_RECORD).exists()
+            ):
+                continue  # supervised, or ended with its exit recorded: for recover(), never stopped here
             try:
-                record = json.loads(path.read_text())
                 process = psutil.Process(int(record["pid"]))
                 same = abs(process.create_time() - float(record["create_time"])) < 0.01 and _running(process)
             except (OSError, ValueError, KeyError, TypeError, psutil.Error):
                 same = False
-            if job_id is None or job_id in self._jobs or not same:
+            if job_id is None or not same:
+                if job_id is not None and "supervisor_pid" in record:
+                    vanished.append((job_id, record.get("launch_id")))
                 path.unlink(missing_ok=True)
                 continue
-            log.warning("job %d: process %d outlived an earlier agent; stopping it", job_id, process.pid)
+            log.warning("job %d: process %d outlived its agent and supervisor; stopping it", job_id, process.pid)
             for signum in (signal.SIGCONT, signal.SIGTERM):
                 _signal_orphan(process.pid, signum)
             orphans.append((job_id, process, record.get("launch_id")))
@@ -438,6 +632,13 @@ class JobRunner:
                 _signal_orphan(process.pid, signal.SIGKILL)  # the group's stragglers, or the leader itself
             survivors = _wait_gone(alive, 5.0)
         finished = []
+        for job_id, launch_id in vanished:
+            (self.job_dir(job_id) / STOP_RECORD).unlink(missing_ok=True)
+            finished.append(FinishedJob(
+                job_id=job_id, exit_code=None, stopped=True, requeue=True, finished_at=time.time(), launch_id=launch_id,
+                output_tail=read_tail(self.job_dir(job_id) / "output.log"),
+                error="the job's supervisor died while no agent ran; how the job ended is not known",
+            ))
         for job_id, process, launch_id in orphans:
             if process in survivors:
                 # Not reported: a requeue now would run the job beside it. The record stays, so the
@@ -446,6 +647,7 @@ class JobRunner:
                           job_id, process.pid)
                 continue
             self._record_path(job_id).unlink(missing_ok=True)
+            (self.job_dir(job_id) / STOP_RECORD).unlink(missing_ok=True)
             finished.append(FinishedJob(
                 job_id=job_id, exit_code=None, stopped=True, requeue=True, finished_at=time.time(), launch_id=launch_id,
                 output_tail=read_tail(self.job_dir(job_id) / "output.log"),
@@ -454,18 +656,61 @@ class JobRunner:
         return finished
 
     def close(self) -> None:
-        """End the duty-cycle thread, continuing anything it holds stopped. Idempotent."""
+        """End the duty-cycle thread, continuing anything it holds stopped. Idempotent. Jobs
+        still running keep running under their supervisors (an agent that adopts them takes over)."""
         self._cycler.close()
+        for process in self._exiting:
+            _reap(process, 2.0)
+        self._exiting = []
 
     def _signal_group(self, job: _RunningJob, signum: int) -> None:
         if signum == signal.SIGKILL:
             job.killed = True
+        job.leader.signal_group(signum, job.job_id)
+
+
+def _supervisor_answer(process: subprocess.Popen, spec: dict) -> dict:
+    """Hand the supervisor its spec and read its one-line answer: ``{"pid", "create_time"}`` or
+    ``{"error"}``. A supervisor that says nothing in time is killed and its log quoted."""
+    try:
         try:
-            os.killpg(job.process.pid, signum)
-        except ProcessLookupError:
-            pass  # the whole group is already gone
-        except PermissionError as exc:  # should not happen for our own children; never crash
-            log.error("job %d: cannot signal process group %d: %s", job.job_id, job.process.pid, exc)
+            process.stdin.write(json.dumps(spec).encode())
+            process.stdin.close()
+        except OSError:
+            pass  # it died at once; its log says why
+        ready, _, _ = select.select([process.stdout], [], [], SUPERVISOR_START_SECONDS)
+        line = process.stdout.readline() if ready else b""
+    finally:
+        process.stdout.close()
+    try:
+        answer = json.loads(line)
+        if isinstance(answer, dict) and ("error" in answer or isinstance(answer.get("pid"), int)):
+            return answer
+    except ValueError:
+        pass
+    process.kill()
+    _reap(process)
+    why = read_tail(Path(spec["job_dir"]) / supervise.SUPERVISOR_LOG, 500).strip().splitlines()
+    return {"error": "the job's supervisor failed to start it" + (f": {why[-1]}" if why else "")}
+
+
+def _adopted_supervisor(record: dict) -> psutil.Process | None:
+    """The supervisor a record names, if it still runs (same pid and start time)."""
+    try:
+        process = psutil.Process(int(record["supervisor_pid"]))
+        if abs(process.create_time() - float(record["supervisor_create_time"])) < 0.01 and _running(process):
+            return process
+    except (ValueError, KeyError, TypeError, psutil.Error):
+        pass
+    return None
+
+
+def _reap(process: subprocess.Popen, timeout: float = 5.0) -> None:
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
@@ -493,17 +738,6 @@ def _signal_orphan(pgid: int, signum: int) -> None:
         pass
     except PermissionError as exc:  # an agent not running as root, and a job of another account
         log.error("cannot signal process group %d: %s", pgid, exc)
-
-
-def _has_exited(process: subprocess.Popen) -> bool:
-    """Whether the leader has exited, without reaping it (see :meth:`JobRunner.poll`)."""
-    if process.returncode is not None:
-        return True
-    try:
-        status = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return True  # reaped elsewhere; Popen.wait() copes
-    return status is not None
 
 
 def read_tail(path: Path, limit: int = OUTPUT_TAIL_BYTES) -> str:

@@ -8,9 +8,11 @@ Why a thread: the agent loop blocks in XREADGROUP for up to an interval and in R
 seconds when the server is slow, so slices of a few hundred milliseconds cannot hang off it. This
 thread sleeps until the next start or stop edge and does nothing else; it only ever sends signals.
 Every signal is sent under the lock, and :meth:`DutyCycler.forget` takes the lock too, so once
-``forget`` returns the thread will never signal that process group again. The runner forgets a
-job before it reaps the job's leader; until then the leader is at worst a zombie, which keeps its
-pid (the group id) from being reused, so a signal can never reach a stranger's processes.
+``forget`` returns the thread will never signal that process group again. The job's supervisor
+(:mod:`agents.supervise`), not the agent, reaps the job's leader, so the runner hands the cycler a
+``signal_group`` that first checks (through a pidfd) that the leader is not yet reaped: until then
+it is at worst a zombie, which keeps its pid (the group id) from being reused, so a signal can
+never reach a stranger's processes.
 
 All slices start at the same period boundary: the throttled jobs of a node run together and
 leave the GPU to the unthrottled ones together, which is what a guaranteed neighbour needs.
@@ -46,10 +48,13 @@ class _Sliced:
 class DutyCycler:
     """Applies duty cycles and suspensions to process groups. Thread-safe."""
 
-    def __init__(self, period: float = DEFAULT_PERIOD):
+    def __init__(self, period: float = DEFAULT_PERIOD, signal_group=None):
+        """``signal_group(job_id, pgid, signum)`` sends each signal (called with the lock held);
+        the runner's checks that the group's leader is still the job's before signalling it."""
         if not period > 0:
             raise ValueError("period must be positive")
         self.period = period
+        self._signal_group = signal_group or _signal_group
         self._jobs: dict[int, _Sliced] = {}
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -184,12 +189,12 @@ class DutyCycler:
     def _stop(self, job_id: int, job: _Sliced) -> None:
         if not job.stopped:
             job.stopped = True
-            _signal_group(job_id, job.pgid, signal.SIGSTOP)
+            self._signal_group(job_id, job.pgid, signal.SIGSTOP)
 
     def _continue(self, job_id: int, job: _Sliced) -> None:
         if job.stopped:
             job.stopped = False
-            _signal_group(job_id, job.pgid, signal.SIGCONT)
+            self._signal_group(job_id, job.pgid, signal.SIGCONT)
 
 
 def _signal_group(job_id: int, pgid: int, signum: int) -> None:

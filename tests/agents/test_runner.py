@@ -6,6 +6,7 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 
 from agents import protocol
@@ -171,26 +172,33 @@ def test_stop_all_returns_once_everything_exited(runner):
 # ---------------------------------------------------------------- orphans of an agent that died
 
 
-def test_a_new_agent_stops_the_jobs_a_dead_agent_left_running_and_reports_them_for_requeue(tmp_path):
+def test_a_new_agent_stops_unsupervised_processes_an_earlier_agent_left_and_reports_them_for_requeue(tmp_path):
+    import json
+    import subprocess
+
     from agents.accounts import RunAsPolicy
 
+    # What an agent from before supervisors left: the job's own process and a record of it.
     workdir = tmp_path / "agent"
-    dead = JobRunner(workdir, run_as=RunAsPolicy(allow_root=True))
-    cmd = launch(python("import time; print('working', flush=True); time.sleep(60)"))
-    pid = dead.launch(cmd)
-    wait_for(lambda: "working" in read_tail(dead.job_dir(cmd.job_id) / "output.log"))
-    dead.close()  # the dead agent's threads are gone with it; its job is not...
-    os.killpg(pid, signal.SIGSTOP)  # ...and a duty cycle may have left it stopped
+    job_dir = workdir / "jobs" / "41"
+    job_dir.mkdir(parents=True)
+    (job_dir / "output.log").write_text("working\n")
+    orphan_process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    record = {"pid": orphan_process.pid, "create_time": psutil.Process(orphan_process.pid).create_time(),
+              "launch_id": "launch-old"}
+    (job_dir / "process.json").write_text(json.dumps(record))
+    os.killpg(orphan_process.pid, signal.SIGSTOP)  # a duty cycle may have left it stopped
 
     fresh = JobRunner(workdir, run_as=RunAsPolicy(allow_root=True))
     started = time.monotonic()
-    [orphan] = fresh.stop_orphans(grace_seconds=5)
-    assert (orphan.job_id, orphan.exit_code, orphan.stopped, orphan.requeue) == (cmd.job_id, None, True, True)
+    [orphan] = fresh.recover(grace_seconds=5)
+    assert (orphan.job_id, orphan.exit_code, orphan.stopped, orphan.requeue) == (41, None, True, True)
+    assert orphan.launch_id == "launch-old"
     assert "agent restarted" in orphan.error and "working" in orphan.output_tail
-    assert dead._jobs[cmd.job_id].process.wait(5) == -signal.SIGTERM  # ended by SIGTERM, not left stopped
+    assert orphan_process.wait(5) == -signal.SIGTERM  # ended by SIGTERM, not left stopped
     assert time.monotonic() - started < 4
-    assert fresh.stop_orphans(grace_seconds=5) == []  # its record is gone: nothing is stopped twice
-    assert not (fresh.job_dir(cmd.job_id) / "process.json").exists() and gone(pid)
+    assert fresh.recover(grace_seconds=5) == []  # its record is gone: nothing is stopped twice
+    assert not (job_dir / "process.json").exists() and fresh.running() == set()
     fresh.close()
 
 

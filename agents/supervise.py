@@ -1,0 +1,239 @@
+"""The per-job supervisor: one small process per job that owns it, so the job outlives its agent.
+
+It plays the part of Slurm's ``slurmstepd`` or containerd's shim. :class:`agents.runner.JobRunner`
+starts it in a fresh interpreter (:func:`command`), in a session of its own (so neither the agent's
+death, a ``killpg`` of the agent's process group nor a terminal's Ctrl-C reaches it; it sets no
+parent-death signal), and writes the job's spec to its stdin as JSON. The supervisor then
+
+1. starts the job's argv as the leader of its own session and process group, under the account the
+   spec names (``Popen`` drops to its uid, gid and supplementary groups before exec), in the job's
+   working directory, with the spec's environment and nothing of its own;
+2. copies the job's output through a pipe into the size-bounded ``output.log``
+   (:class:`agents.joblog.BoundedLog`), which is why the job need not die with the agent;
+3. writes ``process.json`` (the leader's pid and start time, its own pid and start time, the launch
+   id and the runtime limit) and answers the runner on stdout with ``{"pid": ..., "create_time": ...}``
+   (or ``{"error": ...}`` when the job cannot start), then closes stdout;
+4. ends the job if it runs past ``max_runtime_s`` (wall clock from its start, suspended time
+   included): SIGTERM and SIGCONT to its group, SIGKILL after ``stop_grace_s``;
+5. once the leader exits, SIGKILLs what is left of its group (the leader, not yet reaped, still
+   holds the group id, so nothing else can be hit), reaps it, drains the log, writes ``exit.json``
+   atomically (``exit_code``, ``finished_at``, ``timed_out``, and ``stopped``/``oom``/``error`` from
+   the agent's ``stop.json`` when it asked for the end) and exits.
+
+Stop, throttling and suspension stay with the agent, which signals the job's process group itself
+after checking that the leader recorded in ``process.json`` is still the same, unreaped process.
+
+Nothing here imports Redis, the protocol or pydantic: the supervisor must start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from agents.joblog import BoundedLog
+
+try:
+    from agents.hardening import make_non_dumpable
+except ImportError:  # pragma: no cover - an older tree without it
+    def make_non_dumpable() -> bool:
+        return False
+
+log = logging.getLogger("agents.supervise")
+
+PROCESS_RECORD = "process.json"
+EXIT_RECORD = "exit.json"
+STOP_RECORD = "stop.json"
+SUPERVISOR_LOG = "supervisor.log"
+# How long a finished job's output may take to drain from the pipe before the log is closed
+# (only a process that escaped the job's group keeps the pipe open that long).
+OUTPUT_DRAIN_SECONDS = 1.0
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
+# -I: no PYTHON* variables, no user site, no current directory on sys.path; only this package's root.
+_BOOT = f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from agents.supervise import main; sys.exit(main())"
+
+
+def command() -> list[str]:
+    """argv that starts a supervisor (its spec goes to its stdin)."""
+    return [sys.executable, "-I", "-c", _BOOT]
+
+
+def write_json_atomically(path: Path, data: dict, mode: int = 0o640) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, json.dumps(data).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict | None:
+    """The JSON object in ``path``; None if it is missing or not a readable object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+    except PermissionError as exc:
+        log.error("cannot signal process group %d: %s", pgid, exc)
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether the leader has exited, without reaping it."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+class _Answer:
+    """The runner's end of our stdout: one JSON line, then closed."""
+
+    def send(self, data: dict) -> None:
+        try:
+            os.write(1, (json.dumps(data) + "\n").encode())
+        except OSError:
+            pass  # the agent is gone; the job's files say everything
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+
+
+def supervise(spec: dict) -> int:
+    job_dir = Path(spec["job_dir"])
+    answer = _Answer()
+    try:
+        output, write_fd = BoundedLog.open(
+            Path(spec["log_path"]), int(spec["max_log_bytes"]), group=spec.get("log_group"),
+            name=f"job-{spec['job_id']}-output",
+        )
+    except OSError as exc:
+        answer.send({"error": f"cannot create the job's log: {exc.strerror or exc}"})
+        return 0
+    identity = {}
+    if spec.get("user") is not None:
+        identity = {"user": spec["user"], "group": spec["group"], "extra_groups": list(spec["extra_groups"])}
+    argv = spec["argv"]
+    try:
+        process = subprocess.Popen(
+            argv, cwd=spec["cwd"], env=spec["env"], stdin=subprocess.DEVNULL, stdout=write_fd,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, **identity,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:  # missing executable, bad interpreter ...
+        output.finish(0)
+        answer.send({"error": f"cannot start {argv[0]!r}: {getattr(exc, 'strerror', None) or exc}"})
+        return 0
+    except ValueError as exc:  # e.g. a NUL byte in argv or env
+        output.finish(0)
+        answer.send({"error": f"cannot start {argv[0]!r}: {exc}"})
+        return 0
+    finally:
+        os.close(write_fd)  # the child holds its own copy; the pump sees EOF once it is gone
+    started = time.monotonic()
+    started_at = time.time()
+    output.start()
+    try:
+        create_time = psutil.Process(process.pid).create_time()
+    except psutil.Error:
+        create_time = None  # already gone (and not yet reaped: it is our child)
+    me = psutil.Process()
+    record = {
+        "pid": process.pid, "create_time": create_time, "launch_id": spec.get("launch_id"),
+        "supervisor_pid": me.pid, "supervisor_create_time": me.create_time(), "started_at": started_at,
+        "max_runtime_s": spec.get("max_runtime_s"), "stop_grace_s": spec.get("stop_grace_s"),
+    }
+    try:
+        write_json_atomically(job_dir / PROCESS_RECORD, record)
+    except OSError as exc:  # a full disk costs adoption by a later agent, never the job
+        log.warning("cannot write %s: %s", job_dir / PROCESS_RECORD, exc)
+    answer.send({"pid": process.pid, "create_time": create_time})
+
+    timed_out = _wait(process, started, spec.get("max_runtime_s"), float(spec.get("stop_grace_s") or 0.0))
+    # The leader is a zombie until reaped, so its pid (== the group id) cannot be reused yet:
+    # this reaches only the job's stragglers.
+    _signal_group(process.pid, signal.SIGKILL)
+    exit_code = process.wait()
+    output.finish(OUTPUT_DRAIN_SECONDS)
+    stop = read_json(job_dir / STOP_RECORD) or {}
+    result = {
+        "job_id": spec["job_id"], "launch_id": spec.get("launch_id"), "exit_code": exit_code,
+        "finished_at": time.time(), "started_at": started_at, "timed_out": timed_out,
+        "stopped": stop.get("reason") == "stop", "oom": stop.get("reason") == "oom", "error": stop.get("error"),
+    }
+    write_json_atomically(job_dir / EXIT_RECORD, result)
+    log.info("job %s exited with %s%s", spec["job_id"], exit_code, " (timed out)" if timed_out else "")
+    return 0
+
+
+def _wait(process: subprocess.Popen, started: float, max_runtime_s, grace: float) -> bool:
+    """Wait until the leader exits, ending it past its runtime limit; True if it timed out."""
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (OSError, AttributeError):
+        pidfd = None  # an old kernel: poll instead
+    deadline = started + max_runtime_s if max_runtime_s else None
+    kill_at: float | None = None
+    timed_out = killed = False
+    try:
+        while not _has_exited(process.pid):
+            now = time.monotonic()
+            if deadline is not None and now >= deadline and not timed_out:
+                timed_out = True
+                log.warning("job ran past its limit of %ss; ending it (grace %.1fs)", max_runtime_s, grace)
+                _signal_group(process.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+                _signal_group(process.pid, signal.SIGCONT)  # a throttled or suspended group must see it
+                kill_at = now + grace
+            if kill_at is not None and now >= kill_at and not killed:
+                killed = True
+                log.warning("job still running %.1fs after SIGTERM; killing it", grace)
+                _signal_group(process.pid, signal.SIGKILL)
+            edges = [t for t in (None if timed_out else deadline, None if killed else kill_at) if t is not None]
+            timeout = max(0.0, min([now + 5.0, *edges]) - now)
+            if pidfd is not None:
+                select.select([pidfd], [], [], timeout)
+            else:
+                time.sleep(min(timeout, 0.05))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    return timed_out
+
+
+def main() -> int:
+    make_non_dumpable()  # it holds the job's environment: no other process of its uid may read it
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)  # a terminal's Ctrl-C or hang-up is not for the job
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s supervisor %(process)d %(levelname)s: %(message)s")
+    spec = json.loads(sys.stdin.buffer.read())
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    try:
+        return supervise(spec)
+    except Exception:
+        log.exception("supervisor of job %s failed", spec.get("job_id"))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Jobs survive their agent: each job runs under its own supervisor process, which writes its
+output and its exit to files, so a new agent adopts a job the last one left running (no requeue,
+no second run) and reports a job that ended while no agent ran with its real exit code.
+
+Real processes throughout; the last tests kill a real ``python -m agents`` with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agents.accounts import RunAsPolicy
+from agents.runner import JobRunner, read_tail
+
+from .helpers import events, launch, python, send, status, stop, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def make_runner(tmp_path):
+    """``make_runner()`` -> a JobRunner on one workdir; every one made shares it, like agents
+    started one after another on a node. Whatever still runs is stopped at the end."""
+    made: list[JobRunner] = []
+
+    def make() -> JobRunner:
+        made.append(JobRunner(tmp_path / "agent", duty_period=0.5, run_as=RunAsPolicy(allow_root=True)))
+        return made[-1]
+
+    yield make
+    last = JobRunner(tmp_path / "agent", run_as=RunAsPolicy(allow_root=True))
+    last.recover(0)
+    last.stop_all(0)
+    last.close()
+    for runner in made:
+        runner.close()
+
+
+def die(runner: JobRunner) -> None:
+    """What an agent's SIGKILL leaves: its threads gone, its jobs' supervisors running on."""
+    runner._cycler.close()
+
+
+def finish(runner: JobRunner, timeout: float = 10.0):
+    return wait_for(runner.poll, timeout)
+
+
+def test_the_job_runs_under_a_supervisor_in_a_session_of_its_own(make_runner):
+    runner = make_runner()
+    cmd = launch(python("import time; print('working', flush=True); time.sleep(30)"))
+    pid = runner.launch(cmd)
+    job = psutil.Process(pid)
+    supervisor = job.parent()
+    assert supervisor.pid != os.getpid() and supervisor.parent().pid == os.getpid()
+    # Neither the job nor its supervisor is in the agent's session or process group: a killpg of
+    # the agent's group (the dev stack stopping it) or its death reaches neither.
+    assert os.getsid(supervisor.pid) == supervisor.pid and os.getsid(pid) == pid
+    assert os.getpgid(pid) == pid and os.getsid(0) not in (supervisor.pid, pid)
+    wait_for(lambda: "working" in read_tail(runner.job_dir(cmd.job_id) / "output.log"))
+    runner.stop(cmd.job_id, 5)
+    [done] = finish(runner)
+    assert (done.exit_code, done.stopped, done.output_tail) == (-signal.SIGTERM, True, "working\n")
+    wait_for(lambda: not psutil.pid_exists(supervisor.pid) or status(supervisor.pid) == "zombie")
+
+
+def test_a_new_agent_adopts_a_running_job_and_reports_its_exit_when_it_ends(make_runner):
+    dead = make_runner()
+    cmd = launch(["sh", "-c", "echo started; sleep 2; echo done"])
+    pid = dead.launch(cmd)
+    die(dead)
+
+    fresh = make_runner()
+    assert fresh.recover(grace_seconds=5) == []  # nothing stopped, nothing to requeue
+    assert fresh.running() == {cmd.job_id}
+    assert fresh.processes()[cmd.job_id].pid == pid
+    assert psutil.Process(pid).is_running()  # the same process, never restarted
+    [done] = finish(fresh, timeout=10)
+    assert (done.job_id, done.exit_code, done.stopped, done.requeue, done.launch_id) == (
+        cmd.job_id, 0, False, False, cmd.command_id)
+    assert done.output_tail == "started\ndone\n"  # written by its supervisor while no agent read it
+    assert fresh.running() == set() and fresh.recover(5) == []  # reported once
+
+
+def test_a_job_that_ended_while_no_agent_ran_is_reported_with_its_real_exit(make_runner):
+    dead = make_runner()
+    cmd = launch(["sh", "-c", "echo bye; exit 7"])
+    dead.launch(cmd)
+    die(dead)
+    wait_for(lambda: (dead.job_dir(cmd.job_id) / "exit.json").exists())
+
+    fresh = make_runner()
+    [done] = fresh.recover(grace_seconds=5)
+    assert (done.job_id, done.exit_code, done.stopped, done.requeue, done.launch_id) == (
+        cmd.job_id, 7, False, False, cmd.command_id)
+    assert done.output_tail == "bye\n"
+    assert fresh.running() == set() and fresh.recover(5) == []
+
+
+def test_an_adopted_job_can_be_throttled_suspended_and_stopped(make_runner):
+    dead = make_runner()
+    cmd = launch(python("print('burning', flush=True)\nwhile True: pass"))
+    pid = dead.launch(cmd)
+    dead.suspend(cmd.job_id)
+    wait_for(lambda: status(pid) == "stopped")
+    die(dead)
+
+    fresh = make_runner()
+    assert fresh.recover(grace_seconds=5) == []
+    wait_for(lambda: status(pid) != "stopped")  # continued on adoption: never left stopped for good
+    assert fresh.suspend(cmd.job_id)
+    wait_for(lambda: status(pid) == "stopped")
+    assert fresh.resume(cmd.job_id)
+    wait_for(lambda: status(pid) != "stopped")
+    assert fresh.set_duty_cycle(cmd.job_id, 0.3)
+    seen = set()
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        seen.add(status(pid))
+        time.sleep(0.05)
+    assert "stopped" in seen and seen & {"running", "sleeping"}  # sliced
+    fresh.stop(cmd.job_id, 5)
+    [done] = finish(fresh)
+    assert (done.exit_code, done.stopped, done.requeue) == (-signal.SIGTERM, True, False)
+
+
+def test_an_adopted_job_keeps_its_runtime_limit(make_runner):
+    dead = make_runner()
+    cmd = launch(["sleep", "60"], max_runtime_s=2, stop_grace_s=1)
+    dead.launch(cmd)
+    die(dead)
+    fresh = make_runner()
+    assert fresh.recover(grace_seconds=5) == []
+    [done] = finish(fresh, timeout=2 + 1 + 3)
+    assert (done.exit_code, done.timed_out) == (-signal.SIGTERM, True)
+
+
+def test_a_job_whose_supervisor_died_is_stopped_and_reported_for_requeue(make_runner):
+    dead = make_runner()
+    cmd = launch(python("import time; print('working', flush=True); time.sleep(60)"))
+    pid = dead.launch(cmd)
+    wait_for(lambda: "working" in read_tail(dead.job_dir(cmd.job_id) / "output.log"))
+    supervisor = psutil.Process(pid).parent()
+    die(dead)
+    supervisor.kill()  # e.g. the kernel's OOM killer
+    wait_for(lambda: status(supervisor.pid) in ("gone", "zombie"))
+
+    fresh = make_runner()
+    [orphan] = fresh.recover(grace_seconds=5)
+    assert (orphan.job_id, orphan.exit_code, orphan.stopped, orphan.requeue) == (cmd.job_id, None, True, True)
+    assert "working" in orphan.output_tail
+    wait_for(lambda: status(pid) in ("gone", "zombie"))  # never left to run beside its next attempt
+
+
+def test_a_supervisor_dying_under_a_running_agent_is_noticed(make_runner):
+    runner = make_runner()
+    cmd = launch(["sleep", "60"])
+    pid = runner.launch(cmd)
+    psutil.Process(pid).parent().kill()
+    [done] = finish(runner)
+    assert (done.exit_code, done.requeue) == (None, True) and "supervisor" in done.error
+    wait_for(lambda: status(pid) in ("gone", "zombie"))
+
+
+def test_a_launch_the_supervisor_cannot_start_is_a_launch_error(make_runner):
+    from agents.runner import LaunchError
+
+    runner = make_runner()
+    with pytest.raises(LaunchError, match="cannot start '/no/such/program'"):
+        runner.launch(launch(["/no/such/program"]))
+    assert runner.running() == set()
+
+
+# ---------------------------------------------------------------- a real agent killed with SIGKILL
+
+
+def start_agent_process(redis_url: str, workdir: Path, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "agents", "--node", "n1", "--simulate", "1xT4-16GB", "--redis", redis_url,
+             "--interval", "0.2", "--workdir", str(workdir), "--allow-root-jobs"],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,  # as the dev stack and compose run it: its own process group
+        )
+
+
+def exited(client, job_id):
+    return [e for e in events(client, "job_exited") if e.job_id == job_id]
+
+
+@pytest.fixture
+def agent_processes(tmp_path):
+    started: list[subprocess.Popen] = []
+    log = tmp_path / "agent.log"
+
+    def start(redis_url: str) -> subprocess.Popen:
+        started.append(start_agent_process(redis_url, tmp_path / "work", log))
+        return started[-1]
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    # Jobs an agent killed by the test left running.
+    cleanup = JobRunner(tmp_path / "work", run_as=RunAsPolicy(allow_root=True))
+    cleanup.recover(0)
+    cleanup.stop_all(0)
+    cleanup.close()
+    if any(process.returncode not in (0, -signal.SIGKILL) for process in started):
+        print(log.read_text()[-5000:])
+
+
+def test_a_sigkilled_agents_jobs_are_adopted_by_the_next_agent_and_run_once(redis_url, redis_client,
+                                                                            agent_processes, tmp_path):
+    first = agent_processes(redis_url)
+    wait_for(lambda: events(redis_client, "node_registered"), timeout=20)
+    marks = tmp_path / "runs.txt"
+    long_job = launch(["sh", "-c", f"echo run >> {marks}; echo started; sleep 3; echo done"])
+    quick_job = launch(["sh", "-c", "sleep 0.5; echo quick; exit 3"])
+    send(redis_client, "n1", long_job)
+    send(redis_client, "n1", quick_job)
+    wait_for(lambda: len(events(redis_client, "job_started")) == 2, timeout=10)
+    long_pid = next(e.pid for e in events(redis_client, "job_started") if e.job_id == long_job.job_id)
+
+    killed_at = time.monotonic()
+    os.killpg(first.pid, signal.SIGKILL)  # the agent's whole process group: supervisors are not in it
+    first.wait()
+    assert psutil.Process(long_pid).is_running()
+    time.sleep(1.0)  # the quick job ends while no agent runs
+
+    agent_processes(redis_url)
+    wait_for(lambda: len(events(redis_client, "node_registered")) == 2, timeout=20)
+    registered = events(redis_client, "node_registered")[-1]
+    quick_done = wait_for(lambda: exited(redis_client, quick_job.job_id), timeout=10)
+    [long_done] = wait_for(lambda: exited(redis_client, long_job.job_id), timeout=15)
+    adopted_in = time.monotonic() - killed_at
+
+    assert [(e.exit_code, e.requeue, e.launch_id) for e in quick_done] == [(3, False, quick_job.command_id)]
+    assert quick_done[0].output_tail == "quick\n"
+    assert long_job.job_id in registered.running_jobs  # reported as running by the new agent
+    assert (long_done.exit_code, long_done.stopped, long_done.requeue, long_done.launch_id) == (
+        0, False, False, long_job.command_id)
+    assert long_done.output_tail == "started\ndone\n"
+    assert marks.read_text() == "run\n"  # ran once: adopted, not restarted
+    assert len([e for e in events(redis_client, "job_started") if e.job_id == long_job.job_id]) == 1
+    print(f"adopted job reported done {adopted_in:.1f}s after the agent was killed")
+
+
+def test_an_adopted_job_is_stopped_by_the_new_agent_on_command(redis_url, redis_client, agent_processes):
+    first = agent_processes(redis_url)
+    wait_for(lambda: events(redis_client, "node_registered"), timeout=20)
+    job = launch(python("import time; print('working', flush=True); time.sleep(60)"))
+    send(redis_client, "n1", job)
+    wait_for(lambda: events(redis_client, "job_started"), timeout=10)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    second = agent_processes(redis_url)
+    wait_for(lambda: len(events(redis_client, "node_registered")) == 2, timeout=20)
+    send(redis_client, "n1", stop(job.job_id, grace=5))
+    [done] = wait_for(lambda: exited(redis_client, job.job_id), timeout=10)
+    assert (done.exit_code, done.stopped) == (-signal.SIGTERM, True) and done.output_tail == "working\n"
+    second.terminate()
+    assert second.wait(15) == 0
