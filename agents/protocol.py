@@ -234,9 +234,31 @@ class NodeSample(_NodeMessage):
     running_jobs: list[JobId] = Field(default_factory=list, max_length=4096)
 
 # ---------------------------------------------------------------- control plane -> agent commands
+# The control plane MACs each command with the target node's key (``sig``, see
+# :func:`agents.signing.sign_command`) and puts inside the MAC the node it is for and when it was
+# issued; a launch also names its attempt. An agent holding a key refuses a command that is
+# unsigned, wrongly signed, for another node, outside its freshness window, or a launch of an
+# attempt not newer than one it has seen for the job. Both fields are optional on the wire only
+# so that an agent without a key (authentication off) still takes a bare command.
+
+# The latest ``issued_at`` a command may carry (the year 2286): bounds what a node compares.
+MAX_ISSUED_AT = 1e10
+MAX_ATTEMPT = 1_000_000
 
 
-class LaunchJob(_Message):
+class _Command(_Message):
+    node: str | None = None
+    issued_at: float | None = Field(default=None, ge=0, le=MAX_ISSUED_AT, allow_inf_nan=False)
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str | None) -> str | None:
+        if value is not None and not NODE_NAME_RE.match(value):
+            raise ValueError("node name must be 1-63 letters, digits, '.', '_' or '-'")
+        return value
+
+
+class LaunchJob(_Command):
     """Start ``argv`` (no shell) with ``CUDA_VISIBLE_DEVICES`` set to ``gpu_indices``.
 
     ``gpu_memory_limit_mib`` is what the job may use per GPU (the simulated GPU enforces it as an
@@ -258,9 +280,12 @@ class LaunchJob(_Message):
     # ends the job past it (SIGTERM, then SIGKILL after ``stop_grace_s``) and reports ``timed_out``.
     max_runtime_s: int | None = Field(default=None, gt=0, le=MAX_RUNTIME_S)
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
+    # Requeues + preemptions before this run (the ``N`` of command id ``launch-<job>-<N>``): a node
+    # refuses a launch whose attempt is not newer than one it has already seen for the job.
+    attempt: int | None = Field(default=None, ge=0, le=MAX_ATTEMPT)
 
 
-class StopJob(_Message):
+class StopJob(_Command):
     """Terminate the job's process group: SIGTERM, then SIGKILL after ``grace_seconds``."""
 
     kind: Literal["stop"] = "stop"
@@ -269,7 +294,7 @@ class StopJob(_Message):
     grace_seconds: float = Field(default=10.0, ge=0, le=600)
 
 
-class SetDutyCycle(_Message):
+class SetDutyCycle(_Command):
     """Throttle a job from outside: it runs ``duty_cycle`` of each period (SIGSTOP/SIGCONT slicing)."""
 
     kind: Literal["set_duty_cycle"] = "set_duty_cycle"
@@ -278,7 +303,7 @@ class SetDutyCycle(_Message):
     duty_cycle: float = Field(gt=0, le=1)
 
 
-class SuspendJob(_Message):
+class SuspendJob(_Command):
     """Freeze the job's process group (SIGSTOP); its GPU memory stays allocated."""
 
     kind: Literal["suspend"] = "suspend"
@@ -286,7 +311,7 @@ class SuspendJob(_Message):
     job_id: int = Field(gt=0)
 
 
-class ResumeJob(_Message):
+class ResumeJob(_Command):
     kind: Literal["resume"] = "resume"
     command_id: str = Field(min_length=1, max_length=64)
     job_id: int = Field(gt=0)
@@ -306,11 +331,14 @@ def encode(message: _Message) -> dict[str, str]:
     return {"m": message.model_dump_json()}
 
 
-_COMMAND_FIELDS = frozenset({"m", b"m"})
-_AGENT_FIELDS = _COMMAND_FIELDS | {SIGNATURE_FIELD, SIGNATURE_FIELD.encode()}
+_MESSAGE_FIELDS = frozenset({"m", b"m"})
+# Both directions may carry a signature of ``m``: agents sign what they write, the control plane
+# MACs its commands. Anything else is refused.
+_AGENT_FIELDS = _MESSAGE_FIELDS | {SIGNATURE_FIELD, SIGNATURE_FIELD.encode()}
+_COMMAND_FIELDS = _AGENT_FIELDS
 
 
-def _payload(fields: dict, allowed: frozenset = _COMMAND_FIELDS) -> str:
+def _payload(fields: dict, allowed: frozenset = _MESSAGE_FIELDS) -> str:
     unexpected = set(fields) - allowed
     if unexpected:
         raise ProtocolError("unexpected stream fields: " + ", ".join(sorted(map(_text, unexpected))))
@@ -331,7 +359,7 @@ def _text(value) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _parse(adapter: TypeAdapter, fields: dict, allowed: frozenset = _COMMAND_FIELDS):
+def _parse(adapter: TypeAdapter, fields: dict, allowed: frozenset = _MESSAGE_FIELDS):
     raw = _payload(fields, allowed)
     try:
         return adapter.validate_json(raw, context={"wire": True})
@@ -347,8 +375,9 @@ def decode_event(fields: dict) -> NodeRegistered | JobStarted | JobExited:
 
 
 def decode_command(fields: dict) -> LaunchJob | StopJob | SetDutyCycle | SuspendJob | ResumeJob:
-    """Parse one command-stream entry; raises :class:`ProtocolError`."""
-    return _parse(_command_adapter, fields)
+    """Parse one command-stream entry; raises :class:`ProtocolError`. The ``sig`` field is allowed
+    but not checked here: the agent verifies it (:func:`agents.signing.verify_command`)."""
+    return _parse(_command_adapter, fields, _COMMAND_FIELDS)
 
 
 def decode_sample(fields: dict) -> NodeSample:

@@ -1,14 +1,22 @@
-"""Publishing commands to node agents (each node has its own command stream)."""
+"""Publishing commands to node agents (each node has its own command stream).
+
+Every command is stamped with the node it is for and the time it is issued, and, when
+``COLONY_AGENT_SECRET`` is set, MACed with that node's key (:func:`agents.signing.sign_command`):
+an agent holding its key refuses anything else, so a client of Redis that can append to a
+command stream cannot make a node run anything. Re-sends are issued afresh, so they are fresh.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 import uuid
 
 import redis
 from django.conf import settings
 
-from agents import protocol
+from agents import protocol, signing
 from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)
@@ -23,10 +31,30 @@ def _publish(node: str, command) -> None:
     stopping, duty cycles when the node registers again."""
     try:
         get_redis().xadd(
-            protocol.command_stream(node), protocol.encode(command), maxlen=protocol.STREAM_MAXLEN, approximate=True
+            protocol.command_stream(node), command_fields(node, command), maxlen=protocol.STREAM_MAXLEN,
+            approximate=True,
         )
     except redis.RedisError as exc:
         log.error("could not send %s for job %s to node %s: %s", command.kind, command.job_id, node, exc)
+
+
+def command_fields(node: str, command, now: float | None = None) -> dict[str, str]:
+    """The stream fields of ``command`` for ``node``: stamped with the node and the time it is
+    issued, and MACed with the node's key when there is a secret to derive it from."""
+    command = command.model_copy(update={"node": node, "issued_at": time.time() if now is None else now})
+    return signing.signed_command(protocol.encode(command), command_key(node))
+
+
+def command_key(node: str) -> bytes | None:
+    """``node``'s key (the one its agent holds), or None without a usable ``COLONY_AGENT_SECRET``
+    (settings refuse a short one unless authentication is off; then commands go unsigned)."""
+    secret = settings.COLONY_AGENT_SECRET
+    return _node_key(secret, node) if secret and len(secret) >= signing.MIN_SECRET_LENGTH else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _node_key(secret: str, node: str) -> bytes:
+    return signing.node_key(secret, node)
 
 
 def _command_id(kind: str, job_id: int) -> str:
@@ -45,10 +73,10 @@ def send_launch(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int,
     # requeued job's next attempt is not mistaken for it. The tenant picks the agent's run-as account.
     # A job suspended before it started (duty cycle 0) is launched throttled and suspended at once.
     _publish(node, protocol.LaunchJob(
-        command_id=launch_id(job_id, attempt), job_id=job_id, argv=argv, gpu_indices=list(gpu_indices),
-        env=env or {}, gpu_memory_limit_mib=gpu_memory_limit_mib, duty_cycle=duty_cycle if duty_cycle > 0 else
-        SUSPENDED_LAUNCH_DUTY_CYCLE, tenant=tenant, max_runtime_s=max_runtime_s,
-        stop_grace_s=settings.COLONY_STOP_GRACE_SECONDS,
+        command_id=launch_id(job_id, attempt), attempt=attempt, job_id=job_id, argv=argv,
+        gpu_indices=list(gpu_indices), env=env or {}, gpu_memory_limit_mib=gpu_memory_limit_mib,
+        duty_cycle=duty_cycle if duty_cycle > 0 else SUSPENDED_LAUNCH_DUTY_CYCLE, tenant=tenant,
+        max_runtime_s=max_runtime_s, stop_grace_s=settings.COLONY_STOP_GRACE_SECONDS,
     ))
     if duty_cycle <= 0:
         _publish(node, protocol.SuspendJob(command_id=_command_id("suspend", job_id), job_id=job_id))
