@@ -14,12 +14,14 @@ import logging
 from datetime import datetime, timezone as dt_timezone
 
 import redis
+from django.db import transaction
 
 from agents import protocol
 from jobs.services import lifecycle
 from jobs.services.node_health import resend_duty_cycles, stop_strays
 from jobs.services.nudge import nudge_scheduler
 from monitoring.services.dead_letters import dead_letter
+from monitoring.services.poison import PoisonCounter, is_outage, reason_of
 from monitoring.services.redis_client import get_redis
 from monitoring.services.registry import ForeignGpus, agent_auth_required, authenticate, register_node
 from monitoring.services.streams import claim_stale, consumer_name, ensure_group, read_new
@@ -51,8 +53,14 @@ def consume_events(client: redis.Redis | None = None, max_batches: int = 50) -> 
 
 
 def _handle_entries(client: redis.Redis, entries) -> int:
+    """Apply ``entries`` in order, each in its own transaction. One that does not parse or is
+    :class:`Rejected` is dead-lettered at once; one that fails to apply for any other reason than
+    an outage (poison: a data error, a bug its content trips) is tried again up to
+    ``poison.MAX_TRIES`` times and then dead-lettered, never holding up the entries behind it.
+    An outage (database or Redis gone) propagates, leaving the entry unacked for later."""
     finished = False
     auth_required = agent_auth_required()
+    poison = PoisonCounter(client, protocol.EVENTS_STREAM, GROUP)
     for entry_id, fields in entries:
         if fields is None:  # trimmed away while pending
             client.xack(protocol.EVENTS_STREAM, GROUP, entry_id)
@@ -60,9 +68,28 @@ def _handle_entries(client: redis.Redis, entries) -> int:
         try:
             message = protocol.decode_event(fields)
             authenticate(fields, message, auth_required)
-            finished |= apply_event(message)
-        except (protocol.ProtocolError, Rejected) as exc:
-            dead_letter(client, protocol.EVENTS_STREAM, entry_id, fields, str(exc))
+        except Exception as exc:
+            if is_outage(exc):
+                raise
+            reason = str(exc) if isinstance(exc, protocol.ProtocolError) else reason_of(exc)
+            dead_letter(client, protocol.EVENTS_STREAM, entry_id, fields, reason)
+            client.xack(protocol.EVENTS_STREAM, GROUP, entry_id)
+            continue
+
+        def attempt(message=message):
+            try:
+                with transaction.atomic():
+                    return apply_event(message)
+            except Rejected as exc:  # refused on purpose: no point trying again
+                return exc
+
+        applied, outcome = poison.apply(entry_id, fields, attempt)
+        if not applied:
+            continue  # dead-lettered (and acked) after its tries
+        if isinstance(outcome, Rejected):
+            dead_letter(client, protocol.EVENTS_STREAM, entry_id, fields, str(outcome))
+        else:
+            finished |= bool(outcome)
         client.xack(protocol.EVENTS_STREAM, GROUP, entry_id)
     if finished:
         nudge_scheduler()

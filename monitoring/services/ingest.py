@@ -5,6 +5,11 @@ group and entries left pending by a reader that died are claimed after ``CLAIM_I
 is acknowledged only after its rollups are committed, so a crash re-delivers instead of losing.
 Writes are per batch (a few multi-row statements), never per sample. A sample that is not signed
 by the node it names (when agent authentication is required) is dead-lettered like any garbage.
+
+Two failures are told apart (:mod:`monitoring.services.poison`): a database *outage* keeps the
+batch, unacked, and applies it once the database is back; a batch the database refuses for its
+*data* is split to find the sample at fault, which is tried a bounded number of times and then
+dead-lettered, while the rest of the batch is applied. No sample makes the reader exit.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import redis
 from django import db
@@ -24,6 +30,7 @@ from agents import protocol
 from monitoring.models import Gpu
 from monitoring.services import alerts, live, placements
 from monitoring.services.dead_letters import dead_letter
+from monitoring.services.poison import PoisonCounter, apply_isolating, is_outage, reason_of
 from monitoring.services.registry import agent_auth_required, authenticate
 from monitoring.services.rollups import Accumulator, flush
 from monitoring.services.streams import claim_stale, consumer_name, ensure_group, read_new
@@ -38,7 +45,7 @@ LAST_TS_KEY = "colony:ingest:last_ts"
 CLAIM_IDLE_MS = 60_000
 DB_BACKOFF_FIRST_S = 1.0
 DB_BACKOFF_MAX_S = 30.0
-# What a database that went away raises (not what a bug raises: that should stop the reader).
+# What a database that went away raises. Anything else applying a batch raises is blamed on its data.
 DB_UNAVAILABLE = (OperationalError, InterfaceError)
 
 
@@ -51,6 +58,23 @@ class BatchResult:
     duplicates: int = 0
     foreign_usage: int = 0  # per-job readings from a node the job was never placed on (dropped)
     lags: list[float] = field(default_factory=list)
+
+    def add(self, other: "BatchResult") -> None:
+        self.samples += other.samples
+        self.dead += other.dead
+        self.unknown_node += other.unknown_node
+        self.duplicates += other.duplicates
+        self.foreign_usage += other.foreign_usage
+        self.lags += other.lags
+
+
+class Parsed(NamedTuple):
+    """One stream entry that parsed (and authenticated) into a sample."""
+
+    entry_id: bytes | str
+    fields: dict
+    sample: protocol.NodeSample
+    raw: bytes | str
 
 
 class GpuIds:
@@ -80,8 +104,10 @@ class Ingestor:
         self.consumer = consumer or consumer_name()
         self.batch_size = batch_size
         self.gpu_ids = GpuIds()
-        # A batch whose commit failed (the database went away): applied again before anything new.
-        self._unapplied: list = []
+        self.poison = PoisonCounter(client, protocol.METRICS_STREAM, GROUP)
+        # Samples of a batch whose commit failed (the database went away): applied again before
+        # anything new. Entries that did not parse were dead-lettered and acked already.
+        self._unapplied: list[Parsed] = []
         ensure_group(client, protocol.METRICS_STREAM, GROUP)
         agent_auth_required()  # warns now, at start, when it is off
 
@@ -89,8 +115,10 @@ class Ingestor:
         """Claim stale entries, then read one batch of new ones; apply, commit, ack. A batch that
         could not be committed is kept (still unacked) and applied first next time."""
         if self._unapplied:
-            entries, self._unapplied = self._unapplied, []
-            return self._apply_or_keep(entries)
+            parsed, self._unapplied = self._unapplied, []
+            result = BatchResult(entries=len(parsed))
+            self._apply_or_keep(parsed, result)
+            return result
         try:
             entries = claim_stale(self.client, protocol.METRICS_STREAM, GROUP, self.consumer, CLAIM_IDLE_MS)
             entries += read_new(self.client, protocol.METRICS_STREAM, GROUP, self.consumer,
@@ -102,34 +130,78 @@ class Ingestor:
             log.warning("metrics consumer group missing (Redis restarted?); recreating it")
             ensure_group(self.client, protocol.METRICS_STREAM, GROUP)
             return BatchResult()
-        return self._apply_or_keep(entries)
-
-    def _apply_or_keep(self, entries: list) -> BatchResult:
-        try:
-            return self.apply(entries)
-        except DB_UNAVAILABLE:
-            self._unapplied = entries
-            raise
+        return self.apply(entries)
 
     def apply(self, entries: list) -> BatchResult:
+        """Parse ``entries`` (dead-lettering what does not parse), then apply the samples."""
         result = BatchResult(entries=len(entries))
-        if not entries:
-            return result
-        samples: list[protocol.NodeSample] = []
-        raws: list = []
+        if entries:
+            self._apply_or_keep(self._parse(entries, result), result)
+        return result
+
+    def _parse(self, entries: list, result: BatchResult) -> list[Parsed]:
+        parsed: list[Parsed] = []
+        dead: list = []
         auth_required = agent_auth_required()
         for entry_id, fields in entries:
             if fields is None:  # trimmed while pending
+                dead.append(entry_id)
                 continue
             try:
                 sample = protocol.decode_sample(fields)
                 authenticate(fields, sample, auth_required)
-                samples.append(sample)
-                raws.append(fields.get(b"m", fields.get("m")))
-            except protocol.ProtocolError as exc:
-                dead_letter(self.client, protocol.METRICS_STREAM, entry_id, fields, str(exc))
+            except Exception as exc:
+                if is_outage(exc):
+                    raise
+                reason = str(exc) if isinstance(exc, protocol.ProtocolError) else reason_of(exc)
+                dead_letter(self.client, protocol.METRICS_STREAM, entry_id, fields, reason)
+                dead.append(entry_id)
                 result.dead += 1
-        samples, raws, result.duplicates = self._drop_repeats(samples, raws)
+                continue
+            parsed.append(Parsed(entry_id, fields, sample, fields.get(b"m", fields.get("m"))))
+        if dead:
+            self.client.xack(protocol.METRICS_STREAM, GROUP, *dead)
+        return parsed
+
+    def _apply_or_keep(self, parsed: list[Parsed], result: BatchResult) -> None:
+        """Apply ``parsed``; keep it for later if the database is down; isolate and dead-letter
+        the samples at fault if the database refuses the batch for its data."""
+        if not parsed:
+            return
+        settled = []  # parts applied or dead-lettered (acked) before an outage, if any
+
+        def apply_part(part: list[Parsed]) -> None:
+            result.add(self._apply_samples(part))
+            settled.append(part)
+
+        def poisoned(entry: Parsed, exc: BaseException) -> bool:
+            again = self.poison.failed(entry.entry_id, entry.fields, exc)
+            if not again:
+                result.dead += 1
+                settled.append([entry])
+            return again
+
+        try:
+            apply_isolating(parsed, apply_part, poisoned)
+        except DB_UNAVAILABLE:
+            # Parts applied before the database went away are in (and acked), and so are samples
+            # dead-lettered meanwhile: keep the rest.
+            self._unapplied = self._still_pending(parsed) if settled else parsed
+            raise
+
+    def _still_pending(self, parsed: list[Parsed]) -> list[Parsed]:
+        ids = sorted((_text(entry.entry_id) for entry in parsed), key=_id_order)
+        pending = self.client.xpending_range(protocol.METRICS_STREAM, GROUP, min=ids[0], max=ids[-1],
+                                             count=len(ids), consumername=self.consumer)
+        still = {_text(row["message_id"]) for row in pending}
+        return [entry for entry in parsed if _text(entry.entry_id) in still]
+
+    def _apply_samples(self, parsed: list[Parsed]) -> BatchResult:
+        """Commit the rollups of ``parsed`` in one transaction, then ack them. Raises (with nothing
+        committed) when the database refuses them."""
+        result = BatchResult()
+        samples, raws, result.duplicates = self._drop_repeats([entry.sample for entry in parsed],
+                                                              [entry.raw for entry in parsed])
         acc = Accumulator()
         rightful = placements.placed((sample.node, usage.job_id) for sample in samples for usage in sample.jobs)
         for sample in samples:
@@ -148,17 +220,14 @@ class Ingestor:
             result.samples += 1
         if acc:
             flush(acc)
-        try:
-            alerts.from_samples(samples, self.gpu_ids.get, settings.COLONY_ALERT_TEMPERATURE_C)
-        except DB_UNAVAILABLE as exc:
-            # The rollups are committed: applying the batch again would count it twice. Alerts
-            # come back with the next samples that still show the condition.
-            log.warning("alerts for this batch skipped, the database went away: %s", str(exc).strip())
+        # The rollups are committed: whatever happens to the alerts, the batch must not be applied
+        # again (it would count twice). Alerts come back with the next samples that show the condition.
+        self._raise_alerts(samples)
         committed = time.time()
         result.lags = [committed - sample.ts for sample in samples]
         live.store_latest(self.client, list(zip(samples, raws)))
         pipe = self.client.pipeline(transaction=False)
-        pipe.xack(protocol.METRICS_STREAM, GROUP, *[entry_id for entry_id, _ in entries])
+        pipe.xack(protocol.METRICS_STREAM, GROUP, *[entry.entry_id for entry in parsed])
         pipe.hincrby(STATS_KEY, "samples", result.samples)
         pipe.hincrby(STATS_KEY, "unknown_node", result.unknown_node)
         pipe.hincrby(STATS_KEY, "duplicates", result.duplicates)
@@ -173,6 +242,21 @@ class Ingestor:
                                           "committed_at": committed})
         pipe.execute()
         return result
+
+    def _raise_alerts(self, samples: list) -> None:
+        try:
+            alerts.from_samples(samples, self.gpu_ids.get, settings.COLONY_ALERT_TEMPERATURE_C)
+            return
+        except DB_UNAVAILABLE as exc:
+            log.warning("alerts for this batch skipped, the database went away: %s", str(exc).strip())
+            return
+        except Exception as exc:
+            log.warning("alerts for this batch failed (%s); raising them sample by sample", reason_of(exc))
+        for sample in samples:
+            try:
+                alerts.from_samples([sample], self.gpu_ids.get, settings.COLONY_ALERT_TEMPERATURE_C)
+            except Exception as exc:
+                log.error("alerts of node %s's sample %d skipped: %s", sample.node, sample.seq, reason_of(exc))
 
     def _drop_repeats(self, samples: list, raws: list) -> tuple[list, list, int]:
         if not samples:
@@ -202,6 +286,12 @@ class Ingestor:
                 _drop_broken_connections()
                 stop.wait(pause)
                 pause = min(DB_BACKOFF_MAX_S, pause * 2)
+            except Exception:
+                # Not the data (a sample at fault is dead-lettered inside run_once): a bug or an
+                # unexpected Redis answer. Log it and carry on; the entries stay pending meanwhile.
+                log.exception("ingest batch failed; retrying in %.0fs", pause)
+                stop.wait(pause)
+                pause = min(DB_BACKOFF_MAX_S, pause * 2)
 
 
 def _drop_broken_connections() -> None:
@@ -209,6 +299,15 @@ def _drop_broken_connections() -> None:
     for connection in db.connections.all(initialized_only=True):
         if connection.connection is not None and not connection.is_usable():
             connection.close()
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _id_order(entry_id: str) -> tuple[int, int]:
+    millis, _, seq = entry_id.partition("-")
+    return int(millis), int(seq or 0)
 
 
 def ingest_stats(client: redis.Redis) -> dict[str, float]:

@@ -136,15 +136,17 @@ def test_samples_of_an_unregistered_node_are_counted_not_stored(ingestor, redis_
 
 
 def test_a_failed_write_leaves_the_batch_pending_for_another_reader(ingestor, redis_client, monkeypatch):
+    from django.db import OperationalError
+
     from monitoring.services import ingest as ingest_module
 
     publish(redis_client, sample(1, T0 + 1))
 
     def broken(acc):
-        raise RuntimeError("database went away")
+        raise OperationalError("database went away")
 
     monkeypatch.setattr(ingest_module, "flush", broken)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(OperationalError):
         ingestor.run_once()
     assert redis_client.xpending(protocol.METRICS_STREAM, GROUP)["pending"] == 1
     monkeypatch.undo()
