@@ -13,10 +13,12 @@ read is left out of the inventory, because the scheduler would pack against a ma
 from __future__ import annotations
 
 import logging
+import math
 import re
 from typing import Any, Callable, Mapping
 
 from agents.backends.base import BackendSample, BackendUnavailable, JobProcesses
+from agents import protocol
 from agents.backends.pids import PidOwners
 from agents.protocol import GpuInfo, GpuLink, GpuSample, JobGpuSample
 
@@ -299,12 +301,12 @@ class NvmlBackend:
             index=index,
             util_sm=_percent(getattr(rates, "gpu", None)),
             util_mem=_percent(getattr(rates, "memory", None)),
-            mem_used_mib=_count(getattr(memory, "used", None), MIB),
-            mem_total_mib=_count(getattr(memory, "total", None), MIB),
-            temperature_c=_number(temperature),
-            power_w=None if _number(power_mw) is None or power_mw < 0 else round(power_mw / 1000.0, 1),
-            sm_clock_mhz=_count(sm_clock),
-            mem_clock_mhz=_count(mem_clock),
+            mem_used_mib=_count(getattr(memory, "used", None), MIB, protocol.MEMORY_MIB_MAX),
+            mem_total_mib=_count(getattr(memory, "total", None), MIB, protocol.MEMORY_MIB_MAX),
+            temperature_c=_number(temperature, protocol.TEMPERATURE_C_MIN, protocol.TEMPERATURE_C_MAX),
+            power_w=None if _number(power_mw, 0, protocol.POWER_W_MAX * 1000) is None else round(power_mw / 1000.0, 1),
+            sm_clock_mhz=_count(sm_clock, high=protocol.CLOCK_MHZ_MAX),
+            mem_clock_mhz=_count(mem_clock, high=protocol.CLOCK_MHZ_MAX),
             ecc_uncorrected=_count(ecc),
             xid_events=xids[:64],
         )
@@ -322,7 +324,7 @@ class NvmlBackend:
             if not isinstance(pid, int) or pid <= 0:
                 continue
             used = getattr(process, "usedGpuMemory", None)
-            memory_mib = _count(used, MIB)
+            memory_mib = _count(used, MIB, protocol.MEMORY_MIB_MAX)
             # A process doing compute and graphics is listed twice with the same figure.
             known = processes.get(pid)
             processes[pid] = memory_mib if known is None else max(known, memory_mib or 0)
@@ -426,10 +428,12 @@ class NvmlBackend:
             log.warning("nvmlShutdown failed: %s", exc)
 
 
-def _number(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def _number(value, low: float = float("-inf"), high: float = float("inf")) -> float | None:
+    """A finite reading within ``[low, high]``, else ``None``: a broken sensor's 0xFFFFFFFF is
+    "unknown", not a value the wire schema would refuse along with the node's whole sample."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
-    return float(value)
+    return float(value) if low <= value <= high else None
 
 
 def _percent(value) -> float | None:
@@ -437,12 +441,14 @@ def _percent(value) -> float | None:
     return None if number is None else min(100.0, max(0.0, number))
 
 
-def _count(value, unit: int = 1) -> int | None:
-    """A non-negative integer reading in ``unit``s, or ``None`` (missing, NVML's "not available")."""
+def _count(value, unit: int = 1, high: int = protocol.COUNTER_MAX) -> int | None:
+    """A non-negative integer reading in ``unit``s up to ``high``, or ``None`` (missing, NVML's
+    "not available", out of range)."""
     number = _number(value)
     if number is None or number < 0 or number >= 2**63:
         return None
-    return int(number) // unit
+    count = int(number) // unit
+    return count if count <= high else None
 
 
 def _bus_key(pci) -> tuple[int, int, int] | None:

@@ -117,6 +117,17 @@ def test_sample_reads_every_field_in_wire_units(monkeypatch):
     )
 
 
+def test_readings_out_of_any_real_range_are_unknown_and_the_sample_still_goes_out(monkeypatch):
+    """A broken sensor (0xFFFFFFFF degrees, an absurd clock) must not cost the node its sample:
+    the wire schema would refuse the whole message, so such a reading is "unknown" instead."""
+    gpu = FakeGpu(temperature=0xFFFFFFFF, power_mw=2**40, ecc_uncorrected=5)
+    backend = backend_for(monkeypatch, [gpu])
+    [reading] = backend.sample({}).gpus
+    assert (reading.temperature_c, reading.power_w, reading.ecc_uncorrected) == (None, None, 5)
+    sample = protocol.NodeSample(node="n1", ts=1.0, seq=0, gpus=[reading])
+    assert protocol.decode_sample(protocol.encode(sample)) == sample
+
+
 def test_unsupported_fields_are_unknown_and_each_failure_is_logged_once(monkeypatch, caplog):
     backend = backend_for(
         monkeypatch,
