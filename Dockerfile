@@ -1,4 +1,5 @@
 # One image for every Colony process (web, worker, beat, agents); docker-compose.yml picks the command.
+# colony runs the control plane; colony-jobs is the account agents (run as root) run jobs as.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 COLONY_VAR_DIR=/var/lib/colony
@@ -10,8 +11,9 @@ RUN pip install --no-cache-dir -r requirements.lock
 COPY . .
 RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \
  && DJANGO_SECRET_KEY=build-only python manage.py collectstatic --noinput \
- && useradd --system --create-home colony && mkdir -p /var/lib/colony/keys \
- && chown -R colony /var/lib/colony && chmod 700 /var/lib/colony/keys
+ && useradd --system --create-home colony && useradd --system --user-group --no-create-home \
+      --home-dir /nonexistent --shell /usr/sbin/nologin colony-jobs \
+ && mkdir -p /var/lib/colony/agent /run/colony && chown colony /var/lib/colony && chmod 711 /var/lib/colony
 
 USER colony
 EXPOSE 8000

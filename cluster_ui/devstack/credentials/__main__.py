@@ -1,0 +1,3 @@
+from cluster_ui.devstack.credentials import main
+
+raise SystemExit(main())
