@@ -273,3 +273,18 @@ def test_an_adopted_job_is_stopped_by_the_new_agent_on_command(redis_url, redis_
     assert (done.exit_code, done.stopped) == (-signal.SIGTERM, True) and done.output_tail == "working\n"
     second.terminate()
     assert second.wait(15) == 0
+
+
+def test_a_clean_shutdown_of_the_agents_process_group_still_stops_its_jobs(redis_url, redis_client, agent_processes):
+    agent = agent_processes(redis_url)
+    wait_for(lambda: events(redis_client, "node_registered"), timeout=20)
+    job = launch(["sleep", "60"])
+    send(redis_client, "n1", job)
+    [job_started] = wait_for(lambda: events(redis_client, "job_started"), timeout=10)
+    supervisor = psutil.Process(job_started.pid).parent()
+    os.killpg(agent.pid, signal.SIGTERM)  # how the dev stack and the e2e stack stop an agent
+    assert agent.wait(15) == 0
+    [done] = exited(redis_client, job.job_id)
+    assert (done.exit_code, done.stopped, done.requeue) == (-signal.SIGTERM, True, True)
+    assert status(job_started.pid) in ("gone", "zombie")
+    wait_for(lambda: status(supervisor.pid) in ("gone", "zombie"))  # it exits once its job has
