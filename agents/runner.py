@@ -237,6 +237,9 @@ class JobRunner:
         self.pass_env = tuple(pass_env)
         self._jobs: dict[int, _RunningJob] = {}
         self._exiting: list[subprocess.Popen] = []  # supervisors that reported an exit, to reap
+        # job id -> launch id of exits returned but whose records are kept until the agent says
+        # the control plane has them (:meth:`release_reported`).
+        self._reported: dict[int, str | None] = {}
         self._cycler = DutyCycler(duty_period, signal_group=self._cycler_signal)
 
     def job_dir(self, job_id: int) -> Path:
@@ -262,6 +265,7 @@ class JobRunner:
             self._prepare_directories(job_dir, work_dir, account)
             for name in (PROCESS_RECORD, EXIT_RECORD, STOP_RECORD):  # an earlier attempt's
                 (job_dir / name).unlink(missing_ok=True)
+            self._reported.pop(cmd.job_id, None)
             supervise.write_json_atomically(job_dir / LAUNCH_RECORD, json.loads(cmd.model_dump_json()), mode=0o600)
             supervisor_log = os.open(job_dir / supervise.SUPERVISOR_LOG,
                                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -337,10 +341,12 @@ class JobRunner:
         env["COLONY_JOB_ID"] = str(cmd.job_id)
         return env
 
-    def stop(self, job_id: int, grace_seconds: float) -> None:
+    def stop(self, job_id: int, grace_seconds: float, *, requeue: bool = False) -> None:
         """SIGTERM the job's process group; :meth:`poll` sends SIGKILL once the grace is over.
 
         Unknown or already-finished jobs are ignored. A second stop never extends the deadline.
+        ``requeue``: the node ends it for reasons of its own (the agent shutting down); its
+        supervisor records an exit other than 0 as one to requeue.
         """
         job = self._jobs.get(job_id)
         if job is None:
@@ -352,7 +358,7 @@ class JobRunner:
         job.kill_deadline = deadline
         log.info("job %d: stopping (grace %.1fs)", job_id, grace_seconds)
         # Recorded for the supervisor's exit.json and for an agent that adopts the job meanwhile.
-        self._write_stop(job, "stop", None, time.time() + max(0.0, grace_seconds))
+        self._write_stop(job, "shutdown" if requeue else "stop", None, time.time() + max(0.0, grace_seconds))
         # No more slicing; a stopped (throttled or suspended) group only acts on SIGTERM once it
         # is continued, so SIGCONT follows. SIGKILL needs no help.
         self._cycler.forget(job_id)
@@ -466,19 +472,21 @@ class JobRunner:
             self._cycler.forget(job.job_id)
             if result is None:
                 self._signal_group(job, signal.SIGKILL)
-            finished.append(self._finished(job, result))
+            finished.append(self._finished(job, result, keep_records=result is not None))
             del self._jobs[job.job_id]
             job.leader.close()
             if job.supervisor.process is not None and job.supervisor.process.poll() is None:
                 self._exiting.append(job.supervisor.process)  # exits right after writing exit.json
         return finished
 
-    def _finished(self, job: _RunningJob, result: dict | None) -> FinishedJob:
-        """The job's exit from its supervisor's ``result`` (None: the supervisor died), and its
-        records removed (``process.json`` first: an ``exit.json`` without one is never read)."""
+    def _finished(self, job: _RunningJob, result: dict | None, keep_records: bool) -> FinishedJob:
+        """The job's exit from its supervisor's ``result`` (None: the supervisor died). Its records
+        stay until :meth:`release_reported` when ``keep_records``, else they are removed now."""
         job_dir = self.job_dir(job.job_id)
-        for name in (PROCESS_RECORD, EXIT_RECORD, STOP_RECORD):
-            (job_dir / name).unlink(missing_ok=True)
+        if keep_records:
+            self._reported[job.job_id] = job.command.command_id
+        else:
+            _remove_records(job_dir)
         if result is None:
             done = FinishedJob(
                 job_id=job.job_id, exit_code=None, stopped=job.stopped, requeue=not job.stopped,
@@ -499,6 +507,7 @@ class JobRunner:
                 error=job.oom_error or (result.get("error") if oom else None),
                 launch_id=job.command.command_id,
                 timed_out=bool(result.get("timed_out")),
+                requeue=bool(result.get("requeue")),
             )
         log.info("job %d exited with %s%s%s", job.job_id, done.exit_code,
                  " (stopped)" if done.stopped else " (out of memory)" if done.oom
@@ -506,14 +515,31 @@ class JobRunner:
                  " (adopted from an earlier agent)" if job.adopted else "")
         return done
 
-    def stop_all(self, grace_seconds: float, give_up_after: float = 10.0) -> list[FinishedJob]:
+    def release_reported(self, pending: set[tuple[int, str | None]]) -> None:
+        """Remove the records of exits :meth:`poll` or :meth:`recover` returned, except those
+        whose ``(job_id, launch_id)`` is in ``pending`` (their event is not yet with the control
+        plane). Until then an agent killed meanwhile leaves them to the next one, which reports
+        them again (the control plane ignores an exit it already has)."""
+        for job_id, launch_id in list(self._reported.items()):
+            if (job_id, launch_id) in pending:
+                continue
+            del self._reported[job_id]
+            if job_id in self._jobs:
+                continue  # launched again meanwhile: the records are the new attempt's
+            job_dir = self.job_dir(job_id)
+            record = supervise.read_json(job_dir / PROCESS_RECORD)
+            if record is None or record.get("launch_id") == launch_id:
+                _remove_records(job_dir)
+
+    def stop_all(self, grace_seconds: float, give_up_after: float = 10.0, *, requeue: bool = False) -> list[FinishedJob]:
         """Stop every job and wait until all have exited (SIGKILL after the grace).
 
         Returns their exits. Gives up ``give_up_after`` seconds past the grace on processes that
         even SIGKILL does not end (uninterruptible I/O), leaving them listed as running.
+        ``requeue``: see :meth:`stop`.
         """
         for job_id in list(self._jobs):
-            self.stop(job_id, grace_seconds)
+            self.stop(job_id, grace_seconds, requeue=requeue)
         finished = self.poll()
         deadline = time.monotonic() + grace_seconds + give_up_after
         while self._jobs and time.monotonic() < deadline:
@@ -538,9 +564,9 @@ class JobRunner:
         """
         finished: list[FinishedJob] = []
         for path in sorted((self.workdir / "jobs").glob(f"*/{PROCESS_RECORD}")):
-            if not path.parent.name.isdigit() or int(path.parent.name) in self._jobs:
+            job_id = int(path.parent.name) if path.parent.name.isdigit() else None
+            if job_id is None or job_id in self._jobs or job_id in self._reported:
                 continue
-            job_id = int(path.parent.name)
             record = supervise.read_json(path)
             command = self._launch_record(job_id)
             if record is None or "supervisor_pid" not in record or command is None:
@@ -555,8 +581,8 @@ class JobRunner:
             job = _RunningJob(job_id, leader or _Leader(int(record["pid"]), None, -1.0),
                               _Supervisor(adopted=supervisor) if supervisor else None, command, adopted=True)
             if result is not None:
-                log.info("job %d ended while no agent ran; reporting its exit", job_id)
-                finished.append(self._finished(job, result))
+                log.info("job %d ended while no agent ran (or its exit was not yet sent); reporting it", job_id)
+                finished.append(self._finished(job, result, keep_records=True))
                 job.leader.close()
                 continue
             started_at, limit = record.get("started_at"), record.get("max_runtime_s")
@@ -566,7 +592,7 @@ class JobRunner:
             if stop.get("reason") == "oom":
                 job.oom_error, job.killed = str(stop.get("error") or "out of GPU memory"), True
                 job.leader.signal_group(signal.SIGKILL, job_id)
-            elif stop.get("reason") == "stop":
+            elif stop.get("reason") in ("stop", "shutdown"):
                 # The earlier agent was stopping it: carry the stop through, SIGKILL when it was due.
                 job.stopped = True
                 kill_at = stop.get("kill_at") if isinstance(stop.get("kill_at"), (int, float)) else time.time()
@@ -602,7 +628,7 @@ class JobRunner:
         vanished: list[tuple[int, str | None]] = []
         for path in sorted((self.workdir / "jobs").glob(f"*/{PROCESS_RECORD}")):
             job_id = int(path.parent.name) if path.parent.name.isdigit() else None
-            if job_id in self._jobs:
+            if job_id in self._jobs or job_id in self._reported:
                 continue
             record = supervise.read_json(path) or {}
             if "supervisor_pid" in record and (
@@ -692,6 +718,13 @@ def _supervisor_answer(process: subprocess.Popen, spec: dict) -> dict:
     _reap(process)
     why = read_tail(Path(spec["job_dir"]) / supervise.SUPERVISOR_LOG, 500).strip().splitlines()
     return {"error": "the job's supervisor failed to start it" + (f": {why[-1]}" if why else "")}
+
+
+def _remove_records(job_dir: Path) -> None:
+    """``process.json`` first: an ``exit.json`` left without one is never read (and a relaunch
+    removes it)."""
+    for name in (PROCESS_RECORD, EXIT_RECORD, STOP_RECORD):
+        (job_dir / name).unlink(missing_ok=True)
 
 
 def _adopted_supervisor(record: dict) -> psutil.Process | None:

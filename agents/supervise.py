@@ -17,8 +17,8 @@ parent-death signal), and writes the job's spec to its stdin as JSON. The superv
    included): SIGTERM and SIGCONT to its group, SIGKILL after ``stop_grace_s``;
 5. once the leader exits, SIGKILLs what is left of its group (the leader, not yet reaped, still
    holds the group id, so nothing else can be hit), reaps it, drains the log, writes ``exit.json``
-   atomically (``exit_code``, ``finished_at``, ``timed_out``, and ``stopped``/``oom``/``error`` from
-   the agent's ``stop.json`` when it asked for the end) and exits.
+   atomically (``exit_code``, ``finished_at``, ``timed_out``, and ``stopped``/``oom``/``requeue``/
+   ``error`` from the agent's ``stop.json`` when it asked for the end) and exits.
 
 Stop, throttling and suspension stay with the agent, which signals the job's process group itself
 after checking that the leader recorded in ``process.json`` is still the same, unreaped process.
@@ -177,7 +177,11 @@ def supervise(spec: dict) -> int:
     result = {
         "job_id": spec["job_id"], "launch_id": spec.get("launch_id"), "exit_code": exit_code,
         "finished_at": time.time(), "started_at": started_at, "timed_out": timed_out,
-        "stopped": stop.get("reason") == "stop", "oom": stop.get("reason") == "oom", "error": stop.get("error"),
+        "stopped": stop.get("reason") in ("stop", "shutdown"), "oom": stop.get("reason") == "oom",
+        "error": stop.get("error"),
+        # Ended by its agent shutting down: not the job's doing, so it runs again (unless it was
+        # done anyway).
+        "requeue": stop.get("reason") == "shutdown" and exit_code != 0,
     }
     write_json_atomically(job_dir / EXIT_RECORD, result)
     log.info("job %s exited with %s%s", spec["job_id"], exit_code, " (timed out)" if timed_out else "")

@@ -217,9 +217,14 @@ def test_a_record_whose_pid_now_names_another_process_is_dropped_without_a_signa
     runner.close()
 
 
-def test_a_reaped_job_leaves_no_record(runner):
+def test_a_reported_job_leaves_no_record_once_released(runner):
     cmd = launch(python("pass"))
     runner.launch(cmd)
     assert (runner.job_dir(cmd.job_id) / "process.json").exists()
     finish(runner)
+    # Kept while the exit's event is not yet sent: a new agent would report it again.
+    runner.release_reported({(cmd.job_id, cmd.command_id)})
+    assert (runner.job_dir(cmd.job_id) / "exit.json").exists()
+    runner.release_reported(set())
     assert not (runner.job_dir(cmd.job_id) / "process.json").exists()
+    assert not (runner.job_dir(cmd.job_id) / "exit.json").exists()

@@ -288,3 +288,29 @@ def test_a_clean_shutdown_of_the_agents_process_group_still_stops_its_jobs(redis
     assert (done.exit_code, done.stopped, done.requeue) == (-signal.SIGTERM, True, True)
     assert status(job_started.pid) in ("gone", "zombie")
     wait_for(lambda: status(supervisor.pid) in ("gone", "zombie"))  # it exits once its job has
+
+
+def test_an_exit_not_yet_sent_when_the_agent_is_killed_is_reported_by_the_next_agent(tmp_path, agent_processes):
+    from cluster_ui.devstack.redis_server import PrivateRedis
+
+    import redis as redis_lib
+
+    with PrivateRedis(tmp_path / "redis") as server:
+        client = redis_lib.Redis.from_url(server.url)
+        first = agent_processes(server.url)
+        wait_for(lambda: events(client, "node_registered"), timeout=20)
+        job = launch(["sh", "-c", "sleep 1; echo finished offline; exit 4"])
+        send(client, "n1", job)
+        wait_for(lambda: events(client, "job_started"), timeout=10)
+        port = server.port
+        server.stop()  # the exit happens while Redis is away: it waits in the agent's memory...
+        time.sleep(2.5)
+        os.kill(first.pid, signal.SIGKILL)  # ...which dies with the agent
+        first.wait()
+        with PrivateRedis(tmp_path / "redis", port=port) as server:
+            client = redis_lib.Redis.from_url(server.url)
+            agent_processes(server.url)
+            [done] = wait_for(lambda: exited(client, job.job_id), timeout=20)
+            assert (done.exit_code, done.requeue, done.launch_id) == (4, False, job.command_id)
+            assert done.output_tail == "finished offline\n"
+            client.close()
