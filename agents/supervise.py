@@ -224,8 +224,8 @@ def _wait(process: subprocess.Popen, started: float, max_runtime_s, grace: float
 
 def main() -> int:
     make_non_dumpable()  # it holds the job's environment: no other process of its uid may read it
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)  # a terminal's Ctrl-C or hang-up is not for the job
+    # No signal is ignored here: an ignored signal would stay ignored in the job across exec. In a
+    # session of its own, with no terminal, no Ctrl-C or hang-up reaches it anyway.
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s supervisor %(process)d %(levelname)s: %(message)s")
     spec = json.loads(sys.stdin.buffer.read())

@@ -314,3 +314,14 @@ def test_an_exit_not_yet_sent_when_the_agent_is_killed_is_reported_by_the_next_a
             assert (done.exit_code, done.requeue, done.launch_id) == (4, False, job.command_id)
             assert done.output_tail == "finished offline\n"
             client.close()
+
+
+def test_the_job_starts_with_default_signal_handling(make_runner):
+    # Whatever its supervisor does, the job must be able to get Ctrl-C/SIGHUP/SIGTERM like any program.
+    runner = make_runner()
+    cmd = launch(python("import signal; print([signal.getsignal(s) is signal.default_int_handler if s == signal.SIGINT "
+                        "else signal.getsignal(s) == signal.SIG_DFL for s in (signal.SIGINT, signal.SIGHUP, "
+                        "signal.SIGTERM, signal.SIGUSR1)])"))
+    runner.launch(cmd)
+    [done] = finish(runner)
+    assert done.output_tail == "[True, True, True, True]\n"
