@@ -181,7 +181,7 @@ def supervise(spec: dict) -> int:
         "error": stop.get("error"),
         # Ended by its agent shutting down: not the job's doing, so it runs again (unless it was
         # done anyway).
-        "requeue": stop.get("reason") == "shutdown" and exit_code != 0,
+        "requeue": stop.get("reason") == "shutdown" and exit_code != 0 and not timed_out,
     }
     write_json_atomically(job_dir / EXIT_RECORD, result)
     log.info("job %s exited with %s%s", spec["job_id"], exit_code, " (timed out)" if timed_out else "")
