@@ -631,7 +631,7 @@ class JobRunner:
             if job_id in self._jobs or job_id in self._reported:
                 continue
             record = supervise.read_json(path) or {}
-            if "supervisor_pid" in record and (
+            if "supervisor_pid" in record and self._launch_record(job_id) is not None and (
                 _adopted_supervisor(record) is not None or (path.parent / EXIT_RECORD).exists()
             ):
                 continue  # supervised, or ended with its exit recorded: for recover(), never stopped here

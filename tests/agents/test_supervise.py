@@ -325,3 +325,16 @@ def test_the_job_starts_with_default_signal_handling(make_runner):
     runner.launch(cmd)
     [done] = finish(runner)
     assert done.output_tail == "[True, True, True, True]\n"
+
+
+def test_a_supervised_job_whose_launch_record_is_lost_is_stopped_not_left_unmanaged(make_runner):
+    dead = make_runner()
+    cmd = launch(["sleep", "60"])
+    pid = dead.launch(cmd)
+    die(dead)
+    (dead.job_dir(cmd.job_id) / "launch.json").unlink()  # e.g. a disk error: it cannot be adopted
+
+    fresh = make_runner()
+    [orphan] = fresh.recover(grace_seconds=5)
+    assert (orphan.job_id, orphan.requeue, orphan.launch_id) == (cmd.job_id, True, cmd.command_id)
+    wait_for(lambda: status(pid) in ("gone", "zombie"))
