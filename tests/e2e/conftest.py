@@ -2,7 +2,10 @@
 against the private Redis and the test database (committed data, so ``transactional_db``).
 
 Agent authentication is on, as in production: the server processes get a random
-``COLONY_AGENT_SECRET`` and each agent only its own key (:func:`agent_env`).
+``COLONY_AGENT_SECRET`` and each agent only its own key (:func:`agent_env`). As in production,
+no process gets a secret in its environment: :meth:`Processes.start` moves ``COLONY_AGENT_SECRET``
+and ``COLONY_AGENT_KEY`` into mode-600 files and passes ``*_FILE`` instead (``stack.env`` still
+holds the secret, for tests that derive keys from it).
 """
 
 from __future__ import annotations
@@ -60,10 +63,25 @@ class Processes:
         self.env, self.log_dir = env, log_dir
         self.started: list[tuple[str, subprocess.Popen]] = []
 
+    def _in_files(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` with each secret replaced by ``NAME_FILE``, a mode-600 file holding it."""
+        env = dict(env)
+        directory = self.log_dir / "secrets"
+        directory.mkdir(mode=0o700, exist_ok=True)
+        for name in ("COLONY_AGENT_SECRET", "COLONY_AGENT_KEY"):
+            value = env.pop(name, None)
+            if value:
+                path = directory / f"{name.lower()}-{signing.sign(b'file-name', value)[:12]}"
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                os.write(fd, value.encode())
+                os.close(fd)
+                env[f"{name}_FILE"] = str(path)
+        return env
+
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "ab")
-        process = subprocess.Popen(argv, cwd=ROOT, env=self.env if env is None else env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(argv, cwd=ROOT, env=self._in_files(self.env if env is None else env), stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         self.started.append((name, process))
         return process
