@@ -47,7 +47,13 @@ def test_devstack_restarts_a_killed_child_and_ctrl_c_leaves_no_orphans(devstack_
         assert "agent-node-1 exited with code -9; restarting in 2 s (restart 2)" in stack.output()
         wait_for(lambda: stack.output().count("agent-node-1 restarted") == 2, timeout=10, what="agent back")
 
-        # Nothing else stopped, and the stack still runs jobs on both nodes.
+        # Redis too: it comes back on its port, with its password and ACL users, and everyone reconnects.
+        redis_pid = next(p.pid for p in stack.children() if "redis-server" in " ".join(p.cmdline()))
+        os.kill(redis_pid, signal.SIGKILL)
+        wait_for(lambda: "redis restarted" in stack.output(), timeout=15, what="Redis to be restarted")
+        assert "redis exited with code -9; restarting in 1 s (restart 1)" in stack.output()
+
+        # Nothing else stopped, and the stack still runs jobs.
         assert stack.process.poll() is None and "Stopping" not in stack.output()
         jobs = [stack.run_job(token, ["python", "-c", "print(6 * 7)"], timeout=90) for _ in range(2)]
         assert [job["state"] for job in jobs] == ["SUCCEEDED", "SUCCEEDED"], jobs
