@@ -6,6 +6,10 @@ idempotently (launch, stop, duty cycle, suspend, resume), acks it, and reports j
 exits (including GPU out-of-memory kills) on the events stream. Redis going away never stops
 jobs: events wait in a bounded outbox, and the last ``sample_buffer`` samples in a bounded ring;
 after the agent reconnects and registers again it sends the events, then the samples, in order.
+Nor does the agent itself going away: each job runs under its own supervisor process
+(:mod:`agents.supervise`), and an agent that starts where another died adopts the jobs still
+running and reports the ones that ended meanwhile (:meth:`agents.runner.JobRunner.recover`). A
+clean shutdown (SIGTERM) still stops every job and reports it for a requeue.
 Given its node key, it signs every message it writes (:mod:`agents.signing`); the control plane
 rejects messages whose signature is not that of the node they name.
 
@@ -52,6 +56,11 @@ SAMPLE_BATCH = 100  # samples per pipelined round trip when catching up
 # How many applied command ids are remembered for idempotency. Commands are
 # re-delivered only shortly after they were sent (pending entries, duplicates), so this is plenty.
 MEMORY_SIZE = 10_000
+# A signed command older than this is refused (a captured one cannot be replayed later); one
+# issued further than COMMAND_MAX_SKEW_S ahead of this node's clock too. The control plane re-sends
+# what is still wanted (launches of placed jobs, stops), freshly issued.
+COMMAND_MAX_AGE_S = 300.0
+COMMAND_MAX_SKEW_S = 30.0
 BACKOFF_FIRST = 0.2
 BACKOFF_MAX = 5.0
 
@@ -92,6 +101,8 @@ class Agent:
         outbox_size: int = OUTBOX_SIZE,
         sample_buffer: int = SAMPLE_BUFFER,
         key: bytes | None = None,
+        command_max_age: float = COMMAND_MAX_AGE_S,
+        command_max_skew: float = COMMAND_MAX_SKEW_S,
     ):
         if not protocol.NODE_NAME_RE.match(node):
             raise ValueError(f"invalid node name {node!r}")
@@ -106,7 +117,13 @@ class Agent:
         self.shutdown_grace = shutdown_grace
         self.hostname = socket.gethostname()[:255]
         self.stream = protocol.command_stream(node)
-        self._key = key  # this node's signing key; None sends unsigned messages
+        # This node's key: signs what it writes and authenticates the commands it reads. None
+        # (authentication off) sends unsigned messages and takes unsigned commands.
+        self._key = key
+        if command_max_age <= 0 or command_max_skew < 0:
+            raise ValueError("command_max_age must be positive and command_max_skew not negative")
+        self.command_max_age = command_max_age
+        self.command_max_skew = command_max_skew
 
         self._redis: redis.Redis | None = None
         self._stop = threading.Event()
@@ -121,6 +138,8 @@ class Agent:
         self.dropped_samples = 0
         self._sample_failures: set[str] = set()
         self._applied_commands = _BoundedSet(MEMORY_SIZE)
+        # job id -> the newest launch attempt seen for it (least recently launched forgotten first).
+        self._launch_attempts: OrderedDict[int, int] = OrderedDict()
         self._gpu_indices: set[int] = set()
         self._read_pending = True
         self._next_heartbeat = 0.0
@@ -148,9 +167,12 @@ class Agent:
         """Serve until ``stop`` is set, then stop every job and report their exits."""
         self._stop = stop
         log.info("agent %s starting (backend %s, interval %.2fs)", self.node, self.backend.name, self.interval)
-        # Before registering: processes an earlier agent left behind must not run beside the
-        # job's next attempt. Their exits wait in the outbox, sent once registered.
-        for finished in self.runner.stop_orphans(self.shutdown_grace):
+        # Before registering, take over what an earlier agent left: jobs still running under their
+        # supervisors are adopted (registered as running, reported when they end); jobs that ended
+        # meanwhile are reported from their supervisor's record; processes nobody supervises are
+        # stopped, so they never run beside the job's next attempt. Exits wait in the outbox,
+        # sent once registered.
+        for finished in self.runner.recover(self.shutdown_grace):
             self._publish(self._exited(finished))
         try:
             while not stop.is_set():
@@ -180,15 +202,16 @@ class Agent:
             self._lost(exc)
 
     def shutdown(self) -> None:
-        """Stop all jobs (SIGTERM, SIGKILL after the grace), publish their exits best-effort."""
+        """Stop all jobs (SIGTERM, SIGKILL after the grace), publish their exits best-effort.
+        An exit Redis did not take stays in its job's records, for the next agent to report."""
         if self.runner.running():
             log.info("stopping %d running job(s)", len(self.runner.running()))
         self._report_exits()  # jobs that ended by themselves are reported as they ended
-        for finished in self.runner.stop_all(self.shutdown_grace):
+        for finished in self.runner.stop_all(self.shutdown_grace, requeue=True):
             # Jobs the agent stops because it is going away are not done: the control plane
             # requeues them (a job being cancelled or preempted is settled as that anyway). One
             # that finished or ran out of memory just before the stop reached it is reported as it was.
-            ended_by_stop = finished.exit_code != 0 and not finished.oom
+            ended_by_stop = finished.exit_code != 0 and not finished.oom and not finished.timed_out
             self._publish(self._exited(dataclasses.replace(finished, requeue=ended_by_stop)))
         self.runner.close()
         if self._redis is None and self._outbox:
@@ -207,6 +230,10 @@ class Agent:
             self._redis = None
         elif self._outbox:
             log.warning("Redis unreachable; %d event(s) not sent on shutdown", len(self._outbox))
+        # Exits Redis did not take keep their records, for the next agent to report.
+        self.runner.release_reported(
+            {(m.job_id, m.launch_id) for m in list(self._outbox) if isinstance(m, protocol.JobExited)}
+        )
         log.info("agent %s stopped", self.node)
 
     # ------------------------------------------------------------------ connection
@@ -289,7 +316,7 @@ class Agent:
             # Only a node with dozens of GPUs gets here (every pair is a link); the GPUs matter more.
             log.warning("registration with %d topology links is too large; sending it without them", len(topology))
             fields = protocol.encode(message.model_copy(update={"topology": []}))
-        self._xadd(protocol.EVENTS_STREAM, signing.signed(fields, self._key))
+        self._xadd(protocol.node_events_stream(self.node), signing.signed(fields, self._key))
         log.info("registered with %d GPU(s), %d running job(s)", len(gpus), len(message.running_jobs))
 
     def _ensure_group(self) -> None:
@@ -319,13 +346,15 @@ class Agent:
         """Send buffered events, then buffered samples, oldest first; each leaves its buffer only
         once Redis has it (so an outage mid-flush may repeat a sample, never lose one)."""
         while self._outbox and self._redis is not None:
-            self._xadd(protocol.EVENTS_STREAM, signing.signed(protocol.encode(self._outbox[0]), self._key))
+            self._xadd(protocol.node_events_stream(self.node),
+                       signing.signed(protocol.encode(self._outbox[0]), self._key))
             self._outbox.popleft()
         while self._samples and self._redis is not None:
             batch = list(itertools.islice(self._samples, SAMPLE_BATCH))
             pipe = self._redis.pipeline(transaction=False)
             for _seq, fields in batch:
-                pipe.xadd(protocol.METRICS_STREAM, fields, maxlen=protocol.STREAM_MAXLEN, approximate=True)
+                pipe.xadd(protocol.node_metrics_stream(self.node), fields, maxlen=protocol.STREAM_MAXLEN,
+                          approximate=True)
             pipe.execute()
             for _ in batch:
                 self._samples.popleft()
@@ -385,6 +414,11 @@ class Agent:
     def _report_exits(self) -> None:
         for finished in self.runner.poll():
             self._publish(self._exited(finished))
+        # A job's exit record (its supervisor's exit.json) stays on disk until Redis has the
+        # event: an agent killed before then leaves it for the next agent to report again.
+        self.runner.release_reported(
+            {(m.job_id, m.launch_id) for m in list(self._outbox) if isinstance(m, protocol.JobExited)}
+        )
 
     def _exited(self, finished: FinishedJob) -> protocol.JobExited:
         return protocol.JobExited(
@@ -393,6 +427,7 @@ class Agent:
             exit_code=finished.exit_code,
             stopped=finished.stopped,
             oom=finished.oom,
+            timed_out=finished.timed_out,
             requeue=finished.requeue,
             launch_id=finished.launch_id,
             error=finished.error[:2000] if finished.error else None,
@@ -429,16 +464,40 @@ class Agent:
     def _handle_entry(self, entry_id, fields) -> None:
         if fields is None:
             # A pending entry trimmed from the stream before we acked it: nothing left to apply.
-            self._dead_letter(entry_id, {}, "entry was deleted from the stream before it was applied")
+            self._dead_letter(entry_id, {}, "entry was deleted from the stream before it was applied", parsed=False)
             return
         try:
             command = protocol.decode_command(fields)
         except protocol.ProtocolError as exc:
-            self._dead_letter(entry_id, fields, exc.reason)
+            self._dead_letter(entry_id, fields, exc.reason, parsed=False)
+            return
+        refusal = self._authenticate(fields, command)
+        if refusal:
+            # Applied not at all, and not remembered: a genuine command refused as stale is
+            # re-sent freshly issued, with the same command id, and must then run.
+            self._dead_letter(entry_id, fields, f"command {command.command_id} refused: {refusal}"[:500])
+            return
+        # A launch's attempt fences it: one older than an attempt seen here for the job is a
+        # replay (or a straggler) and refused even if its command id was forgotten; a re-send of
+        # the newest attempt is the usual harmless duplicate, known by its command id.
+        seen = self._launch_attempts.get(command.job_id) if isinstance(command, protocol.LaunchJob) else None
+        if seen is not None and command.attempt is not None and command.attempt < seen:
+            self._dead_letter(entry_id, fields, f"command {command.command_id} refused: launch attempt "
+                              f"{command.attempt} of job {command.job_id} is older than attempt {seen} seen here")
             return
         if command.command_id in self._applied_commands:
             log.info("command %s already applied; skipping", command.command_id)
             return
+        if isinstance(command, protocol.LaunchJob) and command.attempt is not None:
+            if seen is not None and command.attempt <= seen:
+                self._dead_letter(entry_id, fields, f"command {command.command_id} refused: launch attempt "
+                                  f"{command.attempt} of job {command.job_id} is not newer than attempt {seen} "
+                                  "seen here")
+                return
+            self._launch_attempts[command.job_id] = command.attempt
+            self._launch_attempts.move_to_end(command.job_id)
+            while len(self._launch_attempts) > MEMORY_SIZE:
+                self._launch_attempts.popitem(last=False)
         try:
             if isinstance(command, protocol.LaunchJob):
                 self._launch(command)
@@ -458,6 +517,37 @@ class Agent:
             log.exception("command %s could not be applied", command.command_id)
             self._dead_letter(entry_id, fields, f"agent failed to apply the command: {exc!r}"[:500])
         self._applied_commands.add(command.command_id)
+
+    def _authenticate(self, fields: dict, command) -> str | None:
+        """Why ``command`` (parsed from ``fields``) must not be applied here, or None.
+
+        With a key: it must be MACed with this node's key in the command domain, name this node,
+        and have been issued within ``command_max_age`` (and not beyond ``command_max_skew`` ahead).
+        A launch must name its attempt (checked against the newest seen by the caller). Without a
+        key (authentication off) only a command naming another node is refused.
+        """
+        if self._key is None:
+            if command.node is not None and command.node != self.node:
+                return f"it is for node {command.node}, not {self.node}"
+            return None
+        signature = fields.get(protocol.SIGNATURE_FIELD, fields.get(protocol.SIGNATURE_FIELD.encode()))
+        if signature is None:
+            return "unsigned (this agent takes only commands MACed with its node key)"
+        if not signing.verify_command(self._key, fields.get("m", fields.get(b"m")), signature):
+            return "bad signature (not MACed with this node's key)"
+        if command.node != self.node:
+            # Genuine, but for another node (copied into this stream, or sent before a rename).
+            return f"it is for node {command.node}, not {self.node}" if command.node else "it names no node"
+        if command.issued_at is None:
+            return "it carries no issue time"
+        age = time.time() - command.issued_at
+        if age > self.command_max_age:
+            return f"stale: issued {age:.0f}s ago (at most {self.command_max_age:.0f}s)"
+        if -age > self.command_max_skew:
+            return f"issued {-age:.0f}s in the future (clock skew of at most {self.command_max_skew:.0f}s)"
+        if isinstance(command, protocol.LaunchJob) and command.attempt is None:
+            return "a launch that names no attempt"
+        return None
 
     def _launch(self, command: protocol.LaunchJob) -> None:
         job_id = command.job_id
@@ -503,24 +593,20 @@ class Agent:
             # Finished, stopping, or never here: the server learns the job's fate from its events.
             log.info("%s %s: job %d is not running here; nothing to do", command.kind, command.command_id, command.job_id)
 
-    def _dead_letter(self, entry_id, fields: dict, reason: str) -> None:
-        raw = fields.get(b"m", fields.get("m"))
-        if raw is None:
-            raw = repr(fields)
-        if isinstance(raw, str):
-            raw = raw.encode("utf-8", "replace")
+    def _dead_letter(self, entry_id, fields: dict, reason: str, *, parsed: bool = True) -> None:
+        """Report a refused command entry; the control plane dead-letters it (this node may write
+        only its own streams). An excerpt of the entry goes along only when it did not parse: a
+        parsed launch's ``env`` may hold a job's secrets."""
+        raw = b""
+        if not parsed:
+            raw = fields.get(b"m", fields.get("m"))
+            raw = repr(fields).encode() if raw is None else raw
+            raw = raw.encode("utf-8", "replace") if isinstance(raw, str) else raw
         log.warning("command entry %s rejected: %s", _text(entry_id), reason)
-        self._xadd(
-            protocol.DEAD_LETTER_STREAM,
-            {
-                "source": self.stream,
-                "id": entry_id,
-                "node": self.node,
-                "reason": reason,
-                "raw": raw[:DEAD_LETTER_RAW_BYTES],
-            },
-        )
-        self._redis.incr(protocol.DEAD_LETTER_COUNT_KEY)
+        self._publish(protocol.CommandRejected(
+            node=self.node, entry_id=_text(entry_id)[:64], reason=reason[:500],
+            raw=raw[:DEAD_LETTER_RAW_BYTES].decode("utf-8", "replace")[:DEAD_LETTER_RAW_BYTES],
+        ))
 
 
 def _entries(reply) -> list:

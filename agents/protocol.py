@@ -8,9 +8,11 @@ carries ``v`` (the protocol version) and ``kind`` (which message it is); anythin
 parse into one of the models below is rejected with a :class:`ProtocolError` naming the reason, so
 the reader can dead-letter it instead of half-applying it.
 
-Messages an agent writes (events, samples) may carry a second field ``sig``: the writer's
-signature over the exact bytes of ``m`` (see :mod:`agents.signing`). Parsing here does not check
-it; the server verifies it against the node the message names before applying anything.
+Every message may carry a second field ``sig``, a MAC over the exact bytes of ``m`` with the
+node's key (see :mod:`agents.signing`): an agent signs what it writes, and the control plane MACs
+each command it sends, in a domain of its own so that neither can pass for the other. Parsing here
+does not check it; the server verifies an agent message against the node it names before applying
+anything, and an agent refuses a command that is unsigned, forged, stale or for another node.
 """
 
 from __future__ import annotations
@@ -63,13 +65,16 @@ GpuIndex = Annotated[int, Field(ge=0, lt=MAX_GPUS)]
 # Every wire model: unknown fields and non-finite numbers are errors; messages are immutable.
 _WIRE_CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-# Redis names. Agents write EVENTS_STREAM and METRICS_STREAM and read their own command stream.
+# Redis names. Each agent writes only streams of its own node (its events and its metrics) and
+# reads only its own command stream, so no node can trim, exhaust or flood another's. The control
+# plane copies what nodes write, in order, onto EVENTS_STREAM and METRICS_STREAM (which no node
+# may touch), and its readers consume those (``monitoring.services.fanin``).
 EVENTS_STREAM = "colony:events"
 METRICS_STREAM = "colony:metrics"
 DEAD_LETTER_STREAM = "colony:deadletter"
 DEAD_LETTER_COUNT_KEY = "colony:deadletter:count"
 AGENT_COMMAND_GROUP = "agent"
-# Stream field with the agent's signature of ``m`` (agent -> control plane messages only).
+# Stream field with the MAC of ``m`` by the node's key (agent messages and commands alike).
 SIGNATURE_FIELD = "sig"
 # Approximate MAXLEN for streams; old entries are trimmed, never the unread ones in practice.
 STREAM_MAXLEN = 100_000
@@ -77,6 +82,16 @@ STREAM_MAXLEN = 100_000
 
 def command_stream(node: str) -> str:
     return f"colony:node:{node}:commands"
+
+
+def node_events_stream(node: str) -> str:
+    """Where ``node``'s agent writes its events (registration, job started/exited)."""
+    return f"colony:node:{node}:events"
+
+
+def node_metrics_stream(node: str) -> str:
+    """Where ``node``'s agent writes its samples."""
+    return f"colony:node:{node}:metrics"
 
 
 def heartbeat_key(node: str) -> str:
@@ -189,7 +204,20 @@ class JobExited(_NodeMessage):
     finished_at: UnixTime
 
 
-AgentEvent = Annotated[Union[NodeRegistered, JobStarted, JobExited], Field(discriminator="kind")]
+class CommandRejected(_NodeMessage):
+    """The node refused an entry of its command stream (malformed, unsigned, stale, for another
+    node ...) or failed to apply it. The control plane dead-letters it with the reason: a node
+    may write nothing but its own streams, so this is how its refusals reach operators.
+    ``raw`` is an excerpt of an entry that did not parse; never of a parsed command, whose
+    ``env`` may hold a job's secrets."""
+
+    kind: Literal["command_rejected"] = "command_rejected"
+    entry_id: str = Field(max_length=64)
+    reason: str = Field(max_length=500)
+    raw: str = Field(default="", max_length=1024)
+
+
+AgentEvent = Annotated[Union[NodeRegistered, JobStarted, JobExited, CommandRejected], Field(discriminator="kind")]
 
 # ---------------------------------------------------------------- agent -> control plane metrics
 # One NodeSample per node per interval on METRICS_STREAM. Any reading the GPU cannot give (not
@@ -369,7 +397,7 @@ def _parse(adapter: TypeAdapter, fields: dict, allowed: frozenset = _MESSAGE_FIE
         raise ProtocolError(f"{where}: {first['msg']}") from None
 
 
-def decode_event(fields: dict) -> NodeRegistered | JobStarted | JobExited:
+def decode_event(fields: dict) -> NodeRegistered | JobStarted | JobExited | CommandRejected:
     """Parse one events-stream entry; raises :class:`ProtocolError`."""
     return _parse(_event_adapter, fields, _AGENT_FIELDS)
 

@@ -121,22 +121,22 @@ def redis_password(secret: str, node: str) -> str:
 def redis_acl_rules(node: str, password: str) -> list[str]:
     """``ACL SETUSER`` rules for ``node``'s agent: exactly the calls :class:`agents.agent.Agent` makes.
 
-    Root permissions only append (``XADD``) to the shared streams, write-only (``%W~``), so a node
-    cannot read other nodes' events, samples or job output. Selectors (Redis >= 7.0) give the
-    other commands, each on its own keys: the node's command stream and heartbeat, and the
-    dead-letter counter. Node names hold no glob characters, so the patterns match nothing else.
-    Redis keeps only the password's SHA-256 (``#``), so the rule line holds no secret.
+    Root permissions only append (``XADD``) to the node's own event and metric streams,
+    write-only (``%W~``): a node can neither read nor trim, exhaust or flood another node's
+    stream, nor touch the control plane's (its refusals of commands travel as events too).
+    Selectors (Redis >= 7.0) give the other commands, each on its own keys: the node's command
+    stream and heartbeat. Node names hold no glob characters, so the patterns match nothing
+    else. Redis keeps only the password's SHA-256 (``#``), so the rule line holds no secret.
     """
     digest = hashlib.sha256(password.encode("utf-8")).hexdigest()
     return [
         "reset", "on", f"#{digest}", "resetchannels", "-@all",
         "+ping", "+xadd",
-        f"%W~{protocol.EVENTS_STREAM}", f"%W~{protocol.METRICS_STREAM}", f"%W~{protocol.DEAD_LETTER_STREAM}",
+        f"%W~{protocol.node_events_stream(node)}", f"%W~{protocol.node_metrics_stream(node)}",
         # Own command stream (consumer group read, ack, create), own heartbeat: each key only
         # the commands it needs, so a node cannot, say, turn its command stream into a string.
         f"(~{protocol.command_stream(node)} +xreadgroup +xack +xgroup|create)",
         f"(~{protocol.heartbeat_key(node)} +set)",
-        f"(~{protocol.DEAD_LETTER_COUNT_KEY} +incrby)",
     ]
 
 

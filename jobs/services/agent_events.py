@@ -21,6 +21,7 @@ from jobs.services import lifecycle
 from jobs.services.node_health import resend_duty_cycles, stop_strays
 from jobs.services.nudge import nudge_scheduler
 from monitoring.services.dead_letters import dead_letter
+from monitoring.services.fanin import fan_in
 from monitoring.services.poison import PoisonCounter, is_outage, reason_of
 from monitoring.services.redis_client import get_redis
 from monitoring.services.registry import ForeignGpus, agent_auth_required, authenticate, register_node
@@ -42,6 +43,7 @@ def consume_events(client: redis.Redis | None = None, max_batches: int = 50) -> 
     """Apply what is waiting on the events stream; returns how many entries were handled."""
     client = client or get_redis()
     consumer = consumer_name()
+    fan_in(client, "events")
     ensure_group(client, protocol.EVENTS_STREAM, GROUP)
     handled = _handle_entries(client, claim_stale(client, protocol.EVENTS_STREAM, GROUP, consumer, CLAIM_IDLE_MS))
     for _ in range(max_batches):
@@ -108,6 +110,10 @@ def apply_event(message) -> bool:
             return False
         if isinstance(message, protocol.JobStarted):
             lifecycle.start(message.job_id, message.node, message.launch_id, _when(message.started_at))
+            return False
+        if isinstance(message, protocol.CommandRejected):
+            dead_letter(get_redis(), protocol.command_stream(message.node), message.entry_id, {"m": message.raw},
+                        f"refused by node {message.node}: {message.reason}")
             return False
         if isinstance(message, protocol.JobExited):
             return lifecycle.finish(message.job_id, lifecycle.Exit(

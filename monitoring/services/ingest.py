@@ -30,6 +30,7 @@ from agents import protocol
 from monitoring.models import Gpu
 from monitoring.services import alerts, live, placements
 from monitoring.services.dead_letters import dead_letter
+from monitoring.services.fanin import fan_in
 from monitoring.services.poison import PoisonCounter, apply_isolating, is_outage, reason_of
 from monitoring.services.registry import agent_auth_required, authenticate
 from monitoring.services.rollups import Accumulator, flush
@@ -45,6 +46,8 @@ LAST_TS_KEY = "colony:ingest:last_ts"
 CLAIM_IDLE_MS = 60_000
 DB_BACKOFF_FIRST_S = 1.0
 DB_BACKOFF_MAX_S = 30.0
+# Longest wait for new samples between two fan-ins of the nodes' streams.
+FAN_IN_BLOCK_MS = 200
 # What a database that went away raises. Anything else applying a batch raises is blamed on its data.
 DB_UNAVAILABLE = (OperationalError, InterfaceError)
 
@@ -120,6 +123,10 @@ class Ingestor:
             self._apply_or_keep(parsed, result)
             return result
         try:
+            moved = fan_in(self.client, "metrics")
+            if block_ms is not None and moved.nodes:
+                # Nodes write their own streams: a long block here would only delay the next fan-in.
+                block_ms = min(block_ms, FAN_IN_BLOCK_MS) if not moved.copied else None
             entries = claim_stale(self.client, protocol.METRICS_STREAM, GROUP, self.consumer, CLAIM_IDLE_MS)
             entries += read_new(self.client, protocol.METRICS_STREAM, GROUP, self.consumer,
                                 max(1, self.batch_size - len(entries)), block_ms=block_ms)

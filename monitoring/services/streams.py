@@ -26,7 +26,9 @@ def claim_stale(client: redis.Redis, stream: str, group: str, consumer: str, min
     claimed: list = []
     cursor = "0-0"
     while True:
-        cursor, entries, _ = client.xautoclaim(stream, group, consumer, min_idle_ms, cursor, count=count)
+        # Redis 7 also returns the ids of entries deleted meanwhile; 6.2 returns two items.
+        reply = client.xautoclaim(stream, group, consumer, min_idle_ms, cursor, count=count)
+        cursor, entries = reply[0], reply[1]
         claimed.extend(entries)
         if cursor in (b"0-0", "0-0") or not entries:
             return claimed

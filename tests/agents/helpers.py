@@ -10,7 +10,7 @@ import uuid
 import psutil
 import pytest
 
-from agents import protocol
+from agents import protocol, signing
 
 _job_ids = itertools.count(1)
 
@@ -49,9 +49,20 @@ def command(kind, job_id: int, command_id=None, **fields):
     return kind(command_id=command_id or f"{kind.__name__.lower()}-{uuid.uuid4().hex[:12]}", job_id=job_id, **fields)
 
 
+def node_entries(client, kind: str) -> list:
+    """Every entry agents wrote on their own ``kind`` streams ("events", "metrics"), oldest first."""
+    streams = sorted(client.scan_iter(match=f"colony:node:*:{kind}", _type="stream"))
+    return sorted((entry for stream in streams for entry in client.xrange(stream)), key=lambda e: _id_key(e[0]))
+
+
+def _id_key(entry_id) -> tuple[int, int]:
+    ms, seq = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).split("-")
+    return int(ms), int(seq)
+
+
 def samples(client) -> list[protocol.NodeSample]:
-    """Every decoded message on the metrics stream, oldest first."""
-    return [protocol.decode_sample(fields) for _id, fields in client.xrange(protocol.METRICS_STREAM)]
+    """Every decoded sample the agents wrote, oldest first."""
+    return [protocol.decode_sample(fields) for _id, fields in node_entries(client, "metrics")]
 
 
 def stop(job_id: int, grace: float = 5.0, command_id=None) -> protocol.StopJob:
@@ -62,12 +73,19 @@ def stop(job_id: int, grace: float = 5.0, command_id=None) -> protocol.StopJob:
 
 def events(client, kind: str | None = None) -> list:
     """Every decoded message on the events stream, oldest first (optionally of one kind)."""
-    decoded = [protocol.decode_event(fields) for _id, fields in client.xrange(protocol.EVENTS_STREAM)]
+    decoded = [protocol.decode_event(fields) for _id, fields in node_entries(client, "events")]
     return [event for event in decoded if kind is None or event.kind == kind]
 
 
 def send(client, node: str, command) -> None:
     client.xadd(protocol.command_stream(node), protocol.encode(command))
+
+
+def send_signed(client, node: str, command, key: bytes) -> None:
+    """``command`` as the control plane sends it to an agent holding ``key``: naming ``node`` and
+    issued now, MACed with the key (a launch must name its attempt: ``launch(..., attempt=0)``)."""
+    stamped = command.model_copy(update={"node": node, "issued_at": time.time()})
+    client.xadd(protocol.command_stream(node), signing.signed_command(protocol.encode(stamped), key))
 
 
 def status(pid: int) -> str:

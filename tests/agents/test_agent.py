@@ -77,11 +77,13 @@ def test_same_command_delivered_twice_runs_once(redis_url, redis_client, start_a
 
 
 def test_stop_command_ends_a_sleeping_job(redis_url, redis_client, start_agent):
-    start_agent(redis_url)
+    agent = start_agent(redis_url)
     cmd = launch(python(SLEEPER))
     send(redis_client, "n1", cmd)
     wait_for(lambda: started(redis_client, cmd.job_id))
     wait_for(lambda: cmd.job_id in json.loads(redis_client.get(protocol.heartbeat_key("n1")) or "{}").get("running", []))
+    log = agent.agent.runner.job_dir(cmd.job_id) / "output.log"
+    wait_for(lambda: log.exists() and "working" in log.read_text())  # a loaded machine starts Python slowly
     send(redis_client, "n1", stop(cmd.job_id, grace=5))
     [done] = wait_for(lambda: exited(redis_client, cmd.job_id))
     assert done.stopped is True
@@ -120,15 +122,12 @@ def test_garbage_command_is_dead_lettered_and_the_agent_carries_on(redis_url, re
     send(redis_client, "n1", cmd)
     [done] = wait_for(lambda: exited(redis_client, cmd.job_id))
     assert done.output_tail == "still here\n"
-    letters = redis_client.xrange(protocol.DEAD_LETTER_STREAM)
-    assert len(letters) == 2
-    first = letters[0][1]
-    assert first[b"source"] == stream.encode() and first[b"id"] == garbage_id
-    assert b"'reboot'" in first[b"reason"]
-    assert first[b"raw"] == json.dumps({"v": 1, "kind": "reboot"}).encode()
-    assert letters[1][1][b"reason"] == b"message is not UTF-8"
-    assert len(letters[1][1][b"raw"]) == 1024
-    assert int(redis_client.get(protocol.DEAD_LETTER_COUNT_KEY)) == 2
+    # Refused on the agent's own events stream (the control plane dead-letters them).
+    first, second = events(redis_client, "command_rejected")
+    assert first.entry_id == garbage_id.decode() and "'reboot'" in first.reason
+    assert first.raw == json.dumps({"v": 1, "kind": "reboot"})
+    assert second.reason == "message is not UTF-8"
+    assert len(second.raw) <= 1024 and second.raw
     assert redis_client.xpending(stream, protocol.AGENT_COMMAND_GROUP)["pending"] == 0
 
 
@@ -146,8 +145,8 @@ def test_command_that_breaks_the_agent_is_dead_lettered(redis_url, redis_client,
     cmd = launch(python("print('next')"))
     send(redis_client, "n1", cmd)
     wait_for(lambda: exited(redis_client, cmd.job_id))
-    [(_id, letter)] = redis_client.xrange(protocol.DEAD_LETTER_STREAM)
-    assert b"bug in the runner" in letter[b"reason"]
+    [refusal] = events(redis_client, "command_rejected")
+    assert "bug in the runner" in refusal.reason
     running.stop()
 
 
@@ -249,3 +248,16 @@ def test_events_are_buffered_while_redis_is_down(tmp_path, start_agent):
             assert agent.agent.buffered_events == 0 and agent.agent.dropped_events == 0
             agent.stop()
             client.close()
+
+
+def test_a_job_past_its_runtime_limit_is_reported_timed_out(redis_url, redis_client, start_agent):
+    start_agent(redis_url)
+    cmd = launch(["sleep", "60"], max_runtime_s=1, stop_grace_s=2)
+    send(redis_client, "n1", cmd)
+    [job_started] = wait_for(lambda: started(redis_client, cmd.job_id))
+    [done] = wait_for(lambda: exited(redis_client, cmd.job_id), timeout=6)
+    assert (done.timed_out, done.exit_code, done.stopped, done.requeue) == (True, -signal.SIGTERM, False, False)
+    assert done.launch_id == cmd.command_id
+    # JobStarted is stamped once the supervisor has answered, a moment after the process started.
+    assert 0.8 <= done.finished_at - job_started.started_at < 4.5
+    assert gone(job_started.pid)

@@ -14,7 +14,7 @@ import pytest
 import redis as redis_lib
 
 from agents import protocol, signing
-from tests.agents.helpers import events, launch, python, samples, send, wait_for
+from tests.agents.helpers import events, launch, python, samples, send, send_signed, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "acl-test-secret-" + "x" * 16
@@ -86,10 +86,26 @@ def test_a_node_user_cannot_read_another_nodes_commands_or_what_others_sent(redi
         "DEL the events stream": lambda: node_a.delete(protocol.EVENTS_STREAM),
         "KEYS": lambda: node_a.keys("*"),
         "FLUSHALL": lambda: node_a.flushall(),
+        # What one node once did to all (issue 12): the shared streams are the control plane's.
+        "XADD colony:events MAXLEN 0": lambda: node_a.xadd(protocol.EVENTS_STREAM, {"m": "x"}, maxlen=0),
+        "XADD colony:events MINID": lambda: node_a.xadd(protocol.EVENTS_STREAM, {"m": "x"}, minid="9999999999999"),
+        "XADD colony:events at the last ID": lambda: node_a.xadd(
+            protocol.EVENTS_STREAM, {"m": "x"}, id="18446744073709551615-18446744073709551615"),
+        "XADD colony:metrics": lambda: node_a.xadd(protocol.METRICS_STREAM, {"m": "x"}),
+        "XADD node-b's events": lambda: node_a.xadd(protocol.node_events_stream("node-b"), {"m": "x"}),
+        "XADD node-b's metrics": lambda: node_a.xadd(protocol.node_metrics_stream("node-b"), {"m": "x"}),
+        "XTRIM node-b's events": lambda: node_a.xtrim(protocol.node_events_stream("node-b"), maxlen=0),
+        "XADD the dead-letter stream": lambda: node_a.xadd(protocol.DEAD_LETTER_STREAM, {"m": "x"}),
+        "INCRBY the dead-letter count": lambda: node_a.incrby(protocol.DEAD_LETTER_COUNT_KEY, 10**6),
+        "XGROUP CREATE on the events stream": lambda: node_a.xgroup_create(protocol.EVENTS_STREAM, "evil", mkstream=True),
+        "XGROUP CREATE on node-b's commands": lambda: node_a.xgroup_create(
+            protocol.command_stream("node-b"), "evil"),
+        "XREAD its own events back": lambda: node_a.xrange(protocol.node_events_stream("node-a")),
     }
     allowed = [what for what, call in forbidden.items() if not _refused(call)]
     assert allowed == []
     assert redis_client.xlen(protocol.command_stream("node-b")) == 1  # untouched
+    assert redis_client.xlen(protocol.EVENTS_STREAM) == 1
 
 
 def _refused(call) -> bool:
@@ -116,18 +132,20 @@ def test_a_real_agent_logged_in_as_its_node_user_registers_samples_and_runs_jobs
     try:
         wait_for(lambda: events(redis_client, "node_registered") and samples(redis_client), timeout=20)
         assert redis_client.ttl(protocol.heartbeat_key("node-a")) > 0
-        job = launch(python("print('as node-a')"))
-        send(redis_client, "node-a", job)
+        job = launch(python("print('as node-a')"), attempt=0)
+        send_signed(redis_client, "node-a", job, key)
         exited = wait_for(lambda: events(redis_client, "job_exited"), timeout=20)[0]
         assert (exited.node, exited.job_id, exited.exit_code) == ("node-a", job.job_id, 0)
         assert "as node-a" in exited.output_tail
         # Acked: nothing of its stream is left pending.
         assert redis_client.xpending(protocol.command_stream("node-a"), protocol.AGENT_COMMAND_GROUP)["pending"] == 0
-        # A garbage command is dead-lettered by the agent itself (XADD + INCRBY are allowed).
+        # A garbage command is refused by the agent, which says so on its own events stream.
         redis_client.xadd(protocol.command_stream("node-a"), {"m": json.dumps({"v": 1, "kind": "reboot"})})
-        wait_for(lambda: redis_client.get(protocol.DEAD_LETTER_COUNT_KEY) == b"1", timeout=10)
-        for _id, fields in redis_client.xrange(protocol.EVENTS_STREAM) + redis_client.xrange(protocol.METRICS_STREAM):
-            assert signing.verify(key, fields[b"m"], fields[b"sig"])
+        refusal = wait_for(lambda: events(redis_client, "command_rejected"), timeout=10)[0]
+        assert "reboot" in refusal.reason and "reboot" in refusal.raw
+        mine = (redis_client.xrange(protocol.node_events_stream("node-a"))
+                + redis_client.xrange(protocol.node_metrics_stream("node-a")))
+        assert mine and all(signing.verify(key, fields[b"m"], fields[b"sig"]) for _id, fields in mine)
     finally:
         os.killpg(agent.pid, signal.SIGTERM)
         assert agent.wait(15) == 0, log_path.read_text()

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from agents import cli, protocol, signing
-from tests.agents.helpers import events, launch, python, samples, send, wait_for
+from tests.agents.helpers import events, launch, python, samples, send_signed, wait_for
 
 SECRET = "s" * 32
 
@@ -56,10 +56,11 @@ def test_signed_fields_carry_the_signature_of_m_and_still_decode():
     assert signing.signed(protocol.encode(message), None) == protocol.encode(message)
 
 
-def test_commands_do_not_take_a_signature_field():
+def test_commands_take_a_signature_field_and_nothing_else():
     command = launch(["true"])
-    with pytest.raises(protocol.ProtocolError, match="unexpected stream fields: sig"):
-        protocol.decode_command({**protocol.encode(command), "sig": "00"})
+    assert protocol.decode_command({**protocol.encode(command), "sig": "00"}) == command
+    with pytest.raises(protocol.ProtocolError, match="unexpected stream fields: signature"):
+        protocol.decode_command({**protocol.encode(command), "signature": "00"})
 
 
 # ---------------------------------------------------------------- the agent signs what it writes
@@ -76,18 +77,18 @@ def test_an_agent_with_a_key_signs_registration_events_and_samples(redis_url, re
     key = signing.node_key(SECRET, "n1")
     start_agent(redis_url, key=key)
     wait_for(lambda: samples(redis_client))
-    job = launch(python("print('hi')"))
-    send(redis_client, "n1", job)
+    job = launch(python("print('hi')"), attempt=0)
+    send_signed(redis_client, "n1", job, key)
     wait_for(lambda: events(redis_client, "job_exited"))
-    kinds = [json.loads(fields[b"m"])["kind"] for _id, fields in _all_signed_by(redis_client, protocol.EVENTS_STREAM, key)]
+    kinds = [json.loads(fields[b"m"])["kind"] for _id, fields in _all_signed_by(redis_client, protocol.node_events_stream("n1"), key)]
     assert kinds[:1] == ["node_registered"] and {"job_started", "job_exited"} <= set(kinds)
-    _all_signed_by(redis_client, protocol.METRICS_STREAM, key)
+    _all_signed_by(redis_client, protocol.node_metrics_stream("n1"), key)
 
 
 def test_an_agent_without_a_key_sends_unsigned_messages(redis_url, redis_client, start_agent):
     start_agent(redis_url)
     wait_for(lambda: samples(redis_client) and events(redis_client))
-    for stream in (protocol.EVENTS_STREAM, protocol.METRICS_STREAM):
+    for stream in (protocol.node_events_stream("n1"), protocol.node_metrics_stream("n1")):
         assert all(set(fields) == {b"m"} for _id, fields in redis_client.xrange(stream))
 
 

@@ -221,3 +221,11 @@ def test_a_node_cannot_register_another_nodes_gpus(db, redis_client, live_redis)
     assert not Node.objects.filter(name="thief").exists()
     (letter,) = dead_letters(redis_client)
     assert b"GPU-victim-1 (on victim)" in letter[b"reason"]
+
+
+def test_a_nodes_refusal_of_a_command_is_dead_lettered_by_the_control_plane(db, redis_client, live_redis):
+    emit(redis_client, protocol.CommandRejected(node="n1", entry_id="1-1", reason="unsigned", raw=""))
+    consume_events(redis_client)
+    (letter,) = dead_letters(redis_client)
+    assert letter[b"source"] == protocol.command_stream("n1").encode()
+    assert letter[b"reason"] == b"refused by node n1: unsigned"
