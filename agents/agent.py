@@ -381,6 +381,7 @@ class Agent:
                 jobs=reading.jobs,
                 unattributed_mib=reading.unattributed_mib,
                 running_jobs=sorted(self.runner.running()),
+                running_launches=sorted(self.runner.running_launches().values()),
             )
             fields = protocol.encode(sample)
             if len(fields["m"]) > protocol.MAX_MESSAGE_BYTES:
@@ -577,15 +578,33 @@ class Agent:
                                           launch_id=command.command_id))
 
     def _stop_job(self, command: protocol.StopJob) -> None:
-        if command.job_id not in self.runner.running():
-            # Say so: a job whose launch never arrived (or whose exit was lost) would otherwise
-            # wait forever to be stopped. The control plane ignores this for a job already settled.
-            log.info("stop %s: job %d is not running here", command.command_id, command.job_id)
-            self._publish(protocol.JobExited(node=self.node, job_id=command.job_id, exit_code=None, stopped=True,
-                                             absent=True, error="not running on this node when told to stop",
-                                             finished_at=time.time()))
+        running = self.runner.running_launches().get(command.job_id)
+        if running is not None and command.launch_id in (None, running):
+            self.runner.stop(command.job_id, command.grace_seconds)
             return
-        self.runner.stop(command.job_id, command.grace_seconds)
+        # Not running here, or running as a later attempt than the one to stop. Say how that
+        # attempt ended if this node ran it (its exit may have been lost with a trimmed stream or
+        # a Redis restart), else that it is absent: a job whose launch never arrived (or whose
+        # exit was lost for good) would otherwise wait forever to be stopped.
+        known = self._recent_exit(command.job_id, command.launch_id)
+        if known is not None:
+            log.info("stop %s: job %d attempt %s ended here already; reporting its exit again",
+                     command.command_id, command.job_id, command.launch_id)
+            self._publish(known)
+            return
+        log.info("stop %s: job %d (%s) is not running here", command.command_id, command.job_id,
+                 command.launch_id or "any attempt")
+        self._publish(protocol.JobExited(node=self.node, job_id=command.job_id, exit_code=None, stopped=True,
+                                         absent=True, error="not running on this node when told to stop",
+                                         launch_id=command.launch_id, finished_at=time.time()))
+
+    def _recent_exit(self, job_id: int, launch_id: str | None) -> protocol.JobExited | None:
+        if launch_id is None:
+            return None
+        for _sent_at, message in reversed(self._recent_exits):
+            if message.job_id == job_id and message.launch_id == launch_id and not message.absent:
+                return message
+        return None
 
     @staticmethod
     def _not_here(command, applied: bool) -> None:

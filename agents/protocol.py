@@ -260,6 +260,9 @@ class NodeSample(_NodeMessage):
     # Memory held by processes the agent did not launch, per GPU index.
     unattributed_mib: dict[GpuIndex, MemoryMib] = Field(default_factory=dict, max_length=MAX_GPUS)
     running_jobs: list[JobId] = Field(default_factory=list, max_length=4096)
+    # The attempt (LaunchJob command id) of each running job: the control plane reconciles
+    # against it, so a job it believes runs here that the node does not run is settled quickly.
+    running_launches: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=4096)
 
 # ---------------------------------------------------------------- control plane -> agent commands
 # The control plane MACs each command with the target node's key (``sig``, see
@@ -320,6 +323,10 @@ class StopJob(_Command):
     command_id: str = Field(min_length=1, max_length=64)
     job_id: int = Field(gt=0)
     grace_seconds: float = Field(default=10.0, ge=0, le=600)
+    # Stop only this attempt (its LaunchJob command id): a stop meant for an earlier run never
+    # ends a later one placed here since. The node answers for that attempt: its real exit if it
+    # ran and ended here, ``absent`` if the node does not know it. None: whatever runs.
+    launch_id: str | None = Field(default=None, max_length=64)
 
 
 class SetDutyCycle(_Command):

@@ -433,6 +433,10 @@ class JobRunner:
         """Ids of jobs whose exit has not yet been returned by :meth:`poll`."""
         return set(self._jobs)
 
+    def running_launches(self) -> dict[int, str]:
+        """Job id -> the launch (attempt) each running job came from."""
+        return {job_id: job.command.command_id for job_id, job in list(self._jobs.items())}
+
     def processes(self) -> dict[int, JobProcesses]:
         """What a GPU backend needs to know about each running job, in launch order."""
         return {

@@ -145,8 +145,9 @@ def resend_stops(redis_client) -> int:
             if first_seen is None:
                 redis_client.set(key, now, ex=STOPPING_MEMORY_S)
             continue
+        current = lifecycle.current_launch_id(job_id)
         for node in lifecycle.live_nodes(job_id):
-            send_stop(node, job_id)
+            send_stop(node, job_id, current)
         redis_client.set(key, now, ex=STOPPING_MEMORY_S)
         resent += 1
     return resent

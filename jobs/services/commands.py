@@ -82,9 +82,12 @@ def send_launch(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int,
         _publish(node, protocol.SuspendJob(command_id=_command_id("suspend", job_id), job_id=job_id))
 
 
-def send_stop(node: str, job_id: int) -> None:
+def send_stop(node: str, job_id: int, launch_id: str | None = None) -> None:
+    """Stop the job on ``node``: only the attempt ``launch_id`` when given (a stop for one run
+    never ends a later one), else whatever of the job runs there."""
     _publish(node, protocol.StopJob(
         command_id=_command_id("stop", job_id), job_id=job_id, grace_seconds=settings.COLONY_STOP_GRACE_SECONDS,
+        launch_id=launch_id,
     ))
 
 

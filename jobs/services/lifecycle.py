@@ -145,14 +145,14 @@ def start(job_id: int, node: str, launch: str | None, started_at: datetime) -> b
     live = _on_node(job_id, node)
     current = current_launch_id(job_id)
     if launch is not None and launch != current:
-        _ignored(job_id, node, "start", f"{launch} is not the current attempt {current}")
-        if not live.exists():
-            transaction.on_commit(lambda: send_stop(node, job_id))
+        # An earlier run started late (its launch was re-delivered): stop that run, only that one.
+        _ignored(job_id, node, "start", f"{launch} is not the current attempt {current}; stopping it")
+        transaction.on_commit(lambda: send_stop(node, job_id, launch))
         return False
     if not live.exists():
         # Started under an allocation that is gone (requeued or ended since): make it stop.
         _ignored(job_id, node, "start", "the job holds no GPUs there any more; stopping it")
-        transaction.on_commit(lambda: send_stop(node, job_id))
+        transaction.on_commit(lambda: send_stop(node, job_id, launch))
         return False
     if Job.objects.filter(pk=job_id, state=JobState.PLACED).update(state=JobState.RUNNING, started_at=started_at):
         return True
@@ -175,6 +175,17 @@ def finish(job_id: int, exit: Exit) -> bool:
         _ignored(job_id, exit.node, "exit", f"{exit.launch_id} is not the current attempt {current}")
         return False
     state = Job.objects.filter(pk=job_id).values_list("state", flat=True).get()
+    if exit.absent and state == JobState.RUNNING and exit.launch_id == current:
+        # Reconciliation asked the node about the running attempt and the node does not know it
+        # (its agent lost it, its exit is gone for good): back to the queue now, not in a minute.
+        requeue_now([job_id], _reason(VANISHED, f"Requeued: node {exit.node} does not run this job's current "
+                                                "attempt (its agent restarted without it?).", node=exit.node))
+        return True
+    if exit.absent and state == JobState.PLACED:
+        # Asked about a placed attempt the node has not started: its launch is on the way, or
+        # lost and re-sent by the scheduling loop. Nothing to settle.
+        _ignored(job_id, exit.node, "absent-answer", "the placed attempt has not started there yet")
+        return False
     if exit.absent and state in LIVE:
         # The node does not run it and was told to stop it, but this attempt is not being
         # stopped: the stop was for an earlier attempt. (A lost launch is re-sent instead.)
@@ -251,8 +262,10 @@ def live_nodes(job_id: int) -> set[str]:
 
 
 def _stop_on(job_id: int, nodes) -> None:
+    """Tell ``nodes`` to stop the job's current attempt (and only that one)."""
+    current = current_launch_id(job_id)
     for node in nodes:
-        transaction.on_commit(lambda node=node: send_stop(node, job_id))
+        transaction.on_commit(lambda node=node: send_stop(node, job_id, current))
 
 
 def _reason(code: str, message: str, **details) -> dict:
@@ -332,7 +345,7 @@ def requeue_now(job_ids, reason: dict, *, only_running: bool = False) -> list[in
     if only_running:
         job_ids = requeued
     stops = set(Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True)
-                .values_list("job_id", "gpu__node__name"))
+                .values_list("job_id", "gpu__node__name", "job__attempt"))
     Job.objects.filter(pk__in=requeued).update(
         state=JobState.PENDING, pending_reason=reason, placed_at=None, started_at=None,
         requeue_count=F("requeue_count") + 1,
@@ -342,6 +355,7 @@ def requeue_now(job_ids, reason: dict, *, only_running: bool = False) -> list[in
         state=JobState.PENDING, placed_at=None, started_at=None)
     Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True).update(released_at=now)
     # Wherever a process of theirs may still run (a gang's other nodes, a node that comes back).
-    for job_id, node in stops:
-        transaction.on_commit(lambda node=node, job_id=job_id: send_stop(node, job_id))
+    for job_id, node, attempt in stops:
+        transaction.on_commit(lambda node=node, job_id=job_id, attempt=attempt:
+                              send_stop(node, job_id, launch_id(job_id, attempt)))
     return requeued

@@ -11,6 +11,7 @@ runs twice.
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone as dt_timezone
 
 import redis
 from django.conf import settings
@@ -20,7 +21,7 @@ from django.utils import timezone
 from jobs.choices import JobState
 from jobs.models import Allocation, Job
 from jobs.services import lifecycle
-from jobs.services.commands import send_duty_cycle, send_stop
+from jobs.services.commands import launch_id, send_duty_cycle, send_stop
 from monitoring.models import Node
 from monitoring.services import alerts, health, live
 
@@ -32,8 +33,15 @@ NODE_LOST = lifecycle.NODE_LOST
 VANISHED = lifecycle.VANISHED
 MISSING_KEY = "colony:missing"
 # A running job its node has stopped reporting for this long is presumed gone (the agent was
-# restarted without it). Long, so that an exit event still in the queue is never overtaken.
+# restarted without it) even if the node never answers for it. Long, so that an exit event still
+# in the queue is never overtaken; nodes that report attempts are asked and settle far sooner.
 VANISHED_AFTER_S = 60.0
+# How long after a job's start its node's samples must list it, and how often it is asked.
+RECONCILE_AFTER_START_S = 2.0
+RECONCILE_EVERY_S = 10
+# A placed job not running on its node this long after placement is asked about (launches are
+# re-sent after 15 s; a job that ran and ended there before both its reports were lost answers).
+RECONCILE_PLACED_AFTER_S = 20
 
 
 def check_node_health(client: redis.Redis) -> dict:
@@ -42,7 +50,7 @@ def check_node_health(client: redis.Redis) -> dict:
     strays = vanished = 0
     for node, entry in live.latest_nodes(client).items():
         strays += stop_strays(client, node, entry.get("running_jobs", []))
-        vanished += requeue_vanished(client, node, entry.get("running_jobs", []), entry["ts"])
+        vanished += requeue_vanished(client, node, entry)
     timed_out = time_out_overdue()
     return {"lost": lost, "revived": revived, "strays_stopped": strays, "vanished": vanished, "timed_out": timed_out}
 
@@ -94,29 +102,64 @@ def resend_duty_cycles(node: str, running_jobs: list[int]) -> int:
     return len(desired)
 
 
-def requeue_vanished(client: redis.Redis, node: str, running_jobs: list[int], sample_ts: float) -> int:
-    """Requeue RUNNING jobs a live node has not reported for ``VANISHED_AFTER_S``.
+def requeue_vanished(client: redis.Redis, node: str, entry: dict) -> int:
+    """Reconcile what ``node`` says it runs (its latest sample, ``entry``) with what the control
+    plane believes, kubelet-style.
 
-    An agent restarted after a crash no longer knows jobs it had started: without this they
-    would stay RUNNING forever. The node is sent a stop in case a process survived untracked.
+    A RUNNING job whose current attempt the node's sample does not list (taken well after the job
+    started, so the start cannot be in flight) has ended there or is unknown there. The node is
+    asked about that attempt (a stop naming it, at most every ``RECONCILE_EVERY_S``): it answers
+    with the attempt's exit if it ran and ended there (recovering an exit lost with a trimmed
+    stream or a Redis restart), or that it does not know it, which requeues the job at once
+    (:func:`jobs.services.lifecycle.finish`). Either way the job is settled within seconds. A
+    node that does not report attempts (an older agent), or never answers, has the job requeued
+    after ``VANISHED_AFTER_S``.
     """
-    reported = set(running_jobs)
-    ours = Allocation.objects.filter(gpu__node__name=node, released_at__isnull=True, job__state=JobState.RUNNING,
-                                     job__started_at__lt=timezone.now() - timezone.timedelta(seconds=5))
+    sample_ts = entry["ts"]
+    reported = set(entry.get("running_jobs", []))
+    launches = entry.get("running_launches")
+    if launches is not None:
+        _reconcile_placed(client, node, set(launches), sample_ts)
+    started_before = datetime.fromtimestamp(sample_ts - RECONCILE_AFTER_START_S, tz=dt_timezone.utc)
+    ours = set(Allocation.objects.filter(gpu__node__name=node, released_at__isnull=True,
+                                         job__state=JobState.RUNNING, job__started_at__lt=started_before)
+               .values_list("job_id", "job__attempt"))
     requeued = 0
-    for job_id in set(ours.values_list("job_id", flat=True)):
+    for job_id, attempt in ours:
         field = f"{node}:{job_id}"
-        if job_id in reported:
+        current = launch_id(job_id, attempt)
+        if (current in launches) if launches is not None else (job_id in reported):
             client.hdel(MISSING_KEY, field)
             continue
         client.hsetnx(MISSING_KEY, field, sample_ts)
         first_missed = float(client.hget(MISSING_KEY, field))
+        if launches is not None and client.set(f"colony:reconcile:{field}", 1, nx=True, ex=RECONCILE_EVERY_S):
+            log.info("node %s does not list job %s's running attempt %s; asking it", node, job_id, current)
+            send_stop(node, job_id, current)
         if sample_ts - first_missed < VANISHED_AFTER_S:
             continue
         client.hdel(MISSING_KEY, field)
         if _requeue_vanished_job(job_id, node):
             requeued += 1
     return requeued
+
+
+def _reconcile_placed(client: redis.Redis, node: str, launches: set[str], sample_ts: float) -> None:
+    """PLACED jobs whose start report was lost: one the node runs is started now; one placed a
+    while ago that it does not run is asked about (it may have run and ended there, both its
+    reports lost; a launch that never arrived is re-sent by the scheduling loop meanwhile)."""
+    placed_before = timezone.now() - timezone.timedelta(seconds=RECONCILE_PLACED_AFTER_S)
+    for job_id, attempt, placed_at in set(
+        Allocation.objects.filter(gpu__node__name=node, released_at__isnull=True, job__state=JobState.PLACED)
+        .values_list("job_id", "job__attempt", "job__placed_at")
+    ):
+        current = launch_id(job_id, attempt)
+        if current in launches:
+            if lifecycle.start(job_id, node, current, datetime.fromtimestamp(sample_ts, tz=dt_timezone.utc)):
+                log.warning("job %s runs on node %s but its start report was lost; now RUNNING", job_id, node)
+        elif placed_at and placed_at < placed_before and client.set(
+                f"colony:reconcile:{node}:{job_id}", 1, nx=True, ex=RECONCILE_EVERY_S):
+            send_stop(node, job_id, current)
 
 
 def _requeue_vanished_job(job_id: int, node: str) -> bool:

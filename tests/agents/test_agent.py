@@ -261,3 +261,30 @@ def test_a_job_past_its_runtime_limit_is_reported_timed_out(redis_url, redis_cli
     # JobStarted is stamped once the supervisor has answered, a moment after the process started.
     assert 0.8 <= done.finished_at - job_started.started_at < 4.5
     assert gone(job_started.pid)
+
+
+def test_a_stop_for_an_earlier_attempt_leaves_the_running_one_alone(redis_url, redis_client, start_agent):
+    start_agent(redis_url)
+    job_id = 4242
+    send(redis_client, "n1", launch(python("import time; time.sleep(30)"), job_id=job_id, command_id=f"launch-{job_id}-2"))
+    wait_for(lambda: started(redis_client, job_id))
+    send(redis_client, "n1", stop(job_id, grace=1, command_id="stop-old")
+         .model_copy(update={"launch_id": f"launch-{job_id}-1"}))
+    [answer] = wait_for(lambda: exited(redis_client, job_id))
+    assert (answer.absent, answer.launch_id) == (True, f"launch-{job_id}-1")  # not the run it names
+    time.sleep(0.5)
+    assert len(exited(redis_client, job_id)) == 1  # attempt 2 still runs
+    send(redis_client, "n1", stop(job_id, grace=1).model_copy(update={"launch_id": f"launch-{job_id}-2"}))
+    ended = wait_for(lambda: [e for e in exited(redis_client, job_id) if not e.absent])
+    assert ended[0].launch_id == f"launch-{job_id}-2" and ended[0].stopped
+
+
+def test_a_stop_for_an_attempt_that_ended_here_reports_its_exit_again(redis_url, redis_client, start_agent):
+    """How the control plane recovers an exit lost with a trimmed stream or a Redis restart."""
+    start_agent(redis_url)
+    cmd = launch(python("print('finished')"))
+    send(redis_client, "n1", cmd)
+    [first] = wait_for(lambda: exited(redis_client, cmd.job_id))
+    send(redis_client, "n1", stop(cmd.job_id).model_copy(update={"launch_id": cmd.command_id}))
+    again = wait_for(lambda: exited(redis_client, cmd.job_id)[1:])[0]
+    assert again == first and again.exit_code == 0 and again.output_tail == "finished\n"

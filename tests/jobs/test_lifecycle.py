@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from agents import protocol
 from jobs.choices import JobState
-from jobs.models import Allocation
+from jobs.models import Allocation, Job
 from jobs.services import lifecycle
 from jobs.services.agent_events import consume_events
 from jobs.services.cycle import run_scheduling_cycle
@@ -218,3 +218,103 @@ def test_only_the_lifecycle_module_changes_a_jobs_state():
     ]
     assert writers == []
     assert _state_writers(lifecycle_file), "the check must see the lifecycle's own writes"
+
+
+# ---------------------------------------------------------------- reconciling with the node
+
+
+def sample_listing(redis_client, *launch_ids, at=None):
+    """The node's latest sample (as ingest keeps it) listing the attempts it runs."""
+    from monitoring.services import live
+
+    live.store_latest(redis_client, [protocol.NodeSample(
+        node="n1", ts=at or time.time(), seq=1, gpus=[], running_launches=list(launch_ids))])
+
+
+def running_job(redis_client, capture, **spec):
+    job = JobFactory(gpus=1, **spec)
+    cycle(capture)
+    launch = launches(redis_client)[-1].command_id
+    report(redis_client, capture, started(job, launch, at=time.time() - 30))
+    return job, launch
+
+
+def test_a_running_attempt_its_node_does_not_know_is_requeued_within_seconds(
+        node1, redis_client, django_capture_on_commit_callbacks):
+    capture = django_capture_on_commit_callbacks
+    job, launch = running_job(redis_client, capture)
+    sample_listing(redis_client, launch)
+    with capture(execute=True):
+        check_node_health(redis_client)
+    assert stops(redis_client) == []  # listed: nothing to ask
+
+    sample_listing(redis_client)  # the node's agent restarted without it
+    with capture(execute=True):
+        check_node_health(redis_client)
+    (ask,) = stops(redis_client)
+    assert (ask.job_id, ask.launch_id) == (job.pk, launch)  # only that attempt, never a later one
+    # What the agent answers when it does not know the attempt.
+    report(redis_client, capture, protocol.JobExited(node="n1", job_id=job.pk, exit_code=None, stopped=True,
+                                                     absent=True, launch_id=launch, finished_at=time.time()))
+    job.refresh_from_db()
+    assert (job.state, job.requeue_count, job.pending_reason["code"]) == (JobState.PENDING, 1, "vanished_from_node")
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
+
+
+def test_an_exit_lost_on_the_way_is_recovered_by_asking_the_node(node1, redis_client,
+                                                                 django_capture_on_commit_callbacks):
+    capture = django_capture_on_commit_callbacks
+    job, launch = running_job(redis_client, capture)
+    sample_listing(redis_client)  # it ended; its exit event was trimmed away unread
+    with capture(execute=True):
+        check_node_health(redis_client)
+    assert [s.launch_id for s in stops(redis_client)] == [launch]
+    # The agent answers a stop for an attempt that ended there with that attempt's exit, again.
+    report(redis_client, capture, exited(job, launch, code=0, output_tail="done\n"))
+    job.refresh_from_db()
+    assert (job.state, job.requeue_count, job.output_tail) == (JobState.SUCCEEDED, 0, "done\n")
+
+
+def test_stops_name_the_attempt_they_are_for(node1, redis_client, django_capture_on_commit_callbacks):
+    capture = django_capture_on_commit_callbacks
+    job, launch = running_job(redis_client, capture)
+    with capture(execute=True):
+        cancel_job(job)
+    assert [(s.job_id, s.launch_id) for s in stops(redis_client)] == [(job.pk, launch)]
+
+
+def test_a_lost_start_report_is_recovered_from_the_nodes_sample(node1, redis_client,
+                                                                 django_capture_on_commit_callbacks):
+    capture = django_capture_on_commit_callbacks
+    job = JobFactory(gpus=1)
+    cycle(capture)
+    launch = launches(redis_client)[-1].command_id
+    sample_listing(redis_client, launch)  # it runs; its JobStarted was trimmed away
+    with capture(execute=True):
+        check_node_health(redis_client)
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING and job.started_at is not None
+
+
+def test_a_placed_job_whose_start_and_exit_were_both_lost_is_settled_by_asking(
+        node1, redis_client, django_capture_on_commit_callbacks):
+    capture = django_capture_on_commit_callbacks
+    job = JobFactory(gpus=1)
+    cycle(capture)
+    launch = launches(redis_client)[-1].command_id
+    Job.objects.filter(pk=job.pk).update(placed_at=timezone.now() - timedelta(minutes=1))
+    sample_listing(redis_client)  # it ran and ended there; neither report arrived
+    with capture(execute=True):
+        check_node_health(redis_client)
+    assert [s.launch_id for s in stops(redis_client)] == [launch]
+    report(redis_client, capture, exited(job, launch, code=3))
+    job.refresh_from_db()
+    assert (job.state, job.exit_code) == (JobState.FAILED, 3)
+    # A node that never got the launch answers "absent": the job stays placed for the re-send.
+    other = JobFactory(gpus=1)
+    cycle(capture)
+    report(redis_client, capture, protocol.JobExited(
+        node="n1", job_id=other.pk, exit_code=None, stopped=True, absent=True,
+        launch_id=launches(redis_client)[-1].command_id, finished_at=time.time()))
+    other.refresh_from_db()
+    assert other.state == JobState.PLACED

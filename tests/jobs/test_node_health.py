@@ -107,8 +107,9 @@ def test_lost_node_that_heartbeats_again_is_revived(running_on_n1, redis_client)
     assert Node.objects.get(name="n1").state == NodeState.UP
 
 
-def test_running_job_its_node_stops_reporting_is_requeued_after_the_grace(running_on_n1, redis_client,
-                                                                          django_capture_on_commit_callbacks):
+def test_a_node_that_reports_no_attempts_has_a_job_it_stops_reporting_requeued_after_the_grace(
+        running_on_n1, redis_client, django_capture_on_commit_callbacks):
+    """An older agent lists job ids only and is never asked; the long grace is the backstop."""
     from jobs.services import node_health
 
     type(running_on_n1).objects.filter(pk=running_on_n1.pk).update(started_at=timezone.now() - timedelta(minutes=5))
@@ -116,7 +117,7 @@ def test_running_job_its_node_stops_reporting_is_requeued_after_the_grace(runnin
     now = time.time()
 
     def report(ts, jobs):
-        return node_health.requeue_vanished(redis_client, "n1", jobs, ts)
+        return node_health.requeue_vanished(redis_client, "n1", {"ts": ts, "running_jobs": jobs})
 
     assert report(now - 100, [running_on_n1.pk]) == 0
     assert report(now - 90, []) == 0  # missing, but only just
