@@ -174,6 +174,7 @@ class Agent:
         # sent once registered.
         for finished in self.runner.recover(self.shutdown_grace):
             self._publish(self._exited(finished))
+        self._remember_launches(self.runner.last_launches())
         try:
             while not stop.is_set():
                 self.step()
@@ -518,6 +519,15 @@ class Agent:
             log.exception("command %s could not be applied", command.command_id)
             self._dead_letter(entry_id, fields, f"agent failed to apply the command: {exc!r}"[:500])
         self._applied_commands.add(command.command_id)
+
+    def _remember_launches(self, launches: list[protocol.LaunchJob]) -> None:
+        """What an earlier agent on this node launched: a re-send of one of those (the control
+        plane's, after the start report was lost) or a replay is then skipped or refused as it
+        would have been by that agent, instead of running the attempt a second time."""
+        for launch in launches:
+            self._applied_commands.add(launch.command_id)
+            if launch.attempt is not None and launch.attempt >= self._launch_attempts.get(launch.job_id, -1):
+                self._launch_attempts[launch.job_id] = launch.attempt
 
     def _authenticate(self, fields: dict, command) -> str | None:
         """Why ``command`` (parsed from ``fields``) must not be applied here, or None.

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from agents import __version__, protocol, signing
 from agents.accounts import DEFAULT_PASS_ENV, RunAsPolicy, parse_tenant_accounts
-from agents.agent import Agent
+from agents.agent import COMMAND_MAX_AGE_S, Agent
 from agents.backends import nvml
 from agents.backends.base import BackendUnavailable, GpuBackend
 from agents.backends.simulated import SimulatedBackend
@@ -204,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="time-slicing period of throttled jobs: one run and one stop per period (default 1.0)",
     )
+    parser.add_argument(
+        "--command-max-age",
+        type=_positive_float,
+        default=COMMAND_MAX_AGE_S,
+        metavar="SECONDS",
+        help="refuse a signed command issued longer ago than this (default 300); keep node clocks in sync",
+    )
     parser.add_argument("--workdir", type=Path, help="job directories and logs (default var/agent/<node>)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     sandbox = parser.add_argument_group("job sandbox")
@@ -368,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             interval=args.interval,
             heartbeat_ttl=args.heartbeat_ttl,
             key=args.key,
+            command_max_age=args.command_max_age,
         )
         agent.run(stop)
     finally:

@@ -433,6 +433,18 @@ class JobRunner:
         """Ids of jobs whose exit has not yet been returned by :meth:`poll`."""
         return set(self._jobs)
 
+    def last_launches(self) -> list[LaunchJob]:
+        """The newest launch this node took for each job it ran (``launch.json``, kept after the
+        job ends): a new agent remembers them, so a launch re-sent or replayed after an agent
+        restart does not run an attempt that already ran here."""
+        launches = []
+        for path in sorted((self.workdir / "jobs").glob(f"*/{LAUNCH_RECORD}")):
+            try:
+                launches.append(LaunchJob.model_validate_json(path.read_bytes()))
+            except (OSError, ValueError) as exc:
+                log.warning("%s: unreadable launch record (%s); ignored", path, exc)
+        return launches
+
     def running_launches(self) -> dict[int, str]:
         """Job id -> the launch (attempt) each running job came from."""
         return {job_id: job.command.command_id for job_id, job in list(self._jobs.items())}

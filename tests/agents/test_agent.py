@@ -288,3 +288,22 @@ def test_a_stop_for_an_attempt_that_ended_here_reports_its_exit_again(redis_url,
     send(redis_client, "n1", stop(cmd.job_id).model_copy(update={"launch_id": cmd.command_id}))
     again = wait_for(lambda: exited(redis_client, cmd.job_id)[1:])[0]
     assert again == first and again.exit_code == 0 and again.output_tail == "finished\n"
+
+
+def test_a_new_agent_does_not_run_again_an_attempt_that_ran_here(redis_url, redis_client, start_agent, tmp_path):
+    """After an agent restart, the control plane's re-send of a launch whose reports were lost
+    (or a replay of it) must not run the attempt a second time."""
+    runs = tmp_path / "runs.txt"
+    first_agent = start_agent(redis_url)
+    cmd = launch(python(f"open({str(runs)!r}, 'a').write('run\\n')"), attempt=1, command_id="launch-77-1", job_id=77)
+    send(redis_client, "n1", cmd)
+    wait_for(lambda: exited(redis_client, 77))
+    first_agent.stop()
+
+    start_agent(redis_url)  # same node, same work directory
+    wait_for(lambda: len(events(redis_client, "node_registered")) == 2)
+    send(redis_client, "n1", cmd)  # the same launch, re-sent
+    send(redis_client, "n1", launch(cmd.argv, job_id=77, attempt=1, command_id="launch-77-1b"))  # same attempt
+    refusal = wait_for(lambda: events(redis_client, "command_rejected"))[0]
+    assert "is not newer than attempt 1" in refusal.reason
+    assert runs.read_text() == "run\n" and len(started(redis_client, 77)) == 1
