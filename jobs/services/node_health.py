@@ -39,9 +39,10 @@ VANISHED_AFTER_S = 60.0
 # How long after a job's start its node's samples must list it, and how often it is asked.
 RECONCILE_AFTER_START_S = 2.0
 RECONCILE_EVERY_S = 10
-# A placed job not running on its node this long after placement is asked about (launches are
-# re-sent after 15 s; a job that ran and ended there before both its reports were lost answers).
-RECONCILE_PLACED_AFTER_S = 20
+# A placed job not running on its node this long after placement is asked about: one that ran
+# and ended there before both its reports were lost answers with its exit; a node that never got
+# the launch answers "absent", which changes nothing (the launch is re-sent after 15 s).
+RECONCILE_PLACED_AFTER_S = 5
 
 
 def check_node_health(client: redis.Redis) -> dict:

@@ -27,7 +27,7 @@ from tests.factories import MembershipFactory, TenantFactory, UserFactory
 pytestmark = pytest.mark.e2e
 
 JOBS = 100
-RUN_S = 1.0
+RUN_S = 0.4
 
 JOB_SCRIPT = r"""
 import fcntl, os, sys, time
