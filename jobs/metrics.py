@@ -1,11 +1,14 @@
 """Prometheus collector for jobs: counts by state and GPUs held. No per-tenant job detail."""
 
+import redis
 from django.db.models import Count
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from jobs.choices import JobState
 from jobs.models import Allocation, Job
+from jobs.services.lifecycle import IGNORED_REPORTS_KEY
+from monitoring.services.redis_client import get_redis
 
 
 class JobsCollector(Collector):
@@ -17,3 +20,9 @@ class JobsCollector(Collector):
         yield jobs
         yield GaugeMetricFamily("colony_gpus_allocated", "GPUs held by jobs",
                                 value=Allocation.objects.filter(released_at__isnull=True).count())
+        try:
+            ignored = float(get_redis().get(IGNORED_REPORTS_KEY) or 0)
+        except redis.RedisError:
+            return
+        yield CounterMetricFamily("colony_lifecycle_ignored_reports", "Node reports about an attempt that is not "
+                                  "a job's current one (fenced off, changed nothing)", value=ignored)

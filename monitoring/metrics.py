@@ -9,7 +9,7 @@ from prometheus_client.registry import Collector
 from agents import protocol
 from monitoring.choices import NodeState
 from monitoring.models import Alert, Gpu, Node
-from monitoring.services import ingest, live
+from monitoring.services import fanin, ingest, live
 from monitoring.services.dead_letters import dead_letter_count
 from monitoring.services.redis_client import get_redis
 
@@ -53,8 +53,18 @@ class ClusterCollector(Collector):
         yield GaugeMetricFamily("colony_ingest_lag_seconds", "Median sample-to-rollup lag of the last batch",
                                 value=stats.get("lag_p50", 0.0))
         yield CounterMetricFamily("colony_ingest_samples", "Node samples ingested", value=stats.get("samples", 0.0))
+        yield CounterMetricFamily("colony_ingest_foreign_usage", "Per-job readings a node sent for a job not placed "
+                                  "on it (dropped)", value=stats.get("foreign_usage", 0.0))
         yield CounterMetricFamily("colony_dead_letters", "Stream entries rejected as malformed",
                                   value=dead_letter_count(client))
+        fanned = {key.decode(): float(value) for key, value in client.hgetall(fanin.STATS_KEY).items()}
+        moved = CounterMetricFamily("colony_fanin_entries", "Entries of the nodes' own streams fanned in, by "
+                                    "outcome (copied, rejected as malformed, dropped from a flooded backlog)",
+                                    labels=["stream", "outcome"])
+        for kind in ("events", "metrics"):
+            for outcome in ("copied", "rejected", "dropped"):
+                moved.add_metric([kind, outcome], fanned.get(f"{kind}_{outcome}", 0.0))
+        yield moved
         pending = 0
         try:
             pending = client.xpending(protocol.METRICS_STREAM, ingest.GROUP)["pending"]

@@ -36,3 +36,19 @@ def test_metrics_token_when_configured(client, db, live_redis, settings):
     settings.COLONY_METRICS_TOKEN = "s3cret"
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
+
+
+def test_metrics_count_fenced_reports_and_fan_in(client, db, live_redis, redis_client):
+    """Operators see fencing and the nodes' streams at work: reports about an earlier attempt
+    ignored, entries fanned in, malformed ones rejected at fan-in."""
+    from jobs.services import lifecycle
+    from monitoring.services import fanin
+
+    redis_client.incr(lifecycle.IGNORED_REPORTS_KEY, 2)
+    redis_client.xadd(protocol.node_events_stream("n1"), {"m": "{}"})
+    redis_client.xadd(protocol.node_events_stream("n1"), {"m": "{}", "extra": "1"})
+    fanin.fan_in(redis_client, "events")
+    _, families = scrape(client)
+    assert families["colony_lifecycle_ignored_reports"].samples[0].value == 2
+    fanned = {(s.labels["stream"], s.labels["outcome"]): s.value for s in families["colony_fanin_entries"].samples}
+    assert fanned[("events", "copied")] == 1 and fanned[("events", "rejected")] == 1

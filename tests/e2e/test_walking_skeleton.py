@@ -25,8 +25,8 @@ def api(alice):
     return client
 
 
-def submit(api, argv, gpus=1):
-    response = api.post("/api/v1/jobs/", {"name": "e2e", "command": argv, "gpus": gpus}, format="json")
+def submit(api, argv, gpus=1, **spec):
+    response = api.post("/api/v1/jobs/", {"name": "e2e", "command": argv, "gpus": gpus, **spec}, format="json")
     assert response.status_code == 201, response.json()
     return response.json()["id"]
 
@@ -78,3 +78,19 @@ def test_cancel_stops_the_running_process(stack, api, tmp_path):
         return False
 
     wait_for(gone, timeout=10, what=f"process {pid} to be gone")
+
+
+def test_a_job_past_its_runtime_limit_ends_timeout_within_the_grace(stack, api):
+    """`max_runtime_s: 5` on a 60 s sleep: the node stops it (SIGTERM, SIGKILL after the stack's
+    3 s grace) and it ends TIMEOUT, its GPU given back."""
+    job = submit(api, [sys.executable, "-c", "import time; print('working', flush=True); time.sleep(60)"],
+                 max_runtime_s=5)
+    running = job_in(api, job, "RUNNING")
+    ended = job_in(api, job, "TIMEOUT", "SUCCEEDED", "FAILED", timeout=30)
+    assert ended["state"] == "TIMEOUT", ended
+    assert "runtime limit of 5 s" in ended["error"] and "working" in ended["output_tail"]
+    from datetime import datetime
+
+    ran_s = (datetime.fromisoformat(ended["finished_at"]) - datetime.fromisoformat(running["started_at"])).total_seconds()
+    assert 5 <= ran_s <= 5 + 3 + 2, ran_s  # the limit, the grace, and a little slack
+    assert all(a["released_at"] for a in ended["allocations"])
