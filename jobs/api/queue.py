@@ -7,10 +7,11 @@ submit time: the order the scheduler takes a tenant's jobs in).
 
 from __future__ import annotations
 
+
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import generics, serializers
 
-from jobs.api.serializers import PendingReasonSerializer
+from jobs.api.serializers import PendingReasonSerializer, eta_seconds
 from jobs.choices import JobClass, JobState
 from jobs.filtersets import JobFilter
 from jobs.models import Job
@@ -33,13 +34,6 @@ def job_filter_from(request) -> JobFilter:
             f"{', '.join(s.lower() for s in JobState.values)}, active or finished."
         ]})
     return job_filter
-
-
-def eta_seconds(job: Job) -> float | None:
-    """The scheduler's estimate of seconds until the job can start, when it has one."""
-    reason = job.pending_reason or {}
-    eta = reason.get("eta_s", (reason.get("details") or {}).get("eta_s"))
-    return float(eta) if isinstance(eta, (int, float)) else None
 
 
 class QueueEntrySerializer(serializers.ModelSerializer):

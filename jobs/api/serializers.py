@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+import time
 
 from rest_framework import serializers
 
-from jobs.choices import JobClass
+from jobs.choices import JobClass, JobState
 from jobs.models import Job
 from jobs.services.submission import tenants_of
 from monitoring.services.registry import cluster_inventory
@@ -58,6 +59,18 @@ class PendingReasonSerializer(serializers.Serializer):
     details = serializers.DictField()
 
 
+def eta_seconds(job: Job, now: float | None = None) -> float | None:
+    """The scheduler's estimate of seconds until the job can start, when it has one. The cycle
+    stores it as an absolute time (``eta_at``, so an estimate that holds does not rewrite the row
+    every cycle); what is left of it is counted from now, never below zero."""
+    if job.state != JobState.PENDING:
+        return None
+    eta_at = (job.pending_reason or {}).get("eta_at")
+    if not isinstance(eta_at, (int, float)) or isinstance(eta_at, bool):
+        return None
+    return float(max(0, round(float(eta_at) - (time.time() if now is None else now))))
+
+
 class JobSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     owner = serializers.CharField(source="owner.username", read_only=True)
@@ -66,17 +79,22 @@ class JobSerializer(serializers.ModelSerializer):
     # Declared so the schema says what the model allows: blank until the job is placed.
     run_class = serializers.ChoiceField(JobClass.choices, allow_blank=True, read_only=True,
                                         help_text="How it was admitted when placed; empty until then.")
+    eta_s = serializers.SerializerMethodField(help_text="Pending: seconds until it is likely to start, when the "
+                                                        "scheduler can tell.")
 
     class Meta:
         model = Job
         fields = [
-            "id", "name", "tenant", "owner", "command", "env", "gpus", "gpu_milli", "gpu_memory_mib", "gpu_models",
+            "id", "name", "tenant", "owner", "command", "env", "eta_s", "gpus", "gpu_milli", "gpu_memory_mib", "gpu_models",
             "priority", "opportunistic_only", "shareable", "max_nodes", "max_runtime_s", "profile_key",
             "state", "run_class", "pending_reason", "allocations", "requeue_count", "preempt_count",
             "peak_gpu_memory_mib", "exit_code", "error", "output_tail", "submitted_at", "placed_at",
             "started_at", "finished_at",
         ]
         read_only_fields = fields
+
+    def get_eta_s(self, job) -> float | None:
+        return eta_seconds(job)
 
 
 class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):

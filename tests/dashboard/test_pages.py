@@ -3,6 +3,8 @@ usage report and CSV, API tokens, overview/heatmap/nodes/docs shells."""
 
 from datetime import timedelta
 
+import time
+
 import pytest
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
@@ -111,7 +113,7 @@ def test_durations(text, seconds):
 def test_queue_page_shows_position_reason_class_and_filters(alice, bob, vision, cluster, web):
     JobFactory(tenant=vision, owner=bob, name="older")
     waiting = JobFactory(tenant=vision, owner=alice, name="waiting-job", pending_reason={
-        "code": "at_max_gpus", "message": "Tenant vision is using 8 of its 8-GPU ceiling", "details": {}, "eta_s": 720})
+        "code": "at_max_gpus", "message": "Tenant vision is using 8 of its 8-GPU ceiling", "details": {}, "eta_at": time.time() + 720.4})
     Job.objects.filter(pk=waiting.pk).update(submitted_at=timezone.now() + timedelta(seconds=1))
     running_job(vision, alice, [cluster["a1/0"]], name="busy-job")
     page = web(alice).get("/jobs/").content.decode()
