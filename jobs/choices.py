@@ -29,3 +29,14 @@ class Role(models.TextChoices):
 class JobClass(models.TextChoices):
     GUARANTEED = "guaranteed", "Guaranteed"  # inside the tenant's guarantee; never preempted
     OPPORTUNISTIC = "opportunistic", "Opportunistic"  # borrowing; may be throttled or preempted
+
+
+class JobEventKind(models.TextChoices):
+    """Steps of a job's timeline (``JobEvent``), each written by the lifecycle."""
+
+    SUBMITTED = "submitted", "Submitted"
+    PLACED = "placed", "Placed"
+    STARTED = "started", "Started"
+    STOPPING = "stopping", "Stopping"  # told to stop: cancel, preemption, operator requeue, time out
+    REQUEUED = "requeued", "Back in the queue"
+    FINISHED = "finished", "Finished"

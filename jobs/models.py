@@ -7,7 +7,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
-from jobs.choices import ACTIVE_STATES, JobClass, JobState, Role
+from jobs.choices import ACTIVE_STATES, JobClass, JobEventKind, JobState, Role
 
 
 class Tenant(models.Model):
@@ -131,6 +131,7 @@ class Allocation(models.Model):
     gpu_milli = models.PositiveSmallIntegerField(default=1000)
     duty_cycle = models.FloatField(default=1.0, help_text="Share of time it may run (throttling).")
     rank = models.PositiveSmallIntegerField(default=0, help_text="Node rank in a multi-node gang.")
+    attempt = models.PositiveIntegerField(default=0, help_text="The job's attempt (placement) it was made for.")
     created_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
 
@@ -139,6 +140,26 @@ class Allocation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job} on {self.gpu}"
+
+
+class JobEvent(models.Model):
+    """One step of a job's life, per attempt: what researchers read as its timeline (placed,
+    started, stopped and why, back in the queue, finished). Written only by
+    :mod:`jobs.services.lifecycle`, in the same transaction as the state change it records."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    attempt = models.PositiveIntegerField(default=0, help_text="0 before the first placement.")
+    kind = models.CharField(max_length=16, choices=JobEventKind.choices)
+    at = models.DateTimeField()
+    node = models.CharField(max_length=63, blank=True)
+    message = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["job", "at"], name="jobevent_job_at")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}#{self.attempt} {self.kind}"
 
 
 class JobProfile(models.Model):

@@ -100,6 +100,31 @@ TIMELINE = [
 ]
 
 
+def timeline_of(job) -> list[dict]:
+    """The job's steps, oldest first, each with the time since the one before; a header step
+    opens each attempt. Jobs from before events were recorded fall back to their timestamps."""
+    events = list(job.events.all())
+    if not events:
+        steps = [{"label": label, "at": getattr(job, field), "message": ""}
+                 for field, label in TIMELINE if getattr(job, field) is not None]
+    else:
+        steps, attempt = [], 0
+        for event in events:
+            if event.attempt != attempt:
+                attempt = event.attempt
+                steps.append({"attempt": attempt})
+            steps.append({"label": event.get_kind_display(), "at": event.at, "message": event.message,
+                          "kind": event.kind})
+    previous = None
+    for step in steps:
+        if "at" in step:
+            step["after"] = (step["at"] - previous) if previous else None
+            previous = step["at"]
+    if job.finished_at is None and previous is not None:
+        steps.append({"label": "Now", "at": None, "after": timezone.now() - previous, "open": True})
+    return steps
+
+
 class JobDetailView(LoginRequiredMixin, DetailView):
     template_name = "jobs/detail.html"
     context_object_name = "job"
@@ -110,19 +135,11 @@ class JobDetailView(LoginRequiredMixin, DetailView):
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
         job = self.object
-        steps, previous = [], None
-        for field, label in TIMELINE:
-            moment = getattr(job, field)
-            if moment is None:
-                continue
-            steps.append({"label": label, "at": moment, "after": (moment - previous) if previous else None})
-            previous = moment
-        if job.finished_at is None and previous is not None:
-            steps.append({"label": "Now", "at": None, "after": timezone.now() - previous, "open": True})
         positions = queue_positions([job.pk])
         context.update(
-            timeline=steps,
-            allocations=sorted(job.allocations.all(), key=lambda a: (a.released_at is not None, a.rank,
+            timeline=timeline_of(job),
+            # The current attempt's GPUs first, then each earlier attempt's.
+            allocations=sorted(job.allocations.all(), key=lambda a: (-a.attempt, a.released_at is not None, a.rank,
                                                                      a.gpu.node.name, a.gpu.index)),
             can_cancel=job.state in CANCELLABLE_STATES,
             queue_position=positions.get(job.pk, (None, None)),

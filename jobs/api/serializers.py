@@ -7,7 +7,7 @@ import time
 
 from rest_framework import serializers
 
-from jobs.choices import JobClass, JobState
+from jobs.choices import JobClass, JobEventKind, JobState
 from jobs.models import Job
 from jobs.services.submission import tenants_of
 from monitoring.services.registry import cluster_inventory
@@ -49,8 +49,17 @@ class AllocationSerializer(serializers.Serializer):
     memory_limit_mib = serializers.IntegerField(allow_null=True)
     duty_cycle = serializers.FloatField()
     rank = serializers.IntegerField()
+    attempt = serializers.IntegerField(help_text="The placement (attempt) it was made for.")
     created_at = serializers.DateTimeField()
     released_at = serializers.DateTimeField(allow_null=True)
+
+
+class JobEventSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField(help_text="0 before the first placement.")
+    kind = serializers.ChoiceField(JobEventKind.choices)
+    at = serializers.DateTimeField()
+    node = serializers.CharField(allow_blank=True)
+    message = serializers.CharField(allow_blank=True)
 
 
 class PendingReasonSerializer(serializers.Serializer):
@@ -76,6 +85,9 @@ class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
     pending_reason = PendingReasonSerializer(read_only=True, allow_null=True)
     allocations = AllocationSerializer(many=True, read_only=True)
+    events = JobEventSerializer(many=True, read_only=True,
+                                help_text="The job's timeline, oldest first: each attempt placed, started, "
+                                          "stopped and why, back in the queue, finished.")
     # Declared so the schema says what the model allows: blank until the job is placed.
     run_class = serializers.ChoiceField(JobClass.choices, allow_blank=True, read_only=True,
                                         help_text="How it was admitted when placed; empty until then.")
@@ -87,7 +99,8 @@ class JobSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "tenant", "owner", "command", "env", "eta_s", "gpus", "gpu_milli", "gpu_memory_mib", "gpu_models",
             "priority", "opportunistic_only", "shareable", "max_nodes", "max_runtime_s", "profile_key",
-            "state", "run_class", "pending_reason", "allocations", "requeue_count", "preempt_count",
+            "state", "run_class", "pending_reason", "allocations", "events", "attempt", "requeue_count",
+            "preempt_count",
             "peak_gpu_memory_mib", "exit_code", "error", "output_tail", "submitted_at", "placed_at",
             "started_at", "finished_at",
         ]

@@ -22,7 +22,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         jobs = (
             Job.objects.visible_to(self.request.user)
             .select_related("tenant", "owner")
-            .prefetch_related("allocations__gpu__node")
+            .prefetch_related("allocations__gpu__node", "events")
         )
         if self.action == "list":
             jobs = job_filter_from(self.request).apply(jobs)

@@ -38,8 +38,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs.choices import JobClass, JobState
-from jobs.models import Allocation, Job
+from jobs.choices import JobClass, JobEventKind, JobState
+from jobs.models import Allocation, Job, JobEvent
 from jobs.scheduling.decisions import Place
 from jobs.services.commands import launch_id, send_launch, send_stop
 from jobs.services.launches import launch_envs
@@ -85,6 +85,29 @@ class Exit:
     absent: bool = False  # answer to a stop for a job the node does not run
 
 
+# ---------------------------------------------------------------- the timeline
+
+
+def _record(job_id: int, kind: str, message: str = "", *, node: str = "", attempt: int | None = None,
+            at: datetime | None = None) -> None:
+    """One step of the job's timeline, in the transaction of the change it records."""
+    if attempt is None:
+        attempt = Job.objects.filter(pk=job_id).values_list("attempt", flat=True).first() or 0
+    JobEvent.objects.create(job_id=job_id, attempt=attempt, kind=kind, at=at or timezone.now(), node=node[:63],
+                            message=message[:500])
+
+
+def _gpus_text(decision: Place) -> str:
+    return "; ".join(f"{s.node} GPU{'s' if len(s.gpu_indices) > 1 else ''} {','.join(map(str, s.gpu_indices))}"
+                     for s in decision.slices)
+
+
+def submitted(job: Job) -> None:
+    """A new job's first step (its creation is the one state it is not moved into)."""
+    _record(job.pk, JobEventKind.SUBMITTED, f"By {job.owner.get_username()} to {job.tenant.slug}.", attempt=0,
+            at=job.submitted_at)
+
+
 # ---------------------------------------------------------------- placement
 
 
@@ -95,13 +118,15 @@ def place(decision: Place, now: datetime, job_class: str) -> bool:
         run_class=job_class, attempt=F("attempt") + 1,
     ):
         return False
-    Allocation.objects.bulk_create([
-        Allocation(job_id=decision.job_id, gpu_id=gpu_id, rank=node_slice.node_rank, gpu_milli=decision.gpu_milli,
-                   memory_limit_mib=decision.memory_limit_mib, duty_cycle=decision.duty_cycle)
-        for node_slice in decision.slices for gpu_id in node_slice.gpu_ids
-    ])
     job = (Job.objects.select_related("tenant")
            .only("command", "env", "attempt", "max_runtime_s", "tenant__slug").get(pk=decision.job_id))
+    Allocation.objects.bulk_create([
+        Allocation(job_id=decision.job_id, gpu_id=gpu_id, rank=node_slice.node_rank, gpu_milli=decision.gpu_milli,
+                   memory_limit_mib=decision.memory_limit_mib, duty_cycle=decision.duty_cycle, attempt=job.attempt)
+        for node_slice in decision.slices for gpu_id in node_slice.gpu_ids
+    ])
+    _record(job.pk, JobEventKind.PLACED, f"On {_gpus_text(decision)}, as {job_class}.", attempt=job.attempt, at=now,
+            node=decision.slices[0].node if decision.slices else "")
     envs = launch_envs(job.env, decision.slices, decision.rendezvous)
     for node_slice in decision.slices:
         transaction.on_commit(lambda s=node_slice: send_launch(
@@ -155,6 +180,7 @@ def start(job_id: int, node: str, launch: str | None, started_at: datetime) -> b
         transaction.on_commit(lambda: send_stop(node, job_id, launch))
         return False
     if Job.objects.filter(pk=job_id, state=JobState.PLACED).update(state=JobState.RUNNING, started_at=started_at):
+        _record(job_id, JobEventKind.STARTED, f"Its process started on {node}.", node=node, at=started_at)
         return True
     # Cancelled (or timed out) before it reported started: keep when it ran for the record.
     Job.objects.filter(pk=job_id, started_at__isnull=True).exclude(state=JobState.PENDING).update(
@@ -193,19 +219,25 @@ def finish(job_id: int, exit: Exit) -> bool:
         return False
     outcome = _outcome(job_id, exit)
     if state == JobState.CANCELLING:
-        Job.objects.filter(pk=job_id, state=JobState.CANCELLING).update(state=JobState.CANCELLED, **outcome)
+        if Job.objects.filter(pk=job_id, state=JobState.CANCELLING).update(state=JobState.CANCELLED, **outcome):
+            _record(job_id, JobEventKind.FINISHED, f"Cancelled: its processes ended{_code(exit)}.", node=exit.node,
+                    at=exit.finished_at)
     elif state in LIVE and exit.requeue:
-        Job.objects.filter(pk=job_id, state__in=LIVE).update(
+        message = f"Requeued: the agent on node {exit.node} restarted or stopped while this job ran."
+        if Job.objects.filter(pk=job_id, state__in=LIVE).update(
             state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1,
-            pending_reason=_reason(AGENT_RESTARTED, f"Requeued: the agent on node {exit.node} restarted or "
-                                                    "stopped while this job ran.", node=exit.node),
-        )
+            pending_reason=_reason(AGENT_RESTARTED, message, node=exit.node),
+        ):
+            _record(job_id, JobEventKind.STOPPING, message, node=exit.node, at=exit.finished_at)
     elif state in LIVE:
         final = _final_state(exit)
-        if Job.objects.filter(pk=job_id, state__in=LIVE).update(state=final, **outcome) and final == JobState.SUCCEEDED:
-            from jobs.services.profiles import record_profile  # profiles reads usage; keep this module light
+        if Job.objects.filter(pk=job_id, state__in=LIVE).update(state=final, **outcome):
+            _record(job_id, JobEventKind.FINISHED, _final_words(final, exit, outcome["error"]), node=exit.node,
+                    at=exit.finished_at)
+            if final == JobState.SUCCEEDED:
+                from jobs.services.profiles import record_profile  # profiles reads usage; keep this module light
 
-            record_profile(job_id)
+                record_profile(job_id)
     elif state == JobState.TIMEOUT:
         # Timed out by the control plane's backstop; the node's report fills in what it knows.
         Job.objects.filter(pk=job_id, state=JobState.TIMEOUT, exit_code__isnull=True).update(
@@ -213,6 +245,18 @@ def finish(job_id: int, exit: Exit) -> bool:
     live.update(released_at=timezone.now())
     _settle_if_stopped_everywhere(job_id, outcome.get("peak_gpu_memory_mib"))
     return True
+
+
+def _code(exit: Exit) -> str:
+    return "" if exit.exit_code is None else f" (exit code {exit.exit_code})"
+
+
+def _final_words(final: str, exit: Exit, error: str) -> str:
+    if final == JobState.SUCCEEDED:
+        return "Succeeded (exit code 0)."
+    if final == JobState.TIMEOUT:
+        return error + "."
+    return f"Failed{_code(exit)}" + (f": {error}" if error else ".")
 
 
 def _final_state(exit: Exit) -> str:
@@ -247,8 +291,10 @@ def _settle_if_stopped_everywhere(job_id: int, peak_mib: int | None) -> None:
     (or going back to the queue); a preempted job stopped everywhere returns to the queue."""
     others = live_nodes(job_id)
     if not others:
-        Job.objects.filter(pk=job_id, state=JobState.PREEMPTING).update(
-            state=JobState.PENDING, placed_at=None, started_at=None, peak_gpu_memory_mib=peak_mib)
+        if Job.objects.filter(pk=job_id, state=JobState.PREEMPTING).update(
+            state=JobState.PENDING, placed_at=None, started_at=None, peak_gpu_memory_mib=peak_mib
+        ):
+            _record(job_id, JobEventKind.REQUEUED, "Stopped on every node; waiting to be placed again.")
         return
     _stop_on(job_id, others)
 
@@ -279,10 +325,12 @@ def begin_cancel(job_id: int) -> str:
     if Job.objects.filter(pk=job_id, state=JobState.PENDING).update(
         state=JobState.CANCELLED, finished_at=timezone.now(), pending_reason=None
     ):
+        _record(job_id, JobEventKind.FINISHED, "Cancelled while waiting in the queue.")
         return JobState.CANCELLED
     if not Job.objects.filter(pk=job_id, state__in=(*LIVE, JobState.PREEMPTING)).update(state=JobState.CANCELLING):
         state = Job.objects.filter(pk=job_id).values_list("state", flat=True).first()
         raise NotAllowed(f"job {job_id} is {str(state).lower()} and cannot be cancelled")
+    _record(job_id, JobEventKind.STOPPING, "Cancel requested; its nodes were told to stop it.")
     _stop_on(job_id, live_nodes(job_id))
     return JobState.CANCELLING
 
@@ -294,6 +342,7 @@ def begin_preempt(job_id: int, message: str) -> bool:
         state=JobState.PREEMPTING, preempt_count=F("preempt_count") + 1, pending_reason=_reason(PREEMPTED, message),
     ):
         return False
+    _record(job_id, JobEventKind.STOPPING, f"Preempted: {message}")
     _stop_on(job_id, live_nodes(job_id))
     return True
 
@@ -307,6 +356,7 @@ def begin_requeue(job_id: int, by: str) -> None:
     ):
         state = Job.objects.filter(pk=job_id).values_list("state", flat=True).first()
         raise NotAllowed(f"job {job_id} is {str(state).lower()}; only placed or running jobs can be requeued")
+    _record(job_id, JobEventKind.STOPPING, f"Requeued by operator {by}; its nodes were told to stop it.")
     _stop_on(job_id, live_nodes(job_id))
 
 
@@ -316,11 +366,12 @@ def time_out(job_id: int, started_before: datetime) -> bool:
     a lost launch field): the job ends TIMEOUT now and its nodes are told to stop it; its GPUs
     stay held until they confirm. Fenced on the run it judged (``started_at``)."""
     limit = Job.objects.filter(pk=job_id).values_list("max_runtime_s", flat=True).first()
+    error = f"Stopped by the control plane: ran longer than its runtime limit of {limit} s"
     if not Job.objects.filter(pk=job_id, state=JobState.RUNNING, started_at__lt=started_before).update(
-        state=JobState.TIMEOUT, finished_at=timezone.now(),
-        error=f"Stopped by the control plane: ran longer than its runtime limit of {limit} s",
+        state=JobState.TIMEOUT, finished_at=timezone.now(), error=error,
     ):
         return False
+    _record(job_id, JobEventKind.FINISHED, error + "; its nodes were told to stop it.")
     _stop_on(job_id, live_nodes(job_id))
     log.warning("job %s ran past its runtime limit of %s s; stopping it", job_id, limit)
     return True
@@ -346,13 +397,23 @@ def requeue_now(job_ids, reason: dict, *, only_running: bool = False) -> list[in
         job_ids = requeued
     stops = set(Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True)
                 .values_list("job_id", "gpu__node__name", "job__attempt"))
+    cancelled = list(Job.objects.filter(pk__in=job_ids, state=JobState.CANCELLING).values_list("pk", flat=True))
+    stopped = list(Job.objects.filter(pk__in=job_ids, state=JobState.PREEMPTING).values_list("pk", flat=True))
     Job.objects.filter(pk__in=requeued).update(
         state=JobState.PENDING, pending_reason=reason, placed_at=None, started_at=None,
         requeue_count=F("requeue_count") + 1,
     )
-    Job.objects.filter(pk__in=job_ids, state=JobState.CANCELLING).update(state=JobState.CANCELLED, finished_at=now)
-    Job.objects.filter(pk__in=job_ids, state=JobState.PREEMPTING).update(
+    Job.objects.filter(pk__in=cancelled, state=JobState.CANCELLING).update(state=JobState.CANCELLED, finished_at=now)
+    Job.objects.filter(pk__in=stopped, state=JobState.PREEMPTING).update(
         state=JobState.PENDING, placed_at=None, started_at=None)
+    attempts = dict(Job.objects.filter(pk__in=job_ids).values_list("pk", "attempt"))
+    node = (reason.get("details") or {}).get("node", "")
+    JobEvent.objects.bulk_create(
+        [JobEvent(job_id=j, attempt=attempts.get(j, 0), kind=JobEventKind.REQUEUED, at=now, node=node,
+                  message=reason["message"]) for j in [*requeued, *stopped]]
+        + [JobEvent(job_id=j, attempt=attempts.get(j, 0), kind=JobEventKind.FINISHED, at=now, node=node,
+                    message="Cancelled; its node never confirmed the stop (" + reason["message"] + ")")
+           for j in cancelled])
     Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True).update(released_at=now)
     # Wherever a process of theirs may still run (a gang's other nodes, a node that comes back).
     for job_id, node, attempt in stops:

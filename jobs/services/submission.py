@@ -19,6 +19,7 @@ def submit_job(*, owner, tenant: Tenant, name: str, command: list[str], gpus: in
     """Create a pending job; ``spec`` holds the optional Job fields (gpu_milli, gpu_memory_mib,
     gpu_models, priority, opportunistic_only, shareable, max_nodes, max_runtime_s, profile_key)."""
     job = Job.objects.create(owner=owner, tenant=tenant, name=name, command=command, gpus=gpus, **spec)
+    lifecycle.submitted(job)
     transaction.on_commit(nudge_scheduler)
     return job
 

@@ -12,16 +12,35 @@
   function nodeUrl(name) { return root.dataset.nodeUrl.replace("NODE", encodeURIComponent(name)); }
   function clock(iso) { return iso ? new Date(iso).toISOString().substr(11, 8) : ""; }
 
+  // One step per event, a header opening each attempt (placed, started, stopped and why, back in the
+  // queue, finished), each with the time since the step before. Older jobs have no events: their
+  // timestamps stand in.
+  function timelineSteps(job) {
+    if (job.events && job.events.length) {
+      var steps = [], attempt = 0;
+      job.events.forEach(function (e) {
+        if (e.attempt !== attempt) { attempt = e.attempt; steps.push({attempt: attempt}); }
+        steps.push({label: EVENT_LABELS[e.kind] || e.kind, at: e.at, message: e.message, kind: e.kind});
+      });
+      return steps;
+    }
+    return [["submitted_at", "Submitted"], ["placed_at", "Placed on GPUs"], ["started_at", "Started"],
+            ["finished_at", "Finished"]].filter(function (s) { return job[s[0]]; })
+      .map(function (s) { return {label: s[1], at: job[s[0]]}; });
+  }
+
+  var EVENT_LABELS = {submitted: "Submitted", placed: "Placed", started: "Started", stopping: "Stopping",
+                      requeued: "Back in the queue", finished: "Finished"};
+
   function renderTimeline(job) {
-    var steps = [["submitted_at", "Submitted"], ["placed_at", "Placed on GPUs"], ["started_at", "Started"],
-                 ["finished_at", "Finished"]];
     var html = "", previous = null;
-    steps.forEach(function (step) {
-      var at = job[step[0]];
-      if (!at) { return; }
-      html += '<li><span class="what">' + step[1] + '</span><span class="when">' + C.stamp(at) + "</span>" +
-        (previous ? '<span class="gap">+' + C.duration(C.since(previous, at)) + "</span>" : "") + "</li>";
-      previous = at;
+    timelineSteps(job).forEach(function (step) {
+      if (step.attempt) { html += '<li class="attempt">Attempt ' + step.attempt + "</li>"; return; }
+      html += '<li class="step-' + C.esc(step.kind || "") + '"><span class="what">' + C.esc(step.label) +
+        '</span><span class="when">' + C.stamp(step.at) + "</span>" +
+        (previous ? '<span class="gap">+' + C.duration(C.since(previous, step.at)) + "</span>" : "") +
+        (step.message ? '<div class="why">' + C.esc(step.message) + "</div>" : "") + "</li>";
+      previous = step.at;
     });
     if (!job.finished_at && previous) {
       html += '<li class="open"><span class="what">Now</span><span class="when"></span><span class="gap">for ' +
@@ -31,13 +50,16 @@
   }
 
   function renderAllocations(job) {
+    // The current attempt's GPUs first, then each earlier attempt's.
     var rows = job.allocations.slice().sort(function (a, b) {
-      return (a.released_at ? 1 : 0) - (b.released_at ? 1 : 0) || a.rank - b.rank ||
+      return b.attempt - a.attempt || (a.released_at ? 1 : 0) - (b.released_at ? 1 : 0) || a.rank - b.rank ||
         a.node.localeCompare(b.node) || a.gpu_index - b.gpu_index;
     }).map(function (a) {
-      var duty = a.duty_cycle.toFixed(2) + (a.duty_cycle <= 0 ? ' <span class="cls cls-opportunistic">suspended</span>'
-        : a.duty_cycle < 1 ? ' <span class="cls cls-opportunistic">throttled</span>' : "");
-      return '<tr class="' + (a.released_at ? "released" : "") + '"><td><a href="' + nodeUrl(a.node) + '">' +
+      var duty = a.released_at ? "—" : a.duty_cycle.toFixed(2) +
+        (a.duty_cycle <= 0 ? ' <span class="cls cls-opportunistic">suspended</span>'
+          : a.duty_cycle < 1 ? ' <span class="cls cls-opportunistic">throttled</span>' : "");
+      return '<tr class="' + (a.released_at ? "released" : "") + '"><td class="num">' + (a.attempt || "—") +
+        '</td><td><a href="' + nodeUrl(a.node) + '">' +
         C.esc(a.node) + '</a></td><td class="num">' + a.gpu_index + "</td><td>" + C.esc(a.gpu_model) +
         "</td><td>" + C.share(a.gpu_milli) + "</td><td>" + C.mib(a.memory_limit_mib) + "</td><td>" + duty +
         '</td><td class="num">' + a.rank + "</td><td>" + clock(a.created_at) + " – " +

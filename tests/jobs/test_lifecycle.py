@@ -318,3 +318,40 @@ def test_a_placed_job_whose_start_and_exit_were_both_lost_is_settled_by_asking(
         launch_id=launches(redis_client)[-1].command_id, finished_at=time.time()))
     other.refresh_from_db()
     assert other.state == JobState.PLACED
+
+
+# ---------------------------------------------------------------- the timeline
+
+
+def test_the_timeline_shows_each_attempt_and_why_it_ended(node1, redis_client, alice, api, client,
+                                                          django_capture_on_commit_callbacks):
+    """Placed, preempted (requeued by an operator here), placed again: each attempt is its own
+    group with its own GPUs, and the wait between them shows as a wait, not as a placement."""
+    from jobs.services.submission import submit_job
+
+    capture = django_capture_on_commit_callbacks
+    with capture(execute=True):
+        job = submit_job(owner=alice, tenant=alice.memberships.get().tenant, name="twice", command=["true"], gpus=1)
+    cycle(capture)
+    first = launches(redis_client)[-1].command_id
+    report(redis_client, capture, started(job, first))
+    with capture(execute=True):
+        requeue_job(job, by="ops")
+    report(redis_client, capture, exited(job, first, code=-15, stopped=True))
+    cycle(capture)
+    second = launches(redis_client)[-1].command_id
+    report(redis_client, capture, started(job, second))
+    report(redis_client, capture, exited(job, second, code=0))
+
+    body = api(alice).get(f"/api/v1/jobs/{job.pk}/").json()
+    assert [(e["attempt"], e["kind"]) for e in body["events"]] == [
+        (0, "submitted"), (1, "placed"), (1, "started"), (1, "stopping"), (1, "requeued"),
+        (2, "placed"), (2, "started"), (2, "finished")]
+    assert "Requeued by operator ops" in body["events"][3]["message"]
+    assert "n1 GPU 0" in body["events"][1]["message"]
+    assert sorted(a["attempt"] for a in body["allocations"]) == [1, 2]
+
+    client.force_login(alice)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "Attempt 1" in page and "Attempt 2" in page and "Back in the queue" in page
+    assert page.index("Attempt 1") < page.index("Requeued by operator ops") < page.index("Attempt 2")
