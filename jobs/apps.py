@@ -1,4 +1,10 @@
+from datetime import timedelta
+
 from django.apps import AppConfig
+
+# How long after its GPUs were released a node may still report on a job: its last samples may
+# arrive just after it ended. Past this, what the node says about the job is dropped.
+REPORT_GRACE = timedelta(seconds=60)
 
 
 class JobsConfig(AppConfig):
@@ -12,12 +18,17 @@ class JobsConfig(AppConfig):
 
 
 def _placed_on(pairs: set[tuple[str, int]]) -> set[tuple[str, int]]:
-    """Of ``(node, job_id)`` pairs, those where the job holds or held GPUs on that node (a job's
-    last samples may arrive just after its allocation was released)."""
+    """Of ``(node, job_id)`` pairs, those where the job holds GPUs on that node, or released them
+    within :data:`REPORT_GRACE` (a job's last samples may arrive just after its allocation was
+    released). A node that held the job's GPUs in an earlier attempt long ago speaks for it no more."""
+    from django.db.models import Q
+    from django.utils import timezone
+
     from jobs.models import Allocation
 
     nodes = {node for node, _ in pairs}
     job_ids = {job_id for _, job_id in pairs}
-    found = set(Allocation.objects.filter(job_id__in=job_ids, gpu__node__name__in=nodes)
+    recent = Q(released_at__isnull=True) | Q(released_at__gte=timezone.now() - REPORT_GRACE)
+    found = set(Allocation.objects.filter(recent, job_id__in=job_ids, gpu__node__name__in=nodes)
                 .values_list("gpu__node__name", "job_id").distinct())
     return found & pairs

@@ -29,15 +29,16 @@ def build_snapshot(redis_client) -> ClusterSnapshot:
     samples = live.latest_nodes(redis_client)
     node_states = _nodes(nodes, online, samples)
     gpu_nodes = {gpu.id: node.name for node in node_states for gpu in node.gpus}
+    gpu_memory = {gpu.id: gpu.memory_mib for node in node_states for gpu in node.gpus}
     return ClusterSnapshot(
         nodes=node_states,
-        pending=_pending(),
+        pending=_pending(max(gpu_memory.values(), default=None)),
         tenants=tuple(
             TenantQuota(name=t.slug, guaranteed_gpus=t.guaranteed_gpus, max_gpus=t.max_gpus, weight=t.weight,
                         decayed_usage=t.decayed_usage)
             for t in Tenant.objects.all()
         ),
-        running=_running(samples, gpu_nodes),
+        running=_running(samples, gpu_nodes, gpu_memory),
     )
 
 
@@ -92,7 +93,7 @@ PENDING_FIELDS = ("id", "tenant_id", "tenant__slug", "gpus", "submitted_at", "gp
                   "profile_key", "reserved_since")
 
 
-def _pending() -> tuple[JobRequest, ...]:
+def _pending(largest_gpu_mib: int | None = None) -> tuple[JobRequest, ...]:
     # Plain tuples, not model instances: with 50,000 pending jobs this is the bulk of the snapshot.
     rows = [dict(zip(PENDING_FIELDS, row)) for row in
             Job.objects.filter(state=JobState.PENDING).values_list(*PENDING_FIELDS)]
@@ -105,7 +106,7 @@ def _pending() -> tuple[JobRequest, ...]:
             gpu_memory_mib=row["gpu_memory_mib"], priority=row["priority"], gpu_milli=row["gpu_milli"],
             gpu_models=frozenset(row["gpu_models"]), opportunistic_only=row["opportunistic_only"],
             shareable=row["shareable"], max_nodes=row["max_nodes"],
-            profile=CoreProfile(peak_memory_mib=profile.peak_gpu_memory_mib,
+            profile=CoreProfile(peak_memory_mib=_bounded(profile.peak_gpu_memory_mib, largest_gpu_mib),
                                 mean_utilisation=profile.mean_util if profile.mean_util is not None else 1.0)
             if profile else None,
             expected_runtime_s=_expected_runtime(row["max_runtime_s"], profile),
@@ -120,7 +121,14 @@ def _expected_runtime(max_runtime_s: int | None, profile: JobProfile | None) -> 
     return float(max_runtime_s) if max_runtime_s else None
 
 
-def _running(samples: dict[str, dict], gpu_nodes: dict[int, str]) -> tuple[RunningJob, ...]:
+def _bounded(peak_mib: int, largest_gpu_mib: int | None) -> int:
+    """A profile's peak as the scheduler sees it: never above the largest GPU there is, so a peak a
+    node lied into a profile (or one recorded on a GPU since removed) cannot leave its key unplaceable."""
+    return min(peak_mib, largest_gpu_mib) if largest_gpu_mib else peak_mib
+
+
+def _running(samples: dict[str, dict], gpu_nodes: dict[int, str],
+             gpu_memory: dict[int, int] | None = None) -> tuple[RunningJob, ...]:
     allocations = list(
         # Every live allocation holds its GPU, whatever the job's state: a job settled while its
         # node may still run it (timed out by the control plane) keeps its GPUs until the exit.
@@ -146,7 +154,8 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str]) -> tuple[Runni
             job_class=JobClass.OPPORTUNISTIC if job.run_class == JobClassChoice.OPPORTUNISTIC else JobClass.GUARANTEED,
             gpu_ids=tuple(a.gpu_id for a in held),
             started_at=started.timestamp(),
-            memory_mib=_memory_estimate(observed, held[0], job, profile),
+            memory_mib=_memory_estimate(observed, held[0], job, profile,
+                                        max((gpu_memory or {}).get(a.gpu_id, 0) for a in held) or None),
             gpu_milli=job.gpu_milli, priority=job.priority,
             expected_runtime_s=_expected_runtime(job.max_runtime_s, profile),
             duty_cycle=held[0].duty_cycle,
@@ -159,11 +168,13 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str]) -> tuple[Runni
 
 
 def _memory_estimate(observed: JobUsage | None, allocation: Allocation, job: Job,
-                     profile: JobProfile | None) -> int | None:
-    """Per-GPU memory the job holds: observed peak, else its limit, request or profile; None = all."""
+                     profile: JobProfile | None, held_gpu_mib: int | None = None) -> int | None:
+    """Per-GPU memory the job holds: observed peak, else its limit, request or profile; None = all.
+    Never more than the largest GPU it holds (``held_gpu_mib``): node-reported peaks are untrusted."""
     if observed and observed.peak_gpu_memory_mib:
-        return observed.peak_gpu_memory_mib
-    return allocation.memory_limit_mib or job.gpu_memory_mib or (profile.peak_gpu_memory_mib if profile else None)
+        return _bounded(observed.peak_gpu_memory_mib, held_gpu_mib)
+    return allocation.memory_limit_mib or job.gpu_memory_mib or (
+        _bounded(profile.peak_gpu_memory_mib, held_gpu_mib) if profile else None)
 
 
 def _live_job_utilisation(samples: dict[str, dict], nodes_of: dict[int, set[str]]) -> dict[int, float]:

@@ -59,7 +59,9 @@ class BatchResult:
     dead: int = 0
     unknown_node: int = 0
     duplicates: int = 0
-    foreign_usage: int = 0  # per-job readings from a node the job was never placed on (dropped)
+    # Per-job readings dropped: from a node the job is not (or not lately) placed on, or for a GPU
+    # index the node does not have. Readings above the GPU's registered memory are clamped to it.
+    foreign_usage: int = 0
     lags: list[float] = field(default_factory=list)
 
     def add(self, other: "BatchResult") -> None:
@@ -81,15 +83,17 @@ class Parsed(NamedTuple):
 
 
 class GpuIds:
-    """(node, index) -> Gpu id, reloaded when a node it has not seen shows up."""
+    """(node, index) -> Gpu id and registered memory, reloaded when a node it has not seen shows up."""
 
     def __init__(self):
         self._ids: dict[tuple[str, int], int] = {}
+        self._memory: dict[tuple[str, int], int] = {}
         self._known_nodes: set[str] = set()
 
     def reload(self) -> None:
-        rows = Gpu.objects.filter(present=True).values_list("node__name", "index", "id")
-        self._ids = {(node, index): gpu_id for node, index, gpu_id in rows}
+        rows = Gpu.objects.filter(present=True).values_list("node__name", "index", "id", "memory_mib")
+        self._ids = {(node, index): gpu_id for node, index, gpu_id, _ in rows}
+        self._memory = {(node, index): memory for node, index, _, memory in rows}
         self._known_nodes = {node for node, _ in self._ids}
 
     def knows(self, node: str) -> bool:
@@ -99,6 +103,10 @@ class GpuIds:
 
     def get(self, node: str, index: int) -> int | None:
         return self._ids.get((node, index))
+
+    def memory_mib(self, node: str, index: int) -> int | None:
+        """The registered memory of that GPU; None when the node has no such GPU."""
+        return self._memory.get((node, index))
 
 
 class Ingestor:
@@ -220,10 +228,14 @@ class Ingestor:
                 if gpu_id is not None:
                     acc.add_gpu(gpu_id, sample.ts, gpu.util_sm, gpu.mem_used_mib, gpu.temperature_c, gpu.power_w)
             for usage in sample.jobs:
-                if rightful is None or (sample.node, usage.job_id) in rightful:
-                    acc.add_job(usage.job_id, sample.ts, usage.mem_used_mib, usage.util_sm)
-                else:
+                # A node's numbers are untrusted: a job's reading never exceeds the memory of the GPU it
+                # names (its peak becomes the job's profile, which later jobs are placed from), and a
+                # reading for a GPU the node does not have, or a job not placed there, is dropped.
+                capacity = self.gpu_ids.memory_mib(sample.node, usage.gpu_index)
+                if capacity is None or (rightful is not None and (sample.node, usage.job_id) not in rightful):
                     result.foreign_usage += 1
+                    continue
+                acc.add_job(usage.job_id, sample.ts, min(usage.mem_used_mib, capacity), usage.util_sm)
             result.samples += 1
         if acc:
             flush(acc)
