@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
 from rest_framework import serializers
 
+from agents import protocol
 from jobs.choices import JobClass, JobEventKind, JobState
 from jobs.models import Job
 from jobs.services.submission import tenants_of
@@ -16,6 +18,10 @@ MAX_ARGV = 256
 MAX_ARG_LENGTH = 4096
 MAX_ENV = 64
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# The most a job's command and env may take in its launch, encoded: a launch is one message of at
+# most protocol.MAX_MESSAGE_BYTES, and the control plane's fields (ids, GPUs, rendezvous variables,
+# the MAC) need the rest. A bigger job would be refused by its node on every re-send, forever PLACED.
+MAX_LAUNCH_PAYLOAD_BYTES = protocol.MAX_MESSAGE_BYTES - 16 * 1024
 # Set by the agent for every job; a job spec may not override them.
 RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "COLONY_JOB_ID", "COLONY_REDIS_URL", "REDIS_URL",
                 "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
@@ -178,6 +184,7 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
             attrs["tenant"] = mine[0]
         if attrs.get("gpu_milli", 1000) < 1000 and attrs["gpus"] != 1:
             raise serializers.ValidationError({"gpu_milli": ["A GPU fraction is only possible with gpus=1."]})
+        self._check_launch_size(attrs["command"], attrs.get("env") or {})
         inventory = cluster_inventory()
         most_gpus, most_memory = inventory.total_gpus, inventory.largest_gpu_mib
         if most_gpus and attrs["gpus"] > most_gpus:
@@ -202,3 +209,21 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
             )
         attrs.setdefault("name", attrs["command"][0].rsplit("/", 1)[-1][:200])
         return attrs
+
+    @staticmethod
+    def _check_launch_size(command: list[str], env: dict[str, str]) -> None:
+        """Refuse a job whose command and env would not fit in the launch a node accepts."""
+        size = launch_payload_bytes(command, env)
+        if size <= MAX_LAUNCH_PAYLOAD_BYTES:
+            return
+        field = "command" if not env or launch_payload_bytes(command, {}) > MAX_LAUNCH_PAYLOAD_BYTES else "env"
+        raise serializers.ValidationError({field: [
+            f"The command and env together take {size} bytes in a launch; the most is "
+            f"{MAX_LAUNCH_PAYLOAD_BYTES} bytes ({MAX_LAUNCH_PAYLOAD_BYTES // 1024} KiB). "
+            "Pass large values in a file instead."
+        ]})
+
+
+def launch_payload_bytes(command: list[str], env: dict[str, str]) -> int:
+    """What ``command`` and ``env`` take in an encoded launch (UTF-8 JSON, as the wire has it)."""
+    return len(json.dumps({"argv": command, "env": env}, ensure_ascii=False, separators=(",", ":")).encode())
