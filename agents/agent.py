@@ -42,7 +42,6 @@ from agents.runner import FinishedJob, JobRunner, LaunchError
 log = logging.getLogger(__name__)
 
 READ_COUNT = 32
-DEAD_LETTER_RAW_BYTES = 1024
 OUTBOX_SIZE = 10_000
 # Samples kept while Redis is away: five minutes at the default interval. Older ones are dropped
 # (the ingest sees a gap in ``seq``); events are never traded for samples.
@@ -466,12 +465,12 @@ class Agent:
     def _handle_entry(self, entry_id, fields) -> None:
         if fields is None:
             # A pending entry trimmed from the stream before we acked it: nothing left to apply.
-            self._dead_letter(entry_id, {}, "entry was deleted from the stream before it was applied", parsed=False)
+            self._dead_letter(entry_id, {}, "entry was deleted from the stream before it was applied")
             return
         try:
             command = protocol.decode_command(fields)
         except protocol.ProtocolError as exc:
-            self._dead_letter(entry_id, fields, exc.reason, parsed=False)
+            self._dead_letter(entry_id, fields, exc.reason)
             return
         refusal = self._authenticate(fields, command)
         if refusal:
@@ -496,15 +495,14 @@ class Agent:
                                   f"{command.attempt} of job {command.job_id} is not newer than attempt {seen} "
                                   "seen here")
                 return
-            self._launch_attempts[command.job_id] = command.attempt
-            self._launch_attempts.move_to_end(command.job_id)
-            while len(self._launch_attempts) > MEMORY_SIZE:
-                self._launch_attempts.popitem(last=False)
+        applied = True
         try:
             if isinstance(command, protocol.LaunchJob):
-                self._launch(command)
+                applied = self._launch(command)
             elif isinstance(command, protocol.StopJob):
                 self._stop_job(command)
+            elif isinstance(command, protocol.QueryAttempt):
+                self._answer_query(command)
             elif isinstance(command, protocol.SetDutyCycle):
                 self._not_here(command, self.runner.set_duty_cycle(command.job_id, command.duty_cycle))
             elif isinstance(command, protocol.SuspendJob):
@@ -518,7 +516,14 @@ class Agent:
             # retried forever: park the command where operators look, and move on.
             log.exception("command %s could not be applied", command.command_id)
             self._dead_letter(entry_id, fields, f"agent failed to apply the command: {exc!r}"[:500])
+        if not applied:
+            return  # deferred: the control plane sends it again, and then it runs
         self._applied_commands.add(command.command_id)
+        if isinstance(command, protocol.LaunchJob) and command.attempt is not None:
+            self._launch_attempts[command.job_id] = command.attempt
+            self._launch_attempts.move_to_end(command.job_id)
+            while len(self._launch_attempts) > MEMORY_SIZE:
+                self._launch_attempts.popitem(last=False)
 
     def _remember_launches(self, launches: list[protocol.LaunchJob]) -> None:
         """What an earlier agent on this node launched: a re-send of one of those (the control
@@ -560,14 +565,24 @@ class Agent:
             return "a launch that names no attempt"
         return None
 
-    def _launch(self, command: protocol.LaunchJob) -> None:
+    def _launch(self, command: protocol.LaunchJob) -> bool:
+        """Start the attempt; False when it must wait (an earlier attempt still runs here)."""
         job_id = command.job_id
         # A second launch of a job that ran here before is a new attempt (requeued after its node
         # was lost, or preempted): the control plane gives every attempt its own command id, and
         # re-deliveries of one command are caught by command id above.
-        if job_id in self.runner.running():
-            log.info("job %d already running on this node; ignoring launch %s", job_id, command.command_id)
-            return
+        running = self.runner.launch_of(job_id)
+        if running is not None:
+            if running.command_id == command.command_id or not _older(running, command):
+                log.info("job %d already running on this node (%s); ignoring launch %s", job_id,
+                         running.command_id, command.command_id)
+                return True
+            # An earlier attempt outlived its stop (lost with a partition, say): end it first; the
+            # control plane re-sends this launch, which runs once that one is gone.
+            log.warning("job %d: attempt %s still runs here; stopping it before launching %s", job_id,
+                        running.command_id, command.command_id)
+            self.runner.stop(job_id, command.stop_grace_s)
+            return False
         missing = sorted(set(command.gpu_indices) - self._gpu_indices)
         try:
             if missing:
@@ -586,6 +601,20 @@ class Agent:
             return
         self._publish(protocol.JobStarted(node=self.node, job_id=job_id, pid=pid, started_at=time.time(),
                                           launch_id=command.command_id))
+        return True
+
+    def _answer_query(self, command: protocol.QueryAttempt) -> None:
+        """Say how the attempt stands here, changing nothing (see :class:`protocol.QueryAttempt`)."""
+        running = self.runner.launch_of(command.job_id)
+        if running is not None and running.command_id == command.launch_id:
+            pid = self.runner.processes()[command.job_id].pid
+            self._publish(protocol.JobStarted(node=self.node, job_id=command.job_id, pid=pid,
+                                              started_at=time.time(), launch_id=command.launch_id))
+            return
+        known = self._recent_exit(command.job_id, command.launch_id)
+        self._publish(known or protocol.JobExited(
+            node=self.node, job_id=command.job_id, exit_code=None, absent=True, launch_id=command.launch_id,
+            error="this node does not know that attempt", finished_at=time.time()))
 
     def _stop_job(self, command: protocol.StopJob) -> None:
         running = self.runner.running_launches().get(command.job_id)
@@ -622,20 +651,17 @@ class Agent:
             # Finished, stopping, or never here: the server learns the job's fate from its events.
             log.info("%s %s: job %d is not running here; nothing to do", command.kind, command.command_id, command.job_id)
 
-    def _dead_letter(self, entry_id, fields: dict, reason: str, *, parsed: bool = True) -> None:
+    def _dead_letter(self, entry_id, fields: dict, reason: str) -> None:
         """Report a refused command entry; the control plane dead-letters it (this node may write
-        only its own streams). An excerpt of the entry goes along only when it did not parse: a
-        parsed launch's ``env`` may hold a job's secrets."""
-        raw = b""
-        if not parsed:
-            raw = fields.get(b"m", fields.get("m"))
-            raw = repr(fields).encode() if raw is None else raw
-            raw = raw.encode("utf-8", "replace") if isinstance(raw, str) else raw
+        only its own streams). The reason says what is wrong; no excerpt of the entry travels, as
+        even one that does not parse (a launch too large to accept, say) may hold a job's ``env``."""
         log.warning("command entry %s rejected: %s", _text(entry_id), reason)
-        self._publish(protocol.CommandRejected(
-            node=self.node, entry_id=_text(entry_id)[:64], reason=reason[:500],
-            raw=raw[:DEAD_LETTER_RAW_BYTES].decode("utf-8", "replace")[:DEAD_LETTER_RAW_BYTES],
-        ))
+        self._publish(protocol.CommandRejected(node=self.node, entry_id=_text(entry_id)[:64], reason=reason[:500]))
+
+
+def _older(running: protocol.LaunchJob, incoming: protocol.LaunchJob) -> bool:
+    """Whether the running launch is an earlier attempt than the incoming one."""
+    return running.attempt is not None and incoming.attempt is not None and running.attempt < incoming.attempt
 
 
 def _entries(reply) -> list:

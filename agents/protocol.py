@@ -208,13 +208,11 @@ class CommandRejected(_NodeMessage):
     """The node refused an entry of its command stream (malformed, unsigned, stale, for another
     node ...) or failed to apply it. The control plane dead-letters it with the reason: a node
     may write nothing but its own streams, so this is how its refusals reach operators.
-    ``raw`` is an excerpt of an entry that did not parse; never of a parsed command, whose
-    ``env`` may hold a job's secrets."""
+    No excerpt of the entry travels: even one that does not parse may hold a job's ``env``."""
 
     kind: Literal["command_rejected"] = "command_rejected"
     entry_id: str = Field(max_length=64)
     reason: str = Field(max_length=500)
-    raw: str = Field(default="", max_length=1024)
 
 
 AgentEvent = Annotated[Union[NodeRegistered, JobStarted, JobExited, CommandRejected], Field(discriminator="kind")]
@@ -352,8 +350,21 @@ class ResumeJob(_Command):
     job_id: int = Field(gt=0)
 
 
+class QueryAttempt(_Command):
+    """How does attempt ``launch_id`` of the job stand on this node? Touches nothing: the node
+    answers with the attempt's JobStarted if it runs it, its JobExited if it ran and ended here
+    (an exit lost on the way is recovered), or a JobExited marked ``absent`` if it does not know
+    it. The control plane's reconciliation sends it; a stop would end a run the control plane
+    merely had stale news of."""
+
+    kind: Literal["query"] = "query"
+    command_id: str = Field(min_length=1, max_length=64)
+    job_id: int = Field(gt=0)
+    launch_id: str = Field(min_length=1, max_length=64)
+
+
 NodeCommand = Annotated[
-    Union[LaunchJob, StopJob, SetDutyCycle, SuspendJob, ResumeJob], Field(discriminator="kind")
+    Union[LaunchJob, StopJob, SetDutyCycle, SuspendJob, ResumeJob, QueryAttempt], Field(discriminator="kind")
 ]
 
 _event_adapter: TypeAdapter = TypeAdapter(AgentEvent)
@@ -409,7 +420,7 @@ def decode_event(fields: dict) -> NodeRegistered | JobStarted | JobExited | Comm
     return _parse(_event_adapter, fields, _AGENT_FIELDS)
 
 
-def decode_command(fields: dict) -> LaunchJob | StopJob | SetDutyCycle | SuspendJob | ResumeJob:
+def decode_command(fields: dict) -> LaunchJob | StopJob | SetDutyCycle | SuspendJob | ResumeJob | QueryAttempt:
     """Parse one command-stream entry; raises :class:`ProtocolError`. The ``sig`` field is allowed
     but not checked here: the agent verifies it (:func:`agents.signing.verify_command`)."""
     return _parse(_command_adapter, fields, _COMMAND_FIELDS)

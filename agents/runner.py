@@ -445,6 +445,11 @@ class JobRunner:
                 log.warning("%s: unreadable launch record (%s); ignored", path, exc)
         return launches
 
+    def launch_of(self, job_id: int) -> LaunchJob | None:
+        """The launch the job's running attempt came from; None when it does not run here."""
+        job = self._jobs.get(job_id)
+        return None if job is None else job.command
+
     def running_launches(self) -> dict[int, str]:
         """Job id -> the launch (attempt) each running job came from."""
         return {job_id: job.command.command_id for job_id, job in list(self._jobs.items())}

@@ -112,7 +112,7 @@ def apply_event(message) -> bool:
             lifecycle.start(message.job_id, message.node, message.launch_id, _when(message.started_at))
             return False
         if isinstance(message, protocol.CommandRejected):
-            dead_letter(get_redis(), protocol.command_stream(message.node), message.entry_id, {"m": message.raw},
+            dead_letter(get_redis(), protocol.command_stream(message.node), message.entry_id, None,
                         f"refused by node {message.node}: {message.reason}")
             return False
         if isinstance(message, protocol.JobExited):

@@ -91,6 +91,11 @@ def send_stop(node: str, job_id: int, launch_id: str | None = None) -> None:
     ))
 
 
+def send_query(node: str, job_id: int, launch_id: str) -> None:
+    """Ask ``node`` how attempt ``launch_id`` stands there; it answers on its events stream."""
+    _publish(node, protocol.QueryAttempt(command_id=_command_id("query", job_id), job_id=job_id, launch_id=launch_id))
+
+
 def send_duty_cycle(node: str, job_id: int, duty_cycle: float, *, resume: bool = False) -> None:
     """Throttle the job to ``duty_cycle``; 0 suspends it. ``resume``: it was suspended, so continue
     it under the new duty cycle (a resume of a job that is not suspended does nothing)."""

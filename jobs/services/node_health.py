@@ -21,7 +21,7 @@ from django.utils import timezone
 from jobs.choices import JobState
 from jobs.models import Allocation, Job
 from jobs.services import lifecycle
-from jobs.services.commands import launch_id, send_duty_cycle, send_stop
+from jobs.services.commands import launch_id, send_duty_cycle, send_query, send_stop
 from monitoring.models import Node
 from monitoring.services import alerts, health, live
 
@@ -51,6 +51,7 @@ def check_node_health(client: redis.Redis) -> dict:
     strays = vanished = 0
     for node, entry in live.latest_nodes(client).items():
         strays += stop_strays(client, node, entry.get("running_jobs", []))
+        strays += stop_earlier_attempts(client, node, entry.get("running_launches") or [])
         vanished += requeue_vanished(client, node, entry)
     timed_out = time_out_overdue()
     return {"lost": lost, "revived": revived, "strays_stopped": strays, "vanished": vanished, "timed_out": timed_out}
@@ -89,6 +90,36 @@ def stop_strays(client: redis.Redis, node: str, running_jobs: list[int]) -> int:
     return stopped
 
 
+def stop_earlier_attempts(client: redis.Redis, node: str, running_launches: list[str]) -> int:
+    """Stop runs of an earlier attempt of a job still going on ``node`` (their stop was lost, say
+    with a partition) while the job has moved on to a later attempt: such a run would also keep
+    the node from starting the job's current attempt there. Each stop names the run it is for."""
+    attempts: dict[int, int] = {}
+    for launch in running_launches:
+        parsed = _parse_launch_id(launch)
+        if parsed is not None:
+            attempts[parsed[0]] = parsed[1]
+    if not attempts:
+        return 0
+    stopped = 0
+    for job_id, current in Job.objects.filter(pk__in=attempts).values_list("pk", "attempt"):
+        earlier = launch_id(job_id, attempts[job_id])
+        if attempts[job_id] < current and client.set(f"colony:stray:{node}:{earlier}", 1, nx=True,
+                                                       ex=STRAY_STOP_EVERY_S):
+            log.warning("node %s still runs %s of job %s, now at attempt %s; stopping that run", node, earlier,
+                        job_id, current)
+            send_stop(node, job_id, earlier)
+            stopped += 1
+    return stopped
+
+
+def _parse_launch_id(text: str) -> tuple[int, int] | None:
+    parts = text.split("-")
+    if len(parts) != 3 or parts[0] != "launch" or not parts[1].isdigit() or not parts[2].isdigit():
+        return None
+    return int(parts[1]), int(parts[2])
+
+
 def resend_duty_cycles(node: str, running_jobs: list[int]) -> int:
     """Tell a node that registered again (after a Redis restart, say) the duty cycle each of its
     running jobs should have: a throttle or un-throttle command lost on the way is not lost for
@@ -109,7 +140,8 @@ def requeue_vanished(client: redis.Redis, node: str, entry: dict) -> int:
 
     A RUNNING job whose current attempt the node's sample does not list (taken well after the job
     started, so the start cannot be in flight) has ended there or is unknown there. The node is
-    asked about that attempt (a stop naming it, at most every ``RECONCILE_EVERY_S``): it answers
+    asked about that attempt (:class:`agents.protocol.QueryAttempt`, which changes nothing there,
+    at most every ``RECONCILE_EVERY_S``; a stale sample only costs a question): it answers
     with the attempt's exit if it ran and ended there (recovering an exit lost with a trimmed
     stream or a Redis restart), or that it does not know it, which requeues the job at once
     (:func:`jobs.services.lifecycle.finish`). Either way the job is settled within seconds. A
@@ -128,18 +160,20 @@ def requeue_vanished(client: redis.Redis, node: str, entry: dict) -> int:
     requeued = 0
     for job_id, attempt in ours:
         field = f"{node}:{job_id}"
+        missing_key = f"{MISSING_KEY}:{field}"
         current = launch_id(job_id, attempt)
         if (current in launches) if launches is not None else (job_id in reported):
-            client.hdel(MISSING_KEY, field)
+            client.delete(missing_key)
             continue
-        client.hsetnx(MISSING_KEY, field, sample_ts)
-        first_missed = float(client.hget(MISSING_KEY, field))
+        # When this node first failed to list it; expires on its own once the job has settled.
+        client.set(missing_key, sample_ts, nx=True, ex=int(VANISHED_AFTER_S * 3))
+        first_missed = float(client.get(missing_key) or sample_ts)
         if launches is not None and client.set(f"colony:reconcile:{field}", 1, nx=True, ex=RECONCILE_EVERY_S):
             log.info("node %s does not list job %s's running attempt %s; asking it", node, job_id, current)
-            send_stop(node, job_id, current)
+            send_query(node, job_id, current)
         if sample_ts - first_missed < VANISHED_AFTER_S:
             continue
-        client.hdel(MISSING_KEY, field)
+        client.delete(missing_key)
         if _requeue_vanished_job(job_id, node):
             requeued += 1
     return requeued
@@ -149,7 +183,9 @@ def _reconcile_placed(client: redis.Redis, node: str, launches: set[str], sample
     """PLACED jobs whose start report was lost: one the node runs is started now; one placed a
     while ago that it does not run is asked about (it may have run and ended there, both its
     reports lost; a launch that never arrived is re-sent by the scheduling loop meanwhile)."""
-    placed_before = timezone.now() - timezone.timedelta(seconds=RECONCILE_PLACED_AFTER_S)
+    # Judged by the sample's own time: a sample taken before (or just after) the placement says
+    # nothing about whether the launch arrived.
+    placed_before = datetime.fromtimestamp(sample_ts - RECONCILE_PLACED_AFTER_S, tz=dt_timezone.utc)
     for job_id, attempt, placed_at in set(
         Allocation.objects.filter(gpu__node__name=node, released_at__isnull=True, job__state=JobState.PLACED)
         .values_list("job_id", "job__attempt", "job__placed_at")
@@ -160,7 +196,7 @@ def _reconcile_placed(client: redis.Redis, node: str, launches: set[str], sample
                 log.warning("job %s runs on node %s but its start report was lost; now RUNNING", job_id, node)
         elif placed_at and placed_at < placed_before and client.set(
                 f"colony:reconcile:{node}:{job_id}", 1, nx=True, ex=RECONCILE_EVERY_S):
-            send_stop(node, job_id, current)
+            send_query(node, job_id, current)
 
 
 def _requeue_vanished_job(job_id: int, node: str) -> bool:

@@ -18,6 +18,10 @@ NODE_HASH = "colony:live:node"
 STALE_AFTER_S = 30.0
 
 
+# How far ahead of the control plane's clock a node's sample may be dated and still count.
+FUTURE_SKEW_S = 30.0
+
+
 def store_latest(client: redis.Redis, samples: list[tuple[NodeSample, str]] | list[NodeSample]) -> None:
     """Keep the newest of ``samples`` per node; items are samples or (sample, raw JSON) pairs."""
     latest: dict[str, tuple[float, str]] = {}
@@ -34,7 +38,8 @@ def latest_nodes(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[st
     now, out = time.time(), {}
     for node, raw in client.hgetall(NODE_HASH).items():
         sample = json.loads(raw)
-        if now - sample["ts"] <= max_age:
+        # A sample dated ahead of this clock (a node whose clock jumped back since) is not fresh.
+        if -FUTURE_SKEW_S <= now - sample["ts"] <= max_age:
             out[node.decode() if isinstance(node, bytes) else node] = sample
     return out
 

@@ -142,7 +142,7 @@ def test_a_real_agent_logged_in_as_its_node_user_registers_samples_and_runs_jobs
         # A garbage command is refused by the agent, which says so on its own events stream.
         redis_client.xadd(protocol.command_stream("node-a"), {"m": json.dumps({"v": 1, "kind": "reboot"})})
         refusal = wait_for(lambda: events(redis_client, "command_rejected"), timeout=10)[0]
-        assert "reboot" in refusal.reason and "reboot" in refusal.raw
+        assert "reboot" in refusal.reason
         mine = (redis_client.xrange(protocol.node_events_stream("node-a"))
                 + redis_client.xrange(protocol.node_metrics_stream("node-a")))
         assert mine and all(signing.verify(key, fields[b"m"], fields[b"sig"]) for _id, fields in mine)

@@ -224,7 +224,7 @@ def test_a_node_cannot_register_another_nodes_gpus(db, redis_client, live_redis)
 
 
 def test_a_nodes_refusal_of_a_command_is_dead_lettered_by_the_control_plane(db, redis_client, live_redis):
-    emit(redis_client, protocol.CommandRejected(node="n1", entry_id="1-1", reason="unsigned", raw=""))
+    emit(redis_client, protocol.CommandRejected(node="n1", entry_id="1-1", reason="unsigned"))
     consume_events(redis_client)
     (letter,) = dead_letters(redis_client)
     assert letter[b"source"] == protocol.command_stream("n1").encode()

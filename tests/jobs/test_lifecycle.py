@@ -48,6 +48,11 @@ def stops(redis_client):
             if isinstance(c := protocol.decode_command(f), protocol.StopJob)]
 
 
+def queries(redis_client):
+    return [c for _, f in redis_client.xrange(protocol.command_stream("n1"))
+            if isinstance(c := protocol.decode_command(f), protocol.QueryAttempt)]
+
+
 def report(redis_client, capture, message):
     redis_client.xadd(protocol.EVENTS_STREAM, protocol.encode(message))
     with capture(execute=True):
@@ -246,13 +251,14 @@ def test_a_running_attempt_its_node_does_not_know_is_requeued_within_seconds(
     sample_listing(redis_client, launch)
     with capture(execute=True):
         check_node_health(redis_client)
-    assert stops(redis_client) == []  # listed: nothing to ask
+    assert queries(redis_client) == []  # listed: nothing to ask
 
     sample_listing(redis_client)  # the node's agent restarted without it
     with capture(execute=True):
         check_node_health(redis_client)
-    (ask,) = stops(redis_client)
-    assert (ask.job_id, ask.launch_id) == (job.pk, launch)  # only that attempt, never a later one
+    (ask,) = queries(redis_client)
+    assert (ask.job_id, ask.launch_id) == (job.pk, launch)  # a question about that attempt, not a stop
+    assert stops(redis_client) == []
     # What the agent answers when it does not know the attempt.
     report(redis_client, capture, protocol.JobExited(node="n1", job_id=job.pk, exit_code=None, stopped=True,
                                                      absent=True, launch_id=launch, finished_at=time.time()))
@@ -268,8 +274,8 @@ def test_an_exit_lost_on_the_way_is_recovered_by_asking_the_node(node1, redis_cl
     sample_listing(redis_client)  # it ended; its exit event was trimmed away unread
     with capture(execute=True):
         check_node_health(redis_client)
-    assert [s.launch_id for s in stops(redis_client)] == [launch]
-    # The agent answers a stop for an attempt that ended there with that attempt's exit, again.
+    assert [q.launch_id for q in queries(redis_client)] == [launch]
+    # The agent answers a question about an attempt that ended there with that attempt's exit, again.
     report(redis_client, capture, exited(job, launch, code=0, output_tail="done\n"))
     job.refresh_from_db()
     assert (job.state, job.requeue_count, job.output_tail) == (JobState.SUCCEEDED, 0, "done\n")
@@ -306,7 +312,7 @@ def test_a_placed_job_whose_start_and_exit_were_both_lost_is_settled_by_asking(
     sample_listing(redis_client)  # it ran and ended there; neither report arrived
     with capture(execute=True):
         check_node_health(redis_client)
-    assert [s.launch_id for s in stops(redis_client)] == [launch]
+    assert [q.launch_id for q in queries(redis_client)] == [launch]
     report(redis_client, capture, exited(job, launch, code=3))
     job.refresh_from_db()
     assert (job.state, job.exit_code) == (JobState.FAILED, 3)
@@ -355,3 +361,27 @@ def test_the_timeline_shows_each_attempt_and_why_it_ended(node1, redis_client, a
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     assert "Attempt 1" in page and "Attempt 2" in page and "Back in the queue" in page
     assert page.index("Attempt 1") < page.index("Requeued by operator ops") < page.index("Attempt 2")
+
+
+def test_a_sample_older_than_the_placement_asks_nothing(node1, redis_client, django_capture_on_commit_callbacks):
+    """An agent back late (its last sample predates the placement) must not get questions, let
+    alone stops, about a launch it has not read yet."""
+    capture = django_capture_on_commit_callbacks
+    JobFactory(gpus=1)
+    cycle(capture)
+    sample_listing(redis_client, at=time.time() - 20)
+    with capture(execute=True):
+        check_node_health(redis_client)
+    assert queries(redis_client) == [] and stops(redis_client) == []
+
+
+def test_a_run_of_an_earlier_attempt_still_going_on_a_node_is_stopped_by_name(
+        node1, redis_client, django_capture_on_commit_callbacks):
+    capture = django_capture_on_commit_callbacks
+    job, first = running_job(redis_client, capture)
+    requeue_job(job, by="ops")
+    Job.objects.filter(pk=job.pk).update(attempt=2)  # placed again since; the old run's stop was lost
+    sample_listing(redis_client, first)
+    with capture(execute=True):
+        check_node_health(redis_client)
+    assert [(s.job_id, s.launch_id) for s in stops(redis_client)] == [(job.pk, first)]
