@@ -1,12 +1,13 @@
 """The operators' admin for tenants (quotas, members, usage, audit trail of quota changes), jobs
-(cancel, requeue, resubmit), allocations, and the nodes admin's drain-now (it moves jobs)."""
+(cancel, requeue, resubmit), allocations, job profiles (inspect, correct or delete to reset), and
+the nodes admin's drain-now (it moves jobs)."""
 
 from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, Subquery, Sum
 from django.utils.html import format_html
 
 from jobs.choices import TERMINAL_STATES, JobClass, JobState
-from jobs.models import Allocation, Job, Membership, QuotaChange, Tenant
+from jobs.models import Allocation, Job, JobProfile, Membership, QuotaChange, Tenant
 from jobs.services.submission import NotCancellable, NotRequeueable, cancel_job, requeue_job, submit_job
 from monitoring.admin import NodeAdmin
 from monitoring.models import Node
@@ -217,6 +218,17 @@ class AllocationAdmin(admin.ModelAdmin):
     list_display = ("job", "gpu", "gpu_milli", "duty_cycle", "created_at", "released_at")
     list_select_related = ("job", "gpu__node")
     raw_id_fields = ("job", "gpu")
+
+
+@admin.register(JobProfile)
+class JobProfileAdmin(admin.ModelAdmin):
+    """What later jobs with a key are placed from. Deleting a profile resets it: the key's next
+    successful run records a fresh one (and its jobs are placed from their request meanwhile)."""
+
+    list_display = ("tenant", "key", "runs", "peak_gpu_memory_mib", "mean_util", "mean_runtime_s", "updated_at")
+    list_filter = ("tenant",)
+    list_select_related = ("tenant",)
+    search_fields = ("key", "tenant__slug")
 
 
 class NodeWithJobsAdmin(NodeAdmin):

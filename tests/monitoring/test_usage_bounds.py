@@ -161,3 +161,15 @@ def test_a_running_jobs_memory_estimate_is_bounded_by_the_gpu_it_holds(n1, redis
                             first_seen_at=timezone.now(), last_seen_at=timezone.now())
     [running] = build_snapshot(redis_client).running
     assert running.memory_mib == T4_MIB
+
+
+def test_an_operator_resets_a_profile_by_deleting_it_in_the_admin(n1, client):
+    from tests.factories import UserFactory
+
+    job = JobFactory(profile_key="train-resnet")
+    profile = JobProfile.objects.create(tenant=job.tenant, key="train-resnet", runs=3, peak_gpu_memory_mib=T4_MIB)
+    client.force_login(UserFactory(username="operator", is_staff=True, is_superuser=True))
+    assert "train-resnet" in client.get("/admin/jobs/jobprofile/?q=resnet").content.decode()
+    response = client.post(f"/admin/jobs/jobprofile/{profile.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert not JobProfile.objects.exists()
