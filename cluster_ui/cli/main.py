@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import shutil
 import sys
 
@@ -28,7 +30,7 @@ class Usage(Exception):
 def cmd_submit(client: Client, args) -> tuple[object, str]:
     if not args.command:
         raise Usage("give the command after --, e.g. colony submit --gpus 1 -- python train.py")
-    body: dict = {"command": args.command, "gpus": args.gpus}
+    body: dict = {"command": args.command, "gpus": args.gpus, "name": args.name or default_name(args.command)}
     try:
         if args.gpu_fraction is not None:
             body["gpu_milli"] = units.gpu_milli(args.gpu_fraction)
@@ -41,7 +43,7 @@ def cmd_submit(client: Client, args) -> tuple[object, str]:
             body["max_runtime_s"] = units.duration_s(args.max_runtime)
     except ValueError as exc:
         raise Usage(str(exc)) from None
-    for flag, field in (("name", "name"), ("tenant", "tenant"), ("priority", "priority"),
+    for flag, field in (("tenant", "tenant"), ("priority", "priority"),
                         ("max_nodes", "max_nodes"), ("profile_key", "profile_key")):
         if getattr(args, flag) is not None:
             body[field] = getattr(args, flag)
@@ -54,6 +56,30 @@ def cmd_submit(client: Client, args) -> tuple[object, str]:
     job = client.post("api/v1/jobs/", body)
     text = f"Submitted job {job['id']} ({job['name']}) to {job['tenant']}: {job['state'].lower()}."
     return job, text
+
+
+# Programs that run the program named after them: a job is better named for what they run.
+LAUNCHERS = {"python", "python3", "torchrun", "accelerate", "deepspeed", "bash", "sh", "uv", "srun",
+             "mpirun", "horovodrun", "nohup"}
+
+
+def default_name(argv: list[str]) -> str:
+    """What a person would call the job: ``python train.py`` is "train.py", ``python -m
+    pkg.train`` is "pkg.train", ``torchrun --nproc_per_node 8 train.py`` is "train.py"."""
+    words = list(argv)
+    while words and os.path.basename(words[0]).rstrip("0123456789.") in LAUNCHERS and len(words) > 1:
+        words = words[1:]
+        while words and words[0].startswith("-"):
+            flag = words.pop(0)
+            if flag == "-m" and words:
+                return words[0][:200]
+            if "=" not in flag and words and not words[0].startswith("-") and not _looks_like_program(words[0]):
+                words.pop(0)  # the flag's value
+    return (os.path.basename(words[0]) if words else os.path.basename(argv[0]))[:200] or "job"
+
+
+def _looks_like_program(word: str) -> bool:
+    return word.endswith((".py", ".sh")) or os.path.basename(word).rstrip("0123456789.") in LAUNCHERS
 
 
 def cmd_queue(client: Client, args) -> tuple[object, str]:
@@ -107,7 +133,7 @@ def cmd_show(client: Client, args) -> tuple[object, str]:
         f"  request     {units.gpu_request(job)} GPU(s), priority {job['priority']}"
         + (", spare capacity only" if job.get("opportunistic_only") else ""),
         f"  class       {job.get('run_class') or '-'}",
-        f"  command     {' '.join(job['command'])}",
+        f"  command     {shlex.join(job['command'])}",
     ]
     if job.get("pending_reason"):
         lines.append(f"  pending     {job['pending_reason']['message']}")
@@ -221,7 +247,8 @@ def report_api_error(exc: ApiError, as_json: bool) -> int:
     lines = [f"colony: error: {exc}"]
     for field, messages in exc.fields.items():
         for message in _messages(messages):
-            lines.append(f"  {field}: {message}")
+            if f"{field}: {message}" != str(exc):  # the headline already says it
+                lines.append(f"  {field}: {message}")
     if exc.retry_after:
         lines.append(f"  try again in {exc.retry_after} s")
     print("\n".join(lines), file=sys.stderr)

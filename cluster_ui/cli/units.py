@@ -20,11 +20,14 @@ def size_mib(text: str) -> int:
 
 
 def duration_s(text: str) -> int:
-    """'90m', '4h', '2d', '3600s', '30' (minutes) -> seconds."""
+    """'90m', '4h', '2d', '3600s' -> seconds. A bare number is refused: '10' could mean seconds
+    or minutes, and a job stopped 50 minutes early is a day lost."""
     match = _DURATION.match(text)
     if not match:
         raise ValueError(f"not a duration: {text!r} (try 90m, 4h or 2d)")
-    return int(round(float(match.group(1)) * _SECONDS_PER[(match.group(2) or "min").lower()]))
+    if match.group(2) is None:
+        raise ValueError(f"give {text!r} a unit: {text}s, {text}m, {text}h or {text}d")
+    return int(round(float(match.group(1)) * _SECONDS_PER[match.group(2).lower()]))
 
 
 def gpu_milli(fraction: str) -> int:

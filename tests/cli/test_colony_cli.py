@@ -68,6 +68,9 @@ def test_the_whole_round_trip_against_a_live_server(live_server, transactional_d
 
     code, out, _ = run(capsys, "show", str(job.pk))
     assert code == 0 and "state       PENDING" in out and "python train.py --epochs 3" in out
+    spaced = JobFactory(tenant=vision, owner=alice, command=["python", "-c", "print('a b')"])
+    code, out, _ = run(capsys, "show", str(spaced.pk))
+    assert "python -c 'print('\"'\"'a b'\"'\"')'" in out  # quoted as a shell would need it
 
     Job.objects.filter(pk=small["id"]).update(state=JobState.FAILED, output_tail="Python 3.11\nboom\n", exit_code=1)
     code, out, _ = run(capsys, "logs", str(small["id"]))
@@ -87,7 +90,7 @@ def test_the_whole_round_trip_against_a_live_server(live_server, transactional_d
 
     # Refusals name the field, as the API does.
     code, _, err = run(capsys, "submit", "--gpus", "0", "--", "python")
-    assert code == 1 and "gpus: Ensure this value is greater than or equal to 1." in err
+    assert code == 1 and err.count("gpus: Ensure this value is greater than or equal to 1.") == 1  # said once
     code, _, err = run(capsys, "submit", "--tenant", "nlp", "--", "python")
     assert code == 1 and "tenant: Unknown tenant 'nlp'" in err
 
@@ -157,3 +160,23 @@ assert not loaded, 'imported: ' + ', '.join(loaded[:10])
 def test_cli_code_uses_the_standard_library_only():
     result = subprocess.run([sys.executable, "-c", CHECK], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("argv, name", [
+    (["python", "train.py", "--epochs", "3"], "train.py"),
+    (["/usr/bin/python3.11", "-u", "scripts/train.py"], "train.py"),
+    (["python", "-m", "pkg.finetune", "--lr", "1e-4"], "pkg.finetune"),
+    (["torchrun", "--nproc_per_node", "8", "train_ddp.py"], "train_ddp.py"),
+    (["./run-experiment"], "run-experiment"),
+    (["python"], "python"),
+])
+def test_jobs_are_named_for_what_they_run(argv, name):
+    from cluster_ui.cli.main import default_name
+
+    assert default_name(argv) == name
+
+
+def test_a_runtime_limit_needs_a_unit(capsys, colony_env):
+    code, _, err = run(capsys, "--url", "http://127.0.0.1:9", "--token", "t", "submit", "--max-runtime", "10",
+                       "--", "python", "train.py")
+    assert code == 2 and "give '10' a unit: 10s, 10m, 10h or 10d" in err
