@@ -7,6 +7,7 @@ the sentence so the API and the queue page can show them without parsing text.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from enum import StrEnum
 
 MIB_PER_GIB = 1024
@@ -117,8 +118,8 @@ def at_max_gpus(tenant: str, used_milli: int, max_milli: int, need_milli: int) -
     used, ceiling, need = used_milli / 1000, max_milli / 1000, need_milli / 1000
     return PendingReason(
         ReasonCode.AT_MAX_GPUS,
-        f"Tenant {tenant} is using {used:g} of its {ceiling:g}-GPU ceiling; this job needs {need:g} more. "
-        f"It starts when the tenant's other jobs finish.",
+        f"Tenant {tenant} is using {used:g} of its {ceiling:g}-GPU ceiling and this job needs {need:g} "
+        f"(together {used + need:g}). It starts when the tenant's other jobs finish.",
         {"tenant": tenant, "used_gpus": used, "max_gpus": ceiling, "needed_gpus": need},
     )
 
@@ -131,8 +132,7 @@ def over_quota_cluster_full(tenant: str, guaranteed_milli: int, unused_milli: in
         quota = f"Tenant {tenant} has {_gpus(unused)} of its {guaranteed:g}-GPU guarantee unused, too few for this job"
     return PendingReason(
         ReasonCode.OVER_QUOTA_CLUSTER_FULL,
-        f"{quota}, so it must borrow spare GPUs, and no spare {_gpus(needed_gpus)} that fit it are free "
-        f"right now.",
+        f"{quota}, so it must borrow spare GPUs, and {_spare(needed_gpus)} right now.",
         {"tenant": tenant, "guaranteed_gpus": guaranteed, "unused_guaranteed_gpus": unused, "needed_gpus": needed_gpus},
     )
 
@@ -140,7 +140,7 @@ def over_quota_cluster_full(tenant: str, guaranteed_milli: int, unused_milli: in
 def no_spare_capacity(needed_gpus: int) -> PendingReason:
     return PendingReason(
         ReasonCode.NO_SPARE_CAPACITY,
-        f"Asked to run only on spare capacity; no spare {_gpus(needed_gpus)} that fit it right now.",
+        f"Asked to run only on spare capacity, and {_spare(needed_gpus)} right now.",
         {"needed_gpus": needed_gpus},
     )
 
@@ -191,8 +191,14 @@ def holding_reservation(gpus: int, nodes: tuple[str, ...], until: float, now: fl
         f"Needs {gpus} GPUs at once; node{'s' if len(nodes) != 1 else ''} {', '.join(nodes)} "
         f"{'are' if len(nodes) != 1 else 'is'} held for it for up to {max(0, until - now) / 60:.0f} more min "
         f"while running jobs there finish.",
-        {"needed_gpus": gpus, "nodes": list(nodes), "held_until": until},
+        {"needed_gpus": gpus, "nodes": list(nodes),
+         "held_until": datetime.fromtimestamp(until, tz=timezone.utc).isoformat(timespec="seconds")},
     )
+
+
+def _spare(needed_gpus: int) -> str:
+    """'the 1 spare GPU it needs is not free' / 'the 4 spare GPUs it needs are not free'."""
+    return f"the {_gpus(needed_gpus).replace(' GPU', ' spare GPU')} it needs {'is' if needed_gpus == 1 else 'are'} not free"
 
 
 def not_considered(limit: int) -> PendingReason:
