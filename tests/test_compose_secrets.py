@@ -1,6 +1,7 @@
 """docker compose keeps every secret out of every environment: the `credentials` service writes
 them as files (600, one volume per consumer), Redis requires a password and gives each agent its
-own ACL user, and every long-running service restarts and (the servers) has a health check."""
+own ACL user (no value over 1 MiB), and every long-running service restarts and (the servers) has a
+health check."""
 
 import subprocess
 import time
@@ -105,6 +106,13 @@ def test_the_redis_config_requires_the_password_and_each_node_is_its_own_user(tm
         admin.xadd(protocol.command_stream("node-2"), {"m": "x"})
         with pytest.raises(redis_lib.exceptions.NoPermissionError):
             node_1.xrange(protocol.command_stream("node-2"))
+        # No value over 1 MiB: a node cannot park megabytes in its own stream or heartbeat.
+        with pytest.raises(redis_lib.RedisError):
+            node_1.xadd(protocol.node_events_stream("node-1"), {"m": b"x" * (2 * 1024 * 1024)})
+        with pytest.raises(redis_lib.RedisError):
+            node_1.set(protocol.heartbeat_key("node-1"), b"x" * (2 * 1024 * 1024), ex=60)
+        assert not admin.exists(protocol.node_events_stream("node-1"), protocol.heartbeat_key("node-1"))
+        assert admin.config_get("client-query-buffer-limit")["client-query-buffer-limit"] == str(2 * 1024 * 1024)
     finally:
         server.terminate()
         server.wait(10)

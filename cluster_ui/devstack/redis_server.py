@@ -8,6 +8,12 @@ plane uses); ``acl_users`` adds more users (``user`` lines, e.g. each agent's fr
 :func:`agents.signing.redis_acl_rules`, which need Redis >= 7 for their selectors). Both go into
 a config file of mode 600 that the server reads at start, never onto its command line (which
 any local user can read in ``/proc/<pid>/cmdline``), and they survive :meth:`PrivateRedis.restart`.
+
+Every Redis Colony starts (this one, and compose's from :mod:`cluster_ui.devstack.credentials`)
+gets :data:`LIMITS`: no single value over 1 MiB (``proto-max-bulk-len``; the largest valid message
+is ``agents.protocol.MAX_MESSAGE_BYTES``, 64 KiB) and no client query buffer over 2 MiB, so a
+node's agent cannot park 64 MiB values in its stream or heartbeat. A client that sends more gets
+``Protocol error: invalid bulk length`` and is disconnected.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+
+#: Config lines for every Redis server Colony starts (see the module docstring).
+LIMITS = ("proto-max-bulk-len 1mb", "client-query-buffer-limit 2mb")
 
 
 def redis_server_binary() -> str:
@@ -91,7 +100,7 @@ class PrivateRedis:
     def _write_config(self) -> Path:
         """The server's settings, in a file only this account can read (it may hold the password)."""
         lines = [f"port {self.port}", "bind 127.0.0.1", 'save ""', "appendonly no",
-                 f"dir {self.workdir}", "daemonize no"]
+                 f"dir {self.workdir}", "daemonize no", *LIMITS]
         if self.password:
             lines.append(f"requirepass {self.password}")
         lines += [f"user {name} {' '.join(rules)}" for name, rules in self.acl_users.items()]

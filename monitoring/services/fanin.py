@@ -6,13 +6,40 @@ exhausts its stream IDs or floods it hurts only itself: another node's exits are
 it. The readers (agent events, metric ingest) keep consuming one shared stream each through a
 consumer group, and call :func:`fan_in` first.
 
-One Lua script per node stream moves its new entries, in order, and records how far it got, all
-atomically: several readers may fan in at once and no entry is copied twice or skipped. Only the
-``m`` and ``sig`` fields travel (the readers verify the signature as before); an entry with other
-fields or a message too large to be valid is dead-lettered here with the reason instead. Copied
-entries are trimmed from the node's stream, and a backlog a node built beyond
-:data:`BACKLOG_CAP` (it flooded itself) is trimmed and counted, so one node cannot grow Redis
-without bound between two fan-ins.
+What a node writes is untrusted, and Redis runs one command at a time: nothing here makes Redis
+walk a node's entries inside a script. A round (one :func:`fan_in` call) is four pipelined round
+trips whatever the number of nodes:
+
+1. size up every node stream: its cursor (``colony:fanin:cursors``, the id of the last entry
+   copied), ``XLEN`` and ``MEMORY USAGE ... SAMPLES`` (cheap: a few allocation sizes, never the
+   entries);
+2. trim a backlog over :data:`BACKLOG_CAP` entries or :data:`BACKLOG_BYTES_CAP` bytes (oldest
+   first, ``XTRIM MAXLEN``), and ``XRANGE`` what follows the cursor: at most :data:`PER_NODE`
+   entries, fewer when the node's entries are heavy (about :data:`READ_BYTES` per node per round,
+   a single entry when they average more than a valid one can weigh);
+3. validate in Python: only the fields ``m`` (at most ``protocol.MAX_MESSAGE_BYTES``) and an
+   optional ``sig`` (at most :data:`MAX_SIGNATURE_BYTES`); anything else is dead-lettered with its
+   reason and a :data:`EXCERPT_BYTES` excerpt, at most :data:`DEAD_LETTERS_PER_NODE` per node
+   per round (beyond that only counted, so one node cannot flush the dead-letter stream);
+4. one tiny compare-and-set script per node, which sees only validated, bounded values: if the
+   cursor is still the one read in 1, it copies the entries (in order), writes the dead letters,
+   advances the cursor, counts, and trims the copied entries off the node's stream (``MINID``:
+   only the last one stays, marking the cursor). If another reader moved the cursor meanwhile,
+   it does nothing: several readers may fan in at once and no entry is copied twice or skipped.
+
+What an operator sees, limits included:
+
+- ``colony_fanin_entries{stream, outcome}`` on ``/metrics`` (``STATS_KEY``): ``copied``,
+  ``rejected`` (malformed: dead-lettered or, past the per-round cap, only counted; all of them
+  count in ``colony_dead_letters``) and ``dropped`` (trimmed unread from a backlog over a cap),
+  and a warning in the log naming the node stream.
+- A node writing huge or many-field entries (the 50,000-field attack) gets one of them read per
+  round and dead-lettered; Redis stays responsive for everyone else (no script ever runs over
+  untrusted data), and only that node's own messages are delayed.
+- A node's backlog is capped at :data:`BACKLOG_CAP` entries and about :data:`BACKLOG_BYTES_CAP`
+  bytes (estimated by ``MEMORY USAGE``); beyond that the oldest unread entries are dropped and
+  counted. The Redis servers Colony starts (``cluster_ui/devstack``, compose) also refuse any
+  single value over 1 MiB (``proto-max-bulk-len``) and a query buffer over 2 MiB.
 """
 
 from __future__ import annotations
@@ -28,63 +55,64 @@ log = logging.getLogger(__name__)
 
 CURSORS_KEY = "colony:fanin:cursors"  # node stream -> id of the last entry copied
 STATS_KEY = "colony:fanin:stats"
-# Per node stream and call: a node cannot crowd out the others in one round.
-PER_NODE = {"events": 500, "metrics": 200}
+# Per node stream and round: a node cannot crowd out the others, or make one round slow.
+PER_NODE = {"events": 32, "metrics": 32}
+# A node's backlog (unread entries) beyond these is dropped, oldest first, and counted.
 BACKLOG_CAP = 10_000
+BACKLOG_BYTES_CAP = 32 * 1024 * 1024
+# Below this many entries MEMORY USAGE is exact anyway (it samples every node of the stream), so
+# a short stream is measured every round; a long one is what the byte cap is for.
+SAMPLES = 33
+# About this much is read from one node stream per round.
+READ_BYTES = 1024 * 1024
+MAX_SIGNATURE_BYTES = 128
+# An entry averaging more than this cannot be valid (a message, its signature and the overhead):
+# read such a stream one entry per round.
+MAX_VALID_ENTRY_BYTES = 2 * protocol.MAX_MESSAGE_BYTES
+DEAD_LETTERS_PER_NODE = 4
+EXCERPT_BYTES = 256
+MAX_ID = b"18446744073709551615-18446744073709551615"
 
-_SCRIPT = """
-local cursor = redis.call('HGET', KEYS[3], KEYS[1])
-if not cursor then cursor = '0-0' end
-local entries = redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', tonumber(ARGV[1]))
-local copied, rejected = 0, 0
-for _, entry in ipairs(entries) do
-  local id, fields = entry[1], entry[2]
-  local m, sig, other = nil, nil, nil
-  for i = 1, #fields, 2 do
-    local name = fields[i]
-    if name == 'm' then m = fields[i + 1]
-    elseif name == 'sig' then sig = fields[i + 1]
-    elseif other == nil then other = name end
-  end
-  local reason = nil
-  if m == nil then reason = "missing field 'm'"
-  elseif other ~= nil then reason = 'unexpected stream field: ' .. string.sub(other, 1, 64)
-  elseif string.len(m) > tonumber(ARGV[3]) then
-    reason = 'message of ' .. string.len(m) .. ' bytes exceeds ' .. ARGV[3]
-  elseif sig ~= nil and string.len(sig) > 128 then reason = 'signature field too long' end
-  if reason then
-    redis.call('XADD', KEYS[4], 'MAXLEN', '~', 10000, '*', 'source', KEYS[1], 'id', id, 'reason', reason,
-               'raw', string.sub(m or '', 1, 1024))
-    redis.call('INCR', KEYS[5])
-    rejected = rejected + 1
-  elseif sig ~= nil then
-    redis.call('XADD', KEYS[2], 'MAXLEN', '~', tonumber(ARGV[2]), '*', 'm', m, 'sig', sig)
-    copied = copied + 1
+# Sees only what Python validated: bounded ``m``/``sig`` values and short dead-letter records.
+# KEYS: node stream, shared stream, cursors, dead-letter stream, dead-letter count, stats.
+# ARGV: expected cursor ('' = none yet), new cursor, #copies, #letters, #rejected, kind,
+#       shared stream MAXLEN, then per copy (m, has_sig, sig), then per letter (id, reason, raw).
+_CAS = """
+local current = redis.call('HGET', KEYS[3], KEYS[1])
+if not current then current = '' end
+if current ~= ARGV[1] then return -1 end
+local copies, letters, rejected = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local maxlen = tonumber(ARGV[7])
+local at = 8
+for _ = 1, copies do
+  if ARGV[at + 1] == '1' then
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'm', ARGV[at], 'sig', ARGV[at + 2])
   else
-    redis.call('XADD', KEYS[2], 'MAXLEN', '~', tonumber(ARGV[2]), '*', 'm', m)
-    copied = copied + 1
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'm', ARGV[at])
   end
-  cursor = id
+  at = at + 3
 end
-if #entries > 0 then
-  redis.call('HSET', KEYS[3], KEYS[1], cursor)
-  redis.call('XTRIM', KEYS[1], 'MINID', cursor)
+for _ = 1, letters do
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', 10000, '*', 'source', KEYS[1], 'id', ARGV[at],
+             'reason', ARGV[at + 1], 'raw', ARGV[at + 2])
+  at = at + 3
 end
-local dropped = 0
-local length = redis.call('XLEN', KEYS[1])
-if length > tonumber(ARGV[4]) + 1 then
-  dropped = length - tonumber(ARGV[4]) - 1
-  redis.call('XTRIM', KEYS[1], 'MAXLEN', tonumber(ARGV[4]) + 1)
+if rejected > 0 then
+  redis.call('INCRBY', KEYS[5], rejected)
+  redis.call('HINCRBY', KEYS[6], ARGV[6] .. '_rejected', rejected)
 end
-return {copied, rejected, dropped}
+if copies > 0 then redis.call('HINCRBY', KEYS[6], ARGV[6] .. '_copied', copies) end
+redis.call('HSET', KEYS[3], KEYS[1], ARGV[2])
+redis.call('XTRIM', KEYS[1], 'MINID', ARGV[2])
+return copies
 """
 
 
 @dataclass
 class FanInResult:
     copied: int = 0
-    rejected: int = 0  # dead-lettered here (malformed entries)
-    dropped: int = 0  # trimmed from a flooded node's backlog
+    rejected: int = 0  # malformed entries: dead-lettered here (or, past the cap, only counted)
+    dropped: int = 0  # trimmed unread from a node's backlog over a cap
     nodes: int = 0
 
 
@@ -100,29 +128,127 @@ def node_streams(client: redis.Redis, kind: str) -> list[str]:
     return sorted(found)
 
 
+def problem(fields: dict) -> str | None:
+    """Why an entry of a node stream may not be copied (None: it may)."""
+    m = fields.get(b"m")
+    if m is None:
+        return "missing field 'm'"
+    others = [name for name in fields if name not in (b"m", b"sig")]
+    if others:
+        name = others[0][:64].decode("utf-8", "replace")
+        return f"unexpected stream field: {name} ({len(fields)} fields)"
+    if len(m) > protocol.MAX_MESSAGE_BYTES:
+        return f"message of {len(m)} bytes exceeds {protocol.MAX_MESSAGE_BYTES}"
+    sig = fields.get(b"sig")
+    if sig is not None and len(sig) > MAX_SIGNATURE_BYTES:
+        return f"signature field of {len(sig)} bytes exceeds {MAX_SIGNATURE_BYTES}"
+    return None
+
+
+def read_count(kind: str, length: int, usage: int | None) -> int:
+    """How many entries to read from a node stream of ``length`` entries using ``usage`` bytes."""
+    if not usage or length <= 0:
+        return PER_NODE[kind]
+    per_entry = usage / length
+    if per_entry > MAX_VALID_ENTRY_BYTES:
+        return 1
+    return max(1, min(PER_NODE[kind], int(READ_BYTES // per_entry)))
+
+
+def _backlog_trim(length: int, usage: int | None) -> int | None:
+    """The MAXLEN to trim a node stream to, or None when it is within both caps."""
+    keep = length
+    if length > BACKLOG_CAP + 1:
+        keep = BACKLOG_CAP + 1  # the +1: the entry marking the cursor
+    if usage and usage > BACKLOG_BYTES_CAP and length:
+        # Keep about half the byte cap's worth of the newest entries.
+        keep = min(keep, int(length * (BACKLOG_BYTES_CAP // 2) / usage))
+    return keep if keep < length else None
+
+
 def fan_in(client: redis.Redis, kind: str) -> FanInResult:
-    """Copy new entries of every node's ``kind`` stream onto the shared stream (one round trip
-    to find the streams, one pipelined round trip to move them)."""
+    """Copy new entries of every node's ``kind`` stream onto the shared stream (see the module
+    docstring: a SCAN for the streams, then four pipelined round trips)."""
     shared = protocol.EVENTS_STREAM if kind == "events" else protocol.METRICS_STREAM
     streams = node_streams(client, kind)
     result = FanInResult(nodes=len(streams))
     if not streams:
         return result
-    script = client.register_script(_SCRIPT)
+
+    # 1. Cursors, lengths and sizes (never the entries themselves).
     pipe = client.pipeline(transaction=False)
+    pipe.hmget(CURSORS_KEY, streams)
     for stream in streams:
-        script(keys=[stream, shared, CURSORS_KEY, protocol.DEAD_LETTER_STREAM, protocol.DEAD_LETTER_COUNT_KEY],
-               args=[PER_NODE[kind], protocol.STREAM_MAXLEN, protocol.MAX_MESSAGE_BYTES, BACKLOG_CAP], client=pipe)
-    for stream, (copied, rejected, dropped) in zip(streams, pipe.execute()):
-        result.copied += copied
-        result.rejected += rejected
+        pipe.xlen(stream)
+        pipe.memory_usage(stream, samples=SAMPLES)
+    replies = pipe.execute(raise_on_error=False)
+    cursors = replies[0] if isinstance(replies[0], list) else [None] * len(streams)
+    sizes = [(r if isinstance(r, int) else 0, u if isinstance(u, int) else None)
+             for r, u in zip(replies[1::2], replies[2::2])]
+
+    # 2. Trim backlogs over a cap, then read a bounded share of what follows each cursor.
+    pipe = client.pipeline(transaction=False)
+    plan = []  # (stream, cursor, trimmed?, read?)
+    for stream, cursor, (length, usage) in zip(streams, cursors, sizes):
+        keep = _backlog_trim(length, usage)
+        if keep is not None:
+            pipe.xtrim(stream, maxlen=keep, approximate=False)
+        reading = cursor != MAX_ID  # nothing can follow the highest id
+        if reading:
+            start = b"(" + cursor if cursor else b"-"
+            pipe.xrange(stream, min=start, max="+", count=read_count(kind, length, usage))
+        plan.append((stream, cursor, keep is not None, reading))
+    replies = iter(pipe.execute(raise_on_error=False))
+
+    # 3. Validate in Python; 4. copy and advance each cursor in one compare-and-set.
+    script = client.register_script(_CAS)
+    pipe = client.pipeline(transaction=False)
+    dropped_by_stream = {}
+    sent = []
+    for stream, cursor, trimmed, reading in plan:
+        if trimmed:
+            dropped = next(replies)
+            if isinstance(dropped, int) and dropped:
+                dropped_by_stream[stream] = dropped
+        entries = next(replies) if reading else []
+        if isinstance(entries, Exception):
+            log.warning("%s: cannot read past %s: %s", stream, cursor, entries)
+            continue
+        if not entries:
+            continue
+        copies, letters, rejected = [], [], 0
+        for entry_id, fields in entries:
+            reason = problem(fields)
+            if reason is None:
+                sig = fields.get(b"sig")
+                copies += [fields[b"m"], "1" if sig is not None else "0", sig or b""]
+                continue
+            rejected += 1
+            if rejected <= DEAD_LETTERS_PER_NODE:
+                raw = (fields.get(b"m") or b"")[:EXCERPT_BYTES]
+                letters += [entry_id, reason[:500], raw]
+        last = entries[-1][0]
+        script(keys=[stream, shared, CURSORS_KEY, protocol.DEAD_LETTER_STREAM, protocol.DEAD_LETTER_COUNT_KEY,
+                     STATS_KEY],
+               args=[cursor or b"", last, len(copies) // 3, len(letters) // 3, rejected, kind,
+                     protocol.STREAM_MAXLEN, *copies, *letters], client=pipe)
+        sent.append((stream, rejected))
+    for stream, dropped in dropped_by_stream.items():
+        pipe.hincrby(STATS_KEY, f"{kind}_dropped", dropped)
         result.dropped += dropped
-        if rejected or dropped:
-            log.warning("%s: %d malformed entr(ies) dead-lettered, %d dropped from a backlog over %d",
-                        stream, rejected, dropped, BACKLOG_CAP)
-    if result.copied or result.rejected or result.dropped:
-        pipe = client.pipeline(transaction=False)
-        for field in ("copied", "rejected", "dropped"):
-            pipe.hincrby(STATS_KEY, f"{kind}_{field}", getattr(result, field))
-        pipe.execute()
+    if not sent and not dropped_by_stream:
+        return result
+    outcomes = pipe.execute(raise_on_error=False)
+    for (stream, rejected), copied in zip(sent, outcomes):
+        if isinstance(copied, Exception):
+            log.warning("%s: fan-in failed: %s", stream, copied)
+        elif copied >= 0:  # -1: another reader moved the cursor first and copied these
+            result.copied += copied
+            result.rejected += rejected
+            if rejected:
+                log.warning("%s: %d malformed entr(ies) dead-lettered (at most %d a round recorded)",
+                            stream, rejected, DEAD_LETTERS_PER_NODE)
+    for stream, dropped in dropped_by_stream.items():
+        log.warning("%s: %d unread entr(ies) dropped from a backlog over %d entries or %d bytes",
+                    stream, dropped, BACKLOG_CAP, BACKLOG_BYTES_CAP)
     return result

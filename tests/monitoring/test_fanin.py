@@ -1,13 +1,16 @@
 """Nodes write only their own streams; the control plane fans them in. What one node does to its
-own stream (trim it to nothing, exhaust its IDs, flood it, write garbage) never costs another
-node an event, and nothing is copied twice however many readers fan in at once."""
+own stream (trim it to nothing, exhaust its IDs, flood it, write garbage, entries of 50,000
+fields, megabytes of them) never costs another node an event nor blocks Redis, and nothing is
+copied twice however many readers fan in at once."""
 
 import threading
 import time
 
 import pytest
+import redis as redis_lib
 
 from agents import protocol, signing
+from cluster_ui.devstack.redis_server import PrivateRedis, redis_server_version, supports_acl_selectors
 from jobs.choices import JobState
 from jobs.models import Allocation
 from jobs.services.agent_events import consume_events
@@ -78,12 +81,18 @@ def test_what_a_node_does_to_its_own_stream_costs_no_other_node_an_exit(signed_e
 def test_nothing_is_copied_twice_by_readers_fanning_in_at_once(redis_client):
     for i in range(300):
         redis_client.xadd(protocol.node_events_stream(f"n{i % 3}"), {"m": f'{{"i": {i}}}'})
-    threads = [threading.Thread(target=fanin.fan_in, args=(redis_client, "events")) for _ in range(4)]
+
+    def reader():
+        for _ in range(3):
+            fanin.fan_in(redis_client, "events")
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    fanin.fan_in(redis_client, "events")
+    while fanin.fan_in(redis_client, "events").copied:  # a round moves at most PER_NODE a node
+        pass
     copied = [fields[b"m"] for _id, fields in redis_client.xrange(protocol.EVENTS_STREAM)]
     assert sorted(copied) == sorted(f'{{"i": {i}}}'.encode() for i in range(300))
     # Each node's own order is kept.
@@ -118,3 +127,124 @@ def test_copied_entries_leave_the_nodes_stream(redis_client):
     redis_client.xadd(stream, {"m": "5"})
     assert fanin.fan_in(redis_client, "metrics").copied == 1
     assert [f[b"m"] for _, f in redis_client.xrange(protocol.METRICS_STREAM)] == [str(i).encode() for i in range(6)]
+
+
+def test_a_round_copies_a_bounded_share_of_each_node_and_the_rest_next_time(redis_client):
+    stream = protocol.node_events_stream("n1")
+    for i in range(fanin.PER_NODE["events"] + 5):
+        redis_client.xadd(stream, {"m": str(i)})
+    assert fanin.fan_in(redis_client, "events").copied == fanin.PER_NODE["events"]
+    assert fanin.fan_in(redis_client, "events").copied == 5
+    assert [int(f[b"m"]) for _, f in redis_client.xrange(protocol.EVENTS_STREAM)] == list(range(37))
+    stats = redis_client.hgetall(fanin.STATS_KEY)
+    assert int(stats[b"events_copied"]) == 37
+
+
+def _many_fields(client, stream, entries, fields=50_000):
+    pipe = client.pipeline(transaction=False)
+    for _ in range(entries):
+        pipe.xadd(stream, {"m": "{}", **{f"f{i}": "1" for i in range(fields)}})
+    pipe.execute()
+
+
+def test_entries_of_50000_fields_are_dead_lettered_without_blocking_redis(redis_client, redis_url):
+    """The old fan-in walked these inside one Lua script: Redis answered nobody for over a second
+    (BUSY past busy-reply-threshold). Now Redis never runs anything long; the node waits alone."""
+    evil, good = protocol.node_events_stream("evil"), protocol.node_events_stream("good")
+    _many_fields(redis_client, evil, 48)
+    redis_client.xadd(good, {"m": "ok", "sig": "s"})
+    latencies, errors, done = [], [], threading.Event()
+
+    def other_client():  # another node's heartbeat, say
+        client = redis_lib.Redis.from_url(redis_url)
+        while not done.is_set():
+            started = time.perf_counter()
+            try:
+                client.ping()
+            except redis_lib.RedisError as exc:
+                errors.append(exc)
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.002)
+
+    redis_client.config_set("slowlog-log-slower-than", 50_000)  # microseconds
+    redis_client.slowlog_reset()
+    pinger = threading.Thread(target=other_client)
+    pinger.start()
+    try:
+        time.sleep(0.05)
+        started = time.perf_counter()
+        result = fanin.fan_in(redis_client, "events")
+        elapsed = time.perf_counter() - started
+        time.sleep(0.02)
+    finally:
+        done.set()
+        pinger.join()
+        slow = redis_client.slowlog_get(10)
+        redis_client.config_set("slowlog-log-slower-than", 10_000)
+    assert not errors and max(latencies) < 0.1, (max(latencies), errors)
+    assert not slow, [(entry["duration"], entry["command"][:40]) for entry in slow]  # nothing took 50 ms
+    assert elapsed < 1.0
+    # Heavy entries are read one a round; the other node's entry is copied in the same round.
+    assert (result.copied, result.rejected) == (1, 1)
+    (letter,) = [f for _, f in redis_client.xrange(protocol.DEAD_LETTER_STREAM)]
+    assert letter[b"reason"].startswith(b"unexpected stream field: f0") and letter[b"raw"] == b"{}"
+    assert redis_client.xlen(evil) == 48  # the entry marking the cursor and 47 to come
+    assert fanin.fan_in(redis_client, "events").rejected == 1
+
+
+def test_dead_letters_per_node_and_round_are_capped_the_rest_only_counted(redis_client):
+    stream = protocol.node_events_stream("n1")
+    for i in range(20):
+        redis_client.xadd(stream, {"m": "x" * 1000, "junk": str(i)} if i % 2 else {"m": "y" * 1000, "sig": "s" * 129})
+    redis_client.xadd(stream, {"m": "next"})
+    result = fanin.fan_in(redis_client, "events")
+    assert (result.copied, result.rejected) == (1, 20)
+    letters = [f for _, f in redis_client.xrange(protocol.DEAD_LETTER_STREAM)]
+    assert len(letters) == fanin.DEAD_LETTERS_PER_NODE
+    assert all(len(letter[b"raw"]) <= fanin.EXCERPT_BYTES for letter in letters)
+    assert dead_letter_count(redis_client) == 20
+    assert int(redis_client.hget(fanin.STATS_KEY, "events_rejected")) == 20
+    assert [f for _, f in redis_client.xrange(protocol.EVENTS_STREAM)] == [{b"m": b"next"}]
+
+
+def test_a_backlog_heavy_in_bytes_is_trimmed_and_counted(redis_client, monkeypatch):
+    monkeypatch.setattr(fanin, "BACKLOG_BYTES_CAP", 2 * 1024 * 1024)
+    heavy, light = protocol.node_metrics_stream("heavy"), protocol.node_metrics_stream("light")
+    pipe = redis_client.pipeline(transaction=False)
+    for i in range(100):  # 100 valid-sized entries of 60 KB: about 6 MB
+        pipe.xadd(heavy, {"m": f"{i:03d}" + "x" * 60_000})
+    pipe.execute()
+    redis_client.xadd(light, {"m": "light"})
+    result = fanin.fan_in(redis_client, "metrics")
+    assert result.dropped > 50
+    assert int(redis_client.hget(fanin.STATS_KEY, "metrics_dropped")) == result.dropped
+    # The newest entries are kept and copied in order; the light node is untouched.
+    copied = [f[b"m"] for _, f in redis_client.xrange(protocol.METRICS_STREAM)]
+    assert b"light" in copied
+    numbers = [int(m[:3]) for m in copied if m != b"light"]
+    assert numbers == sorted(numbers) and numbers[0] == result.dropped
+    while fanin.fan_in(redis_client, "metrics").copied:
+        pass
+    assert redis_client.memory_usage(heavy) < fanin.BACKLOG_BYTES_CAP
+    assert redis_client.xlen(protocol.METRICS_STREAM) == 101 - result.dropped
+
+
+def test_the_redis_colony_starts_refuses_values_over_a_mebibyte(tmp_path):
+    """One node's agent cannot park 64 MiB in its stream or heartbeat (the compose Redis gets the
+    same limits: tests/test_compose_secrets.py)."""
+    version = redis_server_version()
+    node_password = signing.redis_password(SECRET, "n1")
+    users = {signing.redis_user("n1"): signing.redis_acl_rules("n1", node_password)} \
+        if supports_acl_selectors(version) else {}
+    with PrivateRedis(tmp_path / "redis", password="admin-password", acl_users=users) as server:
+        admin = redis_lib.Redis.from_url(server.url)
+        node = redis_lib.Redis.from_url(server.user_url(signing.redis_user("n1"), node_password)) \
+            if users else admin
+        node.xadd(protocol.node_events_stream("n1"), {"m": b"x" * (512 * 1024)})
+        with pytest.raises(redis_lib.RedisError):
+            node.xadd(protocol.node_events_stream("n1"), {"m": b"x" * (2 * 1024 * 1024)})
+        with pytest.raises(redis_lib.RedisError):
+            node.set(protocol.heartbeat_key("n1"), b"x" * (2 * 1024 * 1024), ex=100)
+        assert admin.xlen(protocol.node_events_stream("n1")) == 1
+        assert not admin.exists(protocol.heartbeat_key("n1"))
+        assert admin.config_get("proto-max-bulk-len")["proto-max-bulk-len"] == str(1024 * 1024)

@@ -5,8 +5,10 @@ service, run as root before anything else) creates, unless they already exist:
 
 - ``/run/colony/server/``: ``agent-secret``, ``django-secret-key``, ``redis-url`` (the control
   plane's, with its password), ``cache-url``, ``database-url``: for web, worker, beat, ingest;
-- ``/run/colony/redis/``: ``redis.conf`` (``requirepass`` and one ACL user per node, from
-  :func:`agents.signing.redis_acl_rules`) and ``password`` (for the health check);
+- ``/run/colony/redis/``: ``redis.conf`` (``requirepass``, one ACL user per node, from
+  :func:`agents.signing.redis_acl_rules`, and the size limits of
+  :data:`cluster_ui.devstack.redis_server.LIMITS`: no value over 1 MiB) and ``password`` (for the
+  health check);
 - ``/run/colony/postgres/password``;
 - ``/run/colony/<node>/``: ``node.key`` and ``redis-url`` (the node's own ACL user): for that
   node's agent only.
@@ -26,6 +28,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from agents import signing
+from cluster_ui.devstack.redis_server import LIMITS
 
 # uid/gid of the official redis and postgres images' server accounts.
 REDIS_UID = POSTGRES_UID = 999
@@ -84,8 +87,8 @@ def write_credentials(root: Path, nodes: list[str], *, redis_host: str = "redis"
         _write(node_dir / "redis-url",
                f"redis://{quote(signing.redis_user(node), safe='')}:{password}@{redis_host}:6379/0", colony)
     _write(redis_dir / "password", redis_password, redis_owner)
-    _write(redis_dir / "redis.conf", "\n".join(['save ""', "appendonly no", f"requirepass {redis_password}",
-                                                *users]), redis_owner)
+    _write(redis_dir / "redis.conf", "\n".join(['save ""', "appendonly no", *LIMITS,
+                                                f"requirepass {redis_password}", *users]), redis_owner)
 
 
 def main(argv: list[str] | None = None) -> int:
