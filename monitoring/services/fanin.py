@@ -16,7 +16,10 @@ trips whatever the number of nodes:
 2. trim a backlog over :data:`BACKLOG_CAP` entries or :data:`BACKLOG_BYTES_CAP` bytes (oldest
    first, ``XTRIM MAXLEN``), and ``XRANGE`` what follows the cursor: at most :data:`PER_NODE`
    entries, fewer when the node's entries are heavy (about :data:`READ_BYTES` per node per round,
-   a single entry when they average more than a valid one can weigh);
+   a single entry when they average more than a valid one can weigh, or for :data:`HEAVY_FOR_S`
+   after the node sent an entry with extra fields or bytes: ``MEMORY USAGE`` samples only the
+   head of a long stream, so a node hiding heavy entries behind light ones is caught once, then
+   throttled, ``colony:fanin:heavy``);
 3. validate in Python: only the fields ``m`` (at most ``protocol.MAX_MESSAGE_BYTES``) and an
    optional ``sig`` (at most :data:`MAX_SIGNATURE_BYTES`); anything else is dead-lettered with its
    reason and a :data:`EXCERPT_BYTES` excerpt, at most :data:`DEAD_LETTERS_PER_NODE` per node
@@ -45,6 +48,7 @@ What an operator sees, limits included:
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import redis
@@ -55,6 +59,9 @@ log = logging.getLogger(__name__)
 
 CURSORS_KEY = "colony:fanin:cursors"  # node stream -> id of the last entry copied
 STATS_KEY = "colony:fanin:stats"
+# node stream -> unix time until which it is read one entry a round (it sent a heavy entry).
+HEAVY_KEY = "colony:fanin:heavy"
+HEAVY_FOR_S = 600
 # Per node stream and round: a node cannot crowd out the others, or make one round slow.
 PER_NODE = {"events": 32, "metrics": 32}
 # A node's backlog (unread entries) beyond these is dropped, oldest first, and counted.
@@ -145,8 +152,11 @@ def problem(fields: dict) -> str | None:
     return None
 
 
-def read_count(kind: str, length: int, usage: int | None) -> int:
-    """How many entries to read from a node stream of ``length`` entries using ``usage`` bytes."""
+def read_count(kind: str, length: int, usage: int | None, heavy: bool = False) -> int:
+    """How many entries to read from a node stream of ``length`` entries using ``usage`` bytes
+    (``heavy``: it sent an entry no valid message could make lately)."""
+    if heavy:
+        return 1
     if not usage or length <= 0:
         return PER_NODE[kind]
     per_entry = usage / length
@@ -178,25 +188,29 @@ def fan_in(client: redis.Redis, kind: str) -> FanInResult:
     # 1. Cursors, lengths and sizes (never the entries themselves).
     pipe = client.pipeline(transaction=False)
     pipe.hmget(CURSORS_KEY, streams)
+    pipe.hmget(HEAVY_KEY, streams)
     for stream in streams:
         pipe.xlen(stream)
         pipe.memory_usage(stream, samples=SAMPLES)
     replies = pipe.execute(raise_on_error=False)
     cursors = replies[0] if isinstance(replies[0], list) else [None] * len(streams)
+    now = time.time()
+    heavy = [bool(until) and float(until) > now for until in
+             (replies[1] if isinstance(replies[1], list) else [None] * len(streams))]
     sizes = [(r if isinstance(r, int) else 0, u if isinstance(u, int) else None)
-             for r, u in zip(replies[1::2], replies[2::2])]
+             for r, u in zip(replies[2::2], replies[3::2])]
 
     # 2. Trim backlogs over a cap, then read a bounded share of what follows each cursor.
     pipe = client.pipeline(transaction=False)
     plan = []  # (stream, cursor, trimmed?, read?)
-    for stream, cursor, (length, usage) in zip(streams, cursors, sizes):
+    for stream, cursor, (length, usage), slow in zip(streams, cursors, sizes, heavy):
         keep = _backlog_trim(length, usage)
         if keep is not None:
             pipe.xtrim(stream, maxlen=keep, approximate=False)
         reading = cursor != MAX_ID  # nothing can follow the highest id
         if reading:
             start = b"(" + cursor if cursor else b"-"
-            pipe.xrange(stream, min=start, max="+", count=read_count(kind, length, usage))
+            pipe.xrange(stream, min=start, max="+", count=read_count(kind, length, usage, slow))
         plan.append((stream, cursor, keep is not None, reading))
     replies = iter(pipe.execute(raise_on_error=False))
 
@@ -204,6 +218,7 @@ def fan_in(client: redis.Redis, kind: str) -> FanInResult:
     script = client.register_script(_CAS)
     pipe = client.pipeline(transaction=False)
     dropped_by_stream = {}
+    heavy_now = set()
     sent = []
     for stream, cursor, trimmed, reading in plan:
         if trimmed:
@@ -218,6 +233,10 @@ def fan_in(client: redis.Redis, kind: str) -> FanInResult:
             continue
         copies, letters, rejected = [], [], 0
         for entry_id, fields in entries:
+            if len(fields) > 2 or sum(map(len, fields.values())) > protocol.MAX_MESSAGE_BYTES + MAX_SIGNATURE_BYTES:
+                # No valid entry is this heavy: read this node one entry a round for a while
+                # (MEMORY USAGE only samples the head of a long stream; this catches the rest).
+                heavy_now.add(stream)
             reason = problem(fields)
             if reason is None:
                 sig = fields.get(b"sig")
@@ -236,6 +255,8 @@ def fan_in(client: redis.Redis, kind: str) -> FanInResult:
     for stream, dropped in dropped_by_stream.items():
         pipe.hincrby(STATS_KEY, f"{kind}_dropped", dropped)
         result.dropped += dropped
+    for stream in heavy_now:
+        pipe.hset(HEAVY_KEY, stream, now + HEAVY_FOR_S)
     if not sent and not dropped_by_stream:
         return result
     outcomes = pipe.execute(raise_on_error=False)

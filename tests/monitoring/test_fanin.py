@@ -181,8 +181,10 @@ def test_entries_of_50000_fields_are_dead_lettered_without_blocking_redis(redis_
         pinger.join()
         slow = redis_client.slowlog_get(10)
         redis_client.config_set("slowlog-log-slower-than", 10_000)
-    assert not errors and max(latencies) < 0.1, (max(latencies), errors)
-    assert not slow, [(entry["duration"], entry["command"][:40]) for entry in slow]  # nothing took 50 ms
+    # Redis itself ran nothing for 50 ms (the old script: over 500 ms); the other client, which
+    # shares this process (and its GIL) with the fan-in, got every answer in time.
+    assert not slow, [(entry["duration"], entry["command"][:40]) for entry in slow]
+    assert not errors and max(latencies) < 0.25, (max(latencies), errors)
     assert elapsed < 1.0
     # Heavy entries are read one a round; the other node's entry is copied in the same round.
     assert (result.copied, result.rejected) == (1, 1)
@@ -248,3 +250,18 @@ def test_the_redis_colony_starts_refuses_values_over_a_mebibyte(tmp_path):
         assert admin.xlen(protocol.node_events_stream("n1")) == 1
         assert not admin.exists(protocol.heartbeat_key("n1"))
         assert admin.config_get("proto-max-bulk-len")["proto-max-bulk-len"] == str(1024 * 1024)
+
+
+def test_a_node_that_sent_a_heavy_entry_is_read_one_entry_a_round_for_a_while(redis_client):
+    stream = protocol.node_events_stream("n1")
+    for i in range(3):
+        redis_client.xadd(stream, {"m": "{}", "a": "1", "b": "2"})
+    for i in range(100):
+        redis_client.xadd(stream, {"m": str(i)})
+    assert fanin.fan_in(redis_client, "events").rejected == 3
+    assert fanin.fan_in(redis_client, "events").copied == 1
+    redis_client.hset(fanin.HEAVY_KEY, stream, time.time() - 1)  # the while is over
+    assert fanin.fan_in(redis_client, "events").copied == fanin.PER_NODE["events"]
+    other = protocol.node_events_stream("n2")
+    redis_client.xadd(other, {"m": "x" * 1000})
+    assert fanin.fan_in(redis_client, "events").copied == fanin.PER_NODE["events"] + 1  # light: untouched
