@@ -18,8 +18,10 @@ class JobsCollector(Collector):
         for state in JobState.values:
             jobs.add_metric([state], counts.get(state, 0))
         yield jobs
-        yield GaugeMetricFamily("colony_gpus_allocated", "GPUs held by jobs",
-                                value=Allocation.objects.filter(released_at__isnull=True).count())
+        # GPUs, not allocations: jobs packed onto one GPU hold it once.
+        yield GaugeMetricFamily("colony_gpus_allocated", "GPUs held by at least one job",
+                                value=Allocation.objects.filter(released_at__isnull=True)
+                                .values("gpu_id").distinct().count())
         try:
             ignored = float(get_redis().get(IGNORED_REPORTS_KEY) or 0)
         except redis.RedisError:

@@ -52,3 +52,14 @@ def test_metrics_count_fenced_reports_and_fan_in(client, db, live_redis, redis_c
     assert families["colony_lifecycle_ignored_reports"].samples[0].value == 2
     fanned = {(s.labels["stream"], s.labels["outcome"]): s.value for s in families["colony_fanin_entries"].samples}
     assert fanned[("events", "copied")] == 1 and fanned[("events", "rejected")] == 1
+
+
+def test_gpus_allocated_counts_gpus_not_the_jobs_packed_on_them(client, db, live_redis):
+    """Two jobs sharing one GPU are one allocated GPU (the review saw 25 on a 24-GPU cluster)."""
+    from jobs.models import Allocation
+
+    gpu = GpuFactory(node__name="n1", index=0)
+    for _ in range(2):
+        Allocation.objects.create(job=JobFactory(state=JobState.RUNNING, gpu_milli=500), gpu=gpu, gpu_milli=500)
+    _, families = scrape(client)
+    assert families["colony_gpus_allocated"].samples[0].value == 1
