@@ -90,6 +90,10 @@ class Job(models.Model):
     preempt_count = models.PositiveSmallIntegerField(default=0)
     attempt = models.PositiveIntegerField(
         default=0, help_text="Placements so far; the current one's launch command is launch-<id>-<attempt>.")
+    eta_first_at = models.DateTimeField(null=True, blank=True,
+                                        help_text="The first start time the scheduler predicted for it.")
+    eta_error_s = models.FloatField(null=True, blank=True,
+                                    help_text="First placement minus the first predicted start; + is late.")
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
     pending_reason = models.JSONField(null=True, blank=True, help_text="{code, message, details} while pending.")

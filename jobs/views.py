@@ -21,6 +21,7 @@ from django.views.decorators.http import require_POST
 from django.views.generic import DetailView, FormView, ListView, TemplateView
 
 from jobs.api.queue import eta_seconds
+from jobs.services.eta_accuracy import eta_accuracy
 from jobs.api.throttles import SubmissionRateThrottle
 from jobs.api.tenants import MAX_REPORT_DAYS, usage_rows
 from jobs.choices import CANCELLABLE_STATES, JobState
@@ -42,6 +43,9 @@ def visible_jobs(user):
 def filter_tenants(user):
     """Tenants offered in the queue's filter: all for staff, one's own otherwise."""
     return Tenant.objects.order_by("slug") if user.is_staff else tenants_of(user).order_by("slug")
+
+
+ETA_ACCURACY_DAYS = 7
 
 
 class QueueView(LoginRequiredMixin, ListView):
@@ -68,6 +72,9 @@ class QueueView(LoginRequiredMixin, ListView):
             selected={"tenant": self.request.GET.get("tenant", ""), "state": self.request.GET.get("state", ""),
                       "owner": self.request.GET.get("owner", "")},
             unknown_states=self.job_filter.unknown_states,
+            eta_accuracy=eta_accuracy(Job.objects.visible_to(self.request.user),
+                                      timezone.now() - timezone.timedelta(days=ETA_ACCURACY_DAYS)),
+            eta_accuracy_days=ETA_ACCURACY_DAYS,
         )
         return context
 

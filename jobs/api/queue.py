@@ -7,14 +7,16 @@ submit time: the order the scheduler takes a tenant's jobs in).
 
 from __future__ import annotations
 
-
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view, inline_serializer
 from rest_framework import generics, serializers
+from rest_framework.response import Response
 
 from jobs.api.serializers import PendingReasonSerializer, eta_seconds
 from jobs.choices import JobClass, JobState
 from jobs.filtersets import JobFilter
 from jobs.models import Job
+from jobs.services.eta_accuracy import eta_accuracy
 from jobs.services.usage import queue_positions
 
 
@@ -89,3 +91,23 @@ class QueueView(generics.ListAPIView):
         serializer = self.get_serializer(page, many=True, context={**self.get_serializer_context(),
                                                                     "positions": positions})
         return self.get_paginated_response(serializer.data)
+
+
+class EtaAccuracyView(generics.GenericAPIView):
+    """How far the ETAs given to jobs you can see were off when those jobs started (first
+    placement minus the first ETA; positive is late), over the last ``days`` (default 7)."""
+
+    @extend_schema(parameters=[OpenApiParameter("days", int, description="1-90, default 7")],
+                   responses={200: inline_serializer("EtaAccuracy", {
+                       "days": serializers.IntegerField(), "jobs": serializers.IntegerField(),
+                       "median_error_s": serializers.FloatField(allow_null=True),
+                       "median_abs_error_s": serializers.FloatField(allow_null=True),
+                       "p90_abs_error_s": serializers.FloatField(allow_null=True),
+                       "late_share": serializers.FloatField(allow_null=True)})})
+    def get(self, request):
+        try:
+            days = min(max(int(request.query_params.get("days", 7)), 1), 90)
+        except ValueError:
+            raise serializers.ValidationError({"days": ["A whole number of days, 1-90."]}) from None
+        accuracy = eta_accuracy(Job.objects.visible_to(request.user), timezone.now() - timezone.timedelta(days=days))
+        return Response({"days": days, **accuracy.as_dict()})

@@ -4,7 +4,7 @@ from rest_framework.routers import DefaultRouter
 from rest_framework.settings import api_settings
 
 from jobs.api.cluster import ClusterView, JobMetricsView, OccupancyView
-from jobs.api.queue import QueueView
+from jobs.api.queue import EtaAccuracyView, QueueView
 from jobs.api.tenants import TenantViewSet, UsageView
 from jobs.api.views import JobViewSet
 
@@ -17,6 +17,7 @@ urlpatterns = [
     path("auth/token/", ObtainAuthToken.as_view(parser_classes=api_settings.DEFAULT_PARSER_CLASSES),
          name="api-token"),
     path("queue/", QueueView.as_view(), name="api-queue"),
+    path("eta-accuracy/", EtaAccuracyView.as_view(), name="api-eta-accuracy"),
     path("cluster/", ClusterView.as_view(), name="api-cluster"),
     path("usage/", UsageView.as_view(), name="api-usage"),
     path("metrics/occupancy/", OccupancyView.as_view(), name="api-occupancy"),

@@ -101,10 +101,20 @@ def _store_pending_reasons(decisions: Decisions, now: float) -> None:
             texts[key] = reason
             changed[key].append(job_id)
     for key, job_ids in changed.items():
+        first_eta = _as_datetime(texts[key].get("eta_at"))
         for start in range(0, len(job_ids), 1000):
-            Job.objects.filter(pk__in=job_ids[start:start + 1000], state=JobState.PENDING).update(
-                pending_reason=texts[key]
-            )
+            chunk = job_ids[start:start + 1000]
+            Job.objects.filter(pk__in=chunk, state=JobState.PENDING).update(pending_reason=texts[key])
+            if first_eta is not None:
+                # What the job was first promised, kept to measure ETAs against (see eta_accuracy).
+                Job.objects.filter(pk__in=chunk, state=JobState.PENDING, attempt=0,
+                                   eta_first_at__isnull=True).update(eta_first_at=first_eta)
+
+
+def _as_datetime(unix) -> datetime | None:
+    if not isinstance(unix, (int, float)) or isinstance(unix, bool):
+        return None
+    return datetime.fromtimestamp(unix, tz=dt_timezone.utc)
 
 
 RESEND_AFTER_S = 15

@@ -119,7 +119,10 @@ def place(decision: Place, now: datetime, job_class: str) -> bool:
     ):
         return False
     job = (Job.objects.select_related("tenant")
-           .only("command", "env", "attempt", "max_runtime_s", "tenant__slug").get(pk=decision.job_id))
+           .only("command", "env", "attempt", "max_runtime_s", "eta_first_at", "tenant__slug").get(pk=decision.job_id))
+    if job.attempt == 1 and job.eta_first_at is not None:
+        # How far off the first ETA this job was given turned out to be (+: started later).
+        Job.objects.filter(pk=job.pk).update(eta_error_s=(now - job.eta_first_at).total_seconds())
     Allocation.objects.bulk_create([
         Allocation(job_id=decision.job_id, gpu_id=gpu_id, rank=node_slice.node_rank, gpu_milli=decision.gpu_milli,
                    memory_limit_mib=decision.memory_limit_mib, duty_cycle=decision.duty_cycle, attempt=job.attempt)
