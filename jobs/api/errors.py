@@ -18,6 +18,8 @@ that nothing escapes the format.
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied, RequestDataTooBig
 from django.http import Http404
@@ -44,7 +46,7 @@ class PayloadTooLarge(exceptions.APIException):
 def exception_handler(exc, context):
     # DRF turns Django's Http404 and PermissionDenied into its own; do the same to read their codes.
     if isinstance(exc, Http404):
-        exc = exceptions.NotFound(*exc.args)
+        exc = exceptions.NotFound(_not_found(exc))
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied(*exc.args)
     elif isinstance(exc, RequestDataTooBig):
@@ -54,6 +56,19 @@ def exception_handler(exc, context):
         return None
     response.data = error_body(exc, response.data)
     return response
+
+
+_DJANGO_NOT_FOUND = re.compile(r"^No (\w+) matches the given query\.$")
+
+
+def _not_found(exc: Http404) -> str:
+    """Django's "No Job matches the given query." in our words; a job of another tenant is as
+    absent as one that never was, and the message must not say otherwise."""
+    text = str(exc.args[0]) if exc.args else ""
+    match = _DJANGO_NOT_FOUND.match(text)
+    if match:
+        return f"No such {match.group(1).lower()}, or not one you can see."
+    return text or "Not found."
 
 
 def error_body(exc: Exception, data) -> dict:

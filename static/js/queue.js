@@ -19,7 +19,10 @@
 
   function row(job) {
     var state = '<span class="state state-' + job.state.toLowerCase() + '">' + C.STATE_LABELS[job.state] + "</span>";
-    if (job.pending_reason) { state += '<div class="reason">' + C.esc(job.pending_reason.message) + "</div>"; }
+    if (job.pending_reason) {
+      var why = C.esc(job.pending_reason.message);
+      state += '<div class="reason" title="' + why + '">' + why + "</div>";
+    }
     var cls = job.run_class ? '<span class="cls cls-' + job.run_class + '">' +
         (job.run_class === "guaranteed" ? "Guaranteed" : "Opportunistic") + "</span>"
       : job.opportunistic_only ? '<span class="cls cls-opportunistic">Spare only</span>' : dash;

@@ -84,7 +84,7 @@ def test_the_whole_round_trip_against_a_live_server(live_server, transactional_d
     # Another tenant's job does not exist as far as alice can tell.
     theirs = JobFactory(tenant=charlie.memberships.get().tenant, owner=charlie)
     code, out, err = run(capsys, "show", str(theirs.pk))
-    assert code == 1 and "No Job matches" in err
+    assert code == 1 and "No such job, or not one you can see." in err
     code, out, _ = run(capsys, "--json", "logs", str(theirs.pk))
     assert code == 1 and json.loads(out)["error"]["code"] == "not_found"
 

@@ -73,3 +73,14 @@ def test_openapi_schema_validates_without_warnings(db):
                  "/api/v1/metrics/heatmap/", "/api/v1/metrics/occupancy/", "/api/v1/jobs/{id}/metrics/",
                  "/api/v1/tenants/{slug}/", "/api/v1/usage/"):
         assert f"{path}:" in schema, path
+
+
+def test_another_tenants_job_reads_as_no_such_job(alice, api):
+    """Not Django's "No Job matches the given query.", and the same words whether the job is
+    someone else's or was never there."""
+    from tests.factories import JobFactory, TenantFactory
+
+    theirs = JobFactory(tenant=TenantFactory(slug="other"))
+    for job_id in (theirs.pk, theirs.pk + 1000):
+        body = api(alice).get(f"/api/v1/jobs/{job_id}/").json()["error"]
+        assert (body["code"], body["message"]) == ("not_found", "No such job, or not one you can see.")
