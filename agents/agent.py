@@ -37,7 +37,7 @@ from redis.retry import Retry
 
 from agents import __version__, protocol, signing
 from agents.backends.base import GpuBackend
-from agents.runner import FinishedJob, JobRunner, LaunchError
+from agents.runner import FinishedJob, JobRunner, LaunchError, read_output
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,16 @@ COMMAND_MAX_AGE_S = 300.0
 COMMAND_MAX_SKEW_S = 30.0
 BACKOFF_FIRST = 0.2
 BACKOFF_MAX = 5.0
+# Live output: each interval, at most OUTPUT_CHUNK_BYTES of each running job's output.log and
+# OUTPUT_NODE_BYTES for the whole node go to the node's logs stream, so output never crowds out
+# events or samples. A job more than OUTPUT_LAG_BYTES ahead of what was shipped is skipped to its
+# newest output (a live tail, not a transfer); the whole log stays on the node.
+OUTPUT_CHUNK_BYTES = protocol.OUTPUT_CHUNK_BYTES
+OUTPUT_NODE_BYTES = 8 * OUTPUT_CHUNK_BYTES
+OUTPUT_LAG_BYTES = 4 * OUTPUT_CHUNK_BYTES
+# The node's logs stream holds at most about this many chunks while the control plane is not
+# draining it (about 8 MiB).
+OUTPUT_STREAM_MAXLEN = 1000
 
 
 class _BoundedSet:
@@ -82,6 +92,17 @@ class _BoundedSet:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+@dataclasses.dataclass
+class _OutputCursor:
+    """How far a job's output.log has been shipped (see :func:`agents.runner.read_output`)."""
+
+    launch_id: str | None
+    offset: int = 0
+    anchor: bytes = b""
+    shipped_at: float = 0.0  # monotonic; the longest-waiting job goes first when the node's budget is short
+    ended: bool = False  # the job is gone: its last output was read once, then the cursor goes
 
 
 class Agent:
@@ -145,6 +166,9 @@ class Agent:
         self._next_connect = 0.0
         self._backoff = BACKOFF_FIRST
         self._disconnected_since: float | None = None
+        self._output: dict[int, _OutputCursor] = {}  # job id -> how far its output was shipped
+        self._next_output = 0.0
+        self.shipped_output_bytes = 0
 
     @property
     def connected(self) -> bool:
@@ -198,6 +222,8 @@ class Agent:
                 self._heartbeat()
             self._read_commands()
             self._flush()
+            if time.monotonic() >= self._next_output:
+                self._ship_output()
         except redis.RedisError as exc:
             self._lost(exc)
 
@@ -406,6 +432,50 @@ class Agent:
         if len(self._sample_failures) < 1000:
             self._sample_failures.add(key)
         log.error("sample: %s%s (logged once)", what, f": {exc!r}" if exc is not None else "", exc_info=exc)
+
+    def _ship_output(self) -> None:
+        """Send what each running job wrote to its output.log since the last call (one signed
+        JobOutput per job, at most OUTPUT_CHUNK_BYTES; OUTPUT_NODE_BYTES in all), and the last of
+        the jobs that ended since. Nothing is buffered while Redis is away: a live tail resumes
+        at the newest output."""
+        now = time.monotonic()
+        self._next_output = now + self.interval
+        launches = self.runner.running_launches()
+        for job_id in list(self._output):
+            if self._output[job_id].ended:
+                del self._output[job_id]  # its last output was read the time before
+        budget = OUTPUT_NODE_BYTES
+        entries = []
+        order = sorted(set(launches) | set(self._output),
+                       key=lambda job: self._output[job].shipped_at if job in self._output else 0.0)
+        for job_id in order:
+            if budget <= 0:
+                break
+            launch_id = launches.get(job_id)
+            cursor = self._output.get(job_id)
+            if launch_id is not None and (cursor is None or cursor.launch_id != launch_id):
+                cursor = self._output[job_id] = _OutputCursor(launch_id)  # a new attempt: from its start
+            cursor.ended = launch_id is None
+            chunk = read_output(self.runner.job_dir(job_id) / "output.log", cursor.offset, cursor.anchor,
+                                min(OUTPUT_CHUNK_BYTES, budget), OUTPUT_LAG_BYTES)
+            if chunk is None or not chunk.data:
+                continue
+            message = protocol.JobOutput(
+                node=self.node, job_id=job_id, launch_id=cursor.launch_id,
+                offset=chunk.offset, length=len(chunk.data), gap=chunk.gap,
+                data=chunk.data.decode("utf-8", errors="replace"),
+            )
+            entries.append((cursor, chunk, signing.signed(protocol.encode(message), self._key)))
+            budget -= len(chunk.data)
+        if not entries:
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        for _cursor, _chunk, fields in entries:
+            pipe.xadd(protocol.node_logs_stream(self.node), fields, maxlen=OUTPUT_STREAM_MAXLEN, approximate=True)
+        pipe.execute()
+        for cursor, chunk, _fields in entries:  # advanced only once Redis has the chunk
+            cursor.offset, cursor.anchor, cursor.shipped_at = chunk.offset + len(chunk.data), chunk.anchor, now
+            self.shipped_output_bytes += len(chunk.data)
 
     def _heartbeat(self) -> None:
         value = json.dumps({"ts": time.time(), "running": sorted(self.runner.running())})

@@ -94,6 +94,15 @@ def node_metrics_stream(node: str) -> str:
     return f"colony:node:{node}:metrics"
 
 
+def node_logs_stream(node: str) -> str:
+    """Where ``node``'s agent writes the live output of its running jobs (:class:`JobOutput`)."""
+    return f"colony:node:{node}:logs"
+
+
+# The control plane's copy of every node's logs stream (``monitoring.services.fanin``, kind "logs").
+LOGS_STREAM = "colony:logs"
+
+
 def heartbeat_key(node: str) -> str:
     return f"colony:node:{node}:heartbeat"
 
@@ -262,6 +271,30 @@ class NodeSample(_NodeMessage):
     # against it, so a job it believes runs here that the node does not run is settled quickly.
     running_launches: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=4096)
 
+# ---------------------------------------------------------------- agent -> control plane output
+# Live output of running jobs, on the node's own logs stream: never mixed with events or samples,
+# so a chatty job can delay only other output, never an exit or a sample.
+
+# Bytes of a job's output.log one JobOutput carries (its ``data`` is that many characters at most;
+# JSON escapes keep the message under MAX_MESSAGE_BYTES even for control characters).
+OUTPUT_CHUNK_BYTES = 8 * 1024
+OUTPUT_OFFSET_MAX = 2**48  # far beyond any bounded output.log
+
+
+class JobOutput(_NodeMessage):
+    """New output of a running job: ``length`` bytes of its ``output.log`` from byte ``offset``,
+    decoded as UTF-8 (invalid bytes replaced). ``gap``: output before this chunk was not shipped
+    (the job wrote faster than the node ships, the log was compacted, or the agent restarted)."""
+
+    kind: Literal["job_output"] = "job_output"
+    job_id: JobId
+    launch_id: str | None = Field(default=None, max_length=64)
+    offset: int = Field(ge=0, le=OUTPUT_OFFSET_MAX)
+    length: int = Field(ge=0, le=OUTPUT_CHUNK_BYTES)
+    gap: bool = False
+    data: str = Field(max_length=OUTPUT_CHUNK_BYTES)
+
+
 # ---------------------------------------------------------------- control plane -> agent commands
 # The control plane MACs each command with the target node's key (``sig``, see
 # :func:`agents.signing.sign_command`) and puts inside the MAC the node it is for and when it was
@@ -370,6 +403,7 @@ NodeCommand = Annotated[
 _event_adapter: TypeAdapter = TypeAdapter(AgentEvent)
 _command_adapter: TypeAdapter = TypeAdapter(NodeCommand)
 _sample_adapter: TypeAdapter = TypeAdapter(NodeSample)
+_output_adapter: TypeAdapter = TypeAdapter(JobOutput)
 
 
 def encode(message: _Message) -> dict[str, str]:
@@ -429,3 +463,8 @@ def decode_command(fields: dict) -> LaunchJob | StopJob | SetDutyCycle | Suspend
 def decode_sample(fields: dict) -> NodeSample:
     """Parse one metrics-stream entry; raises :class:`ProtocolError`."""
     return _parse(_sample_adapter, fields, _AGENT_FIELDS)
+
+
+def decode_output(fields: dict) -> JobOutput:
+    """Parse one logs-stream entry; raises :class:`ProtocolError`."""
+    return _parse(_output_adapter, fields, _AGENT_FIELDS)

@@ -121,7 +121,7 @@ def redis_password(secret: str, node: str) -> str:
 def redis_acl_rules(node: str, password: str) -> list[str]:
     """``ACL SETUSER`` rules for ``node``'s agent: exactly the calls :class:`agents.agent.Agent` makes.
 
-    Root permissions only append (``XADD``) to the node's own event and metric streams,
+    Root permissions only append (``XADD``) to the node's own event, metric and log streams,
     write-only (``%W~``): a node can neither read nor trim, exhaust or flood another node's
     stream, nor touch the control plane's (its refusals of commands travel as events too).
     Selectors (Redis >= 7.0) give the other commands, each on its own keys: the node's command
@@ -133,6 +133,7 @@ def redis_acl_rules(node: str, password: str) -> list[str]:
         "reset", "on", f"#{digest}", "resetchannels", "-@all",
         "+ping", "+xadd",
         f"%W~{protocol.node_events_stream(node)}", f"%W~{protocol.node_metrics_stream(node)}",
+        f"%W~{protocol.node_logs_stream(node)}",
         # Own command stream (consumer group read, ack, create), own heartbeat: each key only
         # the commands it needs, so a node cannot, say, turn its command stream into a string.
         f"(~{protocol.command_stream(node)} +xreadgroup +xack +xgroup|create)",

@@ -208,6 +208,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": COLONY_EVENTS_INTERVAL,
         "options": {"expires": COLONY_EVENTS_INTERVAL * 0.9},
     },
+    # Live job output (jobs/services/job_logs.py): its own task, so output never delays events.
+    "consume-job-logs": {
+        "task": "jobs.tasks.consume_job_logs",
+        "schedule": COLONY_EVENTS_INTERVAL,
+        "options": {"expires": COLONY_EVENTS_INTERVAL * 0.9},
+    },
 }
 
 LOGGING = {

@@ -3,6 +3,7 @@
 from celery import shared_task
 
 from jobs.services import alerts as job_alerts
+from jobs.services import job_logs
 from jobs.services import node_health
 from jobs.services.agent_events import consume_events
 from jobs.services.cycle import run_scheduling_cycle
@@ -18,6 +19,11 @@ def scheduling_cycle() -> dict:
 @shared_task(ignore_result=True)
 def consume_agent_events() -> int:
     return consume_events()
+
+
+@shared_task(ignore_result=True)
+def consume_job_logs() -> int:
+    return job_logs.consume_logs()
 
 
 @shared_task(ignore_result=True)

@@ -12,12 +12,15 @@ import os
 import shlex
 import shutil
 import sys
+import time
 
 from cluster_ui.cli import units
 from cluster_ui.cli.client import ApiError, Client, ConfigError, resolve
 
 OK, API_ERROR, USAGE = 0, 1, 2
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT"}
+FOLLOW_INTERVAL_S = 1.0
+GAP_NOTE = "[colony: output skipped here: the job wrote faster than it is shown live]\n"
 
 
 class Usage(Exception):
@@ -152,12 +155,72 @@ def cmd_show(client: Client, args) -> tuple[object, str]:
     return job, "\n".join(lines)
 
 
-def cmd_logs(client: Client, args) -> tuple[object, str]:
+def cmd_logs(client: Client, args) -> tuple[object, str | None]:
+    if getattr(args, "follow", False):
+        return follow_logs(client, args)
     job = client.get(f"api/v1/jobs/{args.id}/")
     if job.get("output_tail"):
         return {"id": job["id"], "state": job["state"], "output_tail": job["output_tail"]}, job["output_tail"].rstrip("\n")
     note = "(no output yet: the tail arrives when the job ends)" if job["state"] not in TERMINAL else "(no output)"
     return {"id": job["id"], "state": job["state"], "output_tail": ""}, note
+
+
+def follow_logs(client: Client, args, interval: float = FOLLOW_INTERVAL_S) -> tuple[object, str | None]:
+    """``colony logs -f``: print the job's output as its nodes ship it (``GET .../logs/``, one
+    cursor per node, lines prefixed with the node when there are several) until the job has
+    ended and its last output is in; then, if nothing came live, the job's output tail."""
+    as_json = getattr(args, "json", False)
+    path = f"api/v1/jobs/{args.id}/logs/"
+    cursors: dict[str, str] = {}
+    line_start: dict[str, bool] = {}
+    shown, newline = 0, True
+    answer = client.get(path)  # every node's kept output
+    chunks = answer["chunks"]
+    settled = 0  # rounds with nothing new since the job ended
+    while True:
+        nodes = answer["nodes"]
+        for chunk in chunks:
+            cursors[chunk["node"]] = chunk["id"]
+            shown += 1
+            if as_json:
+                print(json.dumps(chunk), flush=True)
+                continue
+            text = (GAP_NOTE if chunk["gap"] else "") + chunk["data"]
+            if len(nodes) > 1:
+                text, line_start[chunk["node"]] = _prefixed(text, f"[{chunk['node']}] ",
+                                                            line_start.get(chunk["node"], True))
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            newline = text.endswith("\n") if text else newline
+        if answer["finished"]:
+            settled = settled + 1 if not chunks else 0
+            if settled >= 2:  # the last chunks of a job may land a moment after its exit
+                break
+        time.sleep(interval)
+        if not nodes:
+            answer = client.get(path)
+            chunks = answer["chunks"]
+            continue
+        chunks = []
+        for node in nodes:  # one exact cursor per node
+            answer = client.get(path, node=node, **({"after": cursors[node]} if node in cursors else {}))
+            chunks += answer["chunks"]
+        chunks.sort(key=lambda chunk: tuple(int(part) for part in chunk["id"].split("-")))
+    if shown == 0:
+        result, text = cmd_logs(client, argparse.Namespace(id=args.id))
+        return result, (None if as_json else text)
+    if not as_json and not newline:
+        sys.stdout.write("\n")
+    return ({"id": args.id, "state": answer["state"], "chunks": shown} if not as_json else None), None
+
+
+def _prefixed(text: str, prefix: str, at_line_start: bool) -> tuple[str, bool]:
+    """``text`` with ``prefix`` at the start of each line; whether it ends at a line start."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        out.append((prefix if at_line_start else "") + line)
+        at_line_start = line.endswith("\n")
+    return "".join(out), at_line_start
 
 
 def cmd_cancel(client: Client, args) -> tuple[object, str]:
@@ -217,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(verb, parents=[common], help=text)
         sub.add_argument("id", type=int, help="job id")
         sub.set_defaults(run=run)
+        if verb == "logs":
+            sub.add_argument("-f", "--follow", action="store_true",
+                             help="print output live while the job runs, until it ends")
     return parser
 
 
@@ -236,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(USAGE, f"colony: error: {exc}\n")
     except ApiError as exc:
         return report_api_error(exc, as_json)
-    print(json.dumps(result, indent=2) if as_json else text)
+    if as_json and result is not None:
+        print(json.dumps(result, indent=2))
+    elif not as_json and text is not None:
+        print(text)
     return OK
 
 

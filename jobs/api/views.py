@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+import re
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
+from agents import protocol
 from jobs.api.errors import Conflict
 from jobs.api.queue import JOB_FILTER_PARAMETERS, job_filter_from
 from jobs.api.serializers import JobSerializer, JobSubmitSerializer
+from jobs.choices import TERMINAL_STATES
 from jobs.models import Job
+from jobs.services import job_logs
 from jobs.services.submission import NotCancellable, cancel_job, submit_job
+from monitoring.services.redis_client import get_redis
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
@@ -49,3 +56,36 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
             raise Conflict(str(exc)) from exc
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
 
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("node", str, description="only this node's output (a multi-node job has one per node)"),
+            OpenApiParameter("after", str, description="entry id: only chunks stored after it (the previous answer's `next`)"),
+        ],
+        responses={200: None},
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        """Live output of the job while it runs: chunks each node shipped, oldest first, newer
+        than ``after``; ``nodes`` lists the nodes that sent output. Kept per node for the last
+        256 KiB or so, for a day after the job's last output; a finished job's ``output_tail``
+        stays on the job itself."""
+        job = self.get_object()
+        node, after = request.query_params.get("node"), request.query_params.get("after")
+        if node is not None and not protocol.NODE_NAME_RE.match(node):
+            raise ValidationError({"node": "not a node name"})
+        if after and not re.match(job_logs.ENTRY_ID_RE, after):
+            raise ValidationError({"after": "not an entry id (like 1700000000000-0)"})
+        client = get_redis()
+        nodes = job_logs.log_nodes(client, job.pk)
+        wanted = [node] if node is not None else nodes
+        chunks = job_logs.read_chunks(client, job.pk, [name for name in wanted if name in nodes], after or None)
+        return Response({
+            "id": job.pk,
+            "state": job.state,
+            "finished": job.state in TERMINAL_STATES,
+            "nodes": nodes,
+            "chunks": [{"id": c.id, "node": c.node, "launch_id": c.launch_id, "offset": c.offset, "gap": c.gap,
+                        "data": c.data} for c in chunks],
+            "next": chunks[-1].id if chunks else (after or None),
+        })

@@ -63,7 +63,11 @@ STATS_KEY = "colony:fanin:stats"
 HEAVY_KEY = "colony:fanin:heavy"
 HEAVY_FOR_S = 600
 # Per node stream and round: a node cannot crowd out the others, or make one round slow.
-PER_NODE = {"events": 32, "metrics": 32}
+PER_NODE = {"events": 32, "metrics": 32, "logs": 32}
+# The shared stream each kind is copied onto.
+SHARED = {"events": protocol.EVENTS_STREAM, "metrics": protocol.METRICS_STREAM, "logs": protocol.LOGS_STREAM}
+# Live output is a tail, not a record: the shared logs stream keeps fewer entries.
+SHARED_MAXLEN = {"logs": 10_000}
 # A node's backlog (unread entries) beyond these is dropped, oldest first, and counted.
 BACKLOG_CAP = 10_000
 BACKLOG_BYTES_CAP = 32 * 1024 * 1024
@@ -124,7 +128,7 @@ class FanInResult:
 
 
 def node_streams(client: redis.Redis, kind: str) -> list[str]:
-    """Every node stream of ``kind`` ("events" or "metrics") in Redis, by name."""
+    """Every node stream of ``kind`` ("events", "metrics" or "logs") in Redis, by name."""
     suffix = f":{kind}"
     found = []
     for key in client.scan_iter(match=f"colony:node:*{suffix}", count=10_000, _type="stream"):
@@ -179,7 +183,7 @@ def _backlog_trim(length: int, usage: int | None) -> int | None:
 def fan_in(client: redis.Redis, kind: str) -> FanInResult:
     """Copy new entries of every node's ``kind`` stream onto the shared stream (see the module
     docstring: a SCAN for the streams, then four pipelined round trips)."""
-    shared = protocol.EVENTS_STREAM if kind == "events" else protocol.METRICS_STREAM
+    shared = SHARED[kind]
     streams = node_streams(client, kind)
     result = FanInResult(nodes=len(streams))
     if not streams:
@@ -250,7 +254,7 @@ def fan_in(client: redis.Redis, kind: str) -> FanInResult:
         script(keys=[stream, shared, CURSORS_KEY, protocol.DEAD_LETTER_STREAM, protocol.DEAD_LETTER_COUNT_KEY,
                      STATS_KEY],
                args=[cursor or b"", last, len(copies) // 3, len(letters) // 3, rejected, kind,
-                     protocol.STREAM_MAXLEN, *copies, *letters], client=pipe)
+                     SHARED_MAXLEN.get(kind, protocol.STREAM_MAXLEN), *copies, *letters], client=pipe)
         sent.append((stream, rejected))
     for stream, dropped in dropped_by_stream.items():
         pipe.hincrby(STATS_KEY, f"{kind}_dropped", dropped)
