@@ -53,12 +53,19 @@ def populate(nodes: int, hours: float) -> None:
     GpuRollup.objects.bulk_create(batch)
 
 
+CPU: dict[str, list[float]] = {}
+
+
 def timed(fn, repeat: int) -> list[float]:
-    times = []
+    """Wall seconds of each call; this process's CPU seconds go to ``CPU[fn.__name__]`` (wall time
+    moves with the machine's load, CPU time much less)."""
+    times, cpu = [], []
     for _ in range(repeat):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         fn()
         times.append(time.perf_counter() - started)
+        cpu.append(time.process_time() - started_cpu)
+    CPU[fn.__name__] = cpu
     return times
 
 
@@ -103,7 +110,8 @@ def main() -> None:
     q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] * 1000  # noqa: E731
     print(f"heatmap bench: {args.nodes * GPUS_PER_NODE} GPUs x {args.hours:g} h, {db_label}, "
           f"{len(body['rows'])} rows x {len(body['columns'])} columns, {args.repeat} requests each")
-    print(f"  GET heatmap (6h, util)   : median {statistics.median(heat) * 1000:.0f} ms, p95 {q(heat, 0.95):.0f} ms")
+    print(f"  GET heatmap (6h, util)   : median {statistics.median(heat) * 1000:.0f} ms, p95 {q(heat, 0.95):.0f} ms; "
+          f"Python CPU median {statistics.median(CPU['heatmap']) * 1000:.0f} ms")
     print(f"  GET occupancy (6h)       : median {statistics.median(occ) * 1000:.0f} ms, p95 {q(occ, 0.95):.0f} ms")
     print(f"  baseline: count rows SQL : median {statistics.median(base) * 1000:.0f} ms  -> heatmap = "
           f"{statistics.median(heat) / statistics.median(base):.1f}x the bare scan")

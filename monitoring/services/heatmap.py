@@ -2,9 +2,10 @@
 heatmap and the node pages) and one job's memory/utilisation series.
 
 Each range has a column width chosen so that the matrix stays a few hundred columns wide
-(1 h -> 10 s, 6 h -> 1 min, 24 h -> 5 min, 7 d -> 30 min: 360, 360, 288 and 336 columns). Columns
-are aggregated in the database (one GROUP BY on a column index computed from ``bucket_start``), so
-a 512-GPU x 6 h matrix reads ~184k grouped rows, never the raw buckets.
+(1 h -> 10 s, 6 h -> 1 min, 24 h -> 5 min, 7 d -> 30 min: 360, 360, 288 and 336 columns). Where
+a column is wider than a rollup bucket the database aggregates (one GROUP BY on a column index
+computed from ``bucket_start``); where it is exactly one bucket (1 h, 6 h) rows are streamed as
+they are. Only the columns of the metric asked for are read.
 
 Ranges whose columns are a minute or wider read the 1 min rollups up to the last compacted minute
 and the 10 s rollups after it, so the newest minutes show up before compaction has run.
@@ -94,9 +95,11 @@ class ColumnIndex(Func):
         return f"((CAST(strftime('%%s', {sql}) AS INTEGER) - %s) / %s)", [*params, self.origin, self.width]
 
     def as_postgresql(self, compiler, connection, **extra):
+        # Integer epoch arithmetic: numeric EXTRACT and FLOOR cost more than the scan itself. The
+        # range filter keeps every bucket at or after the origin, so the division never rounds a
+        # negative number the wrong way.
         sql, params = compiler.compile(self.source_expressions[0])
-        return (f"CAST(FLOOR((EXTRACT(EPOCH FROM {sql}) - %s) / %s) AS integer)",
-                [*params, self.origin, self.width])
+        return (f"((EXTRACT(EPOCH FROM {sql}))::bigint - %s) / %s", [*params, self.origin, self.width])
 
     def as_sql(self, compiler, connection, **extra):  # pragma: no cover - other databases
         raise NotImplementedError(f"heatmap columns are not implemented for {connection.vendor}")
@@ -129,37 +132,56 @@ def gpu_heatmap(range_key: str, metric: str, now: datetime | None = None,
 
     row_of = {row.gpu_id: n for n, row in enumerate(heatmap.rows)}
     columns = heatmap.columns
-    util_sum = [[0.0] * columns for _ in gpus]
-    util_n = [[0] * columns for _ in gpus]
-    mem_max: list[list[float | None]] = [[None] * columns for _ in gpus]
-    for source, since, until in _sources(span, heatmap.start, heatmap.end):
-        buckets = (
-            GpuRollup.objects.filter(gpu_id__in=row_of, resolution=source, bucket_start__gte=since,
-                                     bucket_start__lt=until)
-            .values("gpu_id", column=ColumnIndex("bucket_start", start_epoch, span.column_s))
-            .annotate(u_sum=Sum("util_sum"), u_n=Sum("util_n"), m_max=Max("mem_max"))
-            .values_list("gpu_id", "column", "u_sum", "u_n", "m_max")
-        )
-        for gpu_id, column, u_sum, u_n, m_max in _raw_rows(buckets):
-            if not 0 <= column < columns:
-                continue
+    if metric == "util":
+        util_sum = [[0.0] * columns for _ in gpus]
+        util_n = [[0] * columns for _ in gpus]
+        for gpu_id, column, u_sum, u_n in _cells(heatmap, span, start_epoch, row_of, ("util_sum", "util_n")):
             row = row_of[gpu_id]
             util_sum[row][column] += u_sum or 0.0
             util_n[row][column] += u_n or 0
-            if m_max is not None and (mem_max[row][column] is None or m_max > mem_max[row][column]):
-                mem_max[row][column] = m_max
-
-    if metric == "util":
         heatmap.values = [
             [round(s / n, 1) if n else None for s, n in zip(sums, counts)]
             for sums, counts in zip(util_sum, util_n)
         ]
-    else:
-        heatmap.values = [
-            [round(100.0 * m / gpu.memory_mib, 1) if m is not None and gpu.memory_mib else None for m in maxima]
-            for gpu, maxima in zip(gpus, mem_max)
-        ]
+        return heatmap
+    mem_max: list[list[float | None]] = [[None] * columns for _ in gpus]
+    for gpu_id, column, m_max in _cells(heatmap, span, start_epoch, row_of, ("mem_max",)):
+        row = row_of[gpu_id]
+        if m_max is not None and (mem_max[row][column] is None or m_max > mem_max[row][column]):
+            mem_max[row][column] = m_max
+    heatmap.values = [
+        [round(100.0 * m / gpu.memory_mib, 1) if m is not None and gpu.memory_mib else None for m in maxima]
+        for gpu, maxima in zip(gpus, mem_max)
+    ]
     return heatmap
+
+
+_AGGREGATE = {"util_sum": Sum("util_sum"), "util_n": Sum("util_n"), "mem_max": Max("mem_max")}
+
+
+def _cells(heatmap: Heatmap, span: Span, start_epoch: int, row_of: dict[int, int], fields: tuple[str, ...]):
+    """(gpu_id, column, *fields) of every rollup cell in the range, from each source resolution.
+
+    Where a column is exactly one rollup bucket wide (10 s columns from 10 s rollups, 1 min
+    columns from 1 min rollups: the 1 h and 6 h ranges) each row is its own cell, so there is
+    nothing to group: the database just streams the rows (a GROUP BY of ~184k rows into ~184k
+    groups spilled to disk). Only the metric's own columns are read, and the column index is
+    integer arithmetic on the epoch.
+    """
+    columns = heatmap.columns
+    for source, since, until in _sources(span, heatmap.start, heatmap.end):
+        rows = GpuRollup.objects.filter(gpu_id__in=row_of, resolution=source, bucket_start__gte=since,
+                                        bucket_start__lt=until)
+        column = ColumnIndex("bucket_start", start_epoch, span.column_s)
+        if source == span.column_s:
+            query = rows.annotate(column=column).values_list("gpu_id", "column", *fields)
+        else:
+            query = (rows.values("gpu_id", column=column)
+                     .annotate(**{f"agg_{name}": _AGGREGATE[name] for name in fields})
+                     .values_list("gpu_id", "column", *(f"agg_{name}" for name in fields)))
+        for cell in _raw_rows(query.order_by()):
+            if 0 <= cell[1] < columns:
+                yield cell
 
 
 def _raw_rows(queryset):
