@@ -158,7 +158,11 @@ class Cycle(Waiting):
             queue = queues[tenant] = []
             smallest = UNLIMITED_GPUS
             shapes = self._shapes
+            ceiling = self.quota(tenant).ceiling_milli
             for job in jobs:
+                if job.gpus * job.gpu_milli > ceiling and job.gpu_milli <= WHOLE_GPU_MILLI:  # more than the tenant may ever hold: say so first
+                    self._wait(job, self._reason(reasons.over_max_gpus, tenant, ceiling, job.gpus * job.gpu_milli))
+                    continue
                 found = shapes.get(_request_key(job))  # inlined: this loop sees every pending job
                 shape, reason = found if found is not None else self._shape_and_reason(job)
                 if reason is None:

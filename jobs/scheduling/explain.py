@@ -62,7 +62,10 @@ class InventoryCheck:
             self._with_cordoned = InventoryCheck(self.capacity, self.placer, nodes=[*self.schedulable, *self.cordoned])
         if self._with_cordoned._reason(shape) is not None:
             return reason
-        return reasons.needs_cordoned_nodes(sorted(n.name for n in self.cordoned), reason)
+        # Name only the cordoned nodes with GPUs this request can use (model, memory).
+        pools = set(self.placer.pools_for(shape))
+        able = sorted(n.name for n in self.cordoned if any(g.pool in pools for g in n.gpus))
+        return reasons.needs_cordoned_nodes(able, reason)
 
     def _node_widths(self, pools: list[int]) -> list[int]:
         """Usable GPUs per schedulable node for these pools, widest first."""

@@ -24,6 +24,8 @@ class ReasonCode(StrEnum):
     NEEDS_CORDONED_NODES = "needs_cordoned_nodes"
     # Quota.
     AT_MAX_GPUS = "at_max_gpus"
+    # The job alone asks for more than its tenant's ceiling: no amount of waiting helps.
+    OVER_MAX_GPUS = "over_max_gpus"
     OVER_QUOTA_CLUSTER_FULL = "over_quota_cluster_full"
     NO_SPARE_CAPACITY = "no_spare_capacity"
     BEHIND_LOWER_USAGE_TENANTS = "behind_lower_usage_tenants"
@@ -121,6 +123,17 @@ def at_max_gpus(tenant: str, used_milli: int, max_milli: int, need_milli: int) -
         f"Tenant {tenant} is using {used:g} of its {ceiling:g}-GPU ceiling and this job needs {need:g} "
         f"(together {used + need:g}). It starts when the tenant's other jobs finish.",
         {"tenant": tenant, "used_gpus": used, "max_gpus": ceiling, "needed_gpus": need},
+    )
+
+
+def over_max_gpus(tenant: str, max_milli: int, need_milli: int) -> PendingReason:
+    ceiling, need = max_milli / 1000, need_milli / 1000
+    return PendingReason(
+        ReasonCode.OVER_MAX_GPUS,
+        f"This job needs {_gpus(need)}, more than tenant {tenant}'s {ceiling:g}-GPU ceiling (max_gpus), so it "
+        f"cannot start even with nothing else of the tenant running. An operator can raise the ceiling in "
+        f"the admin; otherwise cancel it and submit a smaller job.",
+        {"tenant": tenant, "max_gpus": ceiling, "needed_gpus": need},
     )
 
 

@@ -6,20 +6,20 @@ import pytest
 from jobs.scheduling import ReasonCode, decide
 from tests.scheduling.builders import cluster, job, node, pending_of, running, tenant
 
-T = [tenant("nlp", guaranteed=2, max_gpus=4), tenant("cv", guaranteed=0, max_gpus=8)]
+T = [tenant("nlp", guaranteed=2, max_gpus=4), tenant("cv", guaranteed=0, max_gpus=8), tenant("wide", guaranteed=0)]
 
 
 @pytest.mark.parametrize("nodes, running_, request_, code, words", [
     ([], [], job(1, tenant="nlp"), ReasonCode.NO_NODES_ONLINE, "No GPU node is online"),
     ([node("a", online=False)], [], job(1, tenant="nlp"), ReasonCode.NO_NODES_ONLINE, "No GPU node is online"),
     ([node("a", cordoned=True)], [], job(1, tenant="nlp"), ReasonCode.NO_NODES_ONLINE, "all 1 are cordoned"),
-    ([node("a", gpus=8, cordoned=True), node("b", gpus=4)], [], job(1, tenant="nlp", gpus=8, max_nodes=1),
+    ([node("a", gpus=8, cordoned=True), node("b", gpus=4)], [], job(1, tenant="wide", gpus=8, max_nodes=1),
      ReasonCode.NEEDS_CORDONED_NODES, "Only cordoned nodes (a) can run this job"),
     ([node("a", model="V100M32", cordoned=True), node("b")], [], job(1, tenant="nlp", models=("V100M32",)),
      ReasonCode.NEEDS_CORDONED_NODES, "Elsewhere: Needs a V100M32 GPU"),
-    ([node("a", gpus=8)], [], job(1, tenant="nlp", gpus=16, max_nodes=1), ReasonCode.GANG_LARGER_THAN_ANY_NODE,
+    ([node("a", gpus=8)], [], job(1, tenant="wide", gpus=16, max_nodes=1), ReasonCode.GANG_LARGER_THAN_ANY_NODE,
      "Needs 16 GPUs on one node; the largest online node has 8"),
-    ([node("a", gpus=8)], [], job(1, tenant="nlp", gpus=16), ReasonCode.GANG_LARGER_THAN_CLUSTER,
+    ([node("a", gpus=8)], [], job(1, tenant="wide", gpus=16), ReasonCode.GANG_LARGER_THAN_CLUSTER,
      "the online cluster has only 8"),
     ([node("a", mem_gib=32)], [], job(1, tenant="nlp", mem_gib=40), ReasonCode.NO_GPU_WITH_ENOUGH_MEMORY,
      "Needs a GPU with 40 GiB of memory; the largest online GPU has 32 GiB"),

@@ -1,0 +1,259 @@
+"""Every pending reason the core emits is true of the snapshot it decided on (hypothesis).
+
+For each ``Pending`` the obstacle its reason names is recomputed here from the snapshot and the
+cycle's own placements, independently of the core's indexes: a tenant said to be at its ceiling
+really is, a node named as able to run the job really has a GPU of the job's model and memory,
+"only cordoned nodes" means the job fits on no uncordoned node, "waiting for N free GPUs" means no
+node has that many free GPUs that fit. A job whose need alone exceeds its tenant's ceiling is told
+exactly that, never that it starts when the tenant's other jobs finish.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from jobs.scheduling import ClusterSnapshot, GpuState, JobClass, NodeState, ReasonCode, decide
+from jobs.scheduling.reservation import may_backfill
+from tests.scheduling.builders import GIB, cluster, job, node, running, tenant
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MEMORY_GIB = {"A100": 80, "V100": 32, "T4": 16}
+TENANTS = ("t0", "t1", "t2")
+
+
+@st.composite
+def snapshots(draw) -> ClusterSnapshot:
+    node_states = []
+    for i in range(draw(st.integers(1, 4))):
+        model = draw(st.sampled_from(sorted(MEMORY_GIB)))
+        state = draw(st.sampled_from(["ok", "ok", "ok", "cordoned", "offline", "busy", "mixed"]))
+        if state == "mixed":  # one node with two models (the core keeps such nodes apart)
+            other = draw(st.sampled_from(sorted(set(MEMORY_GIB) - {model})))
+            a = node(f"n{i}", gpus=2, model=model, mem_gib=MEMORY_GIB[model])
+            b = node("x", gpus=2, model=other, mem_gib=MEMORY_GIB[other])
+            gpus = (*a.gpus, *(GpuState(g.id, g.index + 2, g.model, g.memory_mib) for g in b.gpus))
+            node_states.append(NodeState(f"n{i}", gpus, rack=f"r{i % 2}"))
+            continue
+        node_states.append(node(f"n{i}", gpus=draw(st.integers(1, 4)), model=model, mem_gib=MEMORY_GIB[model],
+                                rack=f"r{i % 2}", cordoned=state == "cordoned", online=state != "offline",
+                                busy=1 if state == "busy" else 0))
+    tenants = []
+    for name in TENANTS[: draw(st.integers(1, 3))]:
+        guaranteed = draw(st.integers(0, 6))
+        tenants.append(tenant(name, guaranteed=guaranteed, max_gpus=guaranteed + draw(st.integers(0, 8)),
+                              usage=draw(st.sampled_from([0.0, 3600.0, 36000.0]))))
+    names = [t.name for t in tenants]
+    specs, next_id = [], 100
+    for n in node_states:
+        if not n.online:
+            continue
+        free = [g.index for g in n.gpus if not g.busy]
+        while free and draw(st.booleans()):
+            take = free[: draw(st.integers(1, len(free)))]
+            free = free[len(take):]
+            specs.append(running(next_id, on=n.name, gpus=take, tenant=draw(st.sampled_from(names)),
+                                 opportunistic=draw(st.booleans()), started_at=-100.0,
+                                 runtime=draw(st.sampled_from([None, 60.0, 600.0])),
+                                 preempting=draw(st.booleans()) and draw(st.booleans())))
+            next_id += 1
+    pending = []
+    for i in range(1, draw(st.integers(1, 6)) + 1):
+        gpus = draw(st.one_of(st.integers(1, 4), st.integers(1, 10)))
+        fraction = gpus == 1 and draw(st.booleans()) and draw(st.booleans())
+        pending.append(job(
+            i, tenant=draw(st.sampled_from(names + ["unknown"])) if draw(st.booleans()) else names[0], gpus=gpus,
+            milli=500 if fraction else 1000,
+            models=tuple(draw(st.sets(st.sampled_from([*MEMORY_GIB, "H100"]), max_size=2))),
+            mem_gib=draw(st.sampled_from([None, None, 10, 20, 40, 90])),
+            max_nodes=draw(st.sampled_from([None, None, 1, 2])),
+            opportunistic_only=draw(st.booleans()) and draw(st.booleans()),
+            runtime=draw(st.sampled_from([None, None, 30.0])),
+            reserved_since=draw(st.sampled_from([None, None, -100.0, -1000.0]))))
+    return cluster(*node_states, tenants=tenants, running=specs, pending=pending)
+
+
+class World:
+    """The snapshot after the cycle's own placements, as a reason's reader would check it."""
+
+    def __init__(self, snapshot: ClusterSnapshot, decisions):
+        self.snapshot, self.decisions = snapshot, decisions
+        self.quotas = {t.name: t for t in snapshot.tenants}
+        self.jobs = {j.id: j for j in snapshot.pending}
+        self.held = defaultdict(int)
+        self.guaranteed_held = defaultdict(int)
+        occupied = set()
+        for r in snapshot.running:
+            self.held[r.tenant] += r.quota_milli
+            if r.job_class is JobClass.GUARANTEED:
+                self.guaranteed_held[r.tenant] += r.quota_milli
+            occupied.update(r.gpu_ids)
+        self.start_held, self.start_occupied = dict(self.held), set(occupied)
+        for place in decisions.placements:
+            request = self.jobs[place.job_id]
+            self.held[request.tenant] += request.quota_milli
+            if place.job_class is JobClass.GUARANTEED:
+                self.guaranteed_held[request.tenant] += request.quota_milli
+            occupied.update(place.gpu_ids)
+        # A job reclaiming GPUs within its guarantee has been admitted: its GPUs count as the tenant's.
+        for waiting in decisions.pending:
+            if waiting.reason.code is ReasonCode.RECLAIMING:
+                request = self.jobs[waiting.job_id]
+                self.held[request.tenant] += request.quota_milli
+                self.guaranteed_held[request.tenant] += request.quota_milli
+        self.occupied = occupied  # (GPUs reclaimed for a job are still held by their victims)
+        self.reserved = {name: r for r in decisions.reservations for name in r.nodes}
+
+    def ceiling(self, tenant_name: str) -> int:
+        quota = self.quotas.get(tenant_name)
+        return 10**12 if quota is None else quota.ceiling_milli
+
+    def fits(self, request, gpu) -> bool:
+        memory = request.gpu_memory_mib
+        return (not request.gpu_models or gpu.model in request.gpu_models) and (memory or 0) <= gpu.memory_mib
+
+    def fitting(self, request, schedulable=True, cordoned=False) -> dict[str, int]:
+        """Fitting GPUs per node (present, whatever their load) on the chosen kind of node."""
+        counts = {}
+        for n in self.snapshot.nodes:
+            if (schedulable and n.schedulable) or (cordoned and n.online and n.cordoned):
+                counts[n.name] = sum(1 for g in n.gpus if self.fits(request, g))
+        return counts
+
+    def free(self, request, at_start: bool = False) -> dict[str, int]:
+        """Free fitting GPUs per schedulable node the job may use (held nodes only for backfill), after
+        the cycle's placements or, ``at_start``, before them."""
+        occupied = self.start_occupied if at_start else self.occupied
+        counts = {}
+        for n in self.snapshot.nodes:
+            if not n.schedulable:
+                continue
+            holder = self.reserved.get(n.name)
+            if holder is not None and holder.job_id != request.id and not may_backfill(request, holder.eta_s):
+                continue
+            counts[n.name] = sum(1 for g in n.gpus if self.fits(request, g) and not g.busy and g.id not in occupied)
+        return counts
+
+    def node(self, name: str) -> NodeState:
+        return next(n for n in self.snapshot.nodes if n.name == name)
+
+    def can_run_on(self, request, name: str) -> bool:
+        return any(self.fits(request, g) for g in self.node(name).gpus)
+
+
+def fits_counts(request, per_node: dict[str, int]) -> bool:
+    widths = sorted(per_node.values(), reverse=True)
+    if request.max_nodes is not None:
+        widths = widths[: request.max_nodes]
+    return sum(widths) >= request.gpus and (request.gpus == 1 or widths != [])
+
+
+def check(world: World, pending) -> None:
+    request, reason = world.jobs[pending.job_id], pending.reason
+    code, details, message = reason.code, reason.details, reason.message
+    need = request.quota_milli
+    ceiling = world.ceiling(request.tenant)
+    event(str(code))
+    if need > ceiling:  # nothing else matters, and it must not sound temporary
+        assert code is ReasonCode.OVER_MAX_GPUS, (code, message)
+    if code is ReasonCode.OVER_MAX_GPUS:
+        assert need > ceiling
+        assert details["max_gpus"] * 1000 == ceiling and details["needed_gpus"] * 1000 == need
+        assert "finish" not in message
+    elif code is ReasonCode.AT_MAX_GPUS:
+        # ``used`` is what the tenant held when the job's turn came: placements later in the cycle add to it.
+        used = round(details["used_gpus"] * 1000)
+        assert world.start_held.get(request.tenant, 0) <= used <= world.held[request.tenant], used
+        assert need <= ceiling < used + need, (used, need, ceiling)
+        assert details["max_gpus"] * 1000 == ceiling
+    elif code is ReasonCode.NO_NODES_ONLINE:
+        assert not any(n.schedulable for n in world.snapshot.nodes)
+    elif code is ReasonCode.GPU_MODEL_UNAVAILABLE:
+        models = {g.model for n in world.snapshot.nodes if n.schedulable for g in n.gpus}
+        assert request.gpu_models and not request.gpu_models & models
+    elif code is ReasonCode.NO_GPU_WITH_ENOUGH_MEMORY:
+        assert not any(world.fitting(request).values())
+        assert details["needed_mib"] == request.gpu_memory_mib
+        largest = max(g.memory_mib for n in world.snapshot.nodes if n.schedulable for g in n.gpus
+                      if not request.gpu_models or g.model in request.gpu_models)
+        assert details["largest_mib"] == largest
+    elif code is ReasonCode.GANG_LARGER_THAN_CLUSTER:
+        per_node = world.fitting(request)
+        assert details["cluster_gpus"] == sum(per_node.values()) < request.gpus
+    elif code is ReasonCode.GANG_LARGER_THAN_ANY_NODE:
+        per_node = world.fitting(request)
+        assert details["largest_node_gpus"] == max(per_node.values(), default=0)
+        assert not fits_counts(request, per_node)
+    elif code is ReasonCode.NEEDS_CORDONED_NODES:
+        assert not fits_counts(request, world.fitting(request)), "fits on an uncordoned node"
+        assert fits_counts(request, world.fitting(request, cordoned=True))
+        for name in details["cordoned"]:
+            assert world.node(name).cordoned and world.node(name).online
+            assert world.can_run_on(request, name), f"{name} has no GPU this job can use"
+    elif code is ReasonCode.WAITING_FOR_FREE_GPUS:
+        # True when the job's turn came: between what was free before the cycle and after it.
+        free, most_free = world.free(request), details["most_free_on_a_node"]
+        assert max(free.values(), default=0) <= most_free <= max(world.free(request, True).values(), default=0)
+        if request.gpus == 1 or request.max_nodes == 1:
+            assert most_free < request.gpus
+        else:
+            assert not fits_counts(request, free)
+    elif code is ReasonCode.RESERVED_FOR_GANG:
+        holder = next(r for r in world.decisions.reservations if r.job_id == details["holder_job"])
+        assert tuple(details["nodes"]) == holder.nodes
+        assert any(world.can_run_on(request, name) for name in holder.nodes)
+    elif code is ReasonCode.HOLDING_RESERVATION:
+        mine = next(r for r in world.decisions.reservations if r.job_id == request.id)
+        assert tuple(details["nodes"]) == mine.nodes
+        for name in mine.nodes:
+            assert world.can_run_on(request, name), f"{name} has no GPU this job can use"
+    elif code is ReasonCode.RECLAIMING:
+        victims = [p for p in world.decisions.preemptions if p.for_job_id == request.id]
+        assert details["victims"] == len(victims)
+    elif code is ReasonCode.OVER_QUOTA_CLUSTER_FULL:
+        quota = world.quotas.get(request.tenant)
+        guaranteed = 0 if quota is None else quota.guaranteed_milli
+        unused = guaranteed - world.guaranteed_held[request.tenant]
+        assert details["unused_guaranteed_gpus"] * 1000 == unused
+        assert request.opportunistic_only or unused < need
+    elif code is ReasonCode.BEHIND_LOWER_USAGE_TENANTS:
+        placed_tenants = {world.jobs[p.job_id].tenant for p in world.decisions.placements
+                          if p.job_class is JobClass.OPPORTUNISTIC}
+        assert details["tenants_ahead"] == len(placed_tenants - {request.tenant}) > 0
+
+
+@SETTINGS
+@given(snapshots())
+def test_every_pending_reason_names_an_obstacle_that_exists(snapshot):
+    decisions = decide(snapshot, now=0.0)
+    world = World(snapshot, decisions)
+    for pending in decisions.pending:
+        check(world, pending)
+
+
+def test_a_job_over_its_tenants_ceiling_says_so_not_that_it_waits():
+    snapshot = cluster(node("a", gpus=8), node("b", gpus=8), node("c", gpus=8),
+                       tenants=[tenant("vision", guaranteed=8, max_gpus=16)], pending=[job(1, tenant="vision", gpus=17)])
+    (pending,) = decide(snapshot, now=0).pending
+    assert pending.reason.code is ReasonCode.OVER_MAX_GPUS
+    assert "finish" not in pending.reason.message
+    assert "17" in pending.reason.message and "16-GPU ceiling" in pending.reason.message
+    assert "operator" in pending.reason.message
+
+
+def test_a_job_over_its_ceiling_with_cordoned_nodes_is_told_the_ceiling():
+    snapshot = cluster(node("a", gpus=8, cordoned=True), node("b", gpus=8), node("c", gpus=8),
+                       tenants=[tenant("vision", guaranteed=8, max_gpus=16)], pending=[job(1, tenant="vision", gpus=17)])
+    (pending,) = decide(snapshot, now=0).pending
+    assert pending.reason.code is ReasonCode.OVER_MAX_GPUS
+
+
+def test_only_cordoned_nodes_with_the_jobs_model_are_named():
+    snapshot = cluster(node("node-1", model="A100", cordoned=True), node("node-2", model="V100", mem_gib=32, cordoned=True),
+                       node("node-3", model="A100"), pending=[job(1, models=("V100",))])
+    (pending,) = decide(snapshot, now=0).pending
+    assert pending.reason.code is ReasonCode.NEEDS_CORDONED_NODES
+    assert pending.reason.details["cordoned"] == ["node-2"]
+    assert "node-1" not in pending.reason.message
