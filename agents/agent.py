@@ -69,6 +69,9 @@ BACKOFF_MAX = 5.0
 OUTPUT_CHUNK_BYTES = protocol.OUTPUT_CHUNK_BYTES
 OUTPUT_NODE_BYTES = 8 * OUTPUT_CHUNK_BYTES
 OUTPUT_LAG_BYTES = 4 * OUTPUT_CHUNK_BYTES
+# Chunks per interval for the whole node (with more running jobs, they take turns): about what
+# the control plane's fan-in moves a node per round.
+OUTPUT_NODE_CHUNKS = 32
 # The node's logs stream holds at most about this many chunks while the control plane is not
 # draining it (about 8 MiB).
 OUTPUT_STREAM_MAXLEN = 1000
@@ -449,7 +452,7 @@ class Agent:
         order = sorted(set(launches) | set(self._output),
                        key=lambda job: self._output[job].shipped_at if job in self._output else 0.0)
         for job_id in order:
-            if budget <= 0:
+            if budget <= 0 or len(entries) >= OUTPUT_NODE_CHUNKS:
                 break
             launch_id = launches.get(job_id)
             cursor = self._output.get(job_id)

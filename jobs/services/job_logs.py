@@ -45,6 +45,9 @@ LOG_BYTES_CAP = 256 * 1024
 LOG_MAX_ENTRIES = 2048
 # Kept this long after the job's last output (so a while after it ends).
 LOG_TTL_S = 24 * 3600
+# Fan-in rounds per call (each moves at most fanin.PER_NODE["logs"] entries a node): a node with
+# more running jobs than that ships more chunks an interval than one round moves.
+FAN_IN_ROUNDS = 4
 # Chunks one API call returns at most.
 READ_LIMIT = 256
 
@@ -97,7 +100,9 @@ def consume_logs(client: redis.Redis | None = None, max_batches: int = 20) -> in
     """Fan in the nodes' logs streams and store what is waiting; returns how many entries were handled."""
     client = client or get_redis()
     consumer = consumer_name()
-    fan_in(client, "logs")
+    for _ in range(FAN_IN_ROUNDS):
+        if not fan_in(client, "logs").copied:
+            break
     ensure_group(client, protocol.LOGS_STREAM, GROUP)
     handled = _handle_entries(client, claim_stale(client, protocol.LOGS_STREAM, GROUP, consumer, CLAIM_IDLE_MS))
     for _ in range(max_batches):

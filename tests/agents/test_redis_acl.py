@@ -65,6 +65,7 @@ def test_the_acl_line_holds_no_password_and_only_the_nodes_own_keys():
     assert "pw-123" not in line and "node-b" not in line and "~*" not in line and "+@all" not in line
     assert "(~colony:node:node-a:commands +xreadgroup +xack +xgroup|create)" in line
     assert "(~colony:node:node-a:heartbeat +set)" in line
+    assert "%W~colony:node:node-a:logs" in line
 
 
 def test_a_node_user_cannot_read_another_nodes_commands_or_what_others_sent(redis_client, acl_users):
@@ -94,6 +95,9 @@ def test_a_node_user_cannot_read_another_nodes_commands_or_what_others_sent(redi
         "XADD colony:metrics": lambda: node_a.xadd(protocol.METRICS_STREAM, {"m": "x"}),
         "XADD node-b's events": lambda: node_a.xadd(protocol.node_events_stream("node-b"), {"m": "x"}),
         "XADD node-b's metrics": lambda: node_a.xadd(protocol.node_metrics_stream("node-b"), {"m": "x"}),
+        "XADD node-b's logs": lambda: node_a.xadd(protocol.node_logs_stream("node-b"), {"m": "x"}),
+        "XADD colony:logs": lambda: node_a.xadd(protocol.LOGS_STREAM, {"m": "x"}),
+        "XREAD its own logs back": lambda: node_a.xrange(protocol.node_logs_stream("node-a")),
         "XTRIM node-b's events": lambda: node_a.xtrim(protocol.node_events_stream("node-b"), maxlen=0),
         "XADD the dead-letter stream": lambda: node_a.xadd(protocol.DEAD_LETTER_STREAM, {"m": "x"}),
         "INCRBY the dead-letter count": lambda: node_a.incrby(protocol.DEAD_LETTER_COUNT_KEY, 10**6),
@@ -132,7 +136,7 @@ def test_a_real_agent_logged_in_as_its_node_user_registers_samples_and_runs_jobs
     try:
         wait_for(lambda: events(redis_client, "node_registered") and samples(redis_client), timeout=20)
         assert redis_client.ttl(protocol.heartbeat_key("node-a")) > 0
-        job = launch(python("print('as node-a')"), attempt=0)
+        job = launch(python("import time; print('as node-a', flush=True); time.sleep(1)"), attempt=0)
         send_signed(redis_client, "node-a", job, key)
         exited = wait_for(lambda: events(redis_client, "job_exited"), timeout=20)[0]
         assert (exited.node, exited.job_id, exited.exit_code) == ("node-a", job.job_id, 0)
@@ -143,8 +147,12 @@ def test_a_real_agent_logged_in_as_its_node_user_registers_samples_and_runs_jobs
         redis_client.xadd(protocol.command_stream("node-a"), {"m": json.dumps({"v": 1, "kind": "reboot"})})
         refusal = wait_for(lambda: events(redis_client, "command_rejected"), timeout=10)[0]
         assert "reboot" in refusal.reason
+        # Its live output went to its own logs stream while it ran.
+        shipped = [protocol.decode_output(f) for _id, f in redis_client.xrange(protocol.node_logs_stream("node-a"))]
+        assert "as node-a" in "".join(chunk.data for chunk in shipped)
         mine = (redis_client.xrange(protocol.node_events_stream("node-a"))
-                + redis_client.xrange(protocol.node_metrics_stream("node-a")))
+                + redis_client.xrange(protocol.node_metrics_stream("node-a"))
+                + redis_client.xrange(protocol.node_logs_stream("node-a")))
         assert mine and all(signing.verify(key, fields[b"m"], fields[b"sig"]) for _id, fields in mine)
     finally:
         os.killpg(agent.pid, signal.SIGTERM)
