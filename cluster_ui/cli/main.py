@@ -165,7 +165,7 @@ def cmd_logs(client: Client, args) -> tuple[object, str | None]:
     return {"id": job["id"], "state": job["state"], "output_tail": ""}, note
 
 
-def follow_logs(client: Client, args, interval: float = FOLLOW_INTERVAL_S) -> tuple[object, str | None]:
+def follow_logs(client: Client, args) -> tuple[object, str | None]:
     """``colony logs -f``: print the job's output as its nodes ship it (``GET .../logs/``, one
     cursor per node, lines prefixed with the node when there are several) until the job has
     ended and its last output is in; then, if nothing came live, the job's output tail."""
@@ -186,9 +186,8 @@ def follow_logs(client: Client, args, interval: float = FOLLOW_INTERVAL_S) -> tu
                 print(json.dumps(chunk), flush=True)
                 continue
             text = (GAP_NOTE if chunk["gap"] else "") + chunk["data"]
-            if len(nodes) > 1:
-                text, line_start[chunk["node"]] = _prefixed(text, f"[{chunk['node']}] ",
-                                                            line_start.get(chunk["node"], True))
+            text, line_start[chunk["node"]] = _prefixed(text, f"[{chunk['node']}] " if len(nodes) > 1 else "",
+                                                        line_start.get(chunk["node"], True))
             sys.stdout.write(text)
             sys.stdout.flush()
             newline = text.endswith("\n") if text else newline
@@ -196,7 +195,7 @@ def follow_logs(client: Client, args, interval: float = FOLLOW_INTERVAL_S) -> tu
             settled = settled + 1 if not chunks else 0
             if settled >= 2:  # the last chunks of a job may land a moment after its exit
                 break
-        time.sleep(interval)
+        time.sleep(FOLLOW_INTERVAL_S)
         if not nodes:
             answer = client.get(path)
             chunks = answer["chunks"]

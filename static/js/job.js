@@ -137,6 +137,48 @@
     });
   }
 
+  // Live tail: /api/v1/jobs/{id}/logs/ with one cursor per node (?node=&after=), a box per node,
+  // while the job runs and a little after it ends (its last output lands moments after its exit).
+  var live = $("job-live"), liveCursors = {}, liveBoxes = {}, livePolls = 0, LIVE_CHARS = 256 * 1024;
+  var GAP = "[colony: output skipped here: the job wrote faster than it is shown live]\n";
+  function liveBox(node, several) {
+    if (!liveBoxes[node]) {
+      var wrap = document.createElement("div");
+      wrap.innerHTML = '<h3 class="live-node"></h3><pre class="output"></pre>';
+      wrap.firstChild.textContent = node;
+      $("job-live-nodes").appendChild(wrap);
+      liveBoxes[node] = {wrap: wrap, pre: wrap.lastChild};
+    }
+    liveBoxes[node].wrap.firstChild.hidden = !several;
+    return liveBoxes[node].pre;
+  }
+  function appendLive(answer) {
+    var several = answer.nodes.length > 1;
+    answer.chunks.forEach(function (chunk) {
+      var pre = liveBox(chunk.node, several), atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      var text = pre.textContent + (chunk.gap ? GAP : "") + chunk.data;
+      pre.textContent = text.length > LIVE_CHARS ? text.slice(text.length - LIVE_CHARS) : text;
+      if (atBottom) { pre.scrollTop = pre.scrollHeight; }
+      liveCursors[chunk.node] = chunk.id;
+    });
+    answer.nodes.forEach(function (node) {  // a node seen for the first time: all of its output next
+      if (!(node in liveCursors)) { liveCursors[node] = ""; }
+    });
+    if (answer.chunks.length) { live.hidden = false; }
+    return answer;
+  }
+  function pollLive() {
+    if (finished && livePolls > 2) { return Promise.resolve(); }
+    if (finished) { livePolls += 1; }
+    var url = live.dataset.logs, nodes = Object.keys(liveCursors);
+    if (!nodes.length) { return C.getJSON(url).then(appendLive); }  // every node's kept output
+    return Promise.all(nodes.map(function (node) {
+      var q = "?node=" + encodeURIComponent(node) + (liveCursors[node] ? "&after=" + encodeURIComponent(liveCursors[node]) : "");
+      return C.getJSON(url + q).then(appendLive);
+    }));
+  }
+  if (live) { C.poll(pollLive, 2000, function () {}); }
+
   C.getJSON(root.dataset.metrics).then(renderChart, function () {});
   C.poll(refresh, 3000, function (err) { C.stale($("job-updated"), err); });
 })();
