@@ -186,29 +186,59 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
             raise serializers.ValidationError({"gpu_milli": ["A GPU fraction is only possible with gpus=1."]})
         self._check_launch_size(attrs["command"], attrs.get("env") or {})
         inventory = cluster_inventory()
-        most_gpus, most_memory = inventory.total_gpus, inventory.largest_gpu_mib
-        if most_gpus and attrs["gpus"] > most_gpus:
-            raise serializers.ValidationError(
-                {"gpus": [f"The cluster has {most_gpus} GPUs; {attrs['gpus']} can never be granted."]}
-            )
-        if attrs.get("max_nodes") and inventory.total_gpus:
-            widest = inventory.widest_nodes(attrs["max_nodes"])
-            if attrs["gpus"] > widest:
-                raise serializers.ValidationError({"gpus": [
-                    f"No {attrs['max_nodes']} node(s) together have {attrs['gpus']} GPUs; the most is {widest}."
-                ]})
-        unknown_models = sorted(set(attrs.get("gpu_models", [])) - inventory.models) if inventory.models else []
+        if inventory.total_gpus:  # before any node registers, nothing is refused on size: the job waits
+            self._check_inventory(attrs, inventory)
+            self._check_ceiling(attrs)
+        attrs.setdefault("name", attrs["command"][0].rsplit("/", 1)[-1][:200])
+        return attrs
+
+    @staticmethod
+    def _check_inventory(attrs, inventory) -> None:
+        """Refuse what no GPU present on an online node could ever run."""
+        gpus, memory = attrs["gpus"], attrs.get("gpu_memory_mib")
+        wanted = set(attrs.get("gpu_models") or [])
+        unknown_models = sorted(wanted - inventory.models)
         if unknown_models:
             raise serializers.ValidationError({"gpu_models": [
                 f"Unknown GPU model(s) {', '.join(unknown_models)}; the cluster has {', '.join(sorted(inventory.models))}."
             ]})
-        memory = attrs.get("gpu_memory_mib")
-        if most_memory and memory and memory > most_memory:
+        which = f" {' or '.join(sorted(wanted))}" if wanted else ""
+        largest = inventory.largest_mib_of(wanted)
+        if memory and memory > largest:
             raise serializers.ValidationError(
-                {"gpu_memory_mib": [f"No GPU has {memory} MiB; the largest has {most_memory} MiB."]}
+                {"gpu_memory_mib": [f"No{which} GPU has {memory} MiB; the largest has {largest} MiB."]}
             )
-        attrs.setdefault("name", attrs["command"][0].rsplit("/", 1)[-1][:200])
-        return attrs
+        per_node = inventory.fitting_per_node(wanted, memory)
+        total = sum(per_node)
+        if gpus > total:
+            restricted = total < inventory.total_gpus
+            fit = f" that fit the request ({which.strip() or 'any model'}" + (f", {memory} MiB" if memory else "") + ")"
+            raise serializers.ValidationError({"gpus": [
+                f"The cluster has {total} GPUs{fit if restricted else ''}; {gpus} can never be granted."
+            ]})
+        max_nodes = attrs.get("max_nodes")
+        if max_nodes:
+            widest = sum(per_node[:max_nodes])
+            if gpus > widest:
+                raise serializers.ValidationError({"gpus": [
+                    f"No {max_nodes} node(s) together have {gpus} GPUs{' that fit the request' if total < inventory.total_gpus else ''}; "
+                    f"the most is {widest}."
+                ]})
+
+    @staticmethod
+    def _check_ceiling(attrs) -> None:
+        """A job bigger than its tenant's ceiling would wait forever: refuse it, saying who can help.
+        (Should an operator lower the ceiling later, the scheduler says so: ``over_max_gpus``.)"""
+        tenant = attrs["tenant"]
+        ceiling = max(tenant.max_gpus, tenant.guaranteed_gpus)
+        need_milli = attrs["gpus"] * attrs.get("gpu_milli", 1000)
+        if need_milli > ceiling * 1000:
+            need = f"{need_milli / 1000:g}"
+            raise serializers.ValidationError({"gpus": [
+                f"Tenant {tenant.slug} may hold at most {ceiling} GPUs at once (its ceiling, max_gpus); a job "
+                f"of {need} GPU{'' if need == '1' else 's'} could never start. An operator can raise the ceiling "
+                "in the admin (Tenants)."
+            ]})
 
     @staticmethod
     def _check_launch_size(command: list[str], env: dict[str, str]) -> None:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Max
 from django.utils import timezone
 
 from agents import protocol, signing
@@ -109,7 +108,8 @@ def register_node(message: NodeRegistered) -> Node:
 
 @dataclass(frozen=True)
 class Inventory:
-    """What the present inventory can offer, for rejecting requests that could never run.
+    """What the present inventory of online nodes can offer, for rejecting requests that could never
+    run. A node the heartbeat lost does not count (a cordoned one does: a cordon is lifted by hand).
 
     All zero/empty while no node has registered (then nothing is rejected on size).
     """
@@ -117,6 +117,8 @@ class Inventory:
     gpus_per_node: tuple[int, ...]  # descending
     largest_gpu_mib: int
     models: frozenset[str]
+    # Per node: (model, memory MiB) of each present GPU.
+    node_gpus: tuple[tuple[tuple[str, int], ...], ...] = ()
 
     @property
     def total_gpus(self) -> int:
@@ -130,10 +132,24 @@ class Inventory:
         """Most GPUs that ``nodes`` nodes hold together."""
         return sum(self.gpus_per_node[:nodes])
 
+    def largest_mib_of(self, models) -> int:
+        """Memory of the largest GPU of these models (any model when empty); 0 if none is present."""
+        return max((mib for gpus in self.node_gpus for model, mib in gpus if not models or model in models),
+                   default=0)
+
+    def fitting_per_node(self, models, memory_mib: int | None) -> tuple[int, ...]:
+        """Per node, descending: GPUs of these models (any when empty) with at least ``memory_mib``."""
+        return tuple(sorted((sum(1 for model, mib in gpus if (not models or model in models)
+                                 and mib >= (memory_mib or 0)) for gpus in self.node_gpus), reverse=True))
+
 
 def cluster_inventory() -> Inventory:
-    present = Gpu.objects.filter(present=True)
-    per_node = sorted(present.values("node").annotate(n=Count("id")).values_list("n", flat=True), reverse=True)
-    memory = present.aggregate(m=Max("memory_mib"))["m"] or 0
-    models = frozenset(present.values_list("model", flat=True).distinct())
-    return Inventory(gpus_per_node=tuple(per_node), largest_gpu_mib=memory, models=models)
+    rows = list(Gpu.objects.filter(present=True).exclude(node__state=NodeState.LOST)
+                .values_list("node_id", "model", "memory_mib"))
+    by_node: dict[int, list[tuple[str, int]]] = {}
+    for node_id, model, memory in rows:
+        by_node.setdefault(node_id, []).append((model, memory))
+    node_gpus = tuple(tuple(gpus) for _, gpus in sorted(by_node.items()))
+    return Inventory(gpus_per_node=tuple(sorted((len(g) for g in node_gpus), reverse=True)),
+                     largest_gpu_mib=max((mib for _, _, mib in rows), default=0),
+                     models=frozenset(model for _, model, _ in rows), node_gpus=node_gpus)
