@@ -110,6 +110,13 @@ def test_researcher_follows_a_job_from_the_form_to_the_heatmap(backend, browser,
     page.wait_for_function("() => window.seenStates.includes('Running')")
     page.locator(f'tr[data-job-id="{waiting}"] .reason').first.wait_for()
     screenshot(page, "queue")
+    # While it runs, its page tails its output live (shipped by the agent, polled by the page).
+    live = context.new_page()
+    live.goto(f"{url}/jobs/{job_id}/")
+    live.wait_for_function("() => document.getElementById('job-live-nodes').textContent.includes('hello from colony')")
+    assert live.locator("#job-live").is_visible()
+    screenshot(live, "job-live")
+    live.close()
     page.wait_for_function("() => window.seenStates.includes('Succeeded')", timeout=40_000)
     seen = page.evaluate("() => window.seenStates")
     assert seen.index("Running") < seen.index("Succeeded"), seen

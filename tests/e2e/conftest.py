@@ -113,8 +113,12 @@ class Processes:
 
 
 @pytest.fixture
-def stack(transactional_db, live_redis, tmp_path, request):
-    """Worker + beat + one agent ``e2e-node`` with 2 simulated A100s; yields the Processes."""
+def stack(transactional_db, live_redis, tmp_path, request, settings):
+    """Worker + beat + one agent ``e2e-node`` with 2 simulated A100s; yields the Processes.
+
+    The test process serves the API the tests call (as the web process would), so it holds the
+    stack's agent secret too: the commands it publishes (a cancel's stop) are signed like the web
+    server's. Without it the agent refuses them and the job waits for the worker's re-send."""
     from monitoring.models import Node
 
     env = {
@@ -136,6 +140,7 @@ def stack(transactional_db, live_redis, tmp_path, request):
         "PYTHONUNBUFFERED": "1",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
+    settings.COLONY_AGENT_SECRET, settings.COLONY_AGENT_AUTH = env["COLONY_AGENT_SECRET"], "required"
     processes = Processes(env, tmp_path)
     processes.start("worker", [sys.executable, "-m", "celery", "-A", "cluster_ui", "worker", "--beat",
                                "--pool=solo", "--loglevel=INFO", "-s", str(tmp_path / "beat-schedule")])

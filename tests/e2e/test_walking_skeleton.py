@@ -86,6 +86,10 @@ def test_a_job_past_its_runtime_limit_ends_timeout_within_the_grace(stack, api):
     job = submit(api, [sys.executable, "-c", "import time; print('working', flush=True); time.sleep(60)"],
                  max_runtime_s=5)
     running = job_in(api, job, "RUNNING")
+    # Its output streams while it runs (live logs), long before it ends.
+    live = wait_for(lambda: (body := api.get(f"/api/v1/jobs/{job}/logs/").json())["chunks"] and body, timeout=4,
+                    what="live output")
+    assert "working" in "".join(chunk["data"] for chunk in live["chunks"]) and not live["finished"]
     ended = job_in(api, job, "TIMEOUT", "SUCCEEDED", "FAILED", timeout=30)
     assert ended["state"] == "TIMEOUT", ended
     assert "runtime limit of 5 s" in ended["error"] and "working" in ended["output_tail"]
