@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 import pytest
 import redis as redis_lib
 import yaml
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from agents import protocol, signing
 from cluster_ui.devstack.credentials import write_credentials
@@ -85,7 +87,7 @@ def test_the_redis_config_requires_the_password_and_each_node_is_its_own_user(tm
                                "--bind", "127.0.0.1", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
     try:
         password = (tmp_path / "redis" / "password").read_text().strip()
-        admin = redis_lib.Redis(port=port, password=password)
+        admin = redis_lib.Redis(port=port, password=password, retry=Retry(NoBackoff(), 0))  # the loop below waits
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -95,11 +97,13 @@ def test_the_redis_config_requires_the_password_and_each_node_is_its_own_user(tm
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
         with pytest.raises(redis_lib.AuthenticationError):
-            redis_lib.Redis(port=port).get("x")
+            redis_lib.Redis(port=port, retry=Retry(NoBackoff(), 0)).get("x")
 
         def node_client(node):
             url = urlsplit((tmp_path / node / "redis-url").read_text().strip())
-            return redis_lib.Redis(port=port, username=url.username, password=url.password)
+            # No retries: the server's refusals below must fail at once, not after backoff.
+            return redis_lib.Redis(port=port, username=url.username, password=url.password,
+                                   retry=Retry(NoBackoff(), 0))
 
         node_1 = node_client("node-1")
         assert node_1.ping()

