@@ -209,16 +209,24 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
                 {"gpu_memory_mib": [f"No{which} GPU has {memory} MiB; the largest has {largest} MiB."]}
             )
         per_node = inventory.fitting_per_node(wanted, memory)
+        by_model = inventory.fitting_per_node_by_model(wanted, memory)
+        one_model = ""
+        if gpus > 1 and len([w for w in by_model.values() if sum(w)]) > 1:
+            # A gang runs on GPUs of one model: what counts is the model that has the most.
+            per_node = max(by_model.values(), key=lambda widths: (sum(widths), widths))
+            one_model = " of one model (a gang runs on one GPU model)"
         total = sum(per_node)
         if gpus > total:
             restricted = total < inventory.total_gpus
             fit = f" that fit the request ({which.strip() or 'any model'}" + (f", {memory} MiB" if memory else "") + ")"
             raise serializers.ValidationError({"gpus": [
-                f"The cluster has {total} GPUs{fit if restricted else ''}; {gpus} can never be granted."
+                f"The cluster has {total} GPUs{fit if restricted and not one_model else ''}{one_model}; "
+                f"{gpus} can never be granted."
             ]})
         max_nodes = attrs.get("max_nodes")
         if max_nodes:
-            widest = sum(per_node[:max_nodes])
+            widest = (max(sum(w[:max_nodes]) for w in by_model.values()) if one_model
+                      else sum(per_node[:max_nodes]))
             if gpus > widest:
                 raise serializers.ValidationError({"gpus": [
                     f"No {max_nodes} node(s) together have {gpus} GPUs{' that fit the request' if total < inventory.total_gpus else ''}; "

@@ -206,9 +206,15 @@ class Capacity:
         return 0
 
     def most_free_on_a_node(self, pools: list[int]) -> int:
+        """Most empty GPUs of one model (a gang never mixes models) among ``pools`` on any node."""
         best = max((self.max_empty(p) for p in pools), default=0)
         for node in self.mixed_nodes:
-            best = max(best, sum(1 for g in node.empty if g.pool in pools))
+            per_model: dict[str, int] = {}
+            for g in node.empty:
+                if g.pool in pools:
+                    model = self.pools[g.pool][0]
+                    per_model[model] = per_model.get(model, 0) + 1
+            best = max(best, max(per_model.values(), default=0))
         return best
 
     # -- mutation ----------------------------------------------------------------------------

@@ -87,9 +87,14 @@ class InventoryCheck:
             return reasons.no_gpu_with_memory(shape.memory_mib or 0, largest, shape.models)
         if shape.gpus == 1:
             return None
-        per_node = self._node_widths(pools)
-        if shape.max_nodes is not None and sum(per_node[: shape.max_nodes]) < shape.gpus:
-            return reasons.gang_larger_than_any_node(shape.gpus, per_node[0], shape.max_nodes)
-        if sum(per_node) < shape.gpus:
-            return reasons.gang_larger_than_cluster(shape.gpus, sum(per_node))
-        return None
+        # A gang takes GPUs of one model (see Placer._gang): it fits if one model's GPUs do.
+        widest = total = 0
+        for model_pools in self.placer.pools_by_model(pools):
+            per_node = self._node_widths(model_pools)
+            within = sum(per_node[: shape.max_nodes]) if shape.max_nodes is not None else sum(per_node)
+            if within >= shape.gpus:
+                return None
+            widest, total = max(widest, per_node[0] if per_node else 0), max(total, sum(per_node))
+        if shape.max_nodes is not None:
+            return reasons.gang_larger_than_any_node(shape.gpus, widest, shape.max_nodes)
+        return reasons.gang_larger_than_cluster(shape.gpus, total)

@@ -246,7 +246,26 @@ class Placer:
                     best, gpu = option, first
         return gpu
 
+    def pools_by_model(self, pools: list[int]) -> list[list[int]]:
+        """``pools`` grouped by GPU model, in first-seen order."""
+        by_model: dict[str, list[int]] = {}
+        for pool in pools:
+            by_model.setdefault(self.capacity.pools[pool][0], []).append(pool)
+        return list(by_model.values())
+
     def _gang(self, shape: Shape, pools: list[int], backfill: list[NodeSlot]) -> Choice | None:
+        """A gang runs on GPUs of one model: its ranks move in lockstep, so one slower model holds
+        every rank back (a review found a gang of 6 V100s and 2 A100s). Each model that fits is
+        searched on its own; fewest nodes win, then the cheaper all-reduce."""
+        best: Choice | None = None
+        for model_pools in self.pools_by_model(pools):
+            choice = self._gang_of_one_model(shape, model_pools, backfill)
+            if choice is not None and (best is None or (len(choice.slices), choice.allreduce_s)
+                                       < (len(best.slices), best.allreduce_s)):
+                best = choice
+        return best
+
+    def _gang_of_one_model(self, shape: Shape, pools: list[int], backfill: list[NodeSlot]) -> Choice | None:
         single = self._gang_one_node(shape, pools, backfill)
         if single is not None:
             return single

@@ -103,7 +103,8 @@ def gang_larger_than_any_node(gpus: int, widest: int, max_nodes: int) -> Pending
     where = "on one node" if max_nodes == 1 else f"on at most {max_nodes} nodes"
     return PendingReason(
         ReasonCode.GANG_LARGER_THAN_ANY_NODE,
-        f"Needs {gpus} GPUs {where}; the largest online node has {widest} that fit.",
+        f"Needs {gpus} GPUs {where}; the largest online node has {widest} of one model that fit "
+        f"(a gang runs on one GPU model).",
         {"needed_gpus": gpus, "largest_node_gpus": widest, "max_nodes": max_nodes},
     )
 
@@ -111,7 +112,8 @@ def gang_larger_than_any_node(gpus: int, widest: int, max_nodes: int) -> Pending
 def gang_larger_than_cluster(gpus: int, total: int) -> PendingReason:
     return PendingReason(
         ReasonCode.GANG_LARGER_THAN_CLUSTER,
-        f"Needs {gpus} GPUs at once; the online cluster has only {total} that fit the request.",
+        f"Needs {gpus} GPUs at once; the online cluster has only {total} of one model that fit the request "
+        f"(a gang runs on one GPU model).",
         {"needed_gpus": gpus, "cluster_gpus": total},
     )
 

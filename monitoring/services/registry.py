@@ -137,6 +137,12 @@ class Inventory:
         return max((mib for gpus in self.node_gpus for model, mib in gpus if not models or model in models),
                    default=0)
 
+    def fitting_per_node_by_model(self, models, memory_mib: int | None) -> dict[str, tuple[int, ...]]:
+        """Per GPU model, per node descending: what a gang (one model) can use."""
+        return {model: tuple(sorted((sum(1 for m, mib in gpus if m == model and mib >= (memory_mib or 0))
+                                     for gpus in self.node_gpus), reverse=True))
+                for model in {m for gpus in self.node_gpus for m, _ in gpus if not models or m in models}}
+
     def fitting_per_node(self, models, memory_mib: int | None) -> tuple[int, ...]:
         """Per node, descending: GPUs of these models (any when empty) with at least ``memory_mib``."""
         return tuple(sorted((sum(1 for model, mib in gpus if (not models or model in models)

@@ -32,8 +32,12 @@ def test_name_defaults_to_the_program(api, alice, inventory):
     [
         ({**GOOD, "gpus": 0}, "gpus", "greater than or equal to 1"),
         ({**GOOD, "gpus": -2}, "gpus", "greater than or equal to 1"),
-        ({**GOOD, "gpus": 13}, "gpus", "The cluster has 12 GPUs; 13 can never be granted"),
-        ({**GOOD, "gpus": 9, "max_nodes": 1}, "gpus", "No 1 node(s) together have 9 GPUs; the most is 8"),
+        # 8 A100s and 4 V100s: a gang runs on one model, so 8 is the most it can have.
+        ({**GOOD, "gpus": 13}, "gpus", "The cluster has 8 GPUs of one model (a gang runs on one GPU model); "
+                                       "13 can never be granted"),
+        ({**GOOD, "gpus": 9}, "gpus", "The cluster has 8 GPUs of one model"),
+        ({**GOOD, "gpus": 6, "gpu_models": ["V100-32GB"]}, "gpus",
+         "The cluster has 4 GPUs that fit the request (V100-32GB); 6 can never be granted"),
         ({**GOOD, "gpus": 2, "gpu_milli": 500}, "gpu_milli", "only possible with gpus=1"),
         ({**GOOD, "gpus": 1, "gpu_milli": 1001}, "gpu_milli", "less than or equal to 1000"),
         ({**GOOD, "gpu_models": ["K80"]}, "gpu_models", "Unknown GPU model(s) K80"),

@@ -164,3 +164,29 @@ def test_spread_gang_reserves_nodes_with_most_free_gpus():
     snapshot = cluster(*nodes(4, gpus=8, busy=5), tenants=TEAM, pending=[job(1, tenant="team", gpus=16)])
     decisions = decide(snapshot, now=0)
     assert len(decisions.reservations[0].nodes) == 2  # 8 + 8 GPUs of 2 nodes cover 16
+
+
+def test_a_gang_never_mixes_gpu_models():
+    """Ranks move in lockstep: 6 V100s and 2 A100s would run at V100 speed and strand the A100s."""
+    mixed_free = cluster(node("v", gpus=8, busy=2, model="V100-32GB", mem_gib=32), node("a", gpus=8, busy=6),
+                         tenants=TEAM, pending=[job(1, tenant="team", gpus=8)])
+    assert placed(decide(mixed_free, now=0)) == {}
+    with_a_second_a100_node = cluster(node("v", gpus=8, busy=2, model="V100-32GB", mem_gib=32),
+                                      node("a1", gpus=8, busy=4), node("a2", gpus=8, busy=4),
+                                      tenants=TEAM, pending=[job(1, tenant="team", gpus=8)])
+    assert set(place_of(decide(with_a_second_a100_node, now=0), 1).nodes) == {"a1", "a2"}
+
+
+def test_a_gang_on_a_node_with_two_models_takes_one_model_and_says_so_when_it_cannot():
+    from dataclasses import replace
+
+    mixed = node("m", gpus=8)
+    mixed = replace(mixed, gpus=tuple(replace(g, model="V100-32GB", memory_mib=32 * 1024) if g.index >= 4 else g
+                                      for g in mixed.gpus))
+    four = cluster(mixed, tenants=TEAM, pending=[job(1, tenant="team", gpus=4)])
+    place = place_of(decide(four, now=0), 1)
+    assert len({g.model for g in four.nodes[0].gpus if g.id in place.gpu_ids}) == 1
+    six = decide(cluster(mixed, tenants=TEAM, pending=[job(2, tenant="team", gpus=6)]), now=0)
+    assert placed(six) == {}
+    reason = pending_of(six, 2).reason
+    assert "of one model" in reason.message and reason.details["cluster_gpus"] == 4

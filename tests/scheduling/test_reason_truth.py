@@ -114,15 +114,25 @@ class World:
         memory = request.gpu_memory_mib
         return (not request.gpu_models or gpu.model in request.gpu_models) and (memory or 0) <= gpu.memory_mib
 
-    def fitting(self, request, schedulable=True, cordoned=False) -> dict[str, int]:
-        """Fitting GPUs per node (present, whatever their load) on the chosen kind of node."""
+    def fitting(self, request, schedulable=True, cordoned=False, model=None) -> dict[str, int]:
+        """Fitting GPUs per node (present, whatever their load) on the chosen kind of node; of one
+        model when ``model`` is given."""
         counts = {}
         for n in self.snapshot.nodes:
             if (schedulable and n.schedulable) or (cordoned and n.online and n.cordoned):
-                counts[n.name] = sum(1 for g in n.gpus if self.fits(request, g))
+                counts[n.name] = sum(1 for g in n.gpus if self.fits(request, g) and model in (None, g.model))
         return counts
 
-    def free(self, request, at_start: bool = False) -> dict[str, int]:
+    def fitting_by_model(self, request, **kinds) -> dict[str, dict[str, int]]:
+        """A gang runs on one GPU model: per model, its fitting GPUs per node."""
+        models = {g.model for n in self.snapshot.nodes for g in n.gpus if self.fits(request, g)}
+        return {model: self.fitting(request, model=model, **kinds) for model in models}
+
+    def free_by_model(self, request, at_start: bool = False) -> dict[str, dict[str, int]]:
+        models = {g.model for n in self.snapshot.nodes for g in n.gpus if self.fits(request, g)}
+        return {model: self.free(request, at_start, model=model) for model in models}
+
+    def free(self, request, at_start: bool = False, model=None) -> dict[str, int]:
         """Free fitting GPUs per schedulable node the job may use (held nodes only for backfill), after
         the cycle's placements or, ``at_start``, before them."""
         occupied = self.start_occupied if at_start else self.occupied
@@ -133,7 +143,8 @@ class World:
             holder = self.reserved.get(n.name)
             if holder is not None and holder.job_id != request.id and not may_backfill(request, holder.eta_s):
                 continue
-            counts[n.name] = sum(1 for g in n.gpus if self.fits(request, g) and not g.busy and g.id not in occupied)
+            counts[n.name] = sum(1 for g in n.gpus if self.fits(request, g) and not g.busy and g.id not in occupied
+                                 and model in (None, g.model))
         return counts
 
     def node(self, name: str) -> NodeState:
@@ -141,6 +152,15 @@ class World:
 
     def can_run_on(self, request, name: str) -> bool:
         return any(self.fits(request, g) for g in self.node(name).gpus)
+
+
+def fits_any_model(request, by_model: dict[str, dict[str, int]]) -> bool:
+    return any(fits_counts(request, per_node) for per_node in by_model.values())
+
+
+def most_of_one_model(by_model: dict[str, dict[str, int]], combine=max) -> int:
+    return max((combine(per_node.values(), default=0) if combine is max else combine(per_node.values())
+                for per_node in by_model.values()), default=0)
 
 
 def fits_counts(request, per_node: dict[str, int]) -> bool:
@@ -180,26 +200,26 @@ def check(world: World, pending) -> None:
                       if not request.gpu_models or g.model in request.gpu_models)
         assert details["largest_mib"] == largest
     elif code is ReasonCode.GANG_LARGER_THAN_CLUSTER:
-        per_node = world.fitting(request)
-        assert details["cluster_gpus"] == sum(per_node.values()) < request.gpus
+        by_model = world.fitting_by_model(request)
+        assert details["cluster_gpus"] == most_of_one_model(by_model, sum) < request.gpus
     elif code is ReasonCode.GANG_LARGER_THAN_ANY_NODE:
-        per_node = world.fitting(request)
-        assert details["largest_node_gpus"] == max(per_node.values(), default=0)
-        assert not fits_counts(request, per_node)
+        by_model = world.fitting_by_model(request)
+        assert details["largest_node_gpus"] == most_of_one_model(by_model)
+        assert not fits_any_model(request, by_model)
     elif code is ReasonCode.NEEDS_CORDONED_NODES:
-        assert not fits_counts(request, world.fitting(request)), "fits on an uncordoned node"
-        assert fits_counts(request, world.fitting(request, cordoned=True))
+        assert not fits_any_model(request, world.fitting_by_model(request)), "fits on an uncordoned node"
+        assert fits_any_model(request, world.fitting_by_model(request, cordoned=True))
         for name in details["cordoned"]:
             assert world.node(name).cordoned and world.node(name).online
             assert world.can_run_on(request, name), f"{name} has no GPU this job can use"
     elif code is ReasonCode.WAITING_FOR_FREE_GPUS:
         # True when the job's turn came: between what was free before the cycle and after it.
-        free, most_free = world.free(request), details["most_free_on_a_node"]
-        assert max(free.values(), default=0) <= most_free <= max(world.free(request, True).values(), default=0)
+        free, most_free = world.free_by_model(request), details["most_free_on_a_node"]
+        assert most_of_one_model(free) <= most_free <= most_of_one_model(world.free_by_model(request, True))
         if request.gpus == 1 or request.max_nodes == 1:
             assert most_free < request.gpus
         else:
-            assert not fits_counts(request, free)
+            assert not fits_any_model(request, free)
     elif code is ReasonCode.RESERVED_FOR_GANG:
         holder = next(r for r in world.decisions.reservations if r.job_id == details["holder_job"])
         assert tuple(details["nodes"]) == holder.nodes
