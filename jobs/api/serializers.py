@@ -123,6 +123,9 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         child=StrictCharField(max_length=MAX_ARG_LENGTH, allow_blank=True, trim_whitespace=False),
         min_length=1, max_length=MAX_ARGV,
         help_text='argv list, run without a shell, e.g. ["python", "train.py", "--epochs", "3"].',
+        # DRF's own words here are "Ensure this field has at least 1 elements."
+        error_messages={"min_length": 'Give the program to run, e.g. ["python", "train.py"].',
+                        "max_length": f"At most {MAX_ARGV} arguments."},
     )
     env = serializers.DictField(child=StrictCharField(max_length=4096, allow_blank=True), required=False,
                                 help_text='Extra environment variables, e.g. {"EPOCHS": "3"}.')

@@ -50,11 +50,11 @@ def test_name_defaults_to_the_program(api, alice, inventory):
         ({k: v for k, v in GOOD.items() if k != "gpus"}, "gpus", "required"),
         ({**GOOD, "gpu_memory_mib": 90000}, "gpu_memory_mib", "No GPU has 90000 MiB; the largest has 81920 MiB"),
         ({**GOOD, "gpu_memory_mib": 0}, "gpu_memory_mib", "greater than or equal to 1"),
-        ({**GOOD, "command": []}, "command", "at least 1"),
+        ({**GOOD, "command": []}, "command", "Give the program to run"),
         ({**GOOD, "command": "python train.py"}, "command", "list"),
         ({**GOOD, "command": ["python", 3]}, "command", "string"),
         ({**GOOD, "command": [" "]}, "command", "must not be blank"),
-        ({**GOOD, "command": ["x"] * 300}, "command", "no more than 256"),
+        ({**GOOD, "command": ["x"] * 300}, "command", "At most 256 arguments"),
         ({**GOOD, "gpu": 1}, "gpu", "Unknown field"),
         ({**GOOD, "tenant": "nope"}, "tenant", "Unknown tenant 'nope'"),
         ({**GOOD, "tenant": "nlp"}, "tenant", "Unknown tenant 'nlp'"),  # exists, but not hers
@@ -191,3 +191,9 @@ def test_openapi_schema_describes_the_jobs_api(api, alice):
     assert "/api/v1/jobs/{id}/cancel/" in schema["paths"]
     submit = schema["components"]["schemas"]["JobSubmit"]
     assert set(submit["required"]) == {"command", "gpus"}
+
+
+def test_an_empty_command_is_refused_in_plain_words(alice, api):
+    body = api(alice).post("/api/v1/jobs/", {"command": [], "gpus": 1}, format="json").json()["error"]
+    assert body["fields"]["command"] == ['Give the program to run, e.g. ["python", "train.py"].']
+    assert "elements" not in body["message"]
