@@ -186,6 +186,19 @@ class DevStack:
 
         return psutil.Process(self.process.pid).children(recursive=True)
 
+    def command_lines(self) -> dict[int, str]:
+        """pid -> command line of every live descendant; one that ends meanwhile (a zombie, a
+        short-lived helper) is skipped rather than failing the test."""
+        import psutil
+
+        lines = {}
+        for process in self.children():
+            try:
+                lines[process.pid] = " ".join(process.cmdline())
+            except psutil.Error:
+                continue
+        return lines
+
     def child_pid(self, *words: str) -> int | None:
         """The pid of the supervised child whose command line holds every word (None: none now)."""
         import psutil

@@ -115,7 +115,7 @@ def test_no_secret_in_any_process_environment_and_a_job_finds_none(devstack_dir)
             path.name: 0o600 for path in (var_dir / "secrets").iterdir()}
 
         # Every process on the machine, the stack's own first: its environment and command line.
-        children = {child.pid: " ".join(child.cmdline()) for child in stack.children()}
+        children = stack.command_lines()
         environs, cmdlines = proc_texts("environ"), proc_texts("cmdline")
         assert set(children) <= set(environs), "the scan must see every process of the stack"
         agent_pids = [pid for pid, cmd in children.items() if "-m agents" in cmd]
