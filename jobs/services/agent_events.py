@@ -22,10 +22,10 @@ from jobs.services.node_health import resend_duty_cycles, stop_strays
 from jobs.services.nudge import nudge_scheduler
 from monitoring.services.dead_letters import dead_letter
 from monitoring.services.fanin import fan_in
-from monitoring.services.poison import PoisonCounter, is_outage, reason_of
+from monitoring.services.poison import PoisonCounter, parse_or_dead_letter
 from monitoring.services.redis_client import get_redis
-from monitoring.services.registry import ForeignGpus, agent_auth_required, authenticate, register_node
-from monitoring.services.streams import claim_stale, consumer_name, ensure_group, read_new
+from monitoring.services.registry import ForeignGpus, agent_auth_required, register_node
+from monitoring.services.streams import drain
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +42,9 @@ class Rejected(Exception):
 def consume_events(client: redis.Redis | None = None, max_batches: int = 50) -> int:
     """Apply what is waiting on the events stream; returns how many entries were handled."""
     client = client or get_redis()
-    consumer = consumer_name()
     fan_in(client, "events")
-    ensure_group(client, protocol.EVENTS_STREAM, GROUP)
-    handled = _handle_entries(client, claim_stale(client, protocol.EVENTS_STREAM, GROUP, consumer, CLAIM_IDLE_MS))
-    for _ in range(max_batches):
-        entries = read_new(client, protocol.EVENTS_STREAM, GROUP, consumer, BATCH)
-        if not entries:
-            break
-        handled += _handle_entries(client, entries)
-    return handled
+    return drain(client, protocol.EVENTS_STREAM, GROUP, _handle_entries, batch=BATCH, max_batches=max_batches,
+                 claim_idle_ms=CLAIM_IDLE_MS)
 
 
 def _handle_entries(client: redis.Redis, entries) -> int:
@@ -67,14 +60,9 @@ def _handle_entries(client: redis.Redis, entries) -> int:
         if fields is None:  # trimmed away while pending
             client.xack(protocol.EVENTS_STREAM, GROUP, entry_id)
             continue
-        try:
-            message = protocol.decode_event(fields)
-            authenticate(fields, message, auth_required)
-        except Exception as exc:
-            if is_outage(exc):
-                raise
-            reason = str(exc) if isinstance(exc, protocol.ProtocolError) else reason_of(exc)
-            dead_letter(client, protocol.EVENTS_STREAM, entry_id, fields, reason)
+        message = parse_or_dead_letter(client, protocol.EVENTS_STREAM, entry_id, fields, protocol.decode_event,
+                                       auth_required)
+        if message is None:
             client.xack(protocol.EVENTS_STREAM, GROUP, entry_id)
             continue
 

@@ -29,10 +29,10 @@ from agents import protocol
 from monitoring.services import placements
 from monitoring.services.dead_letters import dead_letter
 from monitoring.services.fanin import fan_in
-from monitoring.services.poison import is_outage, reason_of
+from monitoring.services.poison import parse_or_dead_letter
 from monitoring.services.redis_client import get_redis
-from monitoring.services.registry import agent_auth_required, authenticate
-from monitoring.services.streams import claim_stale, consumer_name, ensure_group, read_new
+from monitoring.services.registry import agent_auth_required
+from monitoring.services.streams import drain
 
 log = logging.getLogger(__name__)
 
@@ -99,18 +99,11 @@ def job_log_index(job_id: int) -> str:
 def consume_logs(client: redis.Redis | None = None, max_batches: int = 20) -> int:
     """Fan in the nodes' logs streams and store what is waiting; returns how many entries were handled."""
     client = client or get_redis()
-    consumer = consumer_name()
     for _ in range(FAN_IN_ROUNDS):
         if not fan_in(client, "logs").copied:
             break
-    ensure_group(client, protocol.LOGS_STREAM, GROUP)
-    handled = _handle_entries(client, claim_stale(client, protocol.LOGS_STREAM, GROUP, consumer, CLAIM_IDLE_MS))
-    for _ in range(max_batches):
-        entries = read_new(client, protocol.LOGS_STREAM, GROUP, consumer, BATCH)
-        if not entries:
-            break
-        handled += _handle_entries(client, entries)
-    return handled
+    return drain(client, protocol.LOGS_STREAM, GROUP, _handle_entries, batch=BATCH, max_batches=max_batches,
+                 claim_idle_ms=CLAIM_IDLE_MS)
 
 
 def _handle_entries(client: redis.Redis, entries) -> int:
@@ -122,14 +115,9 @@ def _handle_entries(client: redis.Redis, entries) -> int:
         if fields is None:  # trimmed away while pending
             client.xack(protocol.LOGS_STREAM, GROUP, entry_id)
             continue
-        try:
-            message = protocol.decode_output(fields)
-            authenticate(fields, message, auth_required)
-        except Exception as exc:
-            if is_outage(exc):
-                raise
-            reason = str(exc) if isinstance(exc, protocol.ProtocolError) else reason_of(exc)
-            dead_letter(client, protocol.LOGS_STREAM, entry_id, fields, reason)
+        message = parse_or_dead_letter(client, protocol.LOGS_STREAM, entry_id, fields, protocol.decode_output,
+                                       auth_required)
+        if message is None:
             client.xack(protocol.LOGS_STREAM, GROUP, entry_id)
             continue
         parsed.append((entry_id, fields, message))

@@ -29,10 +29,9 @@ from django.db import InterfaceError, OperationalError
 from agents import protocol
 from monitoring.models import Gpu
 from monitoring.services import alerts, live, placements
-from monitoring.services.dead_letters import dead_letter
 from monitoring.services.fanin import fan_in
-from monitoring.services.poison import PoisonCounter, apply_isolating, is_outage, reason_of
-from monitoring.services.registry import agent_auth_required, authenticate
+from monitoring.services.poison import PoisonCounter, apply_isolating, parse_or_dead_letter, reason_of
+from monitoring.services.registry import agent_auth_required
 from monitoring.services.rollups import Accumulator, flush
 from monitoring.services.streams import claim_stale, consumer_name, ensure_group, read_new
 
@@ -162,14 +161,9 @@ class Ingestor:
             if fields is None:  # trimmed while pending
                 dead.append(entry_id)
                 continue
-            try:
-                sample = protocol.decode_sample(fields)
-                authenticate(fields, sample, auth_required)
-            except Exception as exc:
-                if is_outage(exc):
-                    raise
-                reason = str(exc) if isinstance(exc, protocol.ProtocolError) else reason_of(exc)
-                dead_letter(self.client, protocol.METRICS_STREAM, entry_id, fields, reason)
+            sample = parse_or_dead_letter(self.client, protocol.METRICS_STREAM, entry_id, fields,
+                                          protocol.decode_sample, auth_required)
+            if sample is None:
                 dead.append(entry_id)
                 result.dead += 1
                 continue

@@ -145,3 +145,22 @@ def apply_isolating(items: Sequence[Item], apply: Callable[[Sequence[Item]], Non
             if is_outage(exc):
                 raise
             error = exc
+
+
+def parse_or_dead_letter(client: redis.Redis, source: str, entry_id, fields: dict, decode,
+                         auth_required: bool):
+    """The entry as a protocol message signed by the node it names, or None once it has been
+    dead-lettered with the reason (the caller acks it). An outage propagates: nothing is lost."""
+    from agents import protocol
+    from monitoring.services.registry import authenticate  # registry reads models; keep this import late
+
+    try:
+        message = decode(fields)
+        authenticate(fields, message, auth_required)
+    except Exception as exc:
+        if is_outage(exc):
+            raise
+        dead_letter(client, source, entry_id, fields,
+                    str(exc) if isinstance(exc, protocol.ProtocolError) else reason_of(exc))
+        return None
+    return message

@@ -38,3 +38,18 @@ def read_new(client: redis.Redis, stream: str, group: str, consumer: str, count:
              block_ms: int | None = None) -> list:
     response = client.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms)
     return response[0][1] if response else []
+
+
+def drain(client: redis.Redis, stream: str, group: str, handle, *, batch: int, max_batches: int,
+          claim_idle_ms: int) -> int:
+    """Hand ``handle(client, entries)`` what a dead reader left pending, then up to
+    ``max_batches`` batches of new entries; returns how many entries were handled."""
+    consumer = consumer_name()
+    ensure_group(client, stream, group)
+    handled = handle(client, claim_stale(client, stream, group, consumer, claim_idle_ms))
+    for _ in range(max_batches):
+        entries = read_new(client, stream, group, consumer, batch)
+        if not entries:
+            break
+        handled += handle(client, entries)
+    return handled
