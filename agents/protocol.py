@@ -103,6 +103,12 @@ def node_logs_stream(node: str) -> str:
 LOGS_STREAM = "colony:logs"
 
 
+def code_key(node: str, sha256: str) -> str:
+    """Where the control plane puts an uploaded code archive for ``node``'s agent to fetch: a list
+    of chunks (each under Redis's 1 MB bulk limit), expiring, readable only by that node."""
+    return f"colony:node:{node}:code:{sha256}"
+
+
 def heartbeat_key(node: str) -> str:
     return f"colony:node:{node}:heartbeat"
 
@@ -173,6 +179,9 @@ class NodeRegistered(_NodeMessage):
     agent_version: str = Field(max_length=32)
     hostname: str = Field(max_length=255)
     running_jobs: list[JobId] = Field(default_factory=list, max_length=4096)
+    # Container runtimes this node runs ``image`` jobs with (its agent's ``--container-runtime``):
+    # the scheduler places an image job only on a node that names one.
+    runtimes: list[Literal["docker", "podman", "apptainer"]] = Field(default_factory=list, max_length=3)
 
 
 class JobStarted(_NodeMessage):
@@ -306,6 +315,14 @@ class JobOutput(_NodeMessage):
 # The latest ``issued_at`` a command may carry (the year 2286): bounds what a node compares.
 MAX_ISSUED_AT = 1e10
 MAX_ATTEMPT = 1_000_000
+# An uploaded code archive: at most this many compressed bytes (the server refuses bigger uploads).
+CODE_MAX_BYTES = 32 * 1024 * 1024
+CODE_CHUNK_BYTES = 512 * 1024
+# The longest preemption notice a launch may carry (an operator sets a lower ceiling).
+MAX_PREEMPT_GRACE_S = 3600
+# Signals a job may ask to be told to stop with (checkpointing libraries listen for one of these).
+StopSignal = Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"]
+_NODE_PATH = r"^/[^\x00]{0,1023}$"
 
 
 class _Command(_Message):
@@ -320,13 +337,27 @@ class _Command(_Message):
         return value
 
 
+class CodeRef(BaseModel):
+    """An uploaded code archive (gzipped tar) the job starts in an unpacked copy of. The node reads
+    ``chunks`` entries of :func:`code_key` and checks the bytes against ``sha256`` before unpacking."""
+
+    model_config = _WIRE_CONFIG
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(gt=0, le=CODE_MAX_BYTES)
+    chunks: int = Field(gt=0, le=CODE_MAX_BYTES // CODE_CHUNK_BYTES + 1)
+
+
 class LaunchJob(_Command):
     """Start ``argv`` (no shell) with ``CUDA_VISIBLE_DEVICES`` set to ``gpu_indices``.
 
     ``gpu_memory_limit_mib`` is what the job may use per GPU (the simulated GPU enforces it as an
     OOM; NVML nodes report overuse); ``duty_cycle`` < 1 starts it throttled. ``tenant`` (the
     tenant's slug) picks the local account the agent runs the job as (``--run-as-tenant``).
-    There is deliberately no working directory, shell or user to ask for: the agent decides those.
+    There is deliberately no shell or user to ask for: the agent decides those. ``workdir`` (an
+    absolute directory on the node, say a shared filesystem) or ``code`` (an uploaded archive,
+    unpacked into the job's own folder) only choose where it starts, which the job could do itself.
+    ``image`` runs the argv in a container of the node's runtime; ``venv``/``conda`` activate an
+    environment on the node by path. ``preempt_grace_s`` and ``stop_signal`` are its notice.
     """
 
     kind: Literal["launch"] = "launch"
@@ -345,6 +376,25 @@ class LaunchJob(_Command):
     # Requeues + preemptions before this run (the ``N`` of command id ``launch-<job>-<N>``): a node
     # refuses a launch whose attempt is not newer than one it has already seen for the job.
     attempt: int | None = Field(default=None, ge=0, le=MAX_ATTEMPT)
+    workdir: str | None = Field(default=None, pattern=_NODE_PATH)
+    code: CodeRef | None = None
+    image: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
+    venv: str | None = Field(default=None, pattern=_NODE_PATH)
+    conda: str | None = Field(default=None, pattern=_NODE_PATH)
+    # Sent at a stop or preemption; SIGKILL follows after the grace (``stop_grace_s``, or for a
+    # preemption ``StopJob.grace_seconds``).
+    stop_signal: StopSignal = "SIGTERM"
+    # The job's index in its array (``COLONY_ARRAY_INDEX``) and the array's id (``COLONY_ARRAY_ID``).
+    array_id: int | None = Field(default=None, gt=0, le=ID_MAX)
+    array_index: int | None = Field(default=None, ge=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _one_place_to_start(self):
+        if self.workdir is not None and self.code is not None:
+            raise ValueError("give workdir or code, not both")
+        if self.venv is not None and self.conda is not None:
+            raise ValueError("give venv or conda, not both")
+        return self
 
 
 class StopJob(_Command):
@@ -353,11 +403,14 @@ class StopJob(_Command):
     kind: Literal["stop"] = "stop"
     command_id: str = Field(min_length=1, max_length=64)
     job_id: int = Field(gt=0)
-    grace_seconds: float = Field(default=10.0, ge=0, le=600)
+    grace_seconds: float = Field(default=10.0, ge=0, le=MAX_PREEMPT_GRACE_S)
     # Stop only this attempt (its LaunchJob command id): a stop meant for an earlier run never
     # ends a later one placed here since. The node answers for that attempt: its real exit if it
     # ran and ended here, ``absent`` if the node does not know it. None: whatever runs.
     launch_id: str | None = Field(default=None, max_length=64)
+    # A preemption: before the stop signal the node writes the SIGKILL deadline (unix seconds) to
+    # the job's ``COLONY_PREEMPT_FILE``, so it can checkpoint; ``grace_seconds`` is its notice.
+    preempt: bool = False
 
 
 class SetDutyCycle(_Command):

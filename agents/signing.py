@@ -138,6 +138,8 @@ def redis_acl_rules(node: str, password: str) -> list[str]:
         # the commands it needs, so a node cannot, say, turn its command stream into a string.
         f"(~{protocol.command_stream(node)} +xreadgroup +xack +xgroup|create)",
         f"(~{protocol.heartbeat_key(node)} +set)",
+        # Code archives the control plane staged for this node's launches: read only.
+        f"(%R~{protocol.code_key(node, '*')} +lrange +llen)",
     ]
 
 

@@ -47,6 +47,41 @@ class Membership(models.Model):
         return f"{self.user} in {self.tenant}"
 
 
+class CodeArchive(models.Model):
+    """A gzipped tar of a researcher's code directory (``colony submit`` packs the current one),
+    stored once per tenant and content (sha256). A job that names it starts in an unpacked copy."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="code_archives")
+    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveIntegerField(help_text="Bytes of the compressed archive.")
+    files = models.PositiveIntegerField(default=0, help_text="Regular files in it.")
+    unpacked_size = models.BigIntegerField(default=0, help_text="Bytes once unpacked.")
+    data = models.BinaryField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "sha256"], name="code_unique_per_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.sha256[:12]}"
+
+
+class JobArray(models.Model):
+    """``array: "0-99%8"``: one submission, one job per index, at most ``max_running`` at once."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="arrays")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="arrays")
+    name = models.CharField(max_length=200)
+    spec = models.CharField(max_length=200, help_text='As submitted, e.g. "0-99%8".')
+    size = models.PositiveIntegerField()
+    max_running = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: no limit.")
+    submitted_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"array {self.pk} {self.name}"
+
+
 class JobQuerySet(models.QuerySet):
     def visible_to(self, user) -> "JobQuerySet":
         """The one tenancy filter: members see their tenants' jobs, staff see all, others none.
@@ -83,6 +118,21 @@ class Job(models.Model):
     max_runtime_s = models.PositiveIntegerField(null=True, blank=True, help_text="Stopped when exceeded.")
     profile_key = models.CharField(max_length=200, blank=True,
                                    help_text="Jobs with the same key are placed from the recorded profile.")
+    # Where and in what it runs. ``workdir`` is a directory on the node (a shared filesystem);
+    # ``code`` an uploaded archive the job starts in an unpacked copy of; neither: an empty folder.
+    workdir = models.CharField(max_length=1024, blank=True, help_text="Directory on the node to start in.")
+    code = models.ForeignKey(CodeArchive, on_delete=models.PROTECT, null=True, blank=True, related_name="jobs")
+    image = models.CharField(max_length=255, blank=True, help_text="Container image, run by the node's runtime.")
+    venv = models.CharField(max_length=1024, blank=True, help_text="Python virtualenv on the node to activate.")
+    conda = models.CharField(max_length=1024, blank=True, help_text="Conda environment prefix on the node.")
+    # Preemption notice: the job gets its stop signal and this long before SIGKILL.
+    preempt_grace_s = models.PositiveIntegerField(null=True, blank=True,
+                                                  help_text="Seconds between the preemption notice and SIGKILL.")
+    checkpoints = models.BooleanField(default=False,
+                                      help_text="Saves its state when told to stop: preferred as a preemption victim.")
+    lost_work_s = models.FloatField(default=0.0, help_text="Run time thrown away by preemptions, in seconds.")
+    array = models.ForeignKey(JobArray, on_delete=models.CASCADE, null=True, blank=True, related_name="tasks")
+    array_index = models.PositiveIntegerField(null=True, blank=True)
 
     run_class = models.CharField(max_length=16, choices=JobClass.choices, blank=True,
                                  help_text="How it was admitted when placed.")
@@ -124,6 +174,25 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
+
+
+class JobDependency(models.Model):
+    """``job`` waits for ``on`` to end: ``ok`` (after_ok) only runs if it succeeded and is
+    cancelled otherwise; ``any`` (after_any) runs however it ended."""
+
+    class Kind(models.TextChoices):
+        OK = "ok", "after it succeeds"
+        ANY = "any", "after it ends"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependencies")
+    on = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependants")
+    kind = models.CharField(max_length=3, choices=Kind.choices)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "on"], name="dependency_unique_pair")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} after_{self.kind} {self.on_id}"
 
 
 class Allocation(models.Model):
@@ -197,3 +266,43 @@ class QuotaChange(models.Model):
 
     class Meta:
         ordering = ["-changed_at"]
+
+
+class NotificationSettings(models.Model):
+    """A user's opt-in: which of their jobs' events reach them, by email and/or webhook."""
+
+    EVENTS = ("succeeded", "failed", "preempted", "long_wait")
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_settings")
+    email = models.BooleanField(default=False, help_text="Mail the user's address.")
+    webhook_url = models.URLField(max_length=500, blank=True, help_text="Slack-compatible incoming webhook.")
+    events = models.JSONField(default=list, blank=True, help_text="Any of succeeded, failed, preempted, long_wait.")
+    long_wait_minutes = models.PositiveIntegerField(default=60, validators=[MinValueValidator(1)])
+
+    def __str__(self) -> str:
+        return f"notifications of {self.user}"
+
+
+class Notification(models.Model):
+    """One message to send (or sent): retried by a Celery task, never by the scheduler."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENT = "sent", "Sent"
+        FAILED = "failed", "Gave up"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="notifications")
+    event = models.CharField(max_length=16)
+    channel = models.CharField(max_length=8)  # email | webhook
+    # One message per job, event, attempt and channel, however often the trigger fires.
+    dedupe_key = models.CharField(max_length=200, unique=True)
+    state = models.CharField(max_length=8, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_error = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["state", "created_at"], name="notification_state_created")]
