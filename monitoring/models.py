@@ -18,6 +18,8 @@ class Node(models.Model):
     cordoned = models.BooleanField(default=False, help_text="Cordoned nodes get no new jobs.")
     rack = models.CharField(max_length=63, blank=True, help_text="Placement prefers gangs within one rack.")
     topology = models.JSONField(default=list, blank=True, help_text="GPU-to-GPU links as the agent reported them.")
+    runtimes = models.JSONField(default=list, blank=True,
+                                help_text="Container runtimes the agent runs image jobs with (docker, podman, apptainer).")
     registered_at = models.DateTimeField(help_text="Last time the agent (re)registered.")
 
     class Meta:

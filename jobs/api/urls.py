@@ -22,6 +22,7 @@ urlpatterns = [
     path("usage/", UsageView.as_view(), name="api-usage"),
     path("metrics/occupancy/", OccupancyView.as_view(), name="api-occupancy"),
     path("jobs/<int:pk>/metrics/", JobMetricsView.as_view(), name="api-job-metrics"),
+    path("", include("jobs.api.notifications")),
     path("", include("monitoring.api.urls")),
     path("", include(router.urls)),
 ]
