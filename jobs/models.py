@@ -128,6 +128,9 @@ class Job(models.Model):
     # Preemption notice: the job gets its stop signal and this long before SIGKILL.
     preempt_grace_s = models.PositiveIntegerField(null=True, blank=True,
                                                   help_text="Seconds between the preemption notice and SIGKILL.")
+    stop_signal = models.CharField(max_length=8, default="SIGTERM",
+                                   choices=[(name, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")],
+                                   help_text="Sent first when it is stopped or preempted; SIGKILL after the grace.")
     checkpoints = models.BooleanField(default=False,
                                       help_text="Saves its state when told to stop: preferred as a preemption victim.")
     lost_work_s = models.FloatField(default=0.0, help_text="Run time thrown away by preemptions, in seconds.")
