@@ -86,3 +86,15 @@ def gpu_request(job: dict) -> str:
     if job.get("gpu_memory_mib"):
         text += f"x{human_mib(job['gpu_memory_mib'])}".replace(" ", "")
     return text
+
+
+def human_bytes(size: int) -> str:
+    """1536 -> '1.5 KiB'; whole numbers above 100 ('180 KiB') because decimals there are noise."""
+    value, unit = float(size), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    if unit == "B":
+        return f"{size} B"
+    return f"{value:.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}"
