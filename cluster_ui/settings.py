@@ -263,3 +263,26 @@ CELERY_BEAT_SCHEDULE.update({
     "prune-rollups": {"task": "monitoring.tasks.prune_rollups", "schedule": 600.0, "options": {"expires": 590}},
     "evaluate-alerts": {"task": "jobs.tasks.evaluate_alerts", "schedule": 30.0, "options": {"expires": 28}},
 })
+
+# ---------------------------------------------------------------- notifications (jobs/services/notifications.py)
+# Links in messages point here: the address researchers open Colony at.
+COLONY_PUBLIC_URL = env_str("COLONY_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+# Webhooks never call loopback, private or link-local addresses (Redis, the database, a cloud's
+# metadata service) unless their host is listed here, e.g. an in-cluster chat bridge.
+COLONY_WEBHOOK_ALLOWED_HOSTS = env_list("COLONY_WEBHOOK_ALLOWED_HOSTS", "")
+# Mail goes to the worker's console until an SMTP host is set.
+EMAIL_HOST = env_str("DJANGO_EMAIL_HOST", "")
+EMAIL_BACKEND = env_str("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST
+                        else "django.core.mail.backends.console.EmailBackend")
+EMAIL_PORT = env_int("DJANGO_EMAIL_PORT", 587)
+EMAIL_HOST_USER = env_str("DJANGO_EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_secret("DJANGO_EMAIL_HOST_PASSWORD", "") or ""
+EMAIL_USE_TLS = env_bool("DJANGO_EMAIL_USE_TLS", True)
+EMAIL_TIMEOUT = env_int("DJANGO_EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = env_str("DJANGO_DEFAULT_FROM_EMAIL", "Colony <colony@localhost>")
+CELERY_BEAT_SCHEDULE.update({
+    "notify-long-waits": {"task": "jobs.tasks.notify_long_waits", "schedule": 60.0, "options": {"expires": 55}},
+    "redeliver-notifications": {"task": "jobs.tasks.redeliver_notifications", "schedule": 300.0,
+                                "options": {"expires": 290}},
+})
+# ---------------------------------------------------------------- end of notifications

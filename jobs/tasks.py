@@ -5,6 +5,7 @@ from celery import shared_task
 from jobs.services import alerts as job_alerts
 from jobs.services import job_logs
 from jobs.services import node_health
+from jobs.services import notifications
 from jobs.services.agent_events import consume_events
 from jobs.services.cycle import run_scheduling_cycle
 from monitoring.services.redis_client import get_redis
@@ -34,3 +35,22 @@ def check_node_health() -> dict:
 @shared_task(ignore_result=True)
 def evaluate_alerts() -> int:
     return job_alerts.evaluate()
+
+
+# Five tries in all, 15 s apart at first, doubling (with jitter) up to 10 min: a chat service's
+# outage of a few minutes is ridden out; after the last try the notification reads "gave up".
+@shared_task(bind=True, ignore_result=True, autoretry_for=(notifications.TryAgain,), retry_backoff=15,
+             retry_backoff_max=600, retry_jitter=True, max_retries=notifications.MAX_TRIES - 1)
+def send_notification(self, notification_id: int) -> str:
+    return notifications.deliver(notification_id, try_number=self.request.retries,
+                                 last_try=self.request.retries >= self.max_retries)
+
+
+@shared_task(ignore_result=True)
+def notify_long_waits() -> int:
+    return notifications.notify_long_waits()
+
+
+@shared_task(ignore_result=True)
+def redeliver_notifications() -> int:
+    return notifications.redeliver_stuck()

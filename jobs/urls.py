@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs import views
+from jobs import notification_views, views
 
 app_name = "jobs"
 
@@ -11,4 +11,5 @@ urlpatterns = [
     path("<int:pk>/cancel/", views.cancel, name="cancel"),
     path("usage/", views.UsageView.as_view(), name="usage"),
     path("usage.csv", views.usage_csv, name="usage-csv"),
+    path("notifications/", notification_views.notification_settings, name="notifications"),
 ]

@@ -1,0 +1,82 @@
+"""The "Notifications" page: a user's own opt-in (email, webhook, which events), a test button,
+and the last messages sent (or not) with why.
+
+Only ever the signed-in user's settings and messages: nothing here takes a user or settings id.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.cache import cache
+from django.shortcuts import redirect, render
+
+from jobs.models import Notification, NotificationSettings
+from jobs.services import notifications
+
+# One test per user this often: the button makes the server call out (mail, webhook).
+TEST_EVERY_S = 10
+RECENT = 10
+
+
+class NotificationSettingsForm(forms.ModelForm):
+    events = forms.MultipleChoiceField(choices=notifications.EVENT_CHOICES, required=False,
+                                       widget=forms.CheckboxSelectMultiple, label="Tell me when")
+    # A text field: the stylesheet styles text inputs, and check_webhook_url judges the URL.
+    webhook_url = forms.CharField(
+        required=False, max_length=500, label="Webhook URL",
+        help_text="A Slack (or compatible) incoming webhook; Colony POSTs JSON to it.",
+        widget=forms.TextInput(attrs={"class": "mono", "inputmode": "url",
+                                      "placeholder": "https://hooks.slack.com/services/…"}))
+    long_wait_minutes = forms.IntegerField(min_value=1, max_value=notifications.MAX_LONG_WAIT_MINUTES,
+                                           label="Long wait means more than (minutes)")
+
+    class Meta:
+        model = NotificationSettings
+        fields = ["email", "webhook_url", "events", "long_wait_minutes"]
+        labels = {"email": "Email me"}
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.user = user
+
+    def clean_email(self):
+        if self.cleaned_data["email"] and not self.user.email:
+            raise forms.ValidationError("Your account has no email address; ask an operator to add one.")
+        return self.cleaned_data["email"]
+
+    def clean_webhook_url(self):
+        url = self.cleaned_data["webhook_url"].strip()
+        if url:
+            try:
+                notifications.check_webhook_url(url)
+            except notifications.WebhookRefused as exc:
+                raise forms.ValidationError(str(exc)) from None
+        return url
+
+    def clean_events(self):
+        chosen = set(self.cleaned_data["events"])
+        return [event for event, _ in notifications.EVENT_CHOICES if event in chosen]
+
+
+@login_required
+def notification_settings(request):
+    prefs = NotificationSettings.objects.filter(user=request.user).first() or NotificationSettings(user=request.user)
+    form = NotificationSettingsForm(request.POST or None, instance=prefs, user=request.user)
+    if request.method == "POST" and form.is_valid():
+        form.save()
+        messages.success(request, "Notification settings saved.")
+        if request.POST.get("action") == "test":
+            _send_test(request)
+        return redirect("jobs:notifications")
+    recent = Notification.objects.filter(user=request.user).select_related("job")[:RECENT]
+    return render(request, "jobs/notifications.html", {"form": form, "recent": recent})
+
+
+def _send_test(request) -> None:
+    if not cache.add(f"colony:notification-test:{request.user.pk}", 1, TEST_EVERY_S):
+        messages.error(request, f"One test every {TEST_EVERY_S} seconds; try again in a moment.")
+        return
+    for ok, text in notifications.send_test(request.user):
+        (messages.success if ok else messages.error)(request, text)
