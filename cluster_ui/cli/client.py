@@ -24,6 +24,10 @@ class ConfigError(Exception):
     """Not enough to talk to the API (no token, unreadable config): a usage problem."""
 
 
+class Usage(Exception):
+    """A usage problem found after parsing (a bad size, say): exit 2 like argparse does."""
+
+
 class ApiError(Exception):
     """The API refused or could not be reached. ``body`` is its error object when it sent one."""
 
@@ -77,24 +81,30 @@ class Client:
         self.settings = settings
 
     def request(self, method: str, path: str, body: dict | None = None, query: dict | None = None):
+        data = json.dumps(body).encode() if body is not None else None
+        _, answer = self.send(method, path, data, "application/json", query)
+        return answer
+
+    def send(self, method: str, path: str, data: bytes | None = None, content_type: str | None = None,
+             query: dict | None = None) -> tuple[int, object]:
+        """One call with a raw body; the status too, for calls where 200 and 201 mean different things."""
         url = urllib.parse.urljoin(self.settings.url, path.lstrip("/"))
         if query:
             url += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v not in (None, "")})
-        data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(url, data=data, method=method, headers={
             "Authorization": f"Token {self.settings.token}",
             "Accept": "application/json",
-            **({"Content-Type": "application/json"} if data is not None else {}),
+            **({"Content-Type": content_type} if data is not None and content_type else {}),
         })
         try:
             with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-                payload = response.read()
+                status, payload = response.status, response.read()
         except urllib.error.HTTPError as exc:
             raise _api_error(exc) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ApiError(f"cannot reach {self.settings.url}: {reason}") from None
-        return json.loads(payload) if payload else None
+        return status, (json.loads(payload) if payload else None)
 
     def get(self, path: str, **query):
         return self.request("GET", path, query=query)

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import shutil
 import sys
 import time
 
-from cluster_ui.cli import units
-from cluster_ui.cli.client import ApiError, Client, ConfigError, resolve
+from cluster_ui.cli import submit, units
+from cluster_ui.cli.client import ApiError, Client, ConfigError, Usage, resolve
+from cluster_ui.cli.submit import cmd_submit, default_name  # noqa: F401  (still importable from here)
 
 OK, API_ERROR, USAGE = 0, 1, 2
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT"}
@@ -23,66 +23,7 @@ FOLLOW_INTERVAL_S = 1.0
 GAP_NOTE = "[colony: output skipped here: the job wrote faster than it is shown live]\n"
 
 
-class Usage(Exception):
-    """A usage problem found after parsing (a bad size, say): exit 2 like argparse does."""
-
-
 # ---------------------------------------------------------------- commands
-
-
-def cmd_submit(client: Client, args) -> tuple[object, str]:
-    if not args.command:
-        raise Usage("give the command after --, e.g. colony submit --gpus 1 -- python train.py")
-    body: dict = {"command": args.command, "gpus": args.gpus, "name": args.name or default_name(args.command)}
-    try:
-        if args.gpu_fraction is not None:
-            body["gpu_milli"] = units.gpu_milli(args.gpu_fraction)
-            if args.gpus_given and args.gpus != 1:
-                raise Usage("--gpu-fraction is a share of one GPU; leave out --gpus (or say --gpus 1)")
-            body["gpus"] = 1
-        if args.memory:
-            body["gpu_memory_mib"] = units.size_mib(args.memory)
-        if args.max_runtime:
-            body["max_runtime_s"] = units.duration_s(args.max_runtime)
-    except ValueError as exc:
-        raise Usage(str(exc)) from None
-    for flag, field in (("tenant", "tenant"), ("priority", "priority"),
-                        ("max_nodes", "max_nodes"), ("profile_key", "profile_key")):
-        if getattr(args, flag) is not None:
-            body[field] = getattr(args, flag)
-    if args.gpu_model:
-        body["gpu_models"] = args.gpu_model
-    if args.opportunistic:
-        body["opportunistic_only"] = True
-    if args.shareable:
-        body["shareable"] = True
-    job = client.post("api/v1/jobs/", body)
-    text = f"Submitted job {job['id']} ({job['name']}) to {job['tenant']}: {job['state'].lower()}."
-    return job, text
-
-
-# Programs that run the program named after them: a job is better named for what they run.
-LAUNCHERS = {"python", "python3", "torchrun", "accelerate", "deepspeed", "bash", "sh", "uv", "srun",
-             "mpirun", "horovodrun", "nohup"}
-
-
-def default_name(argv: list[str]) -> str:
-    """What a person would call the job: ``python train.py`` is "train.py", ``python -m
-    pkg.train`` is "pkg.train", ``torchrun --nproc_per_node 8 train.py`` is "train.py"."""
-    words = list(argv)
-    while words and os.path.basename(words[0]).rstrip("0123456789.") in LAUNCHERS and len(words) > 1:
-        words = words[1:]
-        while words and words[0].startswith("-"):
-            flag = words.pop(0)
-            if flag == "-m" and words:
-                return words[0][:200]
-            if "=" not in flag and words and not words[0].startswith("-") and not _looks_like_program(words[0]):
-                words.pop(0)  # the flag's value
-    return (os.path.basename(words[0]) if words else os.path.basename(argv[0]))[:200] or "job"
-
-
-def _looks_like_program(word: str) -> bool:
-    return word.endswith((".py", ".sh")) or os.path.basename(word).rstrip("0123456789.") in LAUNCHERS
 
 
 def cmd_queue(client: Client, args) -> tuple[object, str]:
@@ -116,7 +57,8 @@ def queue_table(jobs: list[dict]) -> str:
             if job.get("eta_s") is not None:
                 why += f" (starts in ~{units.human_duration(job['eta_s'])})"
         run_class = job.get("run_class") or ("spare-only" if job.get("opportunistic_only") else "-")
-        rows.append([str(job["id"]), job["name"], job["tenant"], job["owner"], job["state"], run_class,
+        name = job["name"] + (f"[{job['array_index']}]" if job.get("array_index") is not None else "")
+        rows.append([str(job["id"]), name, job["tenant"], job["owner"], job["state"], run_class,
                      units.gpu_request(job), position, time, why or "-"])
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     lines = []
@@ -137,6 +79,7 @@ def cmd_show(client: Client, args) -> tuple[object, str]:
         + (", spare capacity only" if job.get("opportunistic_only") else ""),
         f"  class       {job.get('run_class') or '-'}",
         f"  command     {shlex.join(job['command'])}",
+        *contract_lines(job),
     ]
     if job.get("pending_reason"):
         lines.append(f"  pending     {job['pending_reason']['message']}")
@@ -153,6 +96,36 @@ def cmd_show(client: Client, args) -> tuple[object, str]:
     if job.get("error"):
         lines.append(f"  error       {job['error']}")
     return job, "\n".join(lines)
+
+
+def contract_lines(job: dict) -> list[str]:
+    """Where and how the job runs, what it waits for, what preemption cost it: only what is set."""
+    lines = []
+    if job.get("workdir"):
+        lines.append(f"  workdir     {job['workdir']} (on the node)")
+    if job.get("code"):
+        lines.append(f"  code        uploaded, sha256 {job['code'][:12]}…")
+    for field in ("image", "venv", "conda"):
+        if job.get(field):
+            lines.append(f"  {field:<11} {job[field]}")
+    if job.get("array_id") is not None:
+        lines.append(f"  array       {job['array_id']}, index {job.get('array_index')}")
+    waits = [f"job {dep['job']} " + ("succeeds" if dep.get("kind") == "ok" else "ends")
+             for dep in job.get("dependencies") or []]
+    if waits:
+        lines.append(f"  after       {', '.join(waits)}")
+    notice = []
+    if job.get("preempt_grace_s"):
+        notice.append(f"{units.human_duration(job['preempt_grace_s'])} notice")
+    if job.get("checkpoints"):
+        notice.append("checkpoints")
+    if notice:
+        lines.append(f"  preemption  {', '.join(notice)}")
+    if job.get("preemptions"):
+        count = job["preemptions"]
+        lost = f", {units.human_duration(job['lost_work_s'])} of work lost" if job.get("lost_work_s") else ""
+        lines.append(f"  preempted   {count} time{'s' if count != 1 else ''}{lost}")
+    return lines
 
 
 def cmd_logs(client: Client, args) -> tuple[object, str | None]:
@@ -247,23 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
 
-    submit = commands.add_parser("submit", parents=[common], help="submit a job",
-                                 usage="colony submit [options] -- COMMAND [ARG ...]",
-                                 description="Submit a job. Everything after -- is the command, run without a shell.")
-    submit.add_argument("--gpus", type=int, default=None, help="GPUs, all granted at once (default 1)")
-    submit.add_argument("--gpu-fraction", metavar="F", help="a share of one GPU, e.g. 0.25 or 1/4")
-    submit.add_argument("--memory", metavar="SIZE", help="GPU memory needed per GPU, e.g. 20GiB")
-    submit.add_argument("--gpu-model", action="append", metavar="MODEL", help="allowed GPU model (repeatable)")
-    submit.add_argument("--tenant", help="tenant to charge (needed if you belong to several)")
-    submit.add_argument("--name", help="job name (default: the program)")
-    submit.add_argument("--priority", type=int, help="-10..10, order within your tenant")
-    submit.add_argument("--opportunistic", action="store_true", help="run only on spare capacity (preemptible)")
-    submit.add_argument("--shareable", action="store_true", help="let other jobs share your GPUs")
-    submit.add_argument("--max-runtime", metavar="DURATION", help="stop after e.g. 90m, 4h, 2d")
-    submit.add_argument("--max-nodes", type=int, help="spread a multi-GPU job over at most N nodes")
-    submit.add_argument("--profile-key", help="place from the recorded profile of runs with this key")
-    submit.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    submit.set_defaults(run=cmd_submit)
+    submit_parser = commands.add_parser("submit", parents=[common], help="submit a job",
+                                        usage="colony submit [options] -- COMMAND [ARG ...]",
+                                        description="Submit a job. Everything after -- is the command, "
+                                                    "run without a shell.")
+    submit.add_arguments(submit_parser)
+    submit_parser.set_defaults(run=cmd_submit)
 
     queue = commands.add_parser("queue", parents=[common], help="list jobs with queue position and pending reason")
     queue.add_argument("--all", action="store_true", help="finished jobs too (default: pending and running)")

@@ -192,6 +192,8 @@ def _heaviest(files: list[tuple[str, int, bool]], measure: int, limit: int = 5):
             children.setdefault(parent, set()).add(key)
             parent = key
     chosen = sorted(children.get("", ()), key=lambda key: -totals[key][measure])[:limit]
+    whole = sum(totals[key][measure] for key in children.get("", ()))
+    chosen = chosen[:1] + [key for key in chosen[1:] if totals[key][measure] >= 0.05 * whole]  # not the crumbs
     for position, key in enumerate(chosen):
         # Name the deep directory that really holds it ("data/raw/"), not just "data/".
         while key in children:

@@ -45,15 +45,17 @@ def test_the_whole_round_trip_against_a_live_server(live_server, transactional_d
     colony_env.setenv("COLONY_URL", live_server.url)
     colony_env.setenv("COLONY_TOKEN", Token.objects.create(user=alice).key)
 
-    code, out, _ = run(capsys, "submit", "--gpus", "2", "--memory", "20GiB", "--name", "train", "--max-runtime", "2h",
-                       "--", "python", "train.py", "--epochs", "3")
+    # --no-code: uploads have their own tests (test_colony_submit_options.py).
+    code, out, _ = run(capsys, "submit", "--no-code", "--gpus", "2", "--memory", "20GiB", "--name", "train",
+                       "--max-runtime", "2h", "--", "python", "train.py", "--epochs", "3")
     assert code == 0, out
     job = Job.objects.get(name="train")
     assert out.strip() == f"Submitted job {job.pk} (train) to vision: pending."
     assert (job.command, job.gpus, job.gpu_memory_mib, job.max_runtime_s) == (
         ["python", "train.py", "--epochs", "3"], 2, 20480, 7200)
 
-    code, out, _ = run(capsys, "--json", "submit", "--gpu-fraction", "1/4", "--opportunistic", "--", "python", "-V")
+    code, out, _ = run(capsys, "--json", "submit", "--no-code", "--gpu-fraction", "1/4", "--opportunistic",
+                       "--", "python", "-V")
     small = json.loads(out)
     assert code == 0 and (small["gpu_milli"], small["gpus"], small["opportunistic_only"]) == (250, 1, True)
 
@@ -89,9 +91,9 @@ def test_the_whole_round_trip_against_a_live_server(live_server, transactional_d
     assert code == 1 and json.loads(out)["error"]["code"] == "not_found"
 
     # Refusals name the field, as the API does.
-    code, _, err = run(capsys, "submit", "--gpus", "0", "--", "python")
+    code, _, err = run(capsys, "submit", "--no-code", "--gpus", "0", "--", "python")
     assert code == 1 and err.count("gpus: Ensure this value is greater than or equal to 1.") == 1  # said once
-    code, _, err = run(capsys, "submit", "--tenant", "nlp", "--", "python")
+    code, _, err = run(capsys, "submit", "--no-code", "--tenant", "nlp", "--", "python")
     assert code == 1 and "tenant: Unknown tenant 'nlp'" in err
 
     colony_env.setenv("COLONY_TOKEN", "wrong")

@@ -1,0 +1,198 @@
+"""``colony submit``: its flags, the job (or array) body they make, the upload of the code it
+runs, and the answer in words. Packing lives in ``pack``; nothing here talks HTTP but through
+``Client``.
+
+Where the job starts: by default the current directory (or ``--code DIR``) is packed, uploaded
+once per distinct content, and unpacked for the job on its node; ``--workdir PATH`` names a
+directory already on the nodes (a shared filesystem) and uploads nothing; ``--no-code`` starts the
+job in an empty folder, as Colony did before code uploads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from cluster_ui.cli import pack, units
+from cluster_ui.cli.client import ApiError, Client, Usage
+
+# Programs that run the program named after them: a job is better named for what they run.
+LAUNCHERS = {"python", "python3", "torchrun", "accelerate", "deepspeed", "bash", "sh", "uv", "srun",
+             "mpirun", "horovodrun", "nohup"}
+NAMES_SHOWN = 3  # of skipped links, in the upload line
+
+
+def add_arguments(submit: argparse.ArgumentParser) -> None:
+    submit.add_argument("--gpus", type=int, default=None, help="GPUs, all granted at once (default 1)")
+    submit.add_argument("--gpu-fraction", metavar="F", help="a share of one GPU, e.g. 0.25 or 1/4")
+    submit.add_argument("--memory", metavar="SIZE", help="GPU memory needed per GPU, e.g. 20GiB")
+    submit.add_argument("--gpu-model", action="append", metavar="MODEL", help="allowed GPU model (repeatable)")
+    submit.add_argument("--tenant", help="tenant to charge (needed if you belong to several)")
+    submit.add_argument("--name", help="job name (default: the program)")
+    submit.add_argument("--priority", type=int, help="-10..10, order within your tenant")
+    submit.add_argument("--opportunistic", action="store_true", help="run only on spare capacity (preemptible)")
+    submit.add_argument("--shareable", action="store_true", help="let other jobs share your GPUs")
+    submit.add_argument("--max-runtime", metavar="DURATION", help="stop after e.g. 90m, 4h, 2d")
+    submit.add_argument("--max-nodes", type=int, help="spread a multi-GPU job over at most N nodes")
+    submit.add_argument("--profile-key", help="place from the recorded profile of runs with this key")
+
+    code = submit.add_argument_group("code (default: upload the current directory, minus what "
+                                     ".gitignore and .colonyignore exclude)")
+    where = code.add_mutually_exclusive_group()
+    where.add_argument("--code", metavar="DIR", help="upload this directory instead of the current one")
+    where.add_argument("--workdir", metavar="PATH", help="start in this directory on the node (shared "
+                                                         "filesystem); uploads nothing")
+    where.add_argument("--no-code", action="store_true", help="upload nothing; start in an empty folder")
+
+    environment = submit.add_argument_group("environment")
+    environment.add_argument("--image", help="container image, run by the node's container runtime")
+    python = environment.add_mutually_exclusive_group()
+    python.add_argument("--venv", metavar="PATH", help="activate this virtualenv (a path on the node)")
+    python.add_argument("--conda", metavar="PATH", help="activate this conda environment (a path on the node)")
+
+    preemption = submit.add_argument_group("preemption")
+    preemption.add_argument("--preempt-grace", metavar="DURATION",
+                            help="warning before a preemption stops the job (SIGTERM, COLONY_PREEMPT_AT), e.g. 90s, 5m")
+    preemption.add_argument("--checkpoints", action="store_true",
+                            help="the job saves checkpoints, so preempting it loses little")
+
+    batch = submit.add_argument_group("arrays and dependencies")
+    batch.add_argument("--array", metavar="SPEC",
+                       help="one job per index, e.g. 0-99%%8 (at most 8 at once), 1,3,5-7; index in COLONY_ARRAY_INDEX")
+    batch.add_argument("--after-ok", action="append", metavar="ID",
+                       help="start after these jobs succeed (repeatable or 41,42); cancelled if one fails")
+    batch.add_argument("--after-any", action="append", metavar="ID",
+                       help="start after these jobs end, however they end (repeatable or 41,42)")
+    submit.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def cmd_submit(client: Client, args) -> tuple[object, str]:
+    if not args.command:
+        raise Usage("give the command after --, e.g. colony submit --gpus 1 -- python train.py")
+    body = job_body(args)
+    if not (args.workdir or args.no_code):
+        body["code"] = upload_code(client, args.code or os.curdir, args.tenant)
+    answer = client.post("api/v1/jobs/", body)
+    if isinstance(answer, dict) and "array" in answer:
+        return answer, array_submitted(answer)
+    return answer, f"Submitted job {answer['id']} ({answer['name']}) to {answer['tenant']}: {answer['state'].lower()}."
+
+
+def job_body(args) -> dict:
+    """The ``POST /api/v1/jobs/`` body the flags ask for; a bad flag value is a ``Usage``."""
+    body: dict = {"command": args.command, "gpus": args.gpus, "name": args.name or default_name(args.command)}
+    try:
+        if args.gpu_fraction is not None:
+            body["gpu_milli"] = units.gpu_milli(args.gpu_fraction)
+            if args.gpus_given and args.gpus != 1:
+                raise Usage("--gpu-fraction is a share of one GPU; leave out --gpus (or say --gpus 1)")
+            body["gpus"] = 1
+        if args.memory:
+            body["gpu_memory_mib"] = units.size_mib(args.memory)
+        if args.max_runtime:
+            body["max_runtime_s"] = units.duration_s(args.max_runtime)
+        if args.preempt_grace:
+            body["preempt_grace_s"] = units.duration_s(args.preempt_grace)
+    except ValueError as exc:
+        raise Usage(str(exc)) from None
+    for field in ("tenant", "priority", "max_nodes", "profile_key", "image", "venv", "conda", "array"):
+        if getattr(args, field) is not None:
+            body[field] = getattr(args, field)
+    if args.workdir is not None:
+        if not os.path.isabs(args.workdir):
+            raise Usage(f"--workdir is a path on the node, so give it in full (e.g. /shared/{args.workdir}); "
+                        "to upload a local directory use --code DIR")
+        body["workdir"] = args.workdir
+    if args.gpu_model:
+        body["gpu_models"] = args.gpu_model
+    for flag, field in (("opportunistic", "opportunistic_only"), ("shareable", "shareable"),
+                        ("checkpoints", "checkpoints")):
+        if getattr(args, flag):
+            body[field] = True
+    for flag, field in (("--after-ok", "after_ok"), ("--after-any", "after_any")):
+        ids = job_ids(getattr(args, field), flag)
+        if ids:
+            body[field] = ids
+    return body
+
+
+def job_ids(values: list[str] | None, flag: str) -> list[int]:
+    """``["41", "42,43"]`` -> ``[41, 42, 43]``: the flag may repeat or take a comma list."""
+    ids: list[int] = []
+    for value in values or []:
+        for part in value.split(","):
+            part = part.strip()
+            if not part.isdigit():
+                raise Usage(f"{flag} takes job ids, e.g. {flag} 41 or {flag} 41,42 (got {value!r})")
+            if int(part) not in ids:
+                ids.append(int(part))
+    return ids
+
+
+def upload_code(client: Client, directory: str, tenant: str | None) -> str:
+    """Pack ``directory``, upload it, say so on stderr (stdout is the answer, for scripts), and
+    return the sha256 the server knows the code by."""
+    try:
+        archive = pack.pack(directory)
+    except pack.PackError as exc:
+        raise Usage(str(exc)) from None
+    try:
+        status, stored = client.send("POST", "api/v1/code/", archive.data, "application/gzip", {"tenant": tenant})
+    except ApiError as exc:
+        if exc.status in (404, 405):
+            raise ApiError("this Colony server does not take code uploads; give --workdir PATH (code on a "
+                           "shared filesystem) or --no-code", status=exc.status, body=exc.body) from None
+        raise
+    sha256 = (stored or {}).get("sha256") or archive.sha256
+    verb = "Uploaded code" if status == 201 else "Code already uploaded"
+    line = (f"{verb}: {archive.files:,} file{'s' if archive.files != 1 else ''}, "
+            f"{units.human_bytes(len(archive.data))} (sha256 {sha256[:12]}…)")
+    line += _skipped(archive.skipped_links, "symbolic link") + _skipped(archive.skipped_special, "special file")
+    print(line, file=sys.stderr, flush=True)
+    return sha256
+
+
+def _skipped(names: tuple[str, ...], what: str) -> str:
+    if not names:
+        return ""
+    shown = ", ".join(names[:NAMES_SHOWN]) + (", …" if len(names) > NAMES_SHOWN else "")
+    return f"; skipped {len(names)} {what}{'s' if len(names) != 1 else ''} ({shown})"
+
+
+def array_submitted(answer: dict) -> str:
+    array, jobs = answer["array"], answer["jobs"]
+    text = f"Submitted array {array['id']}: {len(jobs)} job{'s' if len(jobs) != 1 else ''} ({id_ranges(jobs)})"
+    if array.get("max_running"):
+        text += f", at most {array['max_running']} at once"
+    return text + "."
+
+
+def id_ranges(ids: list[int]) -> str:
+    """``[101, 102, 103, 107]`` -> ``"101-103, 107"``."""
+    spans: list[list[int]] = []
+    for job_id in sorted(ids):
+        if spans and job_id == spans[-1][1] + 1:
+            spans[-1][1] = job_id
+        else:
+            spans.append([job_id, job_id])
+    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)
+
+
+def default_name(argv: list[str]) -> str:
+    """What a person would call the job: ``python train.py`` is "train.py", ``python -m
+    pkg.train`` is "pkg.train", ``torchrun --nproc_per_node 8 train.py`` is "train.py"."""
+    words = list(argv)
+    while words and os.path.basename(words[0]).rstrip("0123456789.") in LAUNCHERS and len(words) > 1:
+        words = words[1:]
+        while words and words[0].startswith("-"):
+            flag = words.pop(0)
+            if flag == "-m" and words:
+                return words[0][:200]
+            if "=" not in flag and words and not words[0].startswith("-") and not _looks_like_program(words[0]):
+                words.pop(0)  # the flag's value
+    return (os.path.basename(words[0]) if words else os.path.basename(argv[0]))[:200] or "job"
+
+
+def _looks_like_program(word: str) -> bool:
+    return word.endswith((".py", ".sh")) or os.path.basename(word).rstrip("0123456789.") in LAUNCHERS
