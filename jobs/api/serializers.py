@@ -6,11 +6,13 @@ import json
 import re
 import time
 
+from django.conf import settings
 from rest_framework import serializers
 
 from agents import protocol
-from jobs.choices import JobClass, JobEventKind, JobState
-from jobs.models import Job
+from jobs.choices import TERMINAL_STATES, JobClass, JobEventKind, JobState
+from jobs.models import CodeArchive, Job
+from jobs.services import arrays
 from jobs.services.submission import tenants_of
 from monitoring.services.registry import cluster_inventory
 
@@ -25,6 +27,8 @@ MAX_LAUNCH_PAYLOAD_BYTES = protocol.MAX_MESSAGE_BYTES - 16 * 1024
 # Set by the agent for every job; a job spec may not override them.
 RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "COLONY_JOB_ID", "COLONY_REDIS_URL", "REDIS_URL",
                 "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
+MAX_DEPENDENCIES = 64
+_IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
 
 
 class RejectUnknownFieldsMixin:
@@ -99,12 +103,19 @@ class JobSerializer(serializers.ModelSerializer):
                                         help_text="How it was admitted when placed; empty until then.")
     eta_s = serializers.SerializerMethodField(help_text="Pending: seconds until it is likely to start, when the "
                                                         "scheduler can tell.")
+    code = serializers.CharField(source="code.sha256", read_only=True, allow_null=True, default=None,
+                                 help_text="sha256 of the code archive it starts in, if any.")
+    array_id = serializers.IntegerField(read_only=True, allow_null=True)
+    dependencies = serializers.SerializerMethodField(help_text='Jobs it waits for: [{"job": 41, "kind": "ok"}].')
+    preemptions = serializers.IntegerField(source="preempt_count", read_only=True)
 
     class Meta:
         model = Job
         fields = [
             "id", "name", "tenant", "owner", "command", "env", "eta_s", "gpus", "gpu_milli", "gpu_memory_mib", "gpu_models",
             "priority", "opportunistic_only", "shareable", "max_nodes", "max_runtime_s", "profile_key",
+            "workdir", "code", "image", "venv", "conda", "preempt_grace_s", "stop_signal", "checkpoints",
+            "array_id", "array_index", "dependencies", "preemptions", "lost_work_s",
             "state", "run_class", "pending_reason", "allocations", "events", "attempt", "requeue_count",
             "preempt_count",
             "peak_gpu_memory_mib", "exit_code", "error", "output_tail", "submitted_at", "placed_at",
@@ -114,6 +125,9 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_eta_s(self, job) -> float | None:
         return eta_seconds(job)
+
+    def get_dependencies(self, job) -> list[dict]:
+        return [{"job": d.on_id, "kind": d.kind} for d in job.dependencies.all()]
 
 
 class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
@@ -152,6 +166,32 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
                                         help_text="Jobs sharing a key are placed from the recorded profile.")
     tenant = serializers.SlugField(required=False,
                                    help_text="Tenant to charge; optional when you belong to exactly one.")
+    workdir = StrictCharField(max_length=1024, required=False, allow_blank=True,
+                              help_text="Absolute directory on the node to start in (a shared filesystem).")
+    code = StrictCharField(max_length=64, required=False, allow_blank=True,
+                           help_text="sha256 of an archive uploaded to /api/v1/code/: the job starts in a copy of it.")
+    image = StrictCharField(max_length=255, required=False, allow_blank=True,
+                            help_text="Container image to run the command in (nodes with a container runtime).")
+    venv = StrictCharField(max_length=1024, required=False, allow_blank=True,
+                           help_text="Python virtualenv on the node to activate, by path.")
+    conda = StrictCharField(max_length=1024, required=False, allow_blank=True,
+                            help_text="Conda environment on the node to activate, by prefix path.")
+    preempt_grace_s = serializers.IntegerField(
+        min_value=0, max_value=protocol.MAX_PREEMPT_GRACE_S, required=False, allow_null=True,
+        help_text="Seconds between the preemption notice (stop_signal, COLONY_PREEMPT_FILE) and SIGKILL.")
+    stop_signal = serializers.ChoiceField(["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"], required=False,
+                                          default="SIGTERM", help_text="Sent first when it is stopped or preempted.")
+    checkpoints = serializers.BooleanField(required=False, default=False,
+                                           help_text="It saves its state when told to stop: preempted first, "
+                                                     "as it loses nothing.")
+    array = StrictCharField(max_length=200, required=False, allow_blank=True,
+                            help_text='Submit one job per index: "0-99", "1,3,5-7", "0-99%8" (at most 8 at once). '
+                                      "Each gets COLONY_ARRAY_INDEX.")
+    after_ok = serializers.ListField(child=serializers.IntegerField(min_value=1), required=False,
+                                     max_length=MAX_DEPENDENCIES,
+                                     help_text="Start only after these jobs succeed; cancelled if one does not.")
+    after_any = serializers.ListField(child=serializers.IntegerField(min_value=1), required=False,
+                                      max_length=MAX_DEPENDENCIES, help_text="Start only after these jobs end.")
 
     def validate_command(self, command: list[str]) -> list[str]:
         if not command[0].strip():
@@ -188,12 +228,75 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         if attrs.get("gpu_milli", 1000) < 1000 and attrs["gpus"] != 1:
             raise serializers.ValidationError({"gpu_milli": ["A GPU fraction is only possible with gpus=1."]})
         self._check_launch_size(attrs["command"], attrs.get("env") or {})
+        self._check_where_and_what(attrs)
         inventory = cluster_inventory()
         if inventory.total_gpus:  # before any node registers, nothing is refused on size: the job waits
             self._check_inventory(attrs, inventory)
             self._check_ceiling(attrs)
+            if attrs.get("image") and not inventory.runtimes:
+                raise serializers.ValidationError({"image": [
+                    "No node of this cluster runs containers (no agent was started with --container-runtime); "
+                    "use venv or conda, or ask an operator."]})
+        self._check_dependencies(attrs)
+        spec = attrs.pop("array", "").strip()
+        if spec:
+            try:
+                attrs["array"] = arrays.parse(spec, settings.COLONY_MAX_ARRAY_SIZE)
+            except ValueError as exc:
+                raise serializers.ValidationError({"array": [str(exc)]}) from None
+            attrs["array_text"] = spec
         attrs.setdefault("name", attrs["command"][0].rsplit("/", 1)[-1][:200])
         return attrs
+
+    @staticmethod
+    def _check_where_and_what(attrs) -> None:
+        """Where it starts and in what environment: at most one of each pair, node paths absolute."""
+        for name in ("workdir", "venv", "conda"):
+            path = attrs.get(name, "")
+            if path and (not path.startswith("/") or "\x00" in path or "\n" in path):
+                raise serializers.ValidationError({name: [f"Give an absolute path on the node, e.g. /shared/{name}."]})
+        if attrs.get("workdir") and attrs.get("code"):
+            raise serializers.ValidationError({"code": ["Give workdir or code, not both."]})
+        if attrs.get("venv") and attrs.get("conda"):
+            raise serializers.ValidationError({"conda": ["Give venv or conda, not both."]})
+        if attrs.get("image") and not _IMAGE_RE.match(attrs["image"]):
+            raise serializers.ValidationError({"image": ["Not an image name, e.g. pytorch/pytorch:2.4.0-cuda12.1."]})
+        grace = attrs.get("preempt_grace_s")
+        if grace is not None and grace > settings.COLONY_MAX_PREEMPT_GRACE_S:
+            raise serializers.ValidationError({"preempt_grace_s": [
+                f"At most {settings.COLONY_MAX_PREEMPT_GRACE_S} s on this cluster (COLONY_MAX_PREEMPT_GRACE_S)."]})
+        sha = attrs.pop("code", "")
+        if sha:
+            archive = CodeArchive.objects.filter(tenant=attrs["tenant"], sha256=sha.lower()).only("pk").first()
+            if archive is None:
+                raise serializers.ValidationError({"code": [
+                    f"No code archive {sha[:12]} in tenant {attrs['tenant'].slug}; upload it first "
+                    "(POST /api/v1/code/, which colony submit does)."]})
+            attrs["code"] = archive
+
+    def _check_dependencies(self, attrs) -> None:
+        """Dependencies are jobs of the same tenant the submitter can see: a job in another tenant
+        would tell, by when this one starts, how that one is doing."""
+        ok, any_ = list(dict.fromkeys(attrs.get("after_ok") or [])), list(dict.fromkeys(attrs.get("after_any") or []))
+        wanted = ok + any_
+        if not wanted:
+            return
+        if len(wanted) > MAX_DEPENDENCIES:
+            raise serializers.ValidationError({"after_ok": [f"At most {MAX_DEPENDENCIES} dependencies."]})
+        if set(ok) & set(any_):
+            raise serializers.ValidationError({"after_any": ["A job is in both after_ok and after_any."]})
+        found = dict(Job.objects.visible_to(self.context["request"].user).filter(pk__in=wanted, tenant=attrs["tenant"])
+                     .values_list("pk", "state"))
+        for field, ids in (("after_ok", ok), ("after_any", any_)):
+            missing = [i for i in ids if i not in found]
+            if missing:
+                raise serializers.ValidationError({field: [
+                    f"No job {missing[0]} in tenant {attrs['tenant'].slug}, or not one you can see."]})
+        doomed = [i for i in ok if found[i] in TERMINAL_STATES and found[i] != JobState.SUCCEEDED]
+        if doomed:
+            raise serializers.ValidationError({"after_ok": [
+                f"Job {doomed[0]} ended {found[doomed[0]].lower()}; a job after it succeeds could never start."]})
+        attrs["after_ok"], attrs["after_any"] = ok, any_
 
     @staticmethod
     def _check_inventory(attrs, inventory) -> None:

@@ -17,7 +17,7 @@ from jobs.api.serializers import JobSerializer, JobSubmitSerializer
 from jobs.choices import TERMINAL_STATES
 from jobs.models import Job
 from jobs.services import job_logs
-from jobs.services.submission import NotCancellable, cancel_job, submit_job
+from jobs.services.submission import NotCancellable, cancel_job, submit_array, submit_job
 from monitoring.services.redis_client import get_redis
 
 
@@ -28,8 +28,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     def get_queryset(self):
         jobs = (
             Job.objects.visible_to(self.request.user)
-            .select_related("tenant", "owner")
-            .prefetch_related("allocations__gpu__node", "events")
+            .select_related("tenant", "owner", "code")
+            .defer("code__data")
+            .prefetch_related("allocations__gpu__node", "events", "dependencies")
         )
         if self.action == "list":
             jobs = job_filter_from(self.request).apply(jobs)
@@ -43,8 +44,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     def create(self, request, *args, **kwargs):
         submission = JobSubmitSerializer(data=request.data, context={"request": request})
         submission.is_valid(raise_exception=True)
+        if "array" in submission.validated_data:
+            group, jobs = submit_array(owner=request.user, **submission.validated_data)
+            return Response({
+                "array": {"id": group.pk, "name": group.name, "spec": group.spec, "size": group.size,
+                          "max_running": group.max_running},
+                "jobs": [job.pk for job in jobs],
+            }, status=status.HTTP_201_CREATED)
         job = submit_job(owner=request.user, **submission.validated_data)
-        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={200: JobSerializer, 409: None})
     @action(detail=True, methods=["post"])

@@ -68,26 +68,40 @@ def launch_id(job_id: int, attempt: int) -> str:
 
 def send_launch(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int, ...], *, attempt: int = 0,
                 env: dict[str, str] | None = None, gpu_memory_limit_mib: int | None = None,
-                duty_cycle: float = 1.0, tenant: str | None = None, max_runtime_s: int | None = None) -> None:
+                duty_cycle: float = 1.0, tenant: str | None = None, max_runtime_s: int | None = None,
+                code_id: int | None = None, **spec) -> None:
+    """``spec``: the launch's other fields (workdir, image, venv, conda, stop_signal, array_id,
+    array_index). ``code_id``: an archive the job starts in, staged for the node first; a launch
+    that cannot be staged is not sent (the scheduling loop re-sends unstarted launches)."""
     # One command id per attempt: a re-sent launch of this attempt is recognised by the agent, a
     # requeued job's next attempt is not mistaken for it. The tenant picks the agent's run-as account.
     # A job suspended before it started (duty cycle 0) is launched throttled and suspended at once.
+    if code_id is not None:
+        from jobs.services import code  # reads the archive table; keep this module light
+
+        try:
+            spec["code"] = code.stage(get_redis(), node, code_id)
+        except redis.RedisError as exc:
+            log.error("could not stage the code of job %s for node %s: %s", job_id, node, exc)
+            return
     _publish(node, protocol.LaunchJob(
         command_id=launch_id(job_id, attempt), attempt=attempt, job_id=job_id, argv=argv,
         gpu_indices=list(gpu_indices), env=env or {}, gpu_memory_limit_mib=gpu_memory_limit_mib,
         duty_cycle=duty_cycle if duty_cycle > 0 else SUSPENDED_LAUNCH_DUTY_CYCLE, tenant=tenant,
-        max_runtime_s=max_runtime_s, stop_grace_s=settings.COLONY_STOP_GRACE_SECONDS,
+        max_runtime_s=max_runtime_s, stop_grace_s=settings.COLONY_STOP_GRACE_SECONDS, **spec,
     ))
     if duty_cycle <= 0:
         _publish(node, protocol.SuspendJob(command_id=_command_id("suspend", job_id), job_id=job_id))
 
 
-def send_stop(node: str, job_id: int, launch_id: str | None = None) -> None:
+def send_stop(node: str, job_id: int, launch_id: str | None = None, *, preempt_grace_s: float | None = None) -> None:
     """Stop the job on ``node``: only the attempt ``launch_id`` when given (a stop for one run
-    never ends a later one), else whatever of the job runs there."""
+    never ends a later one), else whatever of the job runs there. ``preempt_grace_s``: this is a
+    preemption, with that much notice (the node writes the deadline where the job can read it)."""
     _publish(node, protocol.StopJob(
-        command_id=_command_id("stop", job_id), job_id=job_id, grace_seconds=settings.COLONY_STOP_GRACE_SECONDS,
-        launch_id=launch_id,
+        command_id=_command_id("stop", job_id), job_id=job_id, launch_id=launch_id,
+        grace_seconds=settings.COLONY_STOP_GRACE_SECONDS if preempt_grace_s is None else preempt_grace_s,
+        preempt=preempt_grace_s is not None,
     ))
 
 

@@ -17,6 +17,18 @@ from jobs.services.config import scheduler_config
 from monitoring.models import Node
 
 
+# Job fields a launch is built from (for ``.only()``); ``launch_spec`` turns them into its fields.
+LAUNCH_FIELDS = ("command", "env", "attempt", "max_runtime_s", "tenant__slug", "workdir", "code_id", "image", "venv",
+                 "conda", "stop_signal", "array_id", "array_index")
+
+
+def launch_spec(job: Job) -> dict:
+    """The launch's fields that come from the job spec as submitted (where and in what it runs)."""
+    return {"workdir": job.workdir or None, "image": job.image or None, "venv": job.venv or None,
+            "conda": job.conda or None, "stop_signal": job.stop_signal, "array_id": job.array_id,
+            "array_index": job.array_index, "code_id": job.code_id}
+
+
 def launch_envs(job_env: dict, slices: tuple[NodeSlice, ...], rendezvous: Rendezvous | None) -> dict[str, dict]:
     """Per node: the job's own variables plus, for a gang, the torchrun rendezvous of that node."""
     if rendezvous is None:
@@ -55,5 +67,5 @@ def send_attempt(job: Job) -> int:
         memory_limit, duty = limits[node_slice.node]
         send_launch(node_slice.node, job.pk, job.command, node_slice.gpu_indices, attempt=job.attempt,
                     env=envs[node_slice.node], gpu_memory_limit_mib=memory_limit, duty_cycle=duty,
-                    tenant=job.tenant.slug, max_runtime_s=job.max_runtime_s)
+                    tenant=job.tenant.slug, max_runtime_s=job.max_runtime_s, **launch_spec(job))
     return len(slices)

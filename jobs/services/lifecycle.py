@@ -34,15 +34,16 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import redis
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from jobs.choices import JobClass, JobEventKind, JobState
-from jobs.models import Allocation, Job, JobEvent
+from jobs.models import Allocation, Job, JobDependency, JobEvent
 from jobs.scheduling.decisions import Place
 from jobs.services.commands import launch_id, send_launch, send_stop
-from jobs.services.launches import launch_envs
+from jobs.services.launches import LAUNCH_FIELDS, launch_envs, launch_spec
 from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,12 @@ def submitted(job: Job) -> None:
             at=job.submitted_at)
 
 
+def submitted_many(jobs: list[Job], message: str) -> None:
+    """The first step of each job of an array; ``message`` may name ``{index}``."""
+    JobEvent.objects.bulk_create([JobEvent(job_id=job.pk, attempt=0, kind=JobEventKind.SUBMITTED, at=job.submitted_at,
+                                           message=message.format(index=job.array_index)[:500]) for job in jobs])
+
+
 # ---------------------------------------------------------------- placement
 
 
@@ -118,8 +125,7 @@ def place(decision: Place, now: datetime, job_class: str) -> bool:
         run_class=job_class, attempt=F("attempt") + 1,
     ):
         return False
-    job = (Job.objects.select_related("tenant")
-           .only("command", "env", "attempt", "max_runtime_s", "eta_first_at", "tenant__slug").get(pk=decision.job_id))
+    job = Job.objects.select_related("tenant").only(*LAUNCH_FIELDS, "eta_first_at").get(pk=decision.job_id)
     if job.attempt == 1 and job.eta_first_at is not None:
         # How far off the first ETA this job was given turned out to be (+: started later).
         Job.objects.filter(pk=job.pk).update(eta_error_s=(now - job.eta_first_at).total_seconds())
@@ -128,14 +134,15 @@ def place(decision: Place, now: datetime, job_class: str) -> bool:
                    memory_limit_mib=decision.memory_limit_mib, duty_cycle=decision.duty_cycle, attempt=job.attempt)
         for node_slice in decision.slices for gpu_id in node_slice.gpu_ids
     ])
-    _record(job.pk, JobEventKind.PLACED, f"On {_gpus_text(decision)}, as {job_class}.", attempt=job.attempt, at=now,
-            node=decision.slices[0].node if decision.slices else "")
+    note = getattr(decision, "note", "")
+    _record(job.pk, JobEventKind.PLACED, f"On {_gpus_text(decision)}, as {job_class}." + (f" {note}" if note else ""),
+            attempt=job.attempt, at=now, node=decision.slices[0].node if decision.slices else "")
     envs = launch_envs(job.env, decision.slices, decision.rendezvous)
     for node_slice in decision.slices:
         transaction.on_commit(lambda s=node_slice: send_launch(
             s.node, job.pk, job.command, s.gpu_indices, attempt=job.attempt, env=envs[s.node],
             gpu_memory_limit_mib=decision.memory_limit_mib, duty_cycle=decision.duty_cycle,
-            tenant=job.tenant.slug, max_runtime_s=job.max_runtime_s,
+            tenant=job.tenant.slug, max_runtime_s=job.max_runtime_s, **launch_spec(job),
         ))
     return True
 
@@ -225,6 +232,7 @@ def finish(job_id: int, exit: Exit) -> bool:
         if Job.objects.filter(pk=job_id, state=JobState.CANCELLING).update(state=JobState.CANCELLED, **outcome):
             _record(job_id, JobEventKind.FINISHED, f"Cancelled: its processes ended{_code(exit)}.", node=exit.node,
                     at=exit.finished_at)
+            _ended(job_id, JobState.CANCELLED)
     elif state in LIVE and exit.requeue:
         message = f"Requeued: the agent on node {exit.node} restarted or stopped while this job ran."
         if Job.objects.filter(pk=job_id, state__in=LIVE).update(
@@ -237,6 +245,7 @@ def finish(job_id: int, exit: Exit) -> bool:
         if Job.objects.filter(pk=job_id, state__in=LIVE).update(state=final, **outcome):
             _record(job_id, JobEventKind.FINISHED, _final_words(final, exit, outcome["error"]), node=exit.node,
                     at=exit.finished_at)
+            _ended(job_id, final)
             if final == JobState.SUCCEEDED:
                 from jobs.services.profiles import record_profile  # profiles reads usage; keep this module light
 
@@ -246,7 +255,9 @@ def finish(job_id: int, exit: Exit) -> bool:
         Job.objects.filter(pk=job_id, state=JobState.TIMEOUT, exit_code__isnull=True).update(
             exit_code=exit.exit_code, output_tail=exit.output_tail)
     live.update(released_at=timezone.now())
-    _settle_if_stopped_everywhere(job_id, outcome.get("peak_gpu_memory_mib"))
+    # A job that had to be killed after its notice lost the run whatever it says about checkpoints.
+    killed = exit.exit_code is None or exit.exit_code == -9
+    _settle_if_stopped_everywhere(job_id, outcome.get("peak_gpu_memory_mib"), killed=killed)
     return True
 
 
@@ -289,17 +300,75 @@ def _outcome(job_id: int, exit: Exit) -> dict:
     }
 
 
-def _settle_if_stopped_everywhere(job_id: int, peak_mib: int | None) -> None:
+def _settle_if_stopped_everywhere(job_id: int, peak_mib: int | None, *, killed: bool = True) -> None:
     """After one node's GPUs are freed: a gang's other nodes are told to stop a job that is over
-    (or going back to the queue); a preempted job stopped everywhere returns to the queue."""
+    (or going back to the queue); a preempted job stopped everywhere returns to the queue, and what
+    its run is worth is written down: nothing lost if it checkpoints and ended within its notice,
+    else the whole run (the last node's exit decides for a gang)."""
     others = live_nodes(job_id)
     if not others:
+        run = Job.objects.filter(pk=job_id, state=JobState.PREEMPTING).values("started_at", "checkpoints").first()
+        if run is None:
+            return
+        ran_s = (timezone.now() - run["started_at"]).total_seconds() if run["started_at"] else 0.0
+        saved = run["checkpoints"] and not killed
+        lost_s = 0.0 if saved else max(0.0, ran_s)
         if Job.objects.filter(pk=job_id, state=JobState.PREEMPTING).update(
-            state=JobState.PENDING, placed_at=None, started_at=None, peak_gpu_memory_mib=peak_mib
+            state=JobState.PENDING, placed_at=None, started_at=None, peak_gpu_memory_mib=peak_mib,
+            lost_work_s=F("lost_work_s") + lost_s,
         ):
-            _record(job_id, JobEventKind.REQUEUED, "Stopped on every node; waiting to be placed again.")
+            _record(job_id, JobEventKind.REQUEUED, "Stopped on every node; waiting to be placed again. "
+                    + _work_words(ran_s, saved, run["checkpoints"]))
         return
     _stop_on(job_id, others)
+
+
+def _work_words(ran_s: float, saved: bool, checkpoints: bool) -> str:
+    ran = _duration(ran_s)
+    if not ran_s:
+        return "It had not started, so no work was lost."
+    if saved:
+        return f"It ran {ran} and ended within its notice, so its checkpoint keeps that work."
+    if checkpoints:
+        return f"It was killed when its notice ran out: {ran} of work may be lost."
+    return f"{ran[0].upper()}{ran[1:]} of work lost (it does not checkpoint)."
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 90:
+        return f"{seconds} s"
+    if seconds < 5400:
+        return f"{seconds // 60} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+# ---------------------------------------------------------------- endings
+
+
+def _ended(job_id: int, state: str) -> None:
+    """What follows a job's end, in the transaction that ended it: jobs that ran ``after_ok`` it
+    can never start unless it succeeded, so they end too (and theirs, down the chain); its owner
+    hears of it if they asked to."""
+    _notify(job_id, state.lower())
+    if state == JobState.SUCCEEDED:
+        return
+    doomed = list(JobDependency.objects.filter(on_id=job_id, kind=JobDependency.Kind.OK, job__state=JobState.PENDING)
+                  .values_list("job_id", flat=True))
+    for dependant in doomed:
+        if Job.objects.filter(pk=dependant, state=JobState.PENDING).update(
+            state=JobState.CANCELLED, finished_at=timezone.now(), pending_reason=None,
+            error=f"Cancelled: job {job_id}, which it ran after (after_ok), ended {state.lower()}.",
+        ):
+            _record(dependant, JobEventKind.FINISHED,
+                    f"Cancelled: job {job_id}, which it ran after (after_ok), ended {state.lower()}.")
+            _ended(dependant, JobState.CANCELLED)
+
+
+def _notify(job_id: int, event: str) -> None:
+    from jobs.services import notifications  # optional per user; keep the lifecycle importable alone
+
+    notifications.job_event(job_id, event)
 
 
 # ---------------------------------------------------------------- stopping
@@ -310,11 +379,18 @@ def live_nodes(job_id: int) -> set[str]:
                .values_list("gpu__node__name", flat=True))
 
 
-def _stop_on(job_id: int, nodes) -> None:
-    """Tell ``nodes`` to stop the job's current attempt (and only that one)."""
+def _stop_on(job_id: int, nodes, *, notice: bool = False) -> None:
+    """Tell ``nodes`` to stop the job's current attempt (and only that one). ``notice``: it goes
+    back to the queue, so it gets its preemption notice (its ``preempt_grace_s``, within the
+    operator's ceiling) and the deadline in its ``COLONY_PREEMPT_FILE``."""
     current = current_launch_id(job_id)
+    grace = None
+    if notice:
+        asked = Job.objects.filter(pk=job_id).values_list("preempt_grace_s", flat=True).first()
+        grace = min(float(settings.COLONY_STOP_GRACE_SECONDS if asked is None else asked),
+                    float(settings.COLONY_MAX_PREEMPT_GRACE_S))
     for node in nodes:
-        transaction.on_commit(lambda node=node: send_stop(node, job_id, current))
+        transaction.on_commit(lambda node=node: send_stop(node, job_id, current, preempt_grace_s=grace))
 
 
 def _reason(code: str, message: str, **details) -> dict:
@@ -329,6 +405,7 @@ def begin_cancel(job_id: int) -> str:
         state=JobState.CANCELLED, finished_at=timezone.now(), pending_reason=None
     ):
         _record(job_id, JobEventKind.FINISHED, "Cancelled while waiting in the queue.")
+        _ended(job_id, JobState.CANCELLED)
         return JobState.CANCELLED
     if not Job.objects.filter(pk=job_id, state__in=(*LIVE, JobState.PREEMPTING)).update(state=JobState.CANCELLING):
         state = Job.objects.filter(pk=job_id).values_list("state", flat=True).first()
@@ -346,7 +423,8 @@ def begin_preempt(job_id: int, message: str) -> bool:
     ):
         return False
     _record(job_id, JobEventKind.STOPPING, f"Preempted: {message}")
-    _stop_on(job_id, live_nodes(job_id))
+    _stop_on(job_id, live_nodes(job_id), notice=True)
+    _notify(job_id, "preempted")
     return True
 
 
@@ -360,7 +438,7 @@ def begin_requeue(job_id: int, by: str) -> None:
         state = Job.objects.filter(pk=job_id).values_list("state", flat=True).first()
         raise NotAllowed(f"job {job_id} is {str(state).lower()}; only placed or running jobs can be requeued")
     _record(job_id, JobEventKind.STOPPING, f"Requeued by operator {by}; its nodes were told to stop it.")
-    _stop_on(job_id, live_nodes(job_id))
+    _stop_on(job_id, live_nodes(job_id), notice=True)
 
 
 @transaction.atomic
@@ -376,6 +454,7 @@ def time_out(job_id: int, started_before: datetime) -> bool:
         return False
     _record(job_id, JobEventKind.FINISHED, error + "; its nodes were told to stop it.")
     _stop_on(job_id, live_nodes(job_id))
+    _ended(job_id, JobState.TIMEOUT)
     log.warning("job %s ran past its runtime limit of %s s; stopping it", job_id, limit)
     return True
 
@@ -418,6 +497,8 @@ def requeue_now(job_ids, reason: dict, *, only_running: bool = False) -> list[in
                     message="Cancelled; its node never confirmed the stop (" + reason["message"] + ")")
            for j in cancelled])
     Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True).update(released_at=now)
+    for job_id in cancelled:
+        _ended(job_id, JobState.CANCELLED)
     # Wherever a process of theirs may still run (a gang's other nodes, a node that comes back).
     for job_id, node, attempt in stops:
         transaction.on_commit(lambda node=node, job_id=job_id, attempt=attempt:

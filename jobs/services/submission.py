@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from jobs.models import Job, Tenant
+from jobs.models import Job, JobArray, JobDependency, Tenant
 from jobs.services import lifecycle
+from jobs.services.arrays import ArraySpec
 from jobs.services.nudge import nudge_scheduler
 
 
@@ -15,13 +16,41 @@ def tenants_of(user):
     return Tenant.objects.filter(memberships__user=user)
 
 
-def submit_job(*, owner, tenant: Tenant, name: str, command: list[str], gpus: int, **spec) -> Job:
+@transaction.atomic
+def submit_job(*, owner, tenant: Tenant, name: str, command: list[str], gpus: int, after_ok=(), after_any=(),
+               **spec) -> Job:
     """Create a pending job; ``spec`` holds the optional Job fields (gpu_milli, gpu_memory_mib,
-    gpu_models, priority, opportunistic_only, shareable, max_nodes, max_runtime_s, profile_key)."""
+    gpu_models, priority, opportunistic_only, shareable, max_nodes, max_runtime_s, profile_key,
+    workdir, code, image, venv, conda, preempt_grace_s, stop_signal, checkpoints). ``after_ok`` and
+    ``after_any``: ids of jobs (checked by the caller) it waits for."""
     job = Job.objects.create(owner=owner, tenant=tenant, name=name, command=command, gpus=gpus, **spec)
+    _depend(job, after_ok, after_any)
     lifecycle.submitted(job)
     transaction.on_commit(nudge_scheduler)
     return job
+
+
+@transaction.atomic
+def submit_array(*, owner, tenant: Tenant, name: str, array: ArraySpec, array_text: str, after_ok=(), after_any=(),
+                 **spec) -> tuple[JobArray, list[Job]]:
+    """One job per index of ``array``, each with the same spec and dependencies; the scheduler
+    runs at most ``array.max_running`` of them at once."""
+    group = JobArray.objects.create(tenant=tenant, owner=owner, name=name, spec=array_text, size=len(array.indices),
+                                    max_running=array.max_running)
+    jobs = Job.objects.bulk_create([Job(owner=owner, tenant=tenant, name=name, array=group, array_index=index, **spec)
+                                    for index in array.indices])
+    for job in jobs:
+        _depend(job, after_ok, after_any)
+    lifecycle.submitted_many(jobs, f"By {owner.get_username()} to {tenant.slug}, as index {{index}} of array "
+                                   f"{group.pk} ({array_text}).")
+    transaction.on_commit(nudge_scheduler)
+    return group, jobs
+
+
+def _depend(job: Job, after_ok, after_any) -> None:
+    JobDependency.objects.bulk_create(
+        [JobDependency(job=job, on_id=on, kind=JobDependency.Kind.OK) for on in after_ok]
+        + [JobDependency(job=job, on_id=on, kind=JobDependency.Kind.ANY) for on in after_any])
 
 
 NotCancellable = lifecycle.NotAllowed

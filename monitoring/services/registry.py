@@ -90,6 +90,7 @@ def register_node(message: NodeRegistered) -> Node:
             "backend": message.backend,
             "agent_version": message.agent_version,
             "topology": [link.model_dump() for link in message.topology],
+            "runtimes": sorted(set(message.runtimes)),
             "registered_at": now,
         },
     )
@@ -119,6 +120,8 @@ class Inventory:
     models: frozenset[str]
     # Per node: (model, memory MiB) of each present GPU.
     node_gpus: tuple[tuple[tuple[str, int], ...], ...] = ()
+    # Container runtimes some node with GPUs runs image jobs with.
+    runtimes: frozenset[str] = frozenset()
 
     @property
     def total_gpus(self) -> int:
@@ -156,6 +159,8 @@ def cluster_inventory() -> Inventory:
     for node_id, model, memory in rows:
         by_node.setdefault(node_id, []).append((model, memory))
     node_gpus = tuple(tuple(gpus) for _, gpus in sorted(by_node.items()))
+    runtimes = frozenset(runtime for listed in Node.objects.filter(pk__in=by_node).values_list("runtimes", flat=True)
+                         for runtime in (listed or []))
     return Inventory(gpus_per_node=tuple(sorted((len(g) for g in node_gpus), reverse=True)),
                      largest_gpu_mib=max((mib for _, _, mib in rows), default=0),
-                     models=frozenset(model for _, model, _ in rows), node_gpus=node_gpus)
+                     models=frozenset(model for _, model, _ in rows), node_gpus=node_gpus, runtimes=runtimes)

@@ -1,0 +1,116 @@
+"""Researchers' code: archives ``colony submit`` uploads, and getting one to the nodes that run it.
+
+An archive is a gzipped tar of a code directory, stored once per tenant and content (sha256) in
+the database, so resubmitting the same tree uploads nothing new and a job can be retried a week
+later. It is checked here as well as on the node: only regular files and directories with
+relative names, bounded in count and unpacked size. A node gets it through Redis, the only channel
+agents have: before a launch names it, the archive is staged (:func:`stage`) as a list of chunks
+under a key only that node's Redis user may read, written in one MULTI so a node never sees half.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import tarfile
+import zlib
+from dataclasses import dataclass
+
+import redis
+from django.db import IntegrityError, transaction
+
+from agents import protocol
+from jobs.models import CodeArchive, Tenant
+
+MAX_BYTES = protocol.CODE_MAX_BYTES
+MAX_FILES = 20_000
+MAX_UNPACKED_BYTES = 256 * 1024 * 1024
+# Staged copies outlive any launch re-send; a later attempt stages again if it expired.
+STAGE_TTL_S = 6 * 3600
+
+
+class BadArchive(ValueError):
+    """Not an archive Colony runs; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class Contents:
+    files: int
+    unpacked_size: int
+
+
+def inspect(data: bytes) -> Contents:
+    """Check an uploaded archive without unpacking it; raises :class:`BadArchive`."""
+    if not data:
+        raise BadArchive("The archive is empty.")
+    files = unpacked = 0
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            for count, member in enumerate(tar, start=1):
+                if count > MAX_FILES:
+                    raise BadArchive(f"The archive has more than {MAX_FILES} entries; ignore what the job "
+                                     "does not need (.colonyignore).")
+                _check_member(member)
+                if member.isfile():
+                    files += 1
+                    unpacked += member.size
+                    if unpacked > MAX_UNPACKED_BYTES:
+                        raise BadArchive(f"The archive unpacks to more than {MAX_UNPACKED_BYTES >> 20} MiB; "
+                                         "ignore data and checkpoints (.colonyignore).")
+    except (tarfile.TarError, EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
+        raise BadArchive(f"Not a gzipped tar archive ({exc}).") from None
+    return Contents(files=files, unpacked_size=unpacked)
+
+
+def _check_member(member: tarfile.TarInfo) -> None:
+    name = member.name
+    if not (member.isfile() or member.isdir()):
+        raise BadArchive(f"{name!r} is not a regular file or directory (links and devices are not allowed).")
+    parts = name.split("/")
+    if name.startswith("/") or ".." in parts or "\x00" in name or len(name) > 1024:
+        raise BadArchive(f"{name!r} is not a relative path inside the archive.")
+
+
+def store(tenant: Tenant, user, data: bytes) -> tuple[CodeArchive, bool]:
+    """Keep ``data`` for ``tenant``; returns (archive, created). Raises :class:`BadArchive`."""
+    if len(data) > MAX_BYTES:
+        raise BadArchive(f"The archive has {len(data)} bytes; the most is {MAX_BYTES >> 20} MiB.")
+    sha256 = hashlib.sha256(data).hexdigest()
+    existing = CodeArchive.objects.filter(tenant=tenant, sha256=sha256).defer("data").first()
+    if existing is not None:
+        return existing, False
+    contents = inspect(data)
+    try:
+        with transaction.atomic():
+            archive = CodeArchive.objects.create(tenant=tenant, uploaded_by=user, sha256=sha256, size=len(data),
+                                                 files=contents.files, unpacked_size=contents.unpacked_size,
+                                                 data=data)
+    except IntegrityError:  # the same upload, twice at once
+        return CodeArchive.objects.defer("data").get(tenant=tenant, sha256=sha256), False
+    return archive, True
+
+
+def chunk_count(size: int) -> int:
+    return -(-size // protocol.CODE_CHUNK_BYTES)
+
+
+def ref(archive: CodeArchive) -> protocol.CodeRef:
+    return protocol.CodeRef(sha256=archive.sha256, size=archive.size, chunks=chunk_count(archive.size))
+
+
+def stage(client: redis.Redis, node: str, archive_id: int) -> protocol.CodeRef:
+    """Make the archive readable by ``node``'s agent (again, if its copy expired); returns what a
+    launch names. Idempotent: an attempt re-sent or a gang's second launch reuses the copy."""
+    sha256, size = CodeArchive.objects.filter(pk=archive_id).values_list("sha256", "size").get()
+    key = protocol.code_key(node, sha256)
+    # Refresh the TTL first: a copy that exists now stays for the launch that is about to name it.
+    if not client.expire(key, STAGE_TTL_S):
+        data = bytes(CodeArchive.objects.filter(pk=archive_id).values_list("data", flat=True).get())
+        step = protocol.CODE_CHUNK_BYTES
+        pipe = client.pipeline(transaction=True)
+        pipe.delete(key)
+        pipe.rpush(key, *[data[i:i + step] for i in range(0, len(data), step)])
+        pipe.expire(key, STAGE_TTL_S)
+        pipe.execute()
+    return protocol.CodeRef(sha256=sha256, size=size, chunks=chunk_count(size))
