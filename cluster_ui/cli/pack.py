@@ -26,6 +26,7 @@ import pathspec
 from cluster_ui.cli import units
 
 MAX_FILES = 10_000
+MAX_ENTRIES = 20_000  # files and directories: the server's count
 MAX_RAW_BYTES = 256 * 2**20
 MAX_ARCHIVE_BYTES = 32 * 2**20  # what the server takes
 IGNORE_FILES = (".gitignore", ".colonyignore")
@@ -124,6 +125,9 @@ def _walk(root: Path) -> _Tree:
                 if not _ignored(name + "/", rules, True):
                     tree.dirs.append(name)
                     subdirectories.append((name + "/", rules))
+                    if len(tree.dirs) + len(tree.files) > MAX_ENTRIES:
+                        raise PackError(_too_big(root, f"more than {MAX_ENTRIES:,} files and directories",
+                                                 tree.files, 0))
                 continue
             if _ignored(name, rules, False):
                 continue
@@ -175,7 +179,8 @@ def _too_big(root: Path, what: str, files: list[tuple[str, int, bool]], measure:
     by file count, 1: by bytes) so the user knows what to put in .colonyignore."""
     biggest = ", ".join(_describe(name, totals) for name, totals in _heaviest(files, measure))
     counted = " (counting stopped there)" if stopped else ""
-    return f"{root} has {what} to upload{counted}; most of it is in {biggest}. {WHAT_TO_DO}"
+    where = f"; most of it is in {biggest}" if biggest else ""
+    return f"{root} has {what} to upload{counted}{where}. {WHAT_TO_DO}"
 
 
 def _heaviest(files: list[tuple[str, int, bool]], measure: int, limit: int = 5):

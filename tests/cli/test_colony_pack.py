@@ -131,3 +131,11 @@ def test_an_archive_over_the_upload_limit_is_refused(tmp_path, monkeypatch):
 def test_not_a_directory(tmp_path):
     with pytest.raises(pack.PackError, match="is not a directory"):
         pack.pack(tmp_path / "missing")
+
+
+def test_too_many_directories_is_refused_too(tmp_path, monkeypatch):
+    monkeypatch.setattr(pack, "MAX_ENTRIES", 10)  # the server counts directories as entries
+    for index in range(12):
+        (tmp_path / "runs" / f"{index:02}").mkdir(parents=True)
+    with pytest.raises(pack.PackError, match="more than 10 files and directories"):
+        pack.pack(tmp_path)
