@@ -15,6 +15,7 @@ class WebhookReceiver:
 
     def __init__(self):
         self.received: list[dict] = []
+        self.hosts: list[str] = []  # the Host header of each POST
         self.statuses: list[int] = []
         self.headers: dict[int, dict] = {}
         receiver = self
@@ -23,6 +24,7 @@ class WebhookReceiver:
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 receiver.received.append(json.loads(body))
+                receiver.hosts.append(self.headers.get("Host", ""))
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
                 self.send_response(status)
                 for name, value in receiver.headers.get(status, {}).items():
