@@ -2,7 +2,8 @@
 
 Built once per ``decide()`` from the frozen snapshot and mutated as the cycle places jobs (the
 snapshot itself is never touched). Three indexes, all keyed by a *pool* (GPU model, memory,
-node link bandwidth), so a request's model/memory constraints select a handful of pools:
+node link bandwidth, whether the node has a container runtime), so a request's model/memory/image
+constraints select a handful of pools:
 
 * ``buckets[pool][k]``: nodes with exactly k empty GPUs (whole-GPU and gang placement, best fit
   = smallest k that fits). Only nodes whose GPUs are all one pool; the rare mixed node is kept in
@@ -25,7 +26,7 @@ from bisect import bisect_left, insort
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass, RunningJob
 
-Pool = tuple[str, int, float]  # (model, memory_mib, intra-node GB/s)
+Pool = tuple[str, int, float, bool]  # (model, memory_mib, intra-node GB/s, has a container runtime)
 ROOM_STEP = 100
 ROOM_BUCKETS = WHOLE_GPU_MILLI // ROOM_STEP + 1  # bucket 10 holds exactly one whole GPU of room
 
@@ -64,7 +65,8 @@ class GpuSlot:
 
 
 class NodeSlot:
-    __slots__ = ("key", "name", "rack", "gb_per_s", "pool", "gpus", "empty", "schedulable", "cordoned", "reserved")
+    __slots__ = ("key", "name", "rack", "gb_per_s", "pool", "gpus", "empty", "schedulable", "cordoned", "reserved",
+                 "has_runtime")
 
     def __init__(self, key: int, node, schedulable: bool):
         self.key, self.name, self.rack = key, node.name, node.rack
@@ -75,6 +77,7 @@ class NodeSlot:
         self.schedulable = schedulable
         self.cordoned = node.online and node.cordoned  # up, but an operator keeps new work off it
         self.reserved = False  # held for a blocked gang this cycle
+        self.has_runtime = bool(node.runtimes)  # can run jobs with an image
 
     @property
     def indexed(self) -> bool:
@@ -104,7 +107,7 @@ class Capacity:
             slot = NodeSlot(len(self.nodes), node, node.schedulable)
             self.nodes.append(slot)
             for gpu in sorted(node.gpus, key=lambda g: g.index):
-                pool_key = (gpu.model, gpu.memory_mib, node.intra_node_gb_per_s)
+                pool_key = (gpu.model, gpu.memory_mib, node.intra_node_gb_per_s, bool(node.runtimes))
                 pool = pool_ids.setdefault(pool_key, len(pool_ids))
                 if pool == len(self.pools):
                     self.pools.append(pool_key)

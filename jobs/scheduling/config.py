@@ -53,6 +53,10 @@ class SchedulerConfig:
 
     # Starvation guard for gangs: the first blocked gang holds its best node(s) for this long.
     gang_reservation_max_s: float = 600.0
+    # A gang that fits on one node (of one model) but finds no node with room waits this long from
+    # its submission for one rather than being spread over several: across nodes every all-reduce
+    # crosses the network, which can cost more than the wait. 0 spreads at once.
+    gang_single_node_wait_s: float = 300.0
 
     # Work caps per cycle (the loop runs every few seconds; what is left waits for the next one).
     max_placement_searches: int = 20_000

@@ -4,7 +4,8 @@ The order of work (Kueue-like: snapshot -> nominate -> order -> admit/preempt):
 
 1. Opportunistic residents that squeeze a guaranteed job's memory are preempted.
 2. Pending jobs are grouped per tenant, ordered by priority then submit time; requests that cannot
-   run on this inventory at all get their reason straight away.
+   run on this inventory at all get their reason straight away, and so do jobs waiting for jobs
+   they depend on (they take no part in the passes: no reservation, no place in anyone's way).
 3. **Guaranteed pass**, across tenants by priority then submit time: a job runs guaranteed while
    its tenant's guaranteed use plus the job stays within ``guaranteed_gpus`` (and its total within
    the ceiling). No room -> reclaim from borrowers (Preempt decisions; the job waits as
@@ -14,6 +15,12 @@ The order of work (Kueue-like: snapshot -> nominate -> order -> admit/preempt):
    tenant's ``max_gpus``. Within a tenant, priority then submit time; a job that does not fit is
    skipped, not waited on (gangs are protected by the reservation instead).
 5. Duty cycles of running opportunistic jobs move by AIMD from live utilisation.
+
+In both passes a job of an array already running ``array_limit`` jobs (counting this cycle's
+placements) waits with ``ARRAY_LIMIT`` before any search. A gang that fits on one node but finds
+none with room, while a spread placement is possible, waits for one node until
+``gang_single_node_wait_s`` after its submission (``WAITING_FOR_ONE_NODE``), then is spread; every
+placement carries a ``note`` saying which choice was made and why.
 
 Capacity only shrinks within a cycle, so a request shape that failed once fails again: failures
 are memoised, which is what keeps 50,000 pending jobs cheap.
@@ -29,6 +36,8 @@ from operator import attrgetter
 from jobs.scheduling import reasons
 from jobs.scheduling.capacity import Capacity, NodeSlot
 from jobs.scheduling.config import SchedulerConfig
+from dataclasses import dataclass
+
 from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason, Reservation
 from jobs.scheduling.eta import QueueEta, ReleaseTimeline
 from jobs.scheduling.explain import InventoryCheck, invalid_request
@@ -45,12 +54,20 @@ from jobs.scheduling.usage import weighted_share
 UNLIMITED_GPUS = 10**9
 
 
+@dataclass(frozen=True, slots=True)
+class OneNodeWait:
+    """What ``Cycle._find`` returns for a young gang that could only be spread: wait instead."""
+
+    spread_nodes: int
+
+
 def _request_key(job: JobRequest) -> tuple:
     """Everything about a request that placement looks at (equal keys share one Shape). Plain
     values only: comparing dataclasses on every dict hit would cost more than the rest."""
     profile = job.profile
     return (job.gpus, job.gpu_milli, job.gpu_memory_mib, job.gpu_models, job.max_nodes, job.shareable,
-            job.allreduce_bytes, profile and profile.peak_memory_mib, profile and profile.mean_utilisation)
+            job.allreduce_bytes, profile and profile.peak_memory_mib, profile and profile.mean_utilisation,
+            job.needs_runtime)
 GUARANTEED, OPPORTUNISTIC = JobClass.GUARANTEED, JobClass.OPPORTUNISTIC
 
 
@@ -112,6 +129,18 @@ class Cycle(Waiting):
         self._fits_reserved_memo: dict[tuple, bool] = {}
         self._not_on_reserved = FailureMemo()
         self._smallest_guaranteed_ask: dict[str, int] = {}
+        # Job arrays: jobs running (stopping ones too: they still run) and their expected ends.
+        self.array_running: dict[int, int] = defaultdict(int)
+        self._array_ends: dict[int, list[float]] = defaultdict(list)
+        self._array_blocked: dict[int, int] = defaultdict(int)
+        for job in snapshot.running:
+            if job.array_id is not None:
+                self.array_running[job.array_id] += 1
+                if job.id not in self.leaving and job.expected_end is not None:
+                    self._array_ends[job.array_id].append(max(now, job.expected_end))
+        self.placed_count = 0
+        self._spread: dict[tuple, tuple[int, int | None]] = {}  # (shape, tag) -> (placed_count, nodes or None)
+        self._fits_one_node_memo: dict[Shape, bool] = {}
 
     def quota(self, tenant: str) -> TenantQuota:
         quota = self.quotas.get(tenant)
@@ -165,7 +194,9 @@ class Cycle(Waiting):
                     continue
                 found = shapes.get(_request_key(job))  # inlined: this loop sees every pending job
                 shape, reason = found if found is not None else self._shape_and_reason(job)
-                if reason is None:
+                if reason is None and job.waiting_for:
+                    self._wait(job, self._reason(reasons.waiting_for_dependency, job.waiting_for))
+                elif reason is None:
                     queue.append((job, shape))
                     if not job.opportunistic_only and job.gpus * job.gpu_milli < smallest:
                         smallest = job.gpus * job.gpu_milli
@@ -199,11 +230,17 @@ class Cycle(Waiting):
             if self.searches >= self.config.max_placement_searches:
                 break
             self.handled.add(job.id)  # placed, reclaiming or waiting: the borrowing pass skips it
-            self._admit_guaranteed(job, shape)
+            if job.array_limit is not None and self._array_full(job):
+                self._wait_for_array(job)
+            else:
+                self._admit_guaranteed(job, shape)
             push_next(tenant)
 
     def _admit_guaranteed(self, job: JobRequest, shape: Shape) -> None:
         choice = self._find(job, shape, GUARANTEED)
+        if isinstance(choice, OneNodeWait):
+            self._wait_for_one_node(job, choice)
+            return
         if choice is not None:
             self._place(job, shape, GUARANTEED, choice)
             return
@@ -242,7 +279,9 @@ class Cycle(Waiting):
                 position += 1
                 if job.id in handled:
                     continue
-                if held[tenant] + job.gpus * job.gpu_milli > ceiling:
+                if job.array_limit is not None and self._array_full(job):
+                    self._wait_for_array(job)
+                elif held[tenant] + job.gpus * job.gpu_milli > ceiling:
                     self._all_at_ceiling([(job, shape)], quota)
                 elif self.searches >= limit:
                     self._wait(job, self._reason(reasons.not_considered, limit))
@@ -259,12 +298,15 @@ class Cycle(Waiting):
             self._outcomes.clear()
             self._outcomes_for = (job.tenant, self.version)
         backfill = self.holder is not None and may_backfill(job, self.holder[2])
-        key = (shape, job.opportunistic_only, backfill)
+        key = (shape, job.opportunistic_only, backfill, self._young_gang(job, shape))
         reason = self._outcomes.get(key)
         if reason is not None:
             self._wait(job, reason, self.queue_eta.next(job.gpus * job.gpu_milli))
             return False
         choice = self._find(job, shape, OPPORTUNISTIC)
+        if isinstance(choice, OneNodeWait):
+            self._wait_for_one_node(job, choice)  # not memoised: its ETA is its own
+            return False
         if choice is not None:
             self._place(job, shape, OPPORTUNISTIC, choice)
             self.borrowing_tenants.add(job.tenant)
@@ -276,16 +318,49 @@ class Cycle(Waiting):
 
     # -- outcomes ----------------------------------------------------------------------------------
 
-    def _find(self, job: JobRequest, shape: Shape, job_class: JobClass) -> Choice | None:
+    def _find(self, job: JobRequest, shape: Shape, job_class: JobClass) -> Choice | OneNodeWait | None:
         backfill = self.holder is not None and may_backfill(job, self.holder[2])
         tag = (job_class, backfill)
         if self.failed.fails(tag, shape):
             return None
+        held = self.reserved_nodes if backfill else []
+        if self._young_gang(job, shape) and self._fits_one_node(shape):
+            one_node = ("one node", job_class, backfill)
+            if not self.failed.fails(one_node, shape):
+                self.searches += 1
+                choice = self.placer.find(shape, job_class, held, spread=False)
+                if choice is not None:
+                    return choice
+                self.failed.record(one_node, shape)
+            # Whether a spread is possible only changes with a placement: gangs of one shape share the answer.
+            known = self._spread.get((shape, tag))
+            if known is None or known[0] != self.placed_count:
+                self.searches += 1
+                choice = self.placer.find(shape, job_class, held)
+                known = self._spread[(shape, tag)] = (self.placed_count, None if choice is None else len(choice.slices))
+            if known[1] is None:
+                self.failed.record(tag, shape)
+                return None
+            return OneNodeWait(known[1])
         self.searches += 1
-        choice = self.placer.find(shape, job_class, self.reserved_nodes if backfill else [])
+        choice = self.placer.find(shape, job_class, held)
         if choice is None:
             self.failed.record(tag, shape)
         return choice
+
+    def _young_gang(self, job: JobRequest, shape: Shape) -> bool:
+        """A gang still within its wait for one node (whether one could ever hold it aside)."""
+        return (job.gpus > 1 and shape.max_nodes != 1
+                and self.now - job.submitted_at < self.config.gang_single_node_wait_s)
+
+    def _fits_one_node(self, shape: Shape) -> bool:
+        """Does some schedulable node have enough GPUs of one model for the whole gang?"""
+        fits = self._fits_one_node_memo.get(shape)
+        if fits is None:
+            fits = self._fits_one_node_memo[shape] = any(
+                widths and widths[0] >= shape.gpus
+                for widths in map(self.inventory._node_widths, self.placer.pools_by_model(self.placer.pools_for(shape))))
+        return fits
 
     def _place(self, job: JobRequest, shape: Shape, job_class: JobClass, choice: Choice) -> None:
         gpus = [gpu for _, node_gpus in choice.slices for gpu in node_gpus]
@@ -300,8 +375,55 @@ class Cycle(Waiting):
         slices = slices_of(choice.slices)
         self.placements.append(Place(
             job_id=job.id, slices=slices, job_class=job_class, memory_limit_mib=limit, gpu_milli=job.gpu_milli,
-            duty_cycle=duty, allreduce_s=choice.allreduce_s, rendezvous=rendezvous_of(job.id, slices, self.config)))
+            duty_cycle=duty, allreduce_s=choice.allreduce_s, rendezvous=rendezvous_of(job.id, slices, self.config),
+            note=self._note(job, shape, slices, gpus)))
         self.handled.add(job.id)
+        self.placed_count += 1
+        if job.array_id is not None:
+            self.array_running[job.array_id] += 1
+            if job.expected_runtime_s is not None:
+                self._array_ends[job.array_id].append(self.now + job.expected_runtime_s)
+
+    def _note(self, job: JobRequest, shape: Shape, slices, gpus) -> str:
+        """One sentence for the job's timeline: where it went and why there."""
+        if len(slices) == 1:
+            if job.gpus > 1:
+                return f"On one node ({slices[0].node})."
+            others = gpus[0].occupants - 1  # (already counts this job)
+            if others:
+                return (f"On {slices[0].node}, GPU {slices[0].gpu_indices[0]}, sharing it with "
+                        f"{others} running job{'s' if others != 1 else ''}.")
+            return f"On {slices[0].node}, GPU {slices[0].gpu_indices[0]}."
+        names = ", ".join(s.node for s in slices)
+        spread = f"Spread over {len(slices)} nodes ({names})"
+        if not self._fits_one_node(shape):
+            return f"{spread}: no node has {job.gpus} GPUs of one model that fit it."
+        if self.config.gang_single_node_wait_s <= 0:
+            return f"{spread}: no node had {job.gpus} free GPUs (waiting for one node is switched off)."
+        return (f"{spread} after waiting {reasons.duration(self.now - job.submitted_at)} for one node "
+                f"with {job.gpus} free GPUs.")
+
+    def _array_full(self, job: JobRequest) -> bool:
+        return self.array_running[job.array_id] >= job.array_limit
+
+    def _wait_for_array(self, job: JobRequest) -> None:
+        array, limit = job.array_id, job.array_limit
+        running = self.array_running[array]
+        # The i-th waiting job of the array starts once (running - limit + i + 1) of its jobs ended.
+        position = running - limit + self._array_blocked[array]
+        self._array_blocked[array] += 1
+        ends = self._array_ends.get(array)
+        eta = None
+        if ends and position < len(ends):
+            ends.sort()
+            eta = max(0.0, ends[position] - self.now)
+        self._wait(job, self._reason(reasons.array_limit, array, running, limit), eta)
+
+    def _wait_for_one_node(self, job: JobRequest, wait: OneNodeWait) -> None:
+        bound = self.config.gang_single_node_wait_s
+        reason = self._reason(reasons.waiting_for_one_node, job.gpus, wait.spread_nodes, bound)
+        # At the latest it is spread then (if the spread is still possible).
+        self._wait(job, reason, max(0.0, job.submitted_at + bound - self.now))
 
     def _count(self, job: JobRequest, job_class: JobClass) -> None:
         self.held[job.tenant] += job.quota_milli

@@ -60,6 +60,8 @@ class Place:
     # Estimated seconds per all-reduce of the job's gradient on these GPUs (0 for one GPU).
     allreduce_s: float = 0.0
     rendezvous: Rendezvous | None = None
+    # For the job's timeline: where it went and why there (one node, or spread after a wait).
+    note: str = ""
 
     @property
     def node(self) -> str:
@@ -103,6 +105,8 @@ class ThrottleReason(StrEnum):
     GPU_SATURATED = "gpu_saturated"
     GUARANTEED_JOB_PLACED = "guaranteed_job_placed"
     ROOM_AVAILABLE = "room_available"
+    # No guaranteed job (staying) shares any of its GPUs: nothing to protect, full speed at once.
+    NO_GUARANTEED_NEIGHBOUR = "no_guaranteed_neighbour"
 
 
 @dataclass(frozen=True, slots=True)

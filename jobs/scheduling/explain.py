@@ -1,5 +1,6 @@
 """Reasons a request cannot run on this cluster whatever the load: bad request, no node online,
-no GPU of the wanted model, none with enough memory, a gang wider than the cluster allows.
+no GPU of the wanted model, none with enough memory, a gang wider than the cluster allows, an
+image job that no node with a container runtime can take.
 
 Checked once per distinct request shape against the schedulable inventory (not against what is
 free), so the answer is the same until nodes come, go or get cordoned. The load-dependent reasons
@@ -7,6 +8,8 @@ free), so the answer is the same until nodes come, go or get cordoned. The load-
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from jobs.scheduling import reasons
 from jobs.scheduling.capacity import Capacity
@@ -45,11 +48,14 @@ class InventoryCheck:
                 self.largest_mib[gpu.model] = max(self.largest_mib.get(gpu.model, 0), gpu.capacity_mib)
         self._memo: dict[tuple, PendingReason | None] = {}
         self._widths: dict[tuple[int, ...], list[int]] = {}
+        self.runtime_nodes = sorted(n.name for n in self.schedulable if n.has_runtime)
+        self._plain: dict[Shape, Shape] = {}
 
     def reason(self, shape: Shape) -> PendingReason | None:
         # What matters is which pools the request can use, not its exact numbers.
         pools = tuple(self.placer.pools_for(shape))
-        key = (pools, shape.models, shape.gpus, shape.max_nodes, None if pools else shape.memory_mib)
+        key = (pools, shape.models, shape.gpus, shape.max_nodes,
+               None if pools and not shape.needs_runtime else shape.memory_mib, shape.needs_runtime)
         if key not in self._memo:
             self._memo[key] = self._reason_or_cordon(shape)
         return self._memo[key]
@@ -81,6 +87,9 @@ class InventoryCheck:
             return reasons.no_nodes_online(len(self.capacity.nodes), cordoned)
         if shape.models and not shape.models.intersection(self.online_models):
             return reasons.model_unavailable(shape.models, self.online_models)
+        if shape.needs_runtime:
+            # What stops it anywhere comes first; the runtime is named only when it is what is missing.
+            return self._reason(self._without_runtime(shape)) or self._runtime_reason(shape)
         pools = self.placer.pools_for(shape)
         if not pools:
             largest = max(mib for model, mib in self.largest_mib.items() if not shape.models or model in shape.models)
@@ -98,3 +107,18 @@ class InventoryCheck:
         if shape.max_nodes is not None:
             return reasons.gang_larger_than_any_node(shape.gpus, widest, shape.max_nodes)
         return reasons.gang_larger_than_cluster(shape.gpus, total)
+
+    def _without_runtime(self, shape: Shape) -> Shape:
+        plain = self._plain.get(shape)
+        if plain is None:
+            plain = self._plain[shape] = replace(shape, needs_runtime=False)
+        return plain
+
+    def _runtime_reason(self, shape: Shape) -> PendingReason | None:
+        """The request fits the inventory: does it fit the nodes with a container runtime?"""
+        for model_pools in self.placer.pools_by_model(self.placer.pools_for(shape)):
+            per_node = self._node_widths(model_pools)
+            within = sum(per_node[: shape.max_nodes]) if shape.max_nodes is not None else sum(per_node)
+            if within >= shape.gpus:
+                return None
+        return reasons.needs_container_runtime(self.runtime_nodes, shape.gpus)

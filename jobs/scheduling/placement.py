@@ -46,6 +46,7 @@ class Shape:
     max_nodes: int | None
     shareable: bool
     allreduce_bytes: int
+    needs_runtime: bool = False
 
     def memory_on(self, capacity_mib: int) -> int:
         if self.memory_mib is not None:
@@ -62,7 +63,8 @@ def shape_of(job: JobRequest, config: SchedulerConfig) -> Shape:
     return Shape(gpus=job.gpus, gpu_milli=job.gpu_milli, memory_mib=memory, demand_milli=demand,
                  models=job.gpu_models, max_nodes=job.max_nodes,
                  shareable=job.shareable or job.gpu_milli < WHOLE_GPU_MILLI,
-                 allreduce_bytes=job.allreduce_bytes or config.default_allreduce_bytes)
+                 allreduce_bytes=job.allreduce_bytes or config.default_allreduce_bytes,
+                 needs_runtime=job.needs_runtime)
 
 
 class FailureMemo:
@@ -78,7 +80,8 @@ class FailureMemo:
         found = self._split.get(shape)
         if found is None:
             found = self._split[shape] = (
-                (shape.gpus, shape.models, shape.max_nodes, shape.shareable, shape.memory_mib is None),
+                (shape.gpus, shape.models, shape.max_nodes, shape.shareable, shape.memory_mib is None,
+                 shape.needs_runtime),
                 (shape.memory_mib or 0, shape.demand_milli, shape.gpu_milli),
             )
         return found
@@ -120,12 +123,13 @@ class Placer:
     def pools_for(self, shape: Shape) -> list[int]:
         pools = self._pools_by_shape.get(shape)
         if pools is None:
-            key = (shape.models, shape.memory_mib, shape.gpu_milli)
+            key = (shape.models, shape.memory_mib, shape.gpu_milli, shape.needs_runtime)
             pools = self._pools.get(key)
             if pools is None:
                 pools = self._pools[key] = [
-                    i for i, (model, memory, _) in enumerate(self.capacity.pools)
-                    if (not shape.models or model in shape.models) and shape.memory_on(memory) <= memory]
+                    i for i, (model, memory, _, runtime) in enumerate(self.capacity.pools)
+                    if (not shape.models or model in shape.models) and shape.memory_on(memory) <= memory
+                    and (runtime or not shape.needs_runtime)]
             self._pools_by_shape[shape] = pools
         return pools
 
@@ -150,13 +154,14 @@ class Placer:
 
     # -- search ---------------------------------------------------------------------------------
 
-    def find(self, shape: Shape, job_class: JobClass, backfill: list[NodeSlot]) -> Choice | None:
+    def find(self, shape: Shape, job_class: JobClass, backfill: list[NodeSlot], spread: bool = True) -> Choice | None:
+        """``spread=False``: a gang only on one node (it is waiting for one rather than spreading)."""
         pools = self.pools_for(shape)
         if not pools:
             return None
         if shape.gpus == 1:
             return self._one_gpu(shape, job_class, pools, backfill)
-        return self._gang(shape, pools, backfill)
+        return self._gang(shape, pools, backfill, spread)
 
     def fits_on(self, nodes: list[NodeSlot], shape: Shape, job_class: JobClass) -> bool:
         """Would the job fit on these nodes alone (ignoring that they are held)?"""
@@ -227,7 +232,7 @@ class Placer:
         """An empty GPU on the fullest node that has one, smallest fitting memory first."""
         best: tuple | None = None
         for pool in pools:
-            _, memory, _ = self.capacity.pools[pool]
+            memory = self.capacity.pools[pool][1]
             buckets = self.capacity.buckets[pool]
             for k in range(1, len(buckets)):
                 if buckets[k]:
@@ -253,23 +258,24 @@ class Placer:
             by_model.setdefault(self.capacity.pools[pool][0], []).append(pool)
         return list(by_model.values())
 
-    def _gang(self, shape: Shape, pools: list[int], backfill: list[NodeSlot]) -> Choice | None:
+    def _gang(self, shape: Shape, pools: list[int], backfill: list[NodeSlot], spread: bool = True) -> Choice | None:
         """A gang runs on GPUs of one model: its ranks move in lockstep, so one slower model holds
         every rank back (a review found a gang of 6 V100s and 2 A100s). Each model that fits is
         searched on its own; fewest nodes win, then the cheaper all-reduce."""
         best: Choice | None = None
         for model_pools in self.pools_by_model(pools):
-            choice = self._gang_of_one_model(shape, model_pools, backfill)
+            choice = self._gang_of_one_model(shape, model_pools, backfill, spread)
             if choice is not None and (best is None or (len(choice.slices), choice.allreduce_s)
                                        < (len(best.slices), best.allreduce_s)):
                 best = choice
         return best
 
-    def _gang_of_one_model(self, shape: Shape, pools: list[int], backfill: list[NodeSlot]) -> Choice | None:
+    def _gang_of_one_model(self, shape: Shape, pools: list[int], backfill: list[NodeSlot],
+                           spread: bool = True) -> Choice | None:
         single = self._gang_one_node(shape, pools, backfill)
         if single is not None:
             return single
-        if shape.max_nodes == 1:
+        if shape.max_nodes == 1 or not spread:
             return None
         candidates = self._gang_candidates(pools, backfill)
         choice = choose_nodes(candidates, shape.gpus, shape.allreduce_bytes, self.config)
@@ -282,7 +288,7 @@ class Placer:
         best_node: NodeSlot | None = None
         n = shape.gpus
         for pool in pools:
-            _, memory, gb_per_s = self.capacity.pools[pool]
+            _, memory, gb_per_s, _ = self.capacity.pools[pool]
             buckets = self.capacity.buckets[pool]
             cost = allreduce_seconds(n, shape.allreduce_bytes, gb_per_s)
             for k in range(n, len(buckets)):

@@ -22,6 +22,11 @@ class ReasonCode(StrEnum):
     GANG_LARGER_THAN_ANY_NODE = "gang_larger_than_any_node"
     GANG_LARGER_THAN_CLUSTER = "gang_larger_than_cluster"
     NEEDS_CORDONED_NODES = "needs_cordoned_nodes"
+    # It runs in a container image and no schedulable node with a container runtime can take it.
+    NEEDS_CONTAINER_RUNTIME = "needs_container_runtime"
+    # The researcher's own ordering: jobs it depends on have not ended, or its array is at its cap.
+    WAITING_FOR_DEPENDENCY = "waiting_for_dependency"
+    ARRAY_LIMIT = "array_limit"
     # Quota.
     AT_MAX_GPUS = "at_max_gpus"
     # The job alone asks for more than its tenant's ceiling: no amount of waiting helps.
@@ -31,6 +36,8 @@ class ReasonCode(StrEnum):
     BEHIND_LOWER_USAGE_TENANTS = "behind_lower_usage_tenants"
     # Load.
     WAITING_FOR_FREE_GPUS = "waiting_for_free_gpus"
+    # A gang that could be spread now waits (bounded) for one node to have room for all of it.
+    WAITING_FOR_ONE_NODE = "waiting_for_one_node"
     RECLAIMING = "reclaiming"
     RESERVED_FOR_GANG = "reserved_for_gang"
     HOLDING_RESERVATION = "holding_reservation"
@@ -72,6 +79,63 @@ def needs_cordoned_nodes(cordoned: list[str], otherwise: PendingReason) -> Pendi
         f"Only cordoned nodes ({shown}) can run this job; it waits until an operator uncordons one. "
         f"Elsewhere: {otherwise.message}",
         {"cordoned": cordoned, "otherwise": otherwise.as_dict()},
+    )
+
+
+def needs_container_runtime(runtime_nodes: list[str], needed_gpus: int) -> PendingReason:
+    """``runtime_nodes``: the schedulable nodes that advertise a container runtime (maybe none)."""
+    if not runtime_nodes:
+        message = ("No node runs containers; this job has an image, so it waits until a node with a container "
+                   "runtime (docker, podman or apptainer) comes online. Submit it without an image to run it "
+                   "directly.")
+    else:
+        shown = ", ".join(runtime_nodes[:5]) + (f" and {len(runtime_nodes) - 5} more" if len(runtime_nodes) > 5 else "")
+        message = (f"This job has an image, so it runs only on nodes with a container runtime ({shown}), and "
+                   f"they do not have {_gpus(needed_gpus)} that fit it. Submit it without an image to run it "
+                   f"on the other nodes.")
+    return PendingReason(ReasonCode.NEEDS_CONTAINER_RUNTIME, message,
+                         {"runtime_nodes": runtime_nodes, "needed_gpus": needed_gpus})
+
+
+def waiting_for_dependency(waiting_for: tuple[tuple[int, str], ...]) -> PendingReason:
+    first, kind = waiting_for[0]
+    message = f"Waiting for job {first} to {'succeed' if kind == 'ok' else 'end'}"
+    if len(waiting_for) > 1:
+        others = len(waiting_for) - 1
+        message += f" and for {others} other job{'s' if others != 1 else ''} it depends on"
+    return PendingReason(
+        ReasonCode.WAITING_FOR_DEPENDENCY, message + ".",
+        {"waiting_for": [{"job": job_id, "kind": kind} for job_id, kind in waiting_for]},
+    )
+
+
+def array_limit(array_id: int, running: int, limit: int) -> PendingReason:
+    return PendingReason(
+        ReasonCode.ARRAY_LIMIT,
+        f"{running} of array {array_id}'s jobs are running (at most {limit} at once); the next one starts "
+        f"when one of them ends.",
+        {"array_id": array_id, "running": running, "max_running": limit},
+    )
+
+
+def duration(seconds: float) -> str:
+    """'45 s', '5 min', '2 h 5 min': for sentences, not for arithmetic."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h" + (f" {minutes % 60} min" if minutes % 60 else "")
+
+
+def waiting_for_one_node(gpus: int, spread_nodes: int, wait_s: float) -> PendingReason:
+    return PendingReason(
+        ReasonCode.WAITING_FOR_ONE_NODE,
+        f"Waiting up to {duration(wait_s)} after submission for one node with {gpus} free GPUs rather than "
+        f"spreading it over {spread_nodes} nodes (all-reduce inside one node is much faster); after that it "
+        f"is spread.",
+        {"needed_gpus": gpus, "spread_nodes": spread_nodes, "wait_s": wait_s},
     )
 
 

@@ -8,11 +8,21 @@ Two ways a running job gets preempted, and never a guaranteed one:
   never takes a tenant's work below its own guarantee by more than the last job. On each GPU the
   youngest jobs go first (least progress lost); among GPUs and nodes, the set that loses the
   fewest GPU-seconds of progress wins (nodes are ranked by an estimate made once per cycle and the
-  best ``RECLAIM_NODES_EVALUATED`` that can host the job are compared exactly). The reclaiming job stays pending (``RECLAIMING``) and the
-  GPUs chosen are promised to it for the rest of the cycle; once the victims have stopped, the
-  next cycle places it there (guaranteed work is placed before any borrowing).
+  best ``RECLAIM_NODES_EVALUATED`` that can host the job are compared exactly). The reclaiming
+  job stays pending (``RECLAIMING``) and the GPUs chosen are promised to it for the rest of the
+  cycle; once the victims have stopped, the next cycle places it there (guaranteed work is placed
+  before any borrowing).
 * **Memory pressure**: a GPU holding a guaranteed job whose residents no longer fit in memory
   (live usage grew past the plan) sheds opportunistic residents, youngest first.
+
+**Jobs that checkpoint go first.** A job that says it checkpoints (``RunningJob.checkpoints``)
+resumes from its last checkpoint when requeued; one that does not loses everything it did. So
+progress lost is compared as a pair (GPU-seconds of non-checkpointing jobs, GPU-seconds of
+checkpointing jobs), first element first: the set of victims that throws away the least
+non-checkpointing work wins, and only sets equal in that are compared on checkpointing work. On
+one GPU (reclaim and memory pressure alike) checkpointing jobs leave before the others, youngest
+first within each group. Without checkpointing jobs this is exactly the youngest-first,
+least-progress rule above.
 """
 
 from __future__ import annotations
@@ -43,7 +53,22 @@ def _memory(job: RunningJob, gpu: GpuSlot) -> int:
 
 
 def _youngest_first(jobs: list[RunningJob]) -> list[RunningJob]:
-    return sorted(jobs, key=lambda j: (-j.started_at, -j.id))
+    """Eviction order on one GPU: jobs that checkpoint first (they lose little), then the youngest."""
+    return sorted(jobs, key=lambda j: (not j.checkpoints, -j.started_at, -j.id))
+
+
+# Progress lost: (GPU-seconds of jobs that do not checkpoint, GPU-seconds of jobs that do).
+Loss = tuple[float, float]
+NO_LOSS: Loss = (0.0, 0.0)
+NEVER: Loss = (math.inf, math.inf)
+
+
+def _total(losses) -> Loss:
+    lost, checkpointed = 0.0, 0.0
+    for loss in losses:
+        lost += loss[0]
+        checkpointed += loss[1]
+    return lost, checkpointed
 
 
 class Reclaimer:
@@ -55,11 +80,12 @@ class Reclaimer:
         self.now = now
         self.borrowed = borrowed_milli  # per tenant: held (not stopping) minus guarantee
         self.leaving = leaving  # running jobs already told to stop
-        self._node_estimates: list[tuple[NodeSlot, list[float]]] | None = None
+        self._node_estimates: list[tuple[NodeSlot, list[Loss]]] | None = None
         self._ranked: dict[int, list[NodeSlot]] = {}  # per GPU count, nodes by estimated cost
 
-    def _progress(self, job: RunningJob) -> float:
-        return max(0.0, self.now - job.started_at) * len(job.gpu_ids)
+    def _progress(self, job: RunningJob) -> Loss:
+        done = max(0.0, self.now - job.started_at) * len(job.gpu_ids)
+        return (0.0, done) if job.checkpoints else (done, 0.0)
 
     def _stopping(self, options) -> bool:
         return any(j.id in self.leaving for o in options for j in o[2].residents)
@@ -67,12 +93,12 @@ class Reclaimer:
     def _evictable(self, job: RunningJob) -> bool:
         return job.job_class is JobClass.OPPORTUNISTIC and self.borrowed.get(job.tenant, 0) > 0
 
-    def _gpu_victims(self, gpu: GpuSlot, shape: Shape, pools: list[int]) -> tuple[float, list[RunningJob]] | None:
+    def _gpu_victims(self, gpu: GpuSlot, shape: Shape, pools: list[int]) -> tuple[Loss, list[RunningJob]] | None:
         """What must leave ``gpu`` for the job to fit there, and the progress that costs."""
         if gpu.blocked or gpu.pool not in pools or gpu.exclusive:
             return None
         if gpu.occupants == 0:
-            return 0.0, []  # an empty GPU next to the ones being reclaimed
+            return NO_LOSS, []  # an empty GPU next to the ones being reclaimed
         leaving = [j for j in gpu.residents if j.id in self.leaving]
         evictable = _youngest_first([j for j in gpu.residents if j.id not in self.leaving and self._evictable(j)])
         if not evictable and not leaving:
@@ -84,7 +110,7 @@ class Reclaimer:
         if whole:
             if staying:
                 return None
-            return sum(self._progress(j) for j in evictable), evictable
+            return _total(self._progress(j) for j in evictable), evictable
         if gpu.guaranteed_count and not (shape.shareable and gpu.guaranteed_milli + shape.gpu_milli <= WHOLE_GPU_MILLI):
             return None
         victims: list[RunningJob] = []
@@ -98,9 +124,9 @@ class Reclaimer:
         remaining = staying + len(evictable) - len(victims)
         if free < need + (headroom if remaining else 0):
             return None
-        return sum(self._progress(j) for j in victims), victims
+        return _total(self._progress(j) for j in victims), victims
 
-    def _estimates(self) -> list[tuple[NodeSlot, list[float]]]:
+    def _estimates(self) -> list[tuple[NodeSlot, list[Loss]]]:
         """Per node, the progress each GPU would lose if all its borrowers went, cheapest first.
 
         Built once per cycle and only used to decide which nodes to evaluate exactly: the exact
@@ -114,9 +140,9 @@ class Reclaimer:
                     if gpu.exclusive or gpu.blocked:
                         continue
                     if any(j.job_class is JobClass.GUARANTEED for j in gpu.residents):
-                        costs.append(math.inf)  # usable only by shareable requests
+                        costs.append(NEVER)  # usable only by shareable requests
                     else:
-                        costs.append(sum(self._progress(j) for j in gpu.residents if j.id not in self.leaving))
+                        costs.append(_total(self._progress(j) for j in gpu.residents if j.id not in self.leaving))
                 if costs:
                     self._node_estimates.append((node, sorted(costs)))
         return self._node_estimates
@@ -127,7 +153,7 @@ class Reclaimer:
         ranked = self._ranked.get(n)
         if ranked is None:
             ranked = self._ranked[n] = [node for *_, node in sorted(
-                (sum(costs[:n]), node.key, node) for node, costs in self._estimates() if len(costs) >= n)]
+                (_total(costs[:n]), node.key, node) for node, costs in self._estimates() if len(costs) >= n)]
         candidates = [node for node in ranked if node.indexed]
         per_node = self._evaluate(candidates, shape, pools, enough=RECLAIM_NODES_EVALUATED)
         chosen = self._choose(shape, per_node) if per_node else None
@@ -141,7 +167,7 @@ class Reclaimer:
 
     def _evaluate(self, nodes: list[NodeSlot], shape: Shape, pools: list[int], enough: int):
         """Exact victims per GPU on ``nodes``, until ``enough`` nodes could host the job alone."""
-        per_node: list[tuple[NodeSlot, list[tuple[float, int, GpuSlot, list[RunningJob]]]]] = []
+        per_node: list[tuple[NodeSlot, list[tuple[Loss, int, GpuSlot, list[RunningJob]]]]] = []
         hosts = 0
         for node in nodes:
             options = []
@@ -164,7 +190,7 @@ class Reclaimer:
             if len(options) < n or not any(o[3] for o in options[:n]) and not self._stopping(options[:n]):
                 continue  # nothing to reclaim on this node: plain placement already said no
             picked = options[:n]
-            lost = sum(self._progress(v) for v in {v.id: v for o in picked for v in o[3]}.values())
+            lost = _total(self._progress(v) for v in {v.id: v for o in picked for v in o[3]}.values())
             cost = allreduce_seconds(n, shape.allreduce_bytes, node.gb_per_s)
             key = (lost, cost, node.key)
             if best is None or key < best[0]:

@@ -48,6 +48,9 @@ class NodeState:
     rack: str = ""
     # Slowest GPU-to-GPU link inside the node: NVLink ~300, PCIe gen4 ~32.
     intra_node_gb_per_s: float = 32.0
+    # Container runtimes the node's agent advertises (docker, podman, apptainer); empty: none, so
+    # jobs with an image cannot run there.
+    runtimes: frozenset[str] = frozenset()
 
     @property
     def schedulable(self) -> bool:
@@ -97,6 +100,14 @@ class JobRequest:
     # GPU-seconds of service the job already had (runs before a preemption). Only the
     # least-attained-service baseline reads it; production leaves it at 0.
     attained_gpu_s: float = 0.0
+    # Job arrays: at most ``array_limit`` jobs of array ``array_id`` run at once (None: no cap).
+    array_id: int | None = None
+    array_limit: int | None = None
+    # Dependencies that have not ended yet: (job id, "ok" = must succeed | "any" = must end).
+    # Such a job is never placed; the service drops an entry once its job ends.
+    waiting_for: tuple[tuple[int, str], ...] = ()
+    # The job runs in a container image: only nodes with a container runtime can run it.
+    needs_runtime: bool = False
 
     @property
     def fractional(self) -> bool:
@@ -132,6 +143,11 @@ class RunningJob:
     preempting: bool = False
     # GPU-seconds of service in runs before this one; this run adds (now - started_at) x GPUs.
     attained_gpu_s: float = 0.0
+    # Saves checkpoints and resumes from them: a preemption costs it little work, so reclaim
+    # prefers it as a victim.
+    checkpoints: bool = False
+    # The job array it belongs to (counts against the array's ``array_limit``).
+    array_id: int | None = None
 
     @property
     def quota_milli(self) -> int:

@@ -7,10 +7,20 @@ Per GPU that an opportunistic job runs on, one signal:
   saturated (utilisation >= ``saturated_utilisation``) while a guaranteed job is on it, or when a
   guaranteed job was placed on it this cycle (act before the slowdown shows up);
 * **increase** (add ``duty_cycle_increase``) when the GPU's utilisation is known and below
-  ``room_utilisation``, or no guaranteed job shares it;
+  ``room_utilisation``;
+* **back to full speed** (``duty_cycle_ceiling`` at once) when no guaranteed job shares the GPU
+  any more: the slow additive probe exists to find how much a guaranteed neighbour can spare, and
+  with none left there is nothing to probe;
 * **hold** otherwise (no reading yet: do nothing rather than guess).
 
-A job on several GPUs decreases if any GPU says so and increases only if all do. Duty cycles stay
+Guaranteed residents that are being stopped (cancelling, ended but not yet confirmed by their
+node: ``leaving``) are not neighbours to protect. They used to be: while one wound down (its
+utilisation falling far below its profile as it exits, or no reading at all) it kept its
+borrowing neighbours halved, then suspended, for as long as its stop took, and what was left
+climbed back 0.1 a cycle (the review's "7 A100s at 19% while 13 GPUs were idle").
+
+A job on several GPUs decreases if any GPU says so and increases only if all do (to full speed
+only if none of its GPUs has a guaranteed neighbour). Duty cycles stay
 within [floor, ceiling], except that a job at the floor told to decrease again is suspended
 (duty cycle 0, ``suspend_at_floor``) and comes back at the floor's level once its GPUs have room
 (0 + increase). A Throttle is emitted only when the value changes. Jobs that are being
@@ -25,10 +35,11 @@ from jobs.scheduling.decisions import Throttle, ThrottleReason
 from jobs.scheduling.snapshot import JobClass, RunningJob
 
 _DECREASE = (ThrottleReason.NEIGHBOUR_SLOWED, ThrottleReason.GPU_SATURATED, ThrottleReason.GUARANTEED_JOB_PLACED)
+_RAISE = (ThrottleReason.ROOM_AVAILABLE, ThrottleReason.NO_GUARANTEED_NEIGHBOUR)
 
 
-def _signal(gpu: GpuSlot, config: SchedulerConfig) -> ThrottleReason | None:
-    guaranteed = [j for j in gpu.residents if j.job_class is JobClass.GUARANTEED]
+def _signal(gpu: GpuSlot, config: SchedulerConfig, leaving: set[int]) -> ThrottleReason | None:
+    guaranteed = [j for j in gpu.residents if j.job_class is JobClass.GUARANTEED and j.id not in leaving]
     for job in guaranteed:
         if (job.utilisation is not None and job.solo_utilisation is not None
                 and job.utilisation < job.solo_utilisation - config.slowdown_margin):
@@ -37,7 +48,9 @@ def _signal(gpu: GpuSlot, config: SchedulerConfig) -> ThrottleReason | None:
         return ThrottleReason.GPU_SATURATED
     if gpu.placed_guaranteed:
         return ThrottleReason.GUARANTEED_JOB_PLACED
-    if not guaranteed or (gpu.live_load is not None and gpu.live_load < config.room_utilisation):
+    if not guaranteed:
+        return ThrottleReason.NO_GUARANTEED_NEIGHBOUR
+    if gpu.live_load is not None and gpu.live_load < config.room_utilisation:
         return ThrottleReason.ROOM_AVAILABLE
     return None
 
@@ -55,7 +68,7 @@ def throttles(capacity: Capacity, running: tuple[RunningJob, ...], leaving: set[
             if gpu is None:
                 continue
             if gpu_id not in signals:
-                signals[gpu_id] = _signal(gpu, config)
+                signals[gpu_id] = _signal(gpu, config, leaving)
             reasons.append(signals[gpu_id])
         if not reasons:
             continue
@@ -66,7 +79,9 @@ def throttles(capacity: Capacity, running: tuple[RunningJob, ...], leaving: set[
             else:
                 duty = max(config.duty_cycle_floor, job.duty_cycle * config.duty_cycle_decrease_factor)
             reason = decrease
-        elif all(r is ThrottleReason.ROOM_AVAILABLE for r in reasons):
+        elif all(r is ThrottleReason.NO_GUARANTEED_NEIGHBOUR for r in reasons):
+            duty, reason = config.duty_cycle_ceiling, ThrottleReason.NO_GUARANTEED_NEIGHBOUR
+        elif all(r in _RAISE for r in reasons):
             duty = min(config.duty_cycle_ceiling, job.duty_cycle + config.duty_cycle_increase)
             reason = ThrottleReason.ROOM_AVAILABLE
         else:

@@ -9,6 +9,8 @@ from tests.scheduling.builders import cluster, codes, job, node, nodes, pending_
 
 TEAM = [tenant("team", guaranteed=64)]
 WINDOW = SchedulerConfig().gang_reservation_max_s
+# Jobs submitted at t=1 are past their wait for one node by then, so spreading is allowed.
+PAST_ONE_NODE_WAIT = SchedulerConfig().gang_single_node_wait_s + 1
 
 
 def place_of(decisions, job_id):
@@ -92,7 +94,7 @@ def test_single_gpu_job_has_no_rendezvous_and_a_gang_on_one_node_has_one():
 def test_gang_gets_all_gpus_at_once_or_waits(free, gpus, max_nodes, placed_ok, code):
     node_states = [node(f"n{i}", gpus=8, busy=8 - f) for i, f in enumerate(free)]
     snapshot = cluster(*node_states, tenants=TEAM, pending=[job(1, tenant="team", gpus=gpus, max_nodes=max_nodes)])
-    decisions = decide(snapshot, now=0)
+    decisions = decide(snapshot, now=PAST_ONE_NODE_WAIT)
     if placed_ok:
         assert sum(len(p.gpu_ids) for p in decisions.placements) == gpus
     else:
@@ -174,7 +176,7 @@ def test_a_gang_never_mixes_gpu_models():
     with_a_second_a100_node = cluster(node("v", gpus=8, busy=2, model="V100-32GB", mem_gib=32),
                                       node("a1", gpus=8, busy=4), node("a2", gpus=8, busy=4),
                                       tenants=TEAM, pending=[job(1, tenant="team", gpus=8)])
-    assert set(place_of(decide(with_a_second_a100_node, now=0), 1).nodes) == {"a1", "a2"}
+    assert set(place_of(decide(with_a_second_a100_node, now=PAST_ONE_NODE_WAIT), 1).nodes) == {"a1", "a2"}
 
 
 def test_a_gang_on_a_node_with_two_models_takes_one_model_and_says_so_when_it_cannot():

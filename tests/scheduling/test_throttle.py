@@ -32,8 +32,9 @@ def throttled(gpu_util, guaranteed=None, duty=1.0, config=None, **borrower):
     (0.5, dict(util=0.45, solo=0.5), 0.5, (0.6, ThrottleReason.ROOM_AVAILABLE)),
     (0.5, dict(util=0.45, solo=0.5), 0.95, (1.0, ThrottleReason.ROOM_AVAILABLE)),
     (0.5, None, 0.3, (0.4, ThrottleReason.ROOM_AVAILABLE)),
-    # no guaranteed neighbour at all: recover even without a reading
-    (None, False, 0.5, (0.6, ThrottleReason.ROOM_AVAILABLE)),
+    # no guaranteed neighbour at all (it left): straight back to full speed, even without a reading
+    (None, False, 0.5, (1.0, ThrottleReason.NO_GUARANTEED_NEIGHBOUR)),
+    (0.19, False, 0.0, (1.0, ThrottleReason.NO_GUARANTEED_NEIGHBOUR)),
 ])
 def test_duty_cycle_moves_by_aimd(gpu_util, guaranteed, duty, expected):
     new_duty, reason = throttled(gpu_util, guaranteed, duty)[2]
@@ -75,3 +76,35 @@ def test_floor_and_steps_come_from_config():
                        running=[running(2, tenant="borrower", opportunistic=True, mem_gib=10, duty=0.8),
                                 running(1, tenant="owner", mem_gib=10)])
     assert decide(snapshot, now=0, config=config).throttles[0].duty_cycle == 0.3
+
+
+# -- the review's symptom: a throttled borrower left slow after its neighbour went ----------------
+
+def test_a_throttled_job_is_back_at_full_speed_soon_after_its_neighbour_leaves():
+    """'7 A100s sat at 19% for minutes while 13 GPUs were idle': borrowers squeezed next to
+    guaranteed jobs were not raised again once those left. Closed loop over cycles: the GPU reads
+    the sum of its residents' use; the neighbour is cancelled, winds down for a while (still
+    holding its GPU, using little), then is gone. The borrowers must not be cut for a neighbour on
+    its way out, and must be at full speed within a couple of cycles of it leaving."""
+    borrowers = range(1, 8)
+    duty = dict.fromkeys(borrowers, 0.19)
+    owner_util = {i: 0.8 for i in borrowers}  # guaranteed neighbours, 100 + i, busy at 80%
+    history = []
+    for cycle in range(12):
+        stopping, gone = cycle >= 2, cycle >= 6  # cancelled at cycle 2, its exit confirmed at cycle 6
+        if stopping:
+            owner_util = dict.fromkeys(borrowers, 0.02)  # saving and exiting
+        util = {i - 1: (0 if gone else owner_util[i]) + 0.6 * duty[i] for i in borrowers}
+        util.update({i: 0.0 for i in range(7, 20)})  # 13 idle GPUs
+        residents = [running(i, gpus=[i - 1], tenant="borrower", opportunistic=True, mem_gib=10, duty=duty[i],
+                             util=0.6 * duty[i]) for i in borrowers]
+        if not gone:
+            residents += [running(100 + i, gpus=[i - 1], tenant="owner", mem_gib=10, util=owner_util[i], solo=0.8,
+                                  preempting=stopping) for i in borrowers]
+        snapshot = cluster(node("a", gpus=20, util=util), tenants=[tenant("owner", guaranteed=8), tenant("borrower")],
+                           running=residents)
+        for throttle in decide(snapshot, now=cycle * 2.0).throttles:
+            duty[throttle.job_id] = throttle.duty_cycle
+        history.append(min(duty.values()))
+    assert min(history[2:]) >= 0.19, history  # never cut for a neighbour on its way out
+    assert history[3] == 1.0, history  # the cycle after it was told to stop: nothing left to protect
