@@ -35,7 +35,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from agents import __version__, protocol, signing
+from agents import __version__, code, protocol, signing
 from agents.backends.base import GpuBackend
 from agents.runner import FinishedJob, JobRunner, LaunchError, read_output
 
@@ -135,6 +135,8 @@ class Agent:
         self.backend = backend
         self.redis_url = redis_url
         self.runner = runner
+        if getattr(runner, "node", None) is None:
+            runner.node = node
         self.interval = interval
         self.heartbeat_ttl = heartbeat_ttl
         self.shutdown_grace = shutdown_grace
@@ -339,6 +341,7 @@ class Agent:
             agent_version=__version__,
             hostname=self.hostname,
             running_jobs=sorted(self.runner.running()),
+            runtimes=[runtime.name] if (runtime := getattr(self.runner, "container_runtime", None)) else [],
         )
         fields = protocol.encode(message)
         if len(fields["m"]) > protocol.MAX_MESSAGE_BYTES:
@@ -662,7 +665,15 @@ class Agent:
                 raise LaunchError(
                     f"GPU index {missing} not on node {self.node} (it has {sorted(self._gpu_indices)})"
                 )
-            pid = self.runner.launch(command)
+            archive = None
+            if self.runner.needs_code(command):
+                # Here, not in the runner: the agent holds the node's Redis connection. A Redis
+                # error is the connection's fault and re-reads the launch once reconnected.
+                try:
+                    archive = code.fetch(self._redis, self.node, command.code)
+                except code.CodeError as exc:
+                    raise LaunchError(str(exc)) from None
+            pid = self.runner.launch(command, code_archive=archive)
         except LaunchError as exc:
             log.warning("job %d could not start: %s", job_id, exc)
             self._publish(
@@ -692,7 +703,7 @@ class Agent:
     def _stop_job(self, command: protocol.StopJob) -> None:
         running = self.runner.running_launches().get(command.job_id)
         if running is not None and command.launch_id in (None, running):
-            self.runner.stop(command.job_id, command.grace_seconds)
+            self.runner.stop(command.job_id, command.grace_seconds, preempt=command.preempt)
             return
         # Not running here, or running as a later attempt than the one to stop. Say how that
         # attempt ended if this node ran it (its exit may have been lost with a trimmed stream or

@@ -20,6 +20,10 @@ jobs run as (``--run-as``, ``--run-as-tenant``; an agent running as root refuses
 account for unless ``--allow-root-jobs``), the agent variables jobs inherit (``--pass-env``) and
 the size bound of each job's output log (``--max-log-bytes``).
 
+``--container-runtime docker|podman|apptainer`` lets the node run jobs that name an ``image``
+(:mod:`agents.containers`); the agent refuses to start when that runtime's client is not on its
+PATH, and advertises the runtime when it registers, so the scheduler places image jobs only here.
+
 Exit status: 0 after a clean shutdown on SIGTERM/SIGINT, 2 for bad arguments, 1 when the chosen
 GPU backend cannot run here.
 """
@@ -41,6 +45,7 @@ from agents.agent import COMMAND_MAX_AGE_S, Agent
 from agents.backends import nvml
 from agents.backends.base import BackendUnavailable, GpuBackend
 from agents.backends.simulated import SimulatedBackend
+from agents.containers import RUNTIMES, find_runtime
 from agents.hardening import make_non_dumpable
 from agents.joblog import DEFAULT_MAX_LOG_BYTES, MIN_MAX_LOG_BYTES
 from agents.runner import JobRunner
@@ -251,6 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="bound on each job's output.log, e.g. 16M (default $COLONY_AGENT_MAX_LOG_BYTES, else 16M); "
         "past it the log keeps its first eighth and the most recent output, and the job goes on",
     )
+    sandbox.add_argument(
+        "--container-runtime",
+        choices=RUNTIMES,
+        default=os.environ.get("COLONY_AGENT_CONTAINER_RUNTIME") or None,
+        help="run jobs that name an image with this runtime (its client must be on PATH); without it, "
+        "image jobs are refused; default $COLONY_AGENT_CONTAINER_RUNTIME",
+    )
     parser.add_argument("--version", action="version", version=f"colony-agent {__version__}")
     return parser
 
@@ -296,6 +308,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     except ValueError as exc:
         parser.error(str(exc) if str(exc).startswith("--") else f"--run-as-tenant: {exc}")
+    args.runtime = None
+    if args.container_runtime:
+        try:
+            args.runtime = find_runtime(args.container_runtime)
+        except ValueError as exc:
+            parser.error(f"--container-runtime: {exc}")
     args.pass_env = DEFAULT_PASS_ENV + tuple(
         name.strip()
         for value in (args.pass_env or _env_list("COLONY_AGENT_PASS_ENV"))
@@ -348,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                     "unsigned, and a control plane that requires agent authentication rejects them")
     else:
         log.info("signing messages with this node's key")
+    if args.runtime is not None:
+        log.info("image jobs run with %s (%s)", args.runtime.name, args.runtime.path)
 
     stop = threading.Event()
 
@@ -371,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_as=policy,
                 max_log_bytes=args.max_log_bytes,
                 pass_env=args.pass_env,
+                container_runtime=args.runtime,
+                node=args.node,
             ),
             interval=args.interval,
             heartbeat_ttl=args.heartbeat_ttl,

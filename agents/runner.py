@@ -8,7 +8,9 @@ outlives it. A process that calls ``setsid()`` itself escapes the group; contain
 cgroups, which is out of scope here.
 
 Jobs are contained by what the agent decides, never by the job spec (``LaunchJob`` has no
-working directory, shell or user to ask for):
+shell or user to ask for; its ``workdir``, ``code``, ``venv``/``conda`` and ``image`` only choose
+where the job starts and with what software, see :mod:`agents.environments`, :mod:`agents.code`
+and :mod:`agents.containers`):
 
 - the process runs as the account :class:`agents.accounts.RunAsPolicy` picks (the supervisor's
   ``Popen`` drops to its uid, gid and supplementary groups before exec), and an agent running as
@@ -24,8 +26,12 @@ and holds ``output.log``, the job's stdout and stderr; ``launch.json`` (the Laun
 it holds the job's environment); ``process.json`` (the job's leader pid and start time and its
 supervisor's, written by the supervisor); ``stop.json`` (written by the agent when it ends the job:
 why, and when SIGKILL is due); ``exit.json`` (the job's exit, written atomically by the supervisor
-when it ends); ``supervisor.log``. ``jobs/<job_id>/work/`` is the job's working directory, owned
-by the job's account. The job cannot write to its log other than through the pipe, nor swap it
+when it ends); ``supervisor.log``; ``notice/preempt_at`` (the job's ``COLONY_PREEMPT_FILE``: the SIGKILL
+deadline of a preemption, written before the stop signal; in a directory of its own, readable by
+the job's group, so that a container can mount it read-only). ``jobs/<job_id>/work/`` is the job's
+working directory unless the launch names a ``workdir`` or ``code``; ``jobs/<job_id>/code-<sha>/``
+is an unpacked code archive, kept across attempts of the job (its checkpoints survive a requeue).
+Both are owned by the job's account. The job cannot write to its log other than through the pipe, nor swap it
 for a link to a file it should not read.
 
 Jobs survive their agent: an agent that dies (SIGKILL, a crash) leaves its jobs running under
@@ -50,6 +56,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -57,7 +64,7 @@ from pathlib import Path
 
 import psutil
 
-from agents import supervise
+from agents import code, containers, environments, supervise
 from agents.accounts import (
     DEFAULT_PASS_ENV,
     Account,
@@ -79,6 +86,8 @@ PROCESS_RECORD = supervise.PROCESS_RECORD
 EXIT_RECORD = supervise.EXIT_RECORD
 STOP_RECORD = supervise.STOP_RECORD
 LAUNCH_RECORD = "launch.json"
+NOTICE_DIR = "notice"
+PREEMPT_FILE = "preempt_at"
 
 
 class LaunchError(RuntimeError):
@@ -227,11 +236,16 @@ class JobRunner:
         run_as: RunAsPolicy | None = None,
         max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
         pass_env: tuple[str, ...] = DEFAULT_PASS_ENV,
+        container_runtime: containers.ContainerRuntime | None = None,
+        node: str | None = None,
     ):
         """``run_as`` picks each job's account; the default one refuses every launch when the
         agent is root. ``max_log_bytes`` bounds each job's ``output.log``; ``pass_env`` names the
-        agent's variables (``NCCL_*`` patterns allowed) that jobs inherit."""
+        agent's variables (``NCCL_*`` patterns allowed) that jobs inherit. ``container_runtime``
+        runs ``image`` jobs (None: they are refused). ``node`` names the node in launch errors."""
         self.workdir = Path(workdir)
+        self.container_runtime = container_runtime
+        self.node = node  # the agent sets it when None
         self.run_as = run_as if run_as is not None else RunAsPolicy()
         self.max_log_bytes = max_log_bytes
         self.pass_env = tuple(pass_env)
@@ -250,9 +264,24 @@ class JobRunner:
         """The job's working directory, owned by the account it runs as."""
         return self.job_dir(job_id) / "work"
 
-    def launch(self, cmd: LaunchJob) -> int:
+    def preempt_file(self, job_id: int) -> Path:
+        """The job's ``COLONY_PREEMPT_FILE``: absent until a preemption's notice."""
+        return self.job_dir(job_id) / NOTICE_DIR / PREEMPT_FILE
+
+    def code_dir(self, cmd: LaunchJob) -> Path | None:
+        """Where the launch's code archive is (or will be) unpacked; None without one."""
+        return None if cmd.code is None else self.job_dir(cmd.job_id) / code.code_dir_name(cmd.code)
+
+    def needs_code(self, cmd: LaunchJob) -> bool:
+        """Whether :meth:`launch` needs the archive's bytes: it has code, not yet unpacked (an
+        earlier attempt of the job may have unpacked it; that copy is reused)."""
+        folder = self.code_dir(cmd)
+        return folder is not None and not folder.is_dir()
+
+    def launch(self, cmd: LaunchJob, code_archive: bytes | None = None) -> int:
         """Start the job under a supervisor; return the leader's pid. Launching a running job
-        returns its pid again."""
+        returns its pid again. ``code_archive``: the bytes of ``cmd.code`` (fetched and checked by
+        the agent), needed when :meth:`needs_code`."""
         running = self._jobs.get(cmd.job_id)
         if running is not None:
             return running.pid
@@ -260,20 +289,35 @@ class JobRunner:
             account = self.run_as.account_for(cmd.tenant)
         except NoAccount as exc:
             raise LaunchError(str(exc)) from None
+        if cmd.image is not None and self.container_runtime is None:
+            raise LaunchError(containers.NO_RUNTIME)
+        try:
+            if cmd.workdir is not None:
+                environments.check_workdir(cmd.workdir, self.node or socket.gethostname())
+            environments.check(cmd, self.node or socket.gethostname(), in_image=cmd.image is not None)
+        except environments.EnvironmentRefused as exc:
+            raise LaunchError(str(exc)) from None
+        if self.needs_code(cmd) and code_archive is None:
+            raise LaunchError(f"the code archive {cmd.code.sha256[:12]} was not fetched for this launch")
         job_dir, work_dir = self.job_dir(cmd.job_id), self.work_dir(cmd.job_id)
         try:
             self._prepare_directories(job_dir, work_dir, account)
             for name in (PROCESS_RECORD, EXIT_RECORD, STOP_RECORD):  # an earlier attempt's
                 (job_dir / name).unlink(missing_ok=True)
+            self.preempt_file(cmd.job_id).unlink(missing_ok=True)  # an earlier attempt's notice
             self._reported.pop(cmd.job_id, None)
             supervise.write_json_atomically(job_dir / LAUNCH_RECORD, json.loads(cmd.model_dump_json()), mode=0o600)
+        except OSError as exc:
+            raise LaunchError(f"cannot prepare job directory {job_dir}: {exc.strerror or exc}") from exc
+        start_dir, argv, env, cleanup = self._start(cmd, account, work_dir, code_archive)
+        try:
             supervisor_log = os.open(job_dir / supervise.SUPERVISOR_LOG,
                                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise LaunchError(f"cannot prepare job directory {job_dir}: {exc.strerror or exc}") from exc
         spec = {
-            "job_id": cmd.job_id, "launch_id": cmd.command_id, "argv": list(cmd.argv),
-            "env": self._job_env(cmd, account, work_dir), "cwd": str(work_dir), "job_dir": str(job_dir),
+            "job_id": cmd.job_id, "launch_id": cmd.command_id, "argv": argv,
+            "env": env, "cwd": str(start_dir), "job_dir": str(job_dir),
             # A relaunch (a new attempt after a requeue) starts a fresh log: the tail the user
             # reads must be this attempt's, not the last one's.
             "log_path": str(job_dir / "output.log"), "max_log_bytes": self.max_log_bytes,
@@ -281,6 +325,7 @@ class JobRunner:
             "user": account.uid if account else None, "group": account.gid if account else None,
             "extra_groups": list(account.groups) if account else [],
             "max_runtime_s": cmd.max_runtime_s, "stop_grace_s": cmd.stop_grace_s,
+            "stop_signal": int(_stop_signal(cmd)), "container_cleanup": cleanup,
         }
         try:
             process = subprocess.Popen(
@@ -314,39 +359,84 @@ class JobRunner:
             self.set_duty_cycle(cmd.job_id, cmd.duty_cycle)
         return leader.pid
 
+    def _start(self, cmd: LaunchJob, account: Account | None, work_dir: Path, code_archive: bytes | None):
+        """Where the job starts, what the supervisor runs, with which environment, and how to
+        remove its container afterwards: ``(start_dir, argv, env, cleanup)``."""
+        if cmd.workdir is not None:
+            start_dir = Path(cmd.workdir)
+        elif cmd.code is not None:
+            owner = (account.uid, account.gid) if account is not None else None
+            try:
+                start_dir = code.unpack(code_archive or b"", self.code_dir(cmd), owner)
+            except code.CodeError as exc:
+                raise LaunchError(f"code archive {cmd.code.sha256[:12]}: {exc}") from None
+            except OSError as exc:
+                raise LaunchError(f"cannot unpack the code archive into {self.code_dir(cmd)}: "
+                                  f"{exc.strerror or exc}") from None
+        else:
+            start_dir = work_dir
+        env = self._job_env(cmd, account, start_dir)
+        if cmd.image is None:
+            return start_dir, list(cmd.argv), env, None
+        try:
+            wrapped = containers.wrap(
+                self.container_runtime, cmd, env, start_dir=str(start_dir),
+                read_only=(str(self.preempt_file(cmd.job_id).parent),), account=account,
+            )
+        except containers.ContainerRefused as exc:
+            raise LaunchError(str(exc)) from None
+        return start_dir, wrapped.argv, wrapped.env, wrapped.cleanup
+
     def _prepare_directories(self, job_dir: Path, work_dir: Path, account: Account | None) -> None:
         """Create the job's directories; when switching users, the job's account gets the working
-        directory (and only that) and its group may read the log; other accounts get nothing."""
+        directory (and only that) and its group may read the log and the preemption notice;
+        other accounts get nothing."""
         jobs_root = job_dir.parent
         jobs_root.mkdir(parents=True, exist_ok=True)
         job_dir.mkdir(exist_ok=True)
         work_dir.mkdir(exist_ok=True)
+        notice = job_dir / NOTICE_DIR
+        notice.mkdir(exist_ok=True)
+        # setgid: a notice written later (by the agent, as itself) gets the job's group.
+        os.chmod(notice, 0o2750)
         if account is None:
             return
         os.chmod(jobs_root, 0o711)  # accounts may pass through to their own job, not list others
         os.chown(job_dir, -1, account.gid, follow_symlinks=False)
         os.chmod(job_dir, 0o750)
+        os.chown(notice, -1, account.gid, follow_symlinks=False)
+        os.chmod(notice, 0o2750)  # chown clears setgid
         # Not recursive: a retried job finds its previous attempt's files as they were.
         os.chown(work_dir, account.uid, account.gid, follow_symlinks=False)
         os.chmod(work_dir, 0o700)
 
-    def _job_env(self, cmd: LaunchJob, account: Account | None, work_dir: Path) -> dict[str, str]:
+    def _job_env(self, cmd: LaunchJob, account: Account | None, start_dir: Path) -> dict[str, str]:
         env = job_environment(
-            os.environ, cmd.env, identity_environment(account, str(work_dir)), pass_env=self.pass_env
+            os.environ, cmd.env, identity_environment(account, str(start_dir)), pass_env=self.pass_env
         )
+        env = environments.activate(env, cmd, containers.CONTAINER_PATH if cmd.image is not None else None)
         # Set last so a job cannot pick GPUs it was not given. CUDA numbers devices fastest-first
         # unless told otherwise; PCI bus order is the order NVML (and so our indices) uses.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in cmd.gpu_indices)
         env["COLONY_JOB_ID"] = str(cmd.job_id)
+        env["COLONY_PREEMPT_FILE"] = str(self.preempt_file(cmd.job_id))
+        for name, value in (("COLONY_ARRAY_ID", cmd.array_id), ("COLONY_ARRAY_INDEX", cmd.array_index)):
+            if value is None:
+                env.pop(name, None)  # not the spec's to claim
+            else:
+                env[name] = str(value)
         return env
 
-    def stop(self, job_id: int, grace_seconds: float, *, requeue: bool = False) -> None:
-        """SIGTERM the job's process group; :meth:`poll` sends SIGKILL once the grace is over.
+    def stop(self, job_id: int, grace_seconds: float, *, requeue: bool = False, preempt: bool = False) -> None:
+        """Send the launch's stop signal (SIGTERM unless it chose another) to the job's process
+        group; :meth:`poll` sends SIGKILL once the grace is over.
 
         Unknown or already-finished jobs are ignored. A second stop never extends the deadline.
         ``requeue``: the node ends it for reasons of its own (the agent shutting down); its
-        supervisor records an exit other than 0 as one to requeue.
+        supervisor records an exit other than 0 as one to requeue. ``preempt``: first write the
+        SIGKILL deadline to the job's ``COLONY_PREEMPT_FILE``, so it knows how long it has to
+        checkpoint when the signal arrives.
         """
         job = self._jobs.get(job_id)
         if job is None:
@@ -356,14 +446,35 @@ class JobRunner:
             return
         job.stopped = True
         job.kill_deadline = deadline
-        log.info("job %d: stopping (grace %.1fs)", job_id, grace_seconds)
+        kill_at = time.time() + max(0.0, grace_seconds)
+        stop_signal = _stop_signal(job.command)
+        log.info("job %d: %s (%s, grace %.1fs)", job_id, "preempting" if preempt else "stopping",
+                 stop_signal.name, grace_seconds)
+        if preempt:
+            self._write_notice(job, kill_at)
         # Recorded for the supervisor's exit.json and for an agent that adopts the job meanwhile.
-        self._write_stop(job, "shutdown" if requeue else "stop", None, time.time() + max(0.0, grace_seconds))
-        # No more slicing; a stopped (throttled or suspended) group only acts on SIGTERM once it
-        # is continued, so SIGCONT follows. SIGKILL needs no help.
+        self._write_stop(job, "shutdown" if requeue else "stop", None, kill_at)
+        # No more slicing; a stopped (throttled or suspended) group only acts on the signal once
+        # it is continued, so SIGCONT follows. SIGKILL needs no help.
         self._cycler.forget(job_id)
-        self._signal_group(job, signal.SIGKILL if grace_seconds <= 0 else signal.SIGTERM)
+        self._signal_group(job, signal.SIGKILL if grace_seconds <= 0 else stop_signal)
         self._signal_group(job, signal.SIGCONT)
+
+    def _write_notice(self, job: _RunningJob, kill_at: float) -> None:
+        """The SIGKILL deadline, unix seconds on one line; written whole (a rename) so the job
+        never reads half a number, group-readable (the notice directory gives it the job's group)."""
+        path = self.preempt_file(job.job_id)
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+            try:
+                os.write(fd, f"{int(kill_at)}\n".encode())
+                os.fchmod(fd, 0o640)  # whatever the umask
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError as exc:  # the job still gets its signal and its grace
+            log.warning("job %d: cannot write its preemption notice %s: %s", job.job_id, path, exc)
 
     def kill_out_of_memory(self, job_id: int, error: str) -> None:
         """SIGKILL the job's group because its GPU ran out of memory; :meth:`poll` reports it
@@ -714,6 +825,10 @@ class JobRunner:
         if signum == signal.SIGKILL:
             job.killed = True
         job.leader.signal_group(signum, job.job_id)
+
+
+def _stop_signal(cmd: LaunchJob) -> signal.Signals:
+    return signal.Signals[cmd.stop_signal]
 
 
 def _supervisor_answer(process: subprocess.Popen, spec: dict) -> dict:

@@ -14,9 +14,12 @@ parent-death signal), and writes the job's spec to its stdin as JSON. The superv
    id and the runtime limit) and answers the runner on stdout with ``{"pid": ..., "create_time": ...}``
    (or ``{"error": ...}`` when the job cannot start), then closes stdout;
 4. ends the job if it runs past ``max_runtime_s`` (wall clock from its start, suspended time
-   included): SIGTERM and SIGCONT to its group, SIGKILL after ``stop_grace_s``;
+   included): the launch's stop signal (SIGTERM unless it chose another) and SIGCONT to its
+   group, SIGKILL after ``stop_grace_s``;
 5. once the leader exits, SIGKILLs what is left of its group (the leader, not yet reaped, still
-   holds the group id, so nothing else can be hit), reaps it, drains the log, writes ``exit.json``
+   holds the group id, so nothing else can be hit), reaps it, removes the job's container if the
+   leader was a container runtime's client that did not end cleanly (``container_cleanup``: a
+   killed docker or podman client leaves its container running), drains the log, writes ``exit.json``
    atomically (``exit_code``, ``finished_at``, ``timed_out``, and ``stopped``/``oom``/``requeue``/
    ``error`` from the agent's ``stop.json`` when it asked for the end) and exits.
 
@@ -54,6 +57,8 @@ PROCESS_RECORD = "process.json"
 EXIT_RECORD = "exit.json"
 STOP_RECORD = "stop.json"
 SUPERVISOR_LOG = "supervisor.log"
+# How long removing a job's container (``docker rm -f``) may take before the exit is written anyway.
+CONTAINER_CLEANUP_SECONDS = 30.0
 # How long a finished job's output may take to drain from the pipe before the log is closed
 # (only a process that escaped the job's group keeps the pipe open that long).
 OUTPUT_DRAIN_SECONDS = 1.0
@@ -140,7 +145,11 @@ def supervise(spec: dict) -> int:
         )
     except (OSError, subprocess.SubprocessError) as exc:  # missing executable, bad interpreter ...
         output.finish(0)
-        answer.send({"error": f"cannot start {argv[0]!r}: {getattr(exc, 'strerror', None) or exc}"})
+        why = getattr(exc, "strerror", None) or exc
+        if getattr(exc, "filename", None) == spec["cwd"]:
+            answer.send({"error": f"cannot enter the working directory {spec['cwd']}: {why}"})
+        else:
+            answer.send({"error": f"cannot start {argv[0]!r}: {why}"})
         return 0
     except ValueError as exc:  # e.g. a NUL byte in argv or env
         output.finish(0)
@@ -167,11 +176,15 @@ def supervise(spec: dict) -> int:
         log.warning("cannot write %s: %s", job_dir / PROCESS_RECORD, exc)
     answer.send({"pid": process.pid, "create_time": create_time})
 
-    timed_out = _wait(process, started, spec.get("max_runtime_s"), float(spec.get("stop_grace_s") or 0.0))
+    stop_signal = int(spec.get("stop_signal") or signal.SIGTERM)
+    timed_out = _wait(process, started, spec.get("max_runtime_s"), float(spec.get("stop_grace_s") or 0.0),
+                      stop_signal)
     # The leader is a zombie until reaped, so its pid (== the group id) cannot be reused yet:
     # this reaches only the job's stragglers.
     _signal_group(process.pid, signal.SIGKILL)
     exit_code = process.wait()
+    if spec.get("container_cleanup") and exit_code != 0:
+        _remove_container(spec["container_cleanup"], spec["env"], identity)
     output.finish(OUTPUT_DRAIN_SECONDS)
     stop = read_json(job_dir / STOP_RECORD) or {}
     result = {
@@ -188,7 +201,21 @@ def supervise(spec: dict) -> int:
     return 0
 
 
-def _wait(process: subprocess.Popen, started: float, max_runtime_s, grace: float) -> bool:
+def _remove_container(argv: list[str], env: dict, identity: dict) -> None:
+    """Best effort, as the job's account (a rootless runtime keeps the container in its store);
+    a container already gone (``--rm``) makes the runtime complain, which is fine."""
+    try:
+        done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, timeout=CONTAINER_CLEANUP_SECONDS, close_fds=True,
+                              **identity)
+        log.info("removed the job's container: %s exited %d %s", argv[1:], done.returncode,
+                 done.stderr.decode("utf-8", "replace").strip()[:200])
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        log.warning("could not remove the job's container (%s): %s", " ".join(argv[1:]), exc)
+
+
+def _wait(process: subprocess.Popen, started: float, max_runtime_s, grace: float,
+          stop_signal: int = signal.SIGTERM) -> bool:
     """Wait until the leader exits, ending it past its runtime limit; True if it timed out."""
     try:
         pidfd = os.pidfd_open(process.pid)
@@ -203,12 +230,12 @@ def _wait(process: subprocess.Popen, started: float, max_runtime_s, grace: float
             if deadline is not None and now >= deadline and not timed_out:
                 timed_out = True
                 log.warning("job ran past its limit of %ss; ending it (grace %.1fs)", max_runtime_s, grace)
-                _signal_group(process.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+                _signal_group(process.pid, stop_signal if grace > 0 else signal.SIGKILL)
                 _signal_group(process.pid, signal.SIGCONT)  # a throttled or suspended group must see it
                 kill_at = now + grace
             if kill_at is not None and now >= kill_at and not killed:
                 killed = True
-                log.warning("job still running %.1fs after SIGTERM; killing it", grace)
+                log.warning("job still running %.1fs after its stop signal; killing it", grace)
                 _signal_group(process.pid, signal.SIGKILL)
             edges = [t for t in (None if timed_out else deadline, None if killed else kill_at) if t is not None]
             timeout = max(0.0, min([now + 5.0, *edges]) - now)

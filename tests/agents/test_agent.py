@@ -134,10 +134,10 @@ def test_command_that_breaks_the_agent_is_dead_lettered(redis_url, redis_client,
     running = start_agent(redis_url)
     real_launch = running.agent.runner.launch
 
-    def broken_launch(cmd):
+    def broken_launch(cmd, **options):
         if cmd.argv[-1] == "poison":
             raise RuntimeError("bug in the runner")
-        return real_launch(cmd)
+        return real_launch(cmd, **options)
 
     running.agent.runner.launch = broken_launch
     send(redis_client, "n1", launch(python("pass") + ["poison"]))

@@ -72,7 +72,7 @@ def test_agent_secrets_do_not_reach_the_job(make_runner, monkeypatch):
     # Colony's own variables win over the spec's.
     assert (env["CUDA_VISIBLE_DEVICES"], env["COLONY_JOB_ID"]) == ("1", str(cmd.job_id))
     assert set(env) <= {"PATH", "LC_ALL", "NCCL_DEBUG", "HOME", "USER", "LOGNAME", "PYTHONUNBUFFERED", "EPOCHS",
-                        "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "COLONY_JOB_ID", "LC_CTYPE"}
+                        "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "COLONY_JOB_ID", "COLONY_PREEMPT_FILE", "LC_CTYPE"}
 
 
 def test_only_allow_listed_agent_variables_are_inherited_by_default(make_runner, monkeypatch):
