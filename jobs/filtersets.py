@@ -4,7 +4,7 @@ parameters the same way. They only narrow a queryset that already went through
 
 Parameters (all optional, comma-separated lists allowed):
 ``tenant`` (slugs), ``state`` (states, or ``active`` = pending/placed/running/cancelling,
-``finished`` = succeeded/failed/cancelled), ``owner`` (usernames, or ``me``).
+``finished`` = succeeded/failed/cancelled), ``owner`` (usernames, or ``me``), ``array`` (array ids).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class JobFilter:
     states: tuple[str, ...] = ()
     owners: tuple[str, ...] = ()
     unknown_states: tuple[str, ...] = ()
+    arrays: tuple[int, ...] = ()
 
     @classmethod
     def from_params(cls, params, user) -> "JobFilter":
@@ -41,7 +42,9 @@ class JobFilter:
             else:
                 unknown.append(word)
         owners = [user.get_username() if name == "me" else name for name in _split(params.get("owner"))]
-        return cls(tuple(_split(params.get("tenant"))), tuple(dict.fromkeys(states)), tuple(owners), tuple(unknown))
+        arrays = tuple(int(word) for word in _split(params.get("array")) if word.isdigit())
+        return cls(tuple(_split(params.get("tenant"))), tuple(dict.fromkeys(states)), tuple(owners), tuple(unknown),
+                   arrays)
 
     def apply(self, jobs):
         if self.tenants:
@@ -50,4 +53,6 @@ class JobFilter:
             jobs = jobs.filter(state__in=self.states)
         if self.owners:
             jobs = jobs.filter(owner__username__in=self.owners)
+        if self.arrays:
+            jobs = jobs.filter(array_id__in=self.arrays)
         return jobs

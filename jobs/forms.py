@@ -28,7 +28,9 @@ RUN_AS = [
     ("opportunistic", "Spare capacity only (preemptible)"),
 ]
 # Serializer field -> form field, where the form asks in friendlier units.
-FIELD_OF = {"gpu_memory_mib": "gpu_memory", "max_runtime_s": "max_runtime", "opportunistic_only": "run_as"}
+FIELD_OF = {"gpu_memory_mib": "gpu_memory", "max_runtime_s": "max_runtime", "opportunistic_only": "run_as",
+            "preempt_grace_s": "preempt_grace", "code": "code_archive", "archive": "code_archive"}
+STOP_SIGNALS = [(name, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|g|mib|mb|m|tib|tb|t)?\s*$", re.IGNORECASE)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr|d|day|days)?\s*$", re.IGNORECASE)
@@ -45,12 +47,12 @@ def parse_size_mib(text: str) -> int | None:
     return int(round(number * _MIB_PER[unit]))
 
 
-def parse_duration_s(text: str) -> int | None:
+def parse_duration_s(text: str, default_unit: str = "min") -> int | None:
     """'90m', '4h', '2d', '3600s', '30' (minutes) -> seconds; None if it does not read as one."""
     match = _DURATION.match(text)
     if not match:
         return None
-    number, unit = float(match.group(1)), (match.group(2) or "min").lower()
+    number, unit = float(match.group(1)), (match.group(2) or default_unit).lower()
     return int(round(number * _SECONDS_PER[unit]))
 
 
@@ -90,6 +92,29 @@ class SubmitForm(forms.Form):
     profile_key = forms.CharField(required=False, max_length=400,
                                   widget=forms.TextInput(attrs={"placeholder": "e.g. resnet50-bs256"}),
                                   help_text="Runs sharing a key are placed from the recorded profile.")
+    code_archive = forms.FileField(required=False, label="Code (.tar.gz)",
+                                   help_text="Starts in an unpacked copy; colony submit packs your directory for you.")
+    workdir = forms.CharField(required=False, max_length=1024, label="Or start in",
+                              widget=forms.TextInput(attrs={"placeholder": "/shared/me/project", "class": "mono"}),
+                              help_text="A directory on the node (a shared filesystem).")
+    image = forms.CharField(required=False, max_length=255, label="Container image",
+                            widget=forms.TextInput(attrs={"placeholder": "pytorch/pytorch:2.4.0-cuda12.1", "class": "mono"}))
+    venv = forms.CharField(required=False, max_length=1024, label="Virtualenv",
+                           widget=forms.TextInput(attrs={"placeholder": "/shared/venvs/torch", "class": "mono"}))
+    conda = forms.CharField(required=False, max_length=1024, label="Conda env",
+                            widget=forms.TextInput(attrs={"placeholder": "/opt/conda/envs/torch", "class": "mono"}))
+    array = forms.CharField(required=False, max_length=200, label="Array",
+                            widget=forms.TextInput(attrs={"placeholder": "e.g. 0-99%8"}),
+                            help_text="One job per index (COLONY_ARRAY_INDEX); %8: at most 8 at once.")
+    after_ok = forms.CharField(required=False, max_length=400, label="After these succeed",
+                               widget=forms.TextInput(attrs={"placeholder": "job ids, e.g. 41, 42"}))
+    after_any = forms.CharField(required=False, max_length=400, label="After these end",
+                                widget=forms.TextInput(attrs={"placeholder": "job ids"}))
+    preempt_grace = forms.CharField(required=False, label="Preemption notice",
+                                    widget=forms.TextInput(attrs={"placeholder": "e.g. 2m"}),
+                                    help_text="Time between the stop signal and SIGKILL, to checkpoint.")
+    stop_signal = forms.ChoiceField(choices=STOP_SIGNALS, initial="SIGTERM", label="Stop signal", required=False)
+    checkpoints = forms.BooleanField(required=False, label="It checkpoints when told to stop")
 
     def __init__(self, *args, request, **kwargs):
         super().__init__(*args, **kwargs)
@@ -131,7 +156,47 @@ class SubmitForm(forms.Form):
             payload["gpu_models"] = list(data["gpu_models"])
         payload["opportunistic_only"] = data.get("run_as") == "opportunistic"
         payload["shareable"] = bool(data.get("shareable"))
+        for name in ("workdir", "image", "venv", "conda", "array"):
+            if data.get(name, "").strip():
+                payload[name] = data[name].strip()
+        for name in ("after_ok", "after_any"):
+            ids = [word for word in re.split(r"[\s,]+", data.get(name, "")) if word]
+            if any(not word.isdigit() for word in ids):
+                self.add_error(name, "Give job ids separated by commas, e.g. 41, 42.")
+            elif ids:
+                payload[name] = [int(word) for word in ids]
+        if data.get("preempt_grace", "").strip():
+            seconds = parse_duration_s(data["preempt_grace"], default_unit="s")
+            if seconds is None:
+                self.add_error("preempt_grace", "Enter a duration such as 90s or 2m.")
+            else:
+                payload["preempt_grace_s"] = seconds
+        payload["stop_signal"] = data.get("stop_signal") or "SIGTERM"
+        payload["checkpoints"] = bool(data.get("checkpoints"))
+        upload = data.get("code_archive")
+        if upload is not None and not self.errors:
+            self._store_code(upload, payload)
         return payload
+
+    def _store_code(self, upload, payload: dict) -> None:
+        """An archive chosen in the form is stored as the API's upload would be, then named."""
+        from jobs.services import code
+
+        mine = tenants_of(self.request.user)
+        slug = payload.get("tenant")
+        candidates = list(mine.filter(slug=slug)[:1] if slug else mine[:2])
+        if len(candidates) != 1:
+            return  # the serializer says what is wrong with the tenant
+        tenant = candidates[0]
+        if upload.size > code.MAX_BYTES:
+            self.add_error("code_archive", f"The archive has {upload.size} bytes; the most is {code.MAX_BYTES >> 20} MiB.")
+            return
+        try:
+            archive, _ = code.store(tenant, self.request.user, upload.read())
+        except code.BadArchive as exc:
+            self.add_error("code_archive", str(exc))
+            return
+        payload["code"] = archive.sha256
 
     def clean(self):
         super().clean()

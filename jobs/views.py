@@ -28,7 +28,7 @@ from jobs.choices import CANCELLABLE_STATES, JobState
 from jobs.filtersets import JobFilter
 from jobs.forms import SubmitForm
 from jobs.models import Job, Tenant
-from jobs.services.submission import NotCancellable, cancel_job, submit_job, tenants_of
+from jobs.services.submission import NotCancellable, cancel_job, submit_array, submit_job, tenants_of
 from jobs.services.usage import queue_positions
 
 
@@ -94,6 +94,11 @@ class SubmitView(LoginRequiredMixin, FormView):
             response = self.form_invalid(form)
             response.status_code, response["Retry-After"] = 429, str(wait)
             return response
+        if "array" in form.validated:
+            group, jobs = submit_array(owner=self.request.user, **form.validated)
+            messages.success(self.request, f"Array {group.pk} submitted: {group.size} jobs ({jobs[0].pk}–{jobs[-1].pk})"
+                                           + (f", at most {group.max_running} at once." if group.max_running else "."))
+            return redirect("jobs:detail", pk=jobs[0].pk)
         job = submit_job(owner=self.request.user, **form.validated)
         messages.success(self.request, f"Job #{job.pk} {job.name} submitted to {job.tenant.slug}.")
         return redirect("jobs:detail", pk=job.pk)
@@ -137,13 +142,15 @@ class JobDetailView(LoginRequiredMixin, DetailView):
     context_object_name = "job"
 
     def get_queryset(self):
-        return visible_jobs(self.request.user)
+        # The archive's bytes stay in the database: the page names it, never reads it.
+        return visible_jobs(self.request.user).select_related("code", "array").defer("code__data")
 
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
         job = self.object
         positions = queue_positions([job.pk])
         context.update(
+            dependencies=list(job.dependencies.select_related("on").order_by("on_id")),
             timeline=timeline_of(job),
             # The current attempt's GPUs first, then each earlier attempt's.
             allocations=sorted(job.allocations.all(), key=lambda a: (-a.attempt, a.released_at is not None, a.rank,

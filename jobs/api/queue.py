@@ -24,6 +24,7 @@ JOB_FILTER_PARAMETERS = [
     OpenApiParameter("tenant", str, description="Tenant slug(s), comma-separated."),
     OpenApiParameter("state", str, description="State(s), comma-separated, or `active` / `finished`."),
     OpenApiParameter("owner", str, description="Username(s), comma-separated, or `me`."),
+    OpenApiParameter("array", str, description="Array id(s), comma-separated: that array's jobs."),
 ]
 
 
@@ -54,8 +55,8 @@ class QueueEntrySerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "tenant", "owner", "state", "run_class", "gpus", "gpu_milli", "gpu_memory_mib",
             "gpu_models", "priority", "opportunistic_only", "pending_reason", "eta_s", "queue_position",
-            "queue_length", "nodes", "requeue_count", "preempt_count", "exit_code", "submitted_at", "placed_at",
-            "started_at", "finished_at",
+            "queue_length", "nodes", "requeue_count", "preempt_count", "array_id", "array_index", "exit_code",
+            "submitted_at", "placed_at", "started_at", "finished_at",
         ]
         read_only_fields = fields
 

@@ -41,7 +41,8 @@
     var link = jobUrl(job.id);
     return '<tr data-job-id="' + job.id + '">' +
       '<td class="num"><a href="' + link + '">' + job.id + "</a></td>" +
-      '<td class="name"><a href="' + link + '">' + C.esc(job.name) + "</a></td>" +
+      '<td class="name"><a href="' + link + '">' + C.esc(job.name) +
+      (job.array_id ? '<span class="muted">[' + C.esc(String(job.array_index)) + "]</span>" : "") + "</a></td>" +
       "<td>" + C.esc(job.tenant) + "</td><td>" + C.esc(job.owner) + "</td>" +
       "<td>" + state + "</td><td>" + cls + "</td><td>" + C.gpuRequest(job) + "</td>" +
       "<td>" + queue + "</td><td>" + nodes + "</td>" +
