@@ -397,7 +397,10 @@ def main(argv: list[str] | None = None) -> int:
                              write_secret(secret_dir / f"{node}.redis-url", agent_url))
     env = server_environment(base, files)
     env.update({
-        "DJANGO_DEBUG": env.get("DJANGO_DEBUG", "1"),
+        # Debug off, as a user sees Colony (its own 404 and 500 pages, no settings on an error
+        # page); plain http on 127.0.0.1, static files from runserver --insecure.
+        "DJANGO_DEBUG": env.get("DJANGO_DEBUG", "0"),
+        "COLONY_HTTPS": env.get("COLONY_HTTPS", "0"),
         "PYTHONUNBUFFERED": "1",
         # Jobs' `python` is this virtualenv's interpreter.
         "PATH": f"{Path(python).parent}{os.pathsep}{env.get('PATH', '')}",
@@ -454,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
                                                "--redis-file", str(redis_file), "--key-file", str(key_file),
                                                "--workdir", str(workdir), *sandbox],
                              env=agent_env, private=False)
-        supervisor.start("web", [python, "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload"])
+        supervisor.start("web", [python, "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload",
+                                         "--insecure"])
         _banner(args, redacted(redis.url), supervisor.log_dir, secret_dir)
         while not stopping:
             supervisor.poll()

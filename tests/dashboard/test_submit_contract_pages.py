@@ -66,3 +66,13 @@ def test_an_array_with_a_dependency_from_the_form(alice, vision, cluster, web):
 def test_dependency_ids_must_be_numbers(alice, cluster, web):
     response = web(alice).post("/jobs/submit/", {**FORM, "after_any": "41, abc"})
     assert "Give job ids separated by commas" in form_errors(response)["after_any"][0]
+
+
+def test_a_missing_or_foreign_page_is_colonys_own_not_found(alice, charlie, nlp, web):
+    theirs = JobFactory(tenant=nlp, owner=charlie)
+    for path in (f"/jobs/{theirs.pk}/", "/no/such/page/"):
+        response = web(alice).get(path)
+        body = response.content.decode()
+        assert response.status_code == 404
+        assert "<h1>Not found</h1>" in body and "not one you can see" in body
+        assert "URLconf" not in body and "Queue</a>" in body  # Colony's page, not Django's
