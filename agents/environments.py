@@ -38,7 +38,8 @@ def check(cmd: LaunchJob, node: str, *, in_image: bool) -> None:
     if cmd.venv is not None and not os.path.isfile(os.path.join(cmd.venv, "bin", "python")):
         raise EnvironmentRefused(f"venv {cmd.venv} has no bin/python on node {node}: not a virtualenv")
     if cmd.conda is not None and not os.path.isdir(os.path.join(cmd.conda, "conda-meta")):
-        raise EnvironmentRefused(f"conda environment {cmd.conda} has no conda-meta on node {node}: not a conda environment")
+        raise EnvironmentRefused(
+            f"conda environment {cmd.conda} has no conda-meta on node {node}: not a conda environment")
 
 
 def activate(env: dict[str, str], cmd: LaunchJob, base_path: str | None = None) -> dict[str, str]:
