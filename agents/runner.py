@@ -450,8 +450,8 @@ class JobRunner:
         stop_signal = _stop_signal(job.command)
         log.info("job %d: %s (%s, grace %.1fs)", job_id, "preempting" if preempt else "stopping",
                  stop_signal.name, grace_seconds)
-        if preempt:
-            self._write_notice(job, kill_at)
+        if preempt or self.preempt_file(job_id).exists():
+            self._write_notice(job, kill_at)  # a notice already given must not promise more time
         # Recorded for the supervisor's exit.json and for an agent that adopts the job meanwhile.
         self._write_stop(job, "shutdown" if requeue else "stop", None, kill_at)
         # No more slicing; a stopped (throttled or suspended) group only acts on the signal once
