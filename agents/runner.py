@@ -26,13 +26,13 @@ and holds ``output.log``, the job's stdout and stderr; ``launch.json`` (the Laun
 it holds the job's environment); ``process.json`` (the job's leader pid and start time and its
 supervisor's, written by the supervisor); ``stop.json`` (written by the agent when it ends the job:
 why, and when SIGKILL is due); ``exit.json`` (the job's exit, written atomically by the supervisor
-when it ends); ``supervisor.log``; ``notice/preempt_at`` (the job's ``COLONY_PREEMPT_FILE``: the SIGKILL
-deadline of a preemption, written before the stop signal; in a directory of its own, readable by
-the job's group, so that a container can mount it read-only). ``jobs/<job_id>/work/`` is the job's
-working directory unless the launch names a ``workdir`` or ``code``; ``jobs/<job_id>/code-<sha>/``
-is an unpacked code archive, kept across attempts of the job (its checkpoints survive a requeue).
-Both are owned by the job's account. The job cannot write to its log other than through the pipe, nor swap it
-for a link to a file it should not read.
+when it ends); ``supervisor.log``; ``notice/preempt_at`` (the job's ``COLONY_PREEMPT_FILE``: the
+SIGKILL deadline of a preemption, written before the stop signal; in a directory of its own,
+readable by the job's group, so that a container can mount it read-only). ``jobs/<job_id>/work/``
+is the job's working directory unless the launch names a ``workdir`` or ``code``;
+``jobs/<job_id>/code-<sha>/`` is an unpacked code archive, kept across attempts of the job (its
+checkpoints survive a requeue). Both are owned by the job's account. The job cannot write to its
+log other than through the pipe, nor swap it for a link to a file it should not read.
 
 Jobs survive their agent: an agent that dies (SIGKILL, a crash) leaves its jobs running under
 their supervisors, which keep writing their output and write their exit. The next agent on the
