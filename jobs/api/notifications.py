@@ -23,8 +23,8 @@ EVENT_NAMES = [event for event, _ in notifications.EVENT_CHOICES]
 
 
 class NotificationSettingsSerializer(serializers.ModelSerializer):
-    email_address = serializers.EmailField(source="user.email", read_only=True,
-                                           help_text="Where email goes (set by an operator).")
+    email_address = serializers.CharField(source="user.email", read_only=True,
+                                          help_text="Where email goes (set by an operator); empty: nowhere yet.")
     events = serializers.ListField(
         child=serializers.ChoiceField(choices=EVENT_NAMES), required=False, allow_empty=True,
         help_text="Any of succeeded, failed (time-outs included), preempted, long_wait.")

@@ -21,6 +21,7 @@ import ipaddress
 import json
 import logging
 import socket
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -58,6 +59,9 @@ MAX_LONG_WAIT_MINUTES = 7 * 24 * 60
 
 MAX_TRIES = 5
 WEBHOOK_TIMEOUT_S = 5.0
+# A resolver that does not answer in this long is treated as "host not found": a user saving the
+# form waits no longer, and a send is retried later.
+DNS_TIMEOUT_S = 2.0
 # Per beat tick and per distinct long-wait limit: a backlog is worked off over a few ticks.
 LONG_WAIT_BATCH = 200
 # A notification still untried this long after it was made lost its task (broker down at commit).
@@ -233,11 +237,7 @@ def check_webhook_url(url: str) -> WebhookTarget:
     if parts.username or parts.password:
         raise WebhookRefused("Put no user name or password in the URL; use the webhook's own token.")
     port = port or (443 if parts.scheme == "https" else 80)
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError):
-        raise HostNotFound(f"Cannot find the host {host}.") from None
-    addresses = [info[4][0] for info in infos]
+    addresses = _resolve(host, port)
     if host.lower() not in {h.lower() for h in settings.COLONY_WEBHOOK_ALLOWED_HOSTS}:
         for address in addresses:
             if not _public(address):
@@ -245,6 +245,24 @@ def check_webhook_url(url: str) -> WebhookTarget:
                                      "public hosts unless an operator allows this one.")
     path = parts.path or "/"
     return WebhookTarget(parts.scheme, host, port, f"{path}?{parts.query}" if parts.query else path, addresses[0])
+
+
+def _resolve(host: str, port: int) -> list[str]:
+    found: list[str] = []
+
+    def lookup():
+        try:
+            found.extend(info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except (OSError, UnicodeError):
+            pass
+
+    # getaddrinfo has no timeout of its own; a thread per lookup (not a pool) stays fork-safe.
+    resolver = threading.Thread(target=lookup, name="webhook-dns", daemon=True)
+    resolver.start()
+    resolver.join(DNS_TIMEOUT_S)
+    if resolver.is_alive() or not found:
+        raise HostNotFound(f"Cannot find the host {host}.")
+    return list(found)
 
 
 def _public(address: str) -> bool:
