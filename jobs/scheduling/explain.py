@@ -91,7 +91,8 @@ class InventoryCheck:
             # What stops it anywhere comes first; the runtime is named only when it is what is missing.
             return self._reason(self._without_runtime(shape)) or self._runtime_reason(shape)
         pools = self.placer.pools_for(shape)
-        if not pools:
+        # (``pools`` spans every node: ones that exist only on cordoned or offline nodes fit nothing here.)
+        if not pools or (shape.gpus == 1 and not self._node_widths(pools)[0]):
             largest = max(mib for model, mib in self.largest_mib.items() if not shape.models or model in shape.models)
             return reasons.no_gpu_with_memory(shape.memory_mib or 0, largest, shape.models)
         if shape.gpus == 1:

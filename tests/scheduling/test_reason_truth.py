@@ -5,7 +5,10 @@ cycle's own placements, independently of the core's indexes: a tenant said to be
 really is, a node named as able to run the job really has a GPU of the job's model and memory,
 "only cordoned nodes" means the job fits on no uncordoned node, "waiting for N free GPUs" means no
 node has that many free GPUs that fit. A job whose need alone exceeds its tenant's ceiling is told
-exactly that, never that it starts when the tenant's other jobs finish.
+exactly that, never that it starts when the tenant's other jobs finish. A job with an image fits
+only nodes with a container runtime; "no node runs containers" means none can take it; a job
+waiting for its dependencies has some; an array at its cap really runs that many; a gang waiting
+for one node could be held by one node and is still within its wait.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ from collections import defaultdict
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from jobs.scheduling import ClusterSnapshot, GpuState, JobClass, NodeState, ReasonCode, decide
+from dataclasses import replace
+
+from jobs.scheduling import ClusterSnapshot, GpuState, JobClass, NodeState, ReasonCode, SchedulerConfig, decide
 from jobs.scheduling.reservation import may_backfill
 from tests.scheduling.builders import GIB, cluster, job, node, running, tenant
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MEMORY_GIB = {"A100": 80, "V100": 32, "T4": 16}
 TENANTS = ("t0", "t1", "t2")
+ONE_NODE_WAIT = SchedulerConfig().gang_single_node_wait_s
 
 
 @st.composite
@@ -35,11 +41,11 @@ def snapshots(draw) -> ClusterSnapshot:
             a = node(f"n{i}", gpus=2, model=model, mem_gib=MEMORY_GIB[model])
             b = node("x", gpus=2, model=other, mem_gib=MEMORY_GIB[other])
             gpus = (*a.gpus, *(GpuState(g.id, g.index + 2, g.model, g.memory_mib) for g in b.gpus))
-            node_states.append(NodeState(f"n{i}", gpus, rack=f"r{i % 2}"))
+            node_states.append(NodeState(f"n{i}", gpus, rack=f"r{i % 2}", runtimes=draw(runtimes())))
             continue
         node_states.append(node(f"n{i}", gpus=draw(st.integers(1, 4)), model=model, mem_gib=MEMORY_GIB[model],
                                 rack=f"r{i % 2}", cordoned=state == "cordoned", online=state != "offline",
-                                busy=1 if state == "busy" else 0))
+                                busy=1 if state == "busy" else 0, runtimes=draw(runtimes())))
     tenants = []
     for name in TENANTS[: draw(st.integers(1, 3))]:
         guaranteed = draw(st.integers(0, 6))
@@ -57,7 +63,8 @@ def snapshots(draw) -> ClusterSnapshot:
             specs.append(running(next_id, on=n.name, gpus=take, tenant=draw(st.sampled_from(names)),
                                  opportunistic=draw(st.booleans()), started_at=-100.0,
                                  runtime=draw(st.sampled_from([None, 60.0, 600.0])),
-                                 preempting=draw(st.booleans()) and draw(st.booleans())))
+                                 preempting=draw(st.booleans()) and draw(st.booleans()),
+                                 array=draw(st.sampled_from([None, None, 7]))))
             next_id += 1
     pending = []
     for i in range(1, draw(st.integers(1, 6)) + 1):
@@ -71,15 +78,39 @@ def snapshots(draw) -> ClusterSnapshot:
             max_nodes=draw(st.sampled_from([None, None, 1, 2])),
             opportunistic_only=draw(st.booleans()) and draw(st.booleans()),
             runtime=draw(st.sampled_from([None, None, 30.0])),
-            reserved_since=draw(st.sampled_from([None, None, -100.0, -1000.0]))))
+            reserved_since=draw(st.sampled_from([None, None, -100.0, -1000.0])),
+            image=draw(st.booleans()) and draw(st.booleans()),
+            waiting_for=draw(st.sampled_from([(), (), (), ((41, "ok"),), ((41, "any"), (42, "ok"))])),
+            array=draw(st.sampled_from([None, None, (7, 1), (7, 2)]))))
     return cluster(*node_states, tenants=tenants, running=specs, pending=pending)
+
+
+def runtimes():
+    return st.sampled_from([(), (), ("docker",)])
+
+
+@st.composite
+def cycles(draw) -> tuple[ClusterSnapshot, float]:
+    """A snapshot and the cycle's ``now``: gangs (submitted at t = their id) are within their wait
+    for one node at t=0 and past it at the later times."""
+    return draw(snapshots()), draw(st.sampled_from([0.0, 0.0, ONE_NODE_WAIT + 10, 5000.0]))
 
 
 class World:
     """The snapshot after the cycle's own placements, as a reason's reader would check it."""
 
-    def __init__(self, snapshot: ClusterSnapshot, decisions):
-        self.snapshot, self.decisions = snapshot, decisions
+    def __init__(self, snapshot: ClusterSnapshot, decisions, now: float = 0.0):
+        self.snapshot, self.decisions, self.now = snapshot, decisions, now
+        self.runtime_gpus = {g.id for n in snapshot.nodes if n.runtimes for g in n.gpus}
+        self.array_start = defaultdict(int)
+        for r in snapshot.running:
+            if r.array_id is not None:
+                self.array_start[r.array_id] += 1
+        self.array_end = dict(self.array_start)
+        for place in decisions.placements:
+            array = next(j for j in snapshot.pending if j.id == place.job_id).array_id
+            if array is not None:
+                self.array_end[array] = self.array_end.get(array, 0) + 1
         self.quotas = {t.name: t for t in snapshot.tenants}
         self.jobs = {j.id: j for j in snapshot.pending}
         self.held = defaultdict(int)
@@ -110,23 +141,25 @@ class World:
         quota = self.quotas.get(tenant_name)
         return 10**12 if quota is None else quota.ceiling_milli
 
-    def fits(self, request, gpu) -> bool:
+    def fits(self, request, gpu, runtime: bool = True) -> bool:
+        """``runtime=False``: as if the job had no image (what the inventory reasons speak of)."""
         memory = request.gpu_memory_mib
-        return (not request.gpu_models or gpu.model in request.gpu_models) and (memory or 0) <= gpu.memory_mib
+        return ((not request.gpu_models or gpu.model in request.gpu_models) and (memory or 0) <= gpu.memory_mib
+                and (not (runtime and request.needs_runtime) or gpu.id in self.runtime_gpus))
 
-    def fitting(self, request, schedulable=True, cordoned=False, model=None) -> dict[str, int]:
+    def fitting(self, request, schedulable=True, cordoned=False, model=None, runtime=True) -> dict[str, int]:
         """Fitting GPUs per node (present, whatever their load) on the chosen kind of node; of one
         model when ``model`` is given."""
         counts = {}
         for n in self.snapshot.nodes:
             if (schedulable and n.schedulable) or (cordoned and n.online and n.cordoned):
-                counts[n.name] = sum(1 for g in n.gpus if self.fits(request, g) and model in (None, g.model))
+                counts[n.name] = sum(1 for g in n.gpus if self.fits(request, g, runtime) and model in (None, g.model))
         return counts
 
-    def fitting_by_model(self, request, **kinds) -> dict[str, dict[str, int]]:
+    def fitting_by_model(self, request, runtime=True, **kinds) -> dict[str, dict[str, int]]:
         """A gang runs on one GPU model: per model, its fitting GPUs per node."""
-        models = {g.model for n in self.snapshot.nodes for g in n.gpus if self.fits(request, g)}
-        return {model: self.fitting(request, model=model, **kinds) for model in models}
+        models = {g.model for n in self.snapshot.nodes for g in n.gpus if self.fits(request, g, runtime)}
+        return {model: self.fitting(request, model=model, runtime=runtime, **kinds) for model in models}
 
     def free_by_model(self, request, at_start: bool = False) -> dict[str, dict[str, int]]:
         models = {g.model for n in self.snapshot.nodes for g in n.gpus if self.fits(request, g)}
@@ -140,7 +173,7 @@ class World:
         for n in self.snapshot.nodes:
             if not n.schedulable:
                 continue
-            holder = self.reserved.get(n.name)
+            holder = None if at_start else self.reserved.get(n.name)  # (a hold may be taken after the job's turn)
             if holder is not None and holder.job_id != request.id and not may_backfill(request, holder.eta_s):
                 continue
             counts[n.name] = sum(1 for g in n.gpus if self.fits(request, g) and not g.busy and g.id not in occupied
@@ -200,10 +233,10 @@ def check(world: World, pending) -> None:
                       if not request.gpu_models or g.model in request.gpu_models)
         assert details["largest_mib"] == largest
     elif code is ReasonCode.GANG_LARGER_THAN_CLUSTER:
-        by_model = world.fitting_by_model(request)
+        by_model = world.fitting_by_model(request, runtime=False)
         assert details["cluster_gpus"] == most_of_one_model(by_model, sum) < request.gpus
     elif code is ReasonCode.GANG_LARGER_THAN_ANY_NODE:
-        by_model = world.fitting_by_model(request)
+        by_model = world.fitting_by_model(request, runtime=False)
         assert details["largest_node_gpus"] == most_of_one_model(by_model)
         assert not fits_any_model(request, by_model)
     elif code is ReasonCode.NEEDS_CORDONED_NODES:
@@ -238,6 +271,25 @@ def check(world: World, pending) -> None:
         unused = guaranteed - world.guaranteed_held[request.tenant]
         assert details["unused_guaranteed_gpus"] * 1000 == unused
         assert request.opportunistic_only or unused < need
+    elif code is ReasonCode.NEEDS_CONTAINER_RUNTIME:
+        assert request.needs_runtime
+        assert details["runtime_nodes"] == sorted(n.name for n in world.snapshot.nodes if n.schedulable and n.runtimes)
+        assert fits_any_model(request, world.fitting_by_model(request, runtime=False)), "impossible anyway: say why"
+        assert not fits_any_model(request, world.fitting_by_model(request)), "fits on a node with a runtime"
+    elif code is ReasonCode.WAITING_FOR_DEPENDENCY:
+        assert request.waiting_for
+        assert [(w["job"], w["kind"]) for w in details["waiting_for"]] == list(request.waiting_for)
+    elif code is ReasonCode.ARRAY_LIMIT:
+        assert request.array_id == details["array_id"] and request.array_limit == details["max_running"]
+        assert world.array_start[request.array_id] <= details["running"] <= world.array_end[request.array_id]
+        assert details["running"] >= request.array_limit
+    elif code is ReasonCode.WAITING_FOR_ONE_NODE:
+        assert request.gpus > 1 and request.max_nodes != 1
+        assert world.now - request.submitted_at < ONE_NODE_WAIT
+        by_model = world.fitting_by_model(request)
+        assert any(max(per_node.values(), default=0) >= request.gpus for per_node in by_model.values())
+        assert most_of_one_model(world.free_by_model(request)) < request.gpus, "a node has room now"
+        assert details["spread_nodes"] > 1
     elif code is ReasonCode.BEHIND_LOWER_USAGE_TENANTS:
         placed_tenants = {world.jobs[p.job_id].tenant for p in world.decisions.placements
                           if p.job_class is JobClass.OPPORTUNISTIC}
@@ -245,12 +297,25 @@ def check(world: World, pending) -> None:
 
 
 @SETTINGS
-@given(snapshots())
-def test_every_pending_reason_names_an_obstacle_that_exists(snapshot):
-    decisions = decide(snapshot, now=0.0)
-    world = World(snapshot, decisions)
+@given(cycles())
+def test_every_pending_reason_names_an_obstacle_that_exists(cycle):
+    snapshot, now = cycle
+    decisions = decide(snapshot, now=now)
+    world = World(snapshot, decisions, now)
     for pending in decisions.pending:
         check(world, pending)
+    by_id = {j.id: j for j in snapshot.pending}
+    for place in decisions.placements:
+        request = by_id[place.job_id]
+        assert not request.waiting_for, "placed before its dependencies ended"
+        assert place.note
+        if request.needs_runtime:
+            assert all(g in world.runtime_gpus for g in place.gpu_ids), "an image job on a node without a runtime"
+    for array, count in world.array_end.items():
+        limits = {j.array_limit for j in snapshot.pending if j.array_id == array and j.array_limit is not None}
+        placed_here = sum(1 for p in decisions.placements if by_id[p.job_id].array_id == array)
+        if limits and placed_here:
+            assert count <= max(limits), f"array {array} runs {count}"
 
 
 def test_a_job_over_its_tenants_ceiling_says_so_not_that_it_waits():
