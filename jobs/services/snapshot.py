@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from jobs.choices import JobClass as JobClassChoice
-from jobs.choices import JobState
-from jobs.models import Allocation, Job, JobProfile, Tenant
+from jobs.choices import TERMINAL_STATES, JobState
+from jobs.models import Allocation, Job, JobDependency, JobProfile, Tenant
 from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, NodeState, TenantQuota
 from jobs.scheduling.snapshot import JobClass, JobProfile as CoreProfile, RunningJob
 from monitoring.models import Gpu, JobUsage, Node
@@ -69,6 +69,7 @@ def _nodes(nodes: list[Node], online: set[str], samples: dict[str, dict]) -> tup
             cordoned=node.cordoned,
             rack=node.rack,
             intra_node_gb_per_s=intra_node_bandwidth(node.topology),
+            runtimes=frozenset(node.runtimes or ()),
         ))
     return tuple(states)
 
@@ -90,7 +91,7 @@ def _profiles(tenant_keys: set[tuple[int, str]]) -> dict[tuple[int, str], JobPro
 
 PENDING_FIELDS = ("id", "tenant_id", "tenant__slug", "gpus", "submitted_at", "gpu_memory_mib", "priority",
                   "gpu_milli", "gpu_models", "opportunistic_only", "shareable", "max_nodes", "max_runtime_s",
-                  "profile_key", "reserved_since")
+                  "profile_key", "reserved_since", "image", "array_id", "array__max_running")
 
 
 def _pending(largest_gpu_mib: int | None = None) -> tuple[JobRequest, ...]:
@@ -98,6 +99,7 @@ def _pending(largest_gpu_mib: int | None = None) -> tuple[JobRequest, ...]:
     rows = [dict(zip(PENDING_FIELDS, row)) for row in
             Job.objects.filter(state=JobState.PENDING).values_list(*PENDING_FIELDS)]
     profiles = _profiles({(row["tenant_id"], row["profile_key"]) for row in rows if row["profile_key"]})
+    waiting_for = _unfinished_dependencies()
     requests = []
     for row in rows:
         profile = profiles.get((row["tenant_id"], row["profile_key"])) if row["profile_key"] else None
@@ -111,8 +113,22 @@ def _pending(largest_gpu_mib: int | None = None) -> tuple[JobRequest, ...]:
             if profile else None,
             expected_runtime_s=_expected_runtime(row["max_runtime_s"], profile),
             reserved_since=row["reserved_since"].timestamp() if row["reserved_since"] else None,
+            needs_runtime=bool(row["image"]), array_id=row["array_id"], array_limit=row["array__max_running"],
+            waiting_for=waiting_for.get(row["id"], ()),
         ))
     return tuple(requests)
+
+
+def _unfinished_dependencies() -> dict[int, tuple[tuple[int, str], ...]]:
+    """Per pending job, the jobs it depends on that have not ended (one query for the whole queue).
+    A dependency that ended is dropped here whatever its outcome: cancelling a job whose after_ok
+    dependency failed is the lifecycle's business, not the scheduler's."""
+    waiting: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for job_id, on_id, kind in (JobDependency.objects.filter(job__state=JobState.PENDING)
+                                .exclude(on__state__in=TERMINAL_STATES)
+                                .order_by("job_id", "on_id").values_list("job_id", "on_id", "kind")):
+        waiting[job_id].append((on_id, kind))
+    return {job_id: tuple(deps) for job_id, deps in waiting.items()}
 
 
 def _expected_runtime(max_runtime_s: int | None, profile: JobProfile | None) -> float | None:
@@ -163,6 +179,8 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str],
             solo_utilisation=profile.mean_util if profile else None,
             shareable=job.shareable,
             preempting=job.state not in (JobState.PLACED, JobState.RUNNING),
+            checkpoints=job.checkpoints,
+            array_id=job.array_id,
         ))
     return tuple(running)
 

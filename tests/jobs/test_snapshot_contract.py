@@ -1,0 +1,77 @@
+"""The snapshot carries the researcher's contract to the core: images need a node with a container
+runtime, arrays their cap, dependencies that have not ended, jobs that checkpoint; in a bounded
+number of queries however long the queue."""
+
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from jobs.choices import JobClass, JobState
+from jobs.models import Allocation, JobArray, JobDependency
+from jobs.services.snapshot import build_snapshot
+from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
+
+
+def pending_by_id(snapshot):
+    return {j.id: j for j in snapshot.pending}
+
+
+def test_images_arrays_and_dependencies_reach_the_core(db, redis_client):
+    tenant = TenantFactory(slug="vision")
+    array = JobArray.objects.create(tenant=tenant, owner=JobFactory(tenant=tenant).owner, name="sweep", spec="0-9%3",
+                                    size=10, max_running=3)
+    image_job = JobFactory(tenant=tenant, image="pytorch/pytorch:2.3")
+    plain = JobFactory(tenant=tenant)
+    task = JobFactory(tenant=tenant, array=array, array_index=4)
+    running_dep = JobFactory(tenant=tenant, state=JobState.RUNNING)
+    failed_dep = JobFactory(tenant=tenant, state=JobState.FAILED)
+    waiting = JobFactory(tenant=tenant)
+    JobDependency.objects.create(job=waiting, on=running_dep, kind="ok")
+    JobDependency.objects.create(job=waiting, on=failed_dep, kind="any")  # ended: no longer waited for
+    free = JobFactory(tenant=tenant)
+    JobDependency.objects.create(job=free, on=failed_dep, kind="ok")
+
+    jobs = pending_by_id(build_snapshot(redis_client))
+    assert jobs[image_job.pk].needs_runtime and not jobs[plain.pk].needs_runtime
+    assert (jobs[task.pk].array_id, jobs[task.pk].array_limit) == (array.pk, 3)
+    assert (jobs[plain.pk].array_id, jobs[plain.pk].array_limit, jobs[plain.pk].waiting_for) == (None, None, ())
+    assert jobs[waiting.pk].waiting_for == ((running_dep.pk, "ok"),)
+    assert jobs[free.pk].waiting_for == ()
+
+
+def test_nodes_carry_their_runtimes_and_running_jobs_checkpoints_and_array(db, redis_client):
+    tenant = TenantFactory(slug="vision")
+    docker, plain = NodeFactory(name="docker", runtimes=["docker"]), NodeFactory(name="plain")
+    gpu = GpuFactory(node=docker, index=0)
+    GpuFactory(node=plain, index=0)
+    array = JobArray.objects.create(tenant=tenant, owner=JobFactory(tenant=tenant).owner, name="sweep", spec="0-1",
+                                    size=2)
+    job = JobFactory(tenant=tenant, state=JobState.RUNNING, checkpoints=True, array=array, array_index=0,
+                     run_class=JobClass.OPPORTUNISTIC)
+    Allocation.objects.create(job=job, gpu=gpu)
+
+    snapshot = build_snapshot(redis_client)
+    assert {n.name: n.runtimes for n in snapshot.nodes} == {"docker": frozenset({"docker"}), "plain": frozenset()}
+    (running,) = snapshot.running
+    assert (running.checkpoints, running.array_id) == (True, array.pk)
+
+
+def test_the_snapshot_takes_the_same_queries_for_ten_or_a_hundred_jobs_with_dependencies(db, redis_client):
+    tenant = TenantFactory(slug="vision")
+    array = JobArray.objects.create(tenant=tenant, owner=JobFactory(tenant=tenant).owner, name="sweep", spec="0-99%8",
+                                    size=100, max_running=8)
+    blocker = JobFactory(tenant=tenant, state=JobState.RUNNING)
+
+    def add(count):
+        for i in range(count):
+            job = JobFactory(tenant=tenant, array=array, array_index=i, image="img" if i % 2 else "")
+            JobDependency.objects.create(job=job, on=blocker, kind="any")
+
+    def queries():
+        with CaptureQueriesContext(connection) as captured:
+            build_snapshot(redis_client)
+        return len(captured)
+
+    add(10)
+    few = queries()
+    add(90)
+    assert queries() == few
