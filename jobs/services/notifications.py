@@ -96,16 +96,22 @@ def job_event(job_id: int, event: str) -> None:
     """The job's owner is told about ``event`` on the channels they opted in to.
 
     Called by :mod:`jobs.services.lifecycle` in the transaction that changes the state. Costs one
-    query for a user without settings; never raises and never sends anything itself.
+    query (in a savepoint) for a user without settings; never raises, never sends anything itself.
     """
+    _notify(job_id, event)
+
+
+def _notify(job_id: int, event: str) -> int:
     try:
         with transaction.atomic():  # a savepoint: a failure here must not poison the caller's transaction
             created = _record(job_id, event)
         if created:
-            transaction.on_commit(lambda: _enqueue(created))
+            transaction.on_commit(lambda: _enqueue(created))  # at once when there is no transaction
+        return len(created)
     except Exception:
         log.exception("notifications for job %s (%s) were not recorded", job_id, event)
         _count_error()
+        return 0
 
 
 def _record(job_id: int, event: str) -> list[int]:
@@ -167,7 +173,7 @@ def notify_long_waits(now: datetime | None = None) -> int:
     for minutes, user_ids in users_by_limit.items():
         cutoff = now - timedelta(minutes=minutes)
         for job_id in _waiting_since_before(cutoff, user_ids):
-            made += _record_safely(job_id, LONG_WAIT)
+            made += _notify(job_id, LONG_WAIT)
     return made
 
 
@@ -180,18 +186,6 @@ def _waiting_since_before(cutoff: datetime, user_ids: list[int]) -> list[int]:
                 .annotate(waiting_since=Coalesce(requeued_at, F("submitted_at")))
                 .filter(waiting_since__lt=cutoff).exclude(Exists(told))
                 .order_by("submitted_at").values_list("pk", flat=True)[:LONG_WAIT_BATCH])
-
-
-def _record_safely(job_id: int, event: str) -> int:
-    try:
-        with transaction.atomic():
-            created = _record(job_id, event)
-    except Exception:
-        log.exception("long-wait notifications for job %s were not recorded", job_id)
-        _count_error()
-        return 0
-    _enqueue(created)
-    return len(created)
 
 
 def redeliver_stuck(now: datetime | None = None) -> int:
@@ -302,11 +296,14 @@ def deliver(notification_id: int, try_number: int, last_try: bool) -> str:
         _send(notification)
     except Refused as exc:
         return _give_up(notification, str(exc))
-    except TryAgain as exc:
+    except Exception as exc:
+        if not isinstance(exc, TryAgain):  # a bug or a database hiccup: retried, then given up, never stuck
+            log.exception("notification %s could not be sent", notification_id)
+            exc = TryAgain(f"Internal error: {exc}")
         if last_try:
             return _give_up(notification, str(exc))
         Notification.objects.filter(pk=notification_id).update(last_error=str(exc)[:500])
-        raise
+        raise exc
     Notification.objects.filter(pk=notification_id).update(state=Notification.State.SENT, sent_at=timezone.now(),
                                                             last_error="")
     return "sent"

@@ -255,7 +255,7 @@ def test_turning_email_off_before_sending_stops_the_message(alice, eager_celery)
 # ---------------------------------------------------------------- long waits
 
 
-def test_long_wait_is_told_once_per_wait(alice, eager_celery):
+def test_long_wait_is_told_once_per_wait(alice, eager_celery, django_capture_on_commit_callbacks):
     opt_in(alice, minutes=30)
     now = timezone.now()
     waiting = JobFactory(owner=alice, name="big-gang", state=JobState.PENDING,
@@ -265,8 +265,9 @@ def test_long_wait_is_told_once_per_wait(alice, eager_celery):
     for job, minutes in ((waiting, 45), (fresh, 10), (running, 120)):
         type(job).objects.filter(pk=job.pk).update(submitted_at=now - timedelta(minutes=minutes))
 
-    assert notify_long_waits.apply().get() == 1
-    assert notify_long_waits.apply().get() == 0  # the next tick: already told
+    with django_capture_on_commit_callbacks(execute=True):  # beat runs it outside any transaction
+        assert notify_long_waits.apply().get() == 1
+        assert notify_long_waits.apply().get() == 0  # the next tick: already told
 
     [message] = mail.outbox
     assert message.subject == f"Colony: job {waiting.pk} big-gang has waited 45 min in the queue"
@@ -312,3 +313,19 @@ def test_long_wait_message_is_dropped_if_the_job_started_meanwhile(alice, eager_
 
     assert mail.outbox == []
     assert "started before" in Notification.objects.get().last_error
+
+
+def test_an_unexpected_error_is_retried_and_then_given_up(alice, eager_celery, monkeypatch,
+                                                          django_capture_on_commit_callbacks):
+    opt_in(alice)
+    job = failed_job(alice)
+
+    def broken(*args, **kwargs):
+        raise KeyError("template")
+
+    monkeypatch.setattr(notifications, "render", broken)
+    fire(job, "failed", django_capture_on_commit_callbacks)
+
+    notification = Notification.objects.get()
+    assert (notification.state, notification.attempts) == (Notification.State.FAILED, notifications.MAX_TRIES)
+    assert "Internal error" in notification.last_error
