@@ -18,6 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+import types
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -235,6 +237,14 @@ class DevStack:
             return current if current["state"] in ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT") else None
 
         return wait_for(finished, timeout=timeout, interval=0.5, what=f"job {job['id']} to end")
+
+    def get(self, path: str):
+        """GET ``path`` without following anything; ``status`` and ``body`` of the answer (4xx too)."""
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as response:
+                return types.SimpleNamespace(status=response.status, body=response.read())
+        except urllib.error.HTTPError as error:
+            return types.SimpleNamespace(status=error.code, body=error.read())
 
     def login_page_answers(self) -> bool:
         try:

@@ -22,6 +22,9 @@ pytestmark = pytest.mark.e2e
 def test_devstack_restarts_a_killed_child_and_ctrl_c_leaves_no_orphans(devstack_dir):
     with devstack(devstack_dir) as stack:
         assert "alice / colony-demo" in stack.output()
+        missing = stack.get("/no/such/page/")
+        assert missing.status == 404 and b"<h1>Not found</h1>" in missing.body and b"URLconf" not in missing.body
+        assert stack.get("/static/css/colony.css").status == 200  # debug off, static still served
         names = " ".join(stack.command_lines().values())
         assert "celery" in names and "beat" in names and names.count("-m agents") == 2 and "runserver" in names
         token = stack.token("alice")
