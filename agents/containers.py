@@ -162,7 +162,8 @@ def _apptainer(runtime, cmd, job_env, inside, start_dir, read_only) -> Container
     argv += ["--pwd", start_dir, "--bind", start_dir]
     for path in read_only:
         argv += ["--bind", f"{path}:{path}:ro"]
-    image = cmd.image if "://" in cmd.image else f"docker://{cmd.image}"
+    # An image file on the node (a .sif path) as it is; a registry name through apptainer's docker://.
+    image = cmd.image if "://" in cmd.image or cmd.image.startswith("/") else f"docker://{cmd.image}"
     argv += [image, *cmd.argv]
     # --cleanenv: the container gets APPTAINERENV_* and nothing else of the client's environment.
     env = {name: job_env[name] for name in HOST_ONLY_ENV if name in job_env}

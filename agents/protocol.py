@@ -205,7 +205,7 @@ class JobExited(_NodeMessage):
     exit_code: int | None = Field(ge=EXIT_CODE_MIN, le=EXIT_CODE_MAX)
     stopped: bool = False
     oom: bool = False  # killed because its GPU ran out of memory
-    # Stopped by its node because it ran past the launch's ``max_runtime_s`` (SIGTERM, grace, SIGKILL).
+    # Stopped by its node because it ran past the launch's ``max_runtime_s`` (stop signal, grace, SIGKILL).
     timed_out: bool = False
     # The node ended the job for reasons of its own (its agent restarted or shut down), not the
     # job: the control plane puts it back in the queue instead of failing it.
@@ -370,7 +370,7 @@ class LaunchJob(_Command):
     duty_cycle: float = Field(default=1.0, gt=0, le=1)
     tenant: str | None = Field(default=None, pattern=r"^[-a-zA-Z0-9_]{1,50}$")
     # Wall-clock limit of this attempt, counted by the node from the process start; the node
-    # ends the job past it (SIGTERM, then SIGKILL after ``stop_grace_s``) and reports ``timed_out``.
+    # ends the job past it (its ``stop_signal``, then SIGKILL after ``stop_grace_s``) and reports ``timed_out``.
     max_runtime_s: int | None = Field(default=None, gt=0, le=MAX_RUNTIME_S)
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
     # Requeues + preemptions before this run (the ``N`` of command id ``launch-<job>-<N>``): a node
@@ -378,7 +378,7 @@ class LaunchJob(_Command):
     attempt: int | None = Field(default=None, ge=0, le=MAX_ATTEMPT)
     workdir: str | None = Field(default=None, pattern=_NODE_PATH)
     code: CodeRef | None = None
-    image: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
+    image: str | None = Field(default=None, pattern=r"^(?:[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}|/[A-Za-z0-9._/+-]{1,254})$")
     venv: str | None = Field(default=None, pattern=_NODE_PATH)
     conda: str | None = Field(default=None, pattern=_NODE_PATH)
     # Sent at a stop or preemption; SIGKILL follows after the grace (``stop_grace_s``, or for a
@@ -398,7 +398,7 @@ class LaunchJob(_Command):
 
 
 class StopJob(_Command):
-    """Terminate the job's process group: SIGTERM, then SIGKILL after ``grace_seconds``."""
+    """Terminate the job's process group: the launch's ``stop_signal``, then SIGKILL after ``grace_seconds``."""
 
     kind: Literal["stop"] = "stop"
     command_id: str = Field(min_length=1, max_length=64)

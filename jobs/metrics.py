@@ -6,8 +6,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from jobs.choices import JobState
-from jobs.models import Allocation, Job
+from jobs.models import Allocation, Job, Notification
 from jobs.services.lifecycle import IGNORED_REPORTS_KEY
+from jobs.services.notifications import ERRORS_KEY as NOTIFICATION_ERRORS_KEY
 from monitoring.services.redis_client import get_redis
 
 
@@ -22,9 +23,16 @@ class JobsCollector(Collector):
         yield GaugeMetricFamily("colony_gpus_allocated", "GPUs held by at least one job",
                                 value=Allocation.objects.filter(released_at__isnull=True)
                                 .values("gpu_id").distinct().count())
+        notifications = GaugeMetricFamily("colony_notifications", "Notifications by delivery state", labels=["state"])
+        sent = dict(Notification.objects.values_list("state").annotate(n=Count("id")))
+        for state in Notification.State.values:
+            notifications.add_metric([state], sent.get(state, 0))
+        yield notifications
         try:
-            ignored = float(get_redis().get(IGNORED_REPORTS_KEY) or 0)
+            ignored, unrecorded = (float(v or 0) for v in get_redis().mget(IGNORED_REPORTS_KEY, NOTIFICATION_ERRORS_KEY))
         except redis.RedisError:
             return
         yield CounterMetricFamily("colony_lifecycle_ignored_reports", "Node reports about an attempt that is not "
                                   "a job's current one (fenced off, changed nothing)", value=ignored)
+        yield CounterMetricFamily("colony_notification_errors", "Job events whose notifications could not be "
+                                  "recorded or queued (logged; the job's change went ahead)", value=unrecorded)

@@ -63,3 +63,20 @@ def test_gpus_allocated_counts_gpus_not_the_jobs_packed_on_them(client, db, live
         Allocation.objects.create(job=JobFactory(state=JobState.RUNNING, gpu_milli=500), gpu=gpu, gpu_milli=500)
     _, families = scrape(client)
     assert families["colony_gpus_allocated"].samples[0].value == 1
+
+
+def test_metrics_show_notifications_by_state_and_the_events_that_could_not_be_recorded(client, db, live_redis,
+                                                                                      redis_client):
+    from jobs.models import Notification
+    from jobs.services import notifications
+    from tests.factories import JobFactory
+
+    job = JobFactory()
+    for n, state in enumerate(("sent", "sent", "failed")):
+        Notification.objects.create(user=job.owner, job=job, event="failed", channel="email", state=state,
+                                    dedupe_key=f"k{n}")
+    redis_client.incr(notifications.ERRORS_KEY, 3)
+    _, families = scrape(client)
+    by_state = {s.labels["state"]: s.value for s in families["colony_notifications"].samples}
+    assert by_state == {"pending": 0, "sent": 2, "failed": 1}
+    assert families["colony_notification_errors"].samples[0].value == 3

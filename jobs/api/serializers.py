@@ -28,7 +28,7 @@ MAX_LAUNCH_PAYLOAD_BYTES = protocol.MAX_MESSAGE_BYTES - 16 * 1024
 RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "COLONY_JOB_ID", "COLONY_REDIS_URL", "REDIS_URL",
                 "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
 MAX_DEPENDENCIES = 64
-_IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
+_IMAGE_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}|/[A-Za-z0-9._/+-]{1,254})$")
 
 
 class RejectUnknownFieldsMixin:

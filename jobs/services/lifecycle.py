@@ -346,11 +346,11 @@ def _duration(seconds: float) -> str:
 # ---------------------------------------------------------------- endings
 
 
-def _ended(job_id: int, state: str) -> None:
+def _ended(job_id: int, state: str, *, tell_as: str | None = None) -> None:
     """What follows a job's end, in the transaction that ended it: jobs that ran ``after_ok`` it
     can never start unless it succeeded, so they end too (and theirs, down the chain); its owner
-    hears of it if they asked to."""
-    _notify(job_id, state.lower())
+    hears of it if they asked to (``tell_as``: the event they hear, when not the state itself)."""
+    _notify(job_id, tell_as or state.lower())
     if state == JobState.SUCCEEDED:
         return
     doomed = list(JobDependency.objects.filter(on_id=job_id, kind=JobDependency.Kind.OK, job__state=JobState.PENDING)
@@ -362,7 +362,8 @@ def _ended(job_id: int, state: str) -> None:
         ):
             _record(dependant, JobEventKind.FINISHED,
                     f"Cancelled: job {job_id}, which it ran after (after_ok), ended {state.lower()}.")
-            _ended(dependant, JobState.CANCELLED)
+            # Nobody cancelled it: to its owner this is a failure, and opted-in failures are told.
+            _ended(dependant, JobState.CANCELLED, tell_as="failed")
 
 
 def _notify(job_id: int, event: str) -> None:

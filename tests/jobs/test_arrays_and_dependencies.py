@@ -7,7 +7,7 @@ import pytest
 
 from agents import protocol
 from jobs.choices import JobState
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, Notification, NotificationSettings
 from jobs.services.agent_events import consume_events
 from jobs.services.arrays import parse
 from jobs.services.cycle import run_scheduling_cycle
@@ -73,6 +73,9 @@ def test_when_a_job_fails_its_after_ok_chain_is_cancelled_and_after_any_waits_on
     node = NodeFactory(name="n1")
     GpuFactory(node=node, index=0)
     redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=60)
+    alice.email = "alice@example.org"
+    alice.save(update_fields=["email"])
+    NotificationSettings.objects.create(user=alice, email=True, events=["failed"])
     first = JobFactory(tenant=vision, owner=alice)
     then = submit(api(alice), after_ok=[first.pk]).json()["id"]
     after_then = submit(api(alice), after_ok=[then]).json()["id"]
@@ -95,6 +98,9 @@ def test_when_a_job_fails_its_after_ok_chain_is_cancelled_and_after_any_waits_on
     assert then_job.state == after_job.state == JobState.CANCELLED
     assert f"job {first.pk}, which it ran after (after_ok), ended failed" in then_job.error
     assert f"job {then}, which it ran after (after_ok), ended cancelled" in after_job.error
+    # Nobody cancelled them: their owner, who asked to hear of failures, hears of these too.
+    told = set(Notification.objects.filter(user=alice, event="failed").values_list("job_id", flat=True))
+    assert told == {first.pk, then, after_then}
     with django_capture_on_commit_callbacks(execute=True):
         run_scheduling_cycle()
     assert Job.objects.get(pk=cleanup).state == JobState.PLACED  # after_any: runs however first ended
