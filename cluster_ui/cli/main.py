@@ -1,4 +1,4 @@
-"""The ``colony`` commands: submit, queue, show, logs, cancel.
+"""The ``colony`` commands: login, submit, queue, show, logs, cancel.
 
 Exit codes: 0 done; 1 the API refused or could not be reached; 2 a usage problem (bad flags,
 no token). ``--json`` prints the API's JSON instead of text, errors included, for scripts.
@@ -13,7 +13,7 @@ import shutil
 import sys
 import time
 
-from cluster_ui.cli import submit, units
+from cluster_ui.cli import login, submit, units
 from cluster_ui.cli.client import ApiError, Client, ConfigError, Usage, resolve
 from cluster_ui.cli.submit import cmd_submit, default_name  # noqa: F401  (still importable from here)
 
@@ -220,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
 
+    login_parser = commands.add_parser("login", parents=[common], help="get an API token and keep it in the config file")
+    login.add_arguments(login_parser)
+    login_parser.set_defaults(run=None)
+
     submit_parser = commands.add_parser("submit", parents=[common], help="submit a job",
                                         usage="colony submit [options] -- COMMAND [ARG ...]",
                                         description="Submit a job. Everything after -- is the command, "
@@ -257,8 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         args.gpus_given = args.gpus is not None
         args.gpus = 1 if args.gpus is None else args.gpus
     try:
-        client = Client(resolve(getattr(args, "url", None), getattr(args, "token", None)))
-        result, text = args.run(client, args)
+        if args.verb == "login":
+            result, text = login.cmd_login(args)
+        else:
+            client = Client(resolve(getattr(args, "url", None), getattr(args, "token", None)))
+            result, text = args.run(client, args)
     except (ConfigError, Usage) as exc:
         parser.exit(USAGE, f"colony: error: {exc}\n")
     except ApiError as exc:
