@@ -487,6 +487,8 @@ Colony is up.
   Logins:  alice / {args.password}  (researcher, tenant vision)
            bob / {args.password}    (researcher, tenant nlp)
            operator / {args.password}  (staff: admin panel)
+  CLI:     export PATH={Path(sys.executable).parent}:$PATH COLONY_URL={url}
+           colony login --username alice ; cd your-project ; colony submit --gpus 1 -- python train.py
   API:     curl -s -X POST {url}api/v1/auth/token/ -d username=alice -d password={args.password}
            curl -s -H "Authorization: Token <token>" -H "Content-Type: application/json" \\
                 -d '{{"command": ["python", "-c", "print(42)"], "gpus": 1}}' {url}api/v1/jobs/
