@@ -251,8 +251,13 @@ def _wait(process: subprocess.Popen, started: float, max_runtime_s, grace: float
 
 def main() -> int:
     make_non_dumpable()  # it holds the job's environment: no other process of its uid may read it
-    # No signal is ignored here: an ignored signal would stay ignored in the job across exec. In a
-    # session of its own, with no terminal, no Ctrl-C or hang-up reaches it anyway.
+    # No signal is ignored here: an ignored signal would stay ignored in the job across exec. An
+    # agent started in the background (nohup, `cmd &` in a script) passes SIGINT/SIGHUP ignored to
+    # us; set them back so the job can be stopped with SIGINT like any program. In a session of its
+    # own, with no terminal, no Ctrl-C or hang-up reaches the supervisor anyway.
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s supervisor %(process)d %(levelname)s: %(message)s")
     spec = json.loads(sys.stdin.buffer.read())
