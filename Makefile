@@ -27,12 +27,14 @@ $(CHROMIUM):
 		|| echo "!! could not install chromium: browser tests will be skipped"
 
 # Uses PostgreSQL when one answers on 127.0.0.1:5432 (as CI does), SQLite otherwise; the tests
-# start their own private Redis either way.
+# start their own private Redis either way. Two workers (pytest-xdist): the tests that start real
+# processes run in turn on one, the rest beside them (XDIST= runs everything in one process).
+XDIST ?= -n 2 --dist loadgroup
 test: $(STAMP) | $(CHROMIUM)
 	@if [ -z "$$DATABASE_URL" ] && $(BIN)/python -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null; then \
 		export DATABASE_URL=postgres://postgres@127.0.0.1:5432/colony; echo "Testing on PostgreSQL (127.0.0.1:5432)"; \
 	else echo "Testing on $${DATABASE_URL:-SQLite}"; fi; \
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # Re-pin after changing dependencies in pyproject.toml.
 lock:
