@@ -199,6 +199,10 @@ COLONY_STOP_GRACE_SECONDS = env_float("COLONY_STOP_GRACE_SECONDS", 10.0)
 # one that asks for nothing gets the stop grace above.
 COLONY_MAX_PREEMPT_GRACE_S = env_int("COLONY_MAX_PREEMPT_GRACE_S", 300)
 COLONY_MAX_ARRAY_SIZE = env_int("COLONY_MAX_ARRAY_SIZE", 1000)
+# Uploaded code (colony submit packs the current directory): at most this much per tenant, and an
+# archive no job has needed for this long is dropped (its row stays; uploading it again restores it).
+COLONY_CODE_STORAGE_MB = env_int("COLONY_CODE_STORAGE_MB", 2048)
+COLONY_CODE_RETENTION_DAYS = env_int("COLONY_CODE_RETENTION_DAYS", 30)
 
 # Beat entries expire just under their period so that missed ticks never pile up.
 CELERY_BEAT_SCHEDULE = {
@@ -212,6 +216,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": COLONY_EVENTS_INTERVAL,
         "options": {"expires": COLONY_EVENTS_INTERVAL * 0.9},
     },
+    "purge-unused-code": {"task": "jobs.tasks.purge_unused_code", "schedule": 3600.0, "options": {"expires": 3500}},
     # Live job output (jobs/services/job_logs.py): its own task, so output never delays events.
     "consume-job-logs": {
         "task": "jobs.tasks.consume_job_logs",

@@ -59,6 +59,9 @@ class CodeArchive(models.Model):
     unpacked_size = models.BigIntegerField(default=0, help_text="Bytes once unpacked.")
     data = models.BinaryField()
     created_at = models.DateTimeField(auto_now_add=True)
+    # Its bytes were dropped (no job needed them for COLONY_CODE_RETENTION_DAYS); uploading the
+    # same content again brings them back.
+    purged_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "sha256"], name="code_unique_per_tenant")]

@@ -54,3 +54,10 @@ def notify_long_waits() -> int:
 @shared_task(ignore_result=True)
 def redeliver_notifications() -> int:
     return notifications.redeliver_stuck()
+
+
+@shared_task(ignore_result=True)
+def purge_unused_code() -> int:
+    from jobs.services import code
+
+    return code.purge_unused()

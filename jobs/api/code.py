@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import ParseError, ValidationError
+from rest_framework.exceptions import ParseError, Throttled, ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs.api.errors import PayloadTooLarge
+from jobs.api.throttles import SubmissionRateThrottle
 from jobs.services import code
 from jobs.services.submission import tenants_of
 
@@ -36,10 +37,16 @@ class CodeUploadView(APIView):
                     "the same content is stored once.",
     )
     def post(self, request):
+        # An upload costs like a submission: it draws on the same per-user budget.
+        throttle = SubmissionRateThrottle()
+        if not throttle.allow_submission(request):
+            raise Throttled(wait=throttle.wait())
         tenant = self._tenant(request)
         data = self._body(request)
         try:
             archive, created = code.store(tenant, request.user, data)
+        except code.OverQuota as exc:
+            raise PayloadTooLarge(str(exc)) from None
         except code.BadArchive as exc:
             raise ValidationError({"archive": [str(exc)]}) from None
         body = CodeArchiveSerializer({"sha256": archive.sha256, "size": archive.size, "files": archive.files,

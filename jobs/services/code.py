@@ -16,12 +16,17 @@ import io
 import tarfile
 import zlib
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import redis
+from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Exists, Max, OuterRef, Q, Sum
+from django.utils import timezone
 
 from agents import protocol
-from jobs.models import CodeArchive, Tenant
+from jobs.choices import TERMINAL_STATES
+from jobs.models import CodeArchive, Job, Tenant
 
 MAX_BYTES = protocol.CODE_MAX_BYTES
 MAX_FILES = 20_000
@@ -72,15 +77,25 @@ def _check_member(member: tarfile.TarInfo) -> None:
         raise BadArchive(f"{name!r} is not a relative path inside the archive.")
 
 
+class OverQuota(BadArchive):
+    """The tenant keeps as much code as it may; old archives make room as they expire."""
+
+
 def store(tenant: Tenant, user, data: bytes) -> tuple[CodeArchive, bool]:
-    """Keep ``data`` for ``tenant``; returns (archive, created). Raises :class:`BadArchive`."""
+    """Keep ``data`` for ``tenant``; returns (archive, created). Raises :class:`BadArchive` (and
+    :class:`OverQuota` past the tenant's ``COLONY_CODE_STORAGE_MB``)."""
     if len(data) > MAX_BYTES:
         raise BadArchive(f"The archive has {len(data)} bytes; the most is {MAX_BYTES >> 20} MiB.")
     sha256 = hashlib.sha256(data).hexdigest()
     existing = CodeArchive.objects.filter(tenant=tenant, sha256=sha256).defer("data").first()
-    if existing is not None:
+    if existing is not None and existing.purged_at is None:
         return existing, False
     contents = inspect(data)
+    _check_quota(tenant, len(data))
+    if existing is not None:  # purged: the same content again brings its bytes back
+        CodeArchive.objects.filter(pk=existing.pk).update(data=data, purged_at=None)
+        existing.purged_at = None
+        return existing, False
     try:
         with transaction.atomic():
             archive = CodeArchive.objects.create(tenant=tenant, uploaded_by=user, sha256=sha256, size=len(data),
@@ -89,6 +104,30 @@ def store(tenant: Tenant, user, data: bytes) -> tuple[CodeArchive, bool]:
     except IntegrityError:  # the same upload, twice at once
         return CodeArchive.objects.defer("data").get(tenant=tenant, sha256=sha256), False
     return archive, True
+
+
+def _check_quota(tenant: Tenant, adding: int) -> None:
+    # Stored code is the one thing a tenant can grow without running anything: bound it.
+    limit = settings.COLONY_CODE_STORAGE_MB << 20
+    kept = CodeArchive.objects.filter(tenant=tenant, purged_at__isnull=True).aggregate(n=Sum("size"))["n"] or 0
+    if kept + adding > limit:
+        raise OverQuota(
+            f"Tenant {tenant.slug} keeps {kept / 2**20:.1f} MiB of uploaded code; the most is {limit >> 20} MiB "
+            f"(COLONY_CODE_STORAGE_MB). Archives no job has needed for {settings.COLONY_CODE_RETENTION_DAYS} days "
+            "are dropped; a smaller upload (.colonyignore) or --workdir on a shared filesystem avoids it.")
+
+
+def purge_unused(now: datetime | None = None) -> int:
+    """Drop the bytes of archives no job needs: none waiting or running with it, and none finished
+    with it in the last ``COLONY_CODE_RETENTION_DAYS`` (uploaded and never used: after a day).
+    The row stays, so old jobs still name their code. Returns how many were purged."""
+    now = now or timezone.now()
+    keep_after = now - timedelta(days=settings.COLONY_CODE_RETENTION_DAYS)
+    live = Job.objects.filter(code=OuterRef("pk")).exclude(state__in=TERMINAL_STATES)
+    stale = (CodeArchive.objects.filter(purged_at__isnull=True).annotate(busy=Exists(live), last=Max("jobs__finished_at"))
+             .filter(busy=False)
+             .filter(Q(last__lt=keep_after) | Q(last__isnull=True, created_at__lt=now - timedelta(days=1))))
+    return CodeArchive.objects.filter(pk__in=list(stale.values_list("pk", flat=True))).update(data=b"", purged_at=now)
 
 
 def chunk_count(size: int) -> int:

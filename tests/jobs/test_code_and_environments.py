@@ -164,3 +164,45 @@ def test_a_node_registration_records_its_container_runtimes(db):
 @pytest.fixture
 def outsider_tenant_member(db):
     return MembershipFactory(user=UserFactory(username="dora"), tenant=TenantFactory(slug="robotics")).user
+
+
+def test_a_tenant_keeps_a_bounded_amount_of_code(alice, api, settings):
+    settings.COLONY_CODE_STORAGE_MB = 1
+    assert upload(api(alice), tarball({"a.bin": os.urandom(700 * 1024)})).status_code == 201
+    refused = upload(api(alice), tarball({"b.bin": os.urandom(700 * 1024)}))
+    assert refused.status_code == 413
+    assert "Tenant vision keeps 0.7 MiB of uploaded code; the most is 1 MiB" in refused.json()["error"]["message"]
+
+
+def test_uploads_draw_on_the_submission_budget(alice, api, settings):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"submit": "2/min"}}
+    client = api(alice)
+    assert [upload(client, tarball({f"{n}.py": b"x"})).status_code for n in range(3)] == [201, 201, 429]
+
+
+def test_code_no_job_needs_is_dropped_and_comes_back_when_uploaded_again(alice, api, vision):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.choices import JobState
+    from tests.factories import JobFactory
+
+    client = api(alice)
+    old, busy, never = (tarball({f"{name}.py": name.encode()}) for name in ("old", "busy", "never"))
+    shas = {name: upload(client, data).json()["sha256"] for name, data in (("old", old), ("busy", busy),
+                                                                           ("never", never))}
+    archives = {name: code.CodeArchive.objects.get(sha256=sha) for name, sha in shas.items()}
+    long_ago = timezone.now() - timedelta(days=40)
+    JobFactory(tenant=vision, owner=alice, code=archives["old"], state=JobState.SUCCEEDED, finished_at=long_ago)
+    JobFactory(tenant=vision, owner=alice, code=archives["busy"], state=JobState.PENDING)
+    code.CodeArchive.objects.filter(pk=archives["never"].pk).update(created_at=long_ago)
+
+    assert code.purge_unused() == 2
+    kept = dict(code.CodeArchive.objects.values_list("sha256", "purged_at"))
+    assert kept[shas["busy"]] is None and kept[shas["old"]] and kept[shas["never"]]
+    refused = client.post("/api/v1/jobs/", {"command": ["python", "old.py"], "gpus": 1, "code": shas["old"]},
+                          format="json")
+    assert refused.status_code == 400  # its bytes are gone: upload again (colony submit does)
+    assert upload(client, old).status_code == 200
+    assert bytes(code.CodeArchive.objects.get(sha256=shas["old"]).data) == old
