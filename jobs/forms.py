@@ -13,6 +13,7 @@ import shlex
 
 from django import forms
 
+from cluster_ui.cli import units
 from jobs.api.serializers import JobSubmitSerializer
 from jobs.services.submission import tenants_of
 from monitoring.services.registry import cluster_inventory
@@ -32,28 +33,24 @@ FIELD_OF = {"gpu_memory_mib": "gpu_memory", "max_runtime_s": "max_runtime", "opp
             "preempt_grace_s": "preempt_grace", "code": "code_archive", "archive": "code_archive"}
 STOP_SIGNALS = [(name, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")]
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|g|mib|mb|m|tib|tb|t)?\s*$", re.IGNORECASE)
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr|d|day|days)?\s*$", re.IGNORECASE)
-_MIB_PER = {"m": 1, "mb": 1, "mib": 1, "g": 1024, "gb": 1024, "gib": 1024, "t": 1024**2, "tb": 1024**2, "tib": 1024**2}
-_SECONDS_PER = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400, "day": 86400, "days": 86400}
 
 
 def parse_size_mib(text: str) -> int | None:
-    """'20GiB', '20 GB', '512MiB', '20' (GiB) -> MiB; None if it does not read as a size."""
-    match = _SIZE.match(text)
-    if not match:
+    """'20GiB', '20 GB', '512MiB', '20' (GiB) -> MiB; None if it does not read as a size. The
+    command line reads sizes the same way (one parser: :mod:`cluster_ui.cli.units`)."""
+    try:
+        return units.size_mib(text)
+    except ValueError:
         return None
-    number, unit = float(match.group(1)), (match.group(2) or "gib").lower()
-    return int(round(number * _MIB_PER[unit]))
 
 
 def parse_duration_s(text: str, default_unit: str = "min") -> int | None:
-    """'90m', '4h', '2d', '3600s', '30' (minutes) -> seconds; None if it does not read as one."""
-    match = _DURATION.match(text)
-    if not match:
+    """'90m', '4h', '2d', '3600s', '30' (``default_unit``: minutes) -> seconds; None if it does
+    not read as one."""
+    try:
+        return units.duration_s(text, bare_unit=default_unit)
+    except ValueError:
         return None
-    number, unit = float(match.group(1)), (match.group(2) or default_unit).lower()
-    return int(round(number * _SECONDS_PER[unit]))
 
 
 class LooseMultipleChoiceField(forms.MultipleChoiceField):

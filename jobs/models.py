@@ -7,7 +7,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
-from jobs.choices import ACTIVE_STATES, JobClass, JobEventKind, JobState, Role
+from jobs.choices import JobClass, JobEventKind, JobState, Role
 
 
 class Tenant(models.Model):
@@ -96,9 +96,6 @@ class JobQuerySet(models.QuerySet):
         if user.is_staff:
             return self
         return self.filter(tenant__memberships__user=user)
-
-    def active(self) -> "JobQuerySet":
-        return self.filter(state__in=ACTIVE_STATES)
 
 
 class Job(models.Model):

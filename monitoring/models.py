@@ -79,10 +79,6 @@ class GpuRollup(models.Model):
         return self.util_sum / self.util_n if self.util_n else None
 
     @property
-    def mem_avg(self) -> float | None:
-        return self.mem_sum / self.mem_n if self.mem_n else None
-
-    @property
     def power_avg(self) -> float | None:
         return self.power_sum / self.power_n if self.power_n else None
 

@@ -13,7 +13,7 @@ Pids are those of the agent's pid namespace; an agent in a container needs the h
 from __future__ import annotations
 
 import os
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import psutil
 
@@ -32,9 +32,6 @@ class PidOwners:
         if pid not in self._cache:
             self._cache[pid] = self._lookup(pid)
         return self._cache[pid]
-
-    def jobs_of(self, pids: Iterable[int]) -> dict[int, int | None]:
-        return {pid: self.job_of(pid) for pid in pids}
 
     def _lookup(self, pid: int) -> int | None:
         leaders = self._leaders

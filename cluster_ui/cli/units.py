@@ -19,15 +19,17 @@ def size_mib(text: str) -> int:
     return int(round(float(match.group(1)) * _MIB_PER[(match.group(2) or "gib").lower()]))
 
 
-def duration_s(text: str) -> int:
-    """'90m', '4h', '2d', '3600s' -> seconds. A bare number is refused: '10' could mean seconds
-    or minutes, and a job stopped 50 minutes early is a day lost."""
+def duration_s(text: str, bare_unit: str | None = None) -> int:
+    """'90m', '4h', '2d', '3600s' -> seconds. A bare number is refused unless ``bare_unit`` says
+    what it means (a form field labelled in minutes): on a command line '10' could mean seconds or
+    minutes, and a job stopped 50 minutes early is a day lost."""
     match = _DURATION.match(text)
     if not match:
         raise ValueError(f"not a duration: {text!r} (try 90m, 4h or 2d)")
-    if match.group(2) is None:
+    unit = match.group(2) or bare_unit
+    if unit is None:
         raise ValueError(f"give {text!r} a unit: {text}s, {text}m, {text}h or {text}d")
-    return int(round(float(match.group(1)) * _SECONDS_PER[match.group(2).lower()]))
+    return int(round(float(match.group(1)) * _SECONDS_PER[unit.lower()]))
 
 
 def gpu_milli(fraction: str) -> int:

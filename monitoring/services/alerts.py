@@ -6,7 +6,7 @@ need to know allocations and requests, so ``jobs`` evaluates those and calls :fu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from django.db import transaction
 from django.utils import timezone
@@ -36,10 +36,6 @@ def raise_alert(kind: str, *, node_id: int, message: str, gpu_id: int | None = N
 
 def resolve(kind: str, **subject) -> int:
     return Alert.objects.filter(kind=kind, resolved_at__isnull=True, **subject).update(resolved_at=timezone.now())
-
-
-def open_alerts() -> Iterable[Alert]:
-    return Alert.objects.filter(resolved_at__isnull=True).select_related("node", "gpu")
 
 
 def from_samples(samples: list[NodeSample], gpu_id_of: Callable[[str, int], int | None], max_temperature_c: float) -> None:

@@ -124,7 +124,6 @@ class ReplayResult:
     busy_gpu_s: float = 0.0
     used_gpu_s: float = 0.0
     memory_mib_s: float = 0.0
-    allocated_milli_s: float = 0.0
     # The same integrals up to the last arrival: the window in which the trace, not the tail of
     # its longest jobs, sets the load.
     arrivals_end: float | None = None
@@ -213,7 +212,6 @@ class Replay:
             r.busy_gpu_s += self.busy * dt
             r.used_gpu_s += self.used * dt
             r.memory_mib_s += self.memory_used * dt
-            r.allocated_milli_s += self.allocated * dt
             half_life = self.config.usage_half_life_s
             for tenant in set(self.usage) | set(self.held):
                 self.usage[tenant] = decay_usage(self.usage[tenant], self.held[tenant] / WHOLE_GPU_MILLI, dt, half_life)
