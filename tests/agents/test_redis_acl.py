@@ -135,7 +135,9 @@ def test_a_real_agent_logged_in_as_its_node_user_registers_samples_and_runs_jobs
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: events(redis_client, "node_registered") and samples(redis_client), timeout=20)
-        assert redis_client.ttl(protocol.heartbeat_key("node-a")) > 0
+        # Its heartbeat is set (with an expiry). Waited for, not read once: under load the 2 s key
+        # can lapse between two refreshes, which is what the TTL is for.
+        wait_for(lambda: redis_client.ttl(protocol.heartbeat_key("node-a")) > 0, timeout=10)
         job = launch(python("import time; print('as node-a', flush=True); time.sleep(1)"), attempt=0)
         send_signed(redis_client, "node-a", job, key)
         exited = wait_for(lambda: events(redis_client, "job_exited"), timeout=20)[0]
