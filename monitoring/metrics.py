@@ -7,7 +7,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agents import protocol
-from monitoring.choices import NodeState
+from monitoring.choices import AlertKind, NodeState
 from monitoring.models import Alert, Gpu, Node
 from monitoring.services import fanin, ingest, live
 from monitoring.services.dead_letters import dead_letter_count
@@ -52,6 +52,18 @@ class ClusterCollector(Collector):
         stats = ingest.ingest_stats(client)
         yield GaugeMetricFamily("colony_ingest_lag_seconds", "Median sample-to-rollup lag of the last batch",
                                 value=stats.get("lag_p50", 0.0))
+        yield GaugeMetricFamily("colony_ingest_lag_max_seconds", "Longest sample-to-rollup lag of the last batch",
+                                value=stats.get("lag_max", 0.0))
+        # The lags above freeze at their last value when ingest stops; the age of the last batch
+        # is what tells a stalled reader from a quick one.
+        if "committed_at" in stats:
+            yield GaugeMetricFamily("colony_ingest_last_batch_timestamp_seconds",
+                                    "Unix time the last ingested batch was committed", value=stats["committed_at"])
+        newest = GaugeMetricFamily("colony_node_last_sample_timestamp_seconds",
+                                   "Unix time of the newest sample ingested from each node", labels=["node"])
+        for node, ts in sorted(client.hgetall(ingest.LAST_TS_KEY).items()):
+            newest.add_metric([node.decode()], float(ts))
+        yield newest
         yield CounterMetricFamily("colony_ingest_samples", "Node samples ingested", value=stats.get("samples", 0.0))
         yield CounterMetricFamily("colony_ingest_foreign_usage", "Per-job readings a node sent for a job not placed "
                                   "on it (dropped)", value=stats.get("foreign_usage", 0.0))
@@ -76,6 +88,8 @@ class ClusterCollector(Collector):
                                 value=client.xlen(protocol.METRICS_STREAM))
 
         alerts = GaugeMetricFamily("colony_alerts_open", "Open alerts by kind", labels=["kind"])
-        for kind, n in Alert.objects.filter(resolved_at__isnull=True).values_list("kind").annotate(n=Count("id")):
-            alerts.add_metric([kind], n)
+        # Every kind, zeros included: an alert rule or panel on a kind never raised yet reads 0, not "no data".
+        open_counts = dict(Alert.objects.filter(resolved_at__isnull=True).values_list("kind").annotate(n=Count("id")))
+        for kind in AlertKind.values:
+            alerts.add_metric([kind], open_counts.get(kind, 0))
         yield alerts
