@@ -1,5 +1,5 @@
-"""The "Notifications" page: a user's own opt-in (email, webhook, which events), a test button,
-and the last messages sent (or not) with why.
+"""The "Notifications" page: a user's own opt-in (email, webhook, which events; for operators,
+which cluster alerts), a test button, and the last messages about jobs sent (or not) with why.
 
 Only ever the signed-in user's settings and messages: nothing here takes a user or settings id.
 """
@@ -40,6 +40,15 @@ class NotificationSettingsForm(forms.ModelForm):
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
         self.user = user
+        stored = self.initial.get("events") or []
+        self.initial["events"] = [event for event in stored if not event.startswith(notifications.ALERT_PREFIX)]
+        # Only operators get the field: alerts name nodes and every tenant's jobs. Anyone else
+        # posting an alert kind as an event gets the events field's "not one of the choices".
+        if notifications.is_operator(user):
+            self.fields["alerts"] = forms.MultipleChoiceField(
+                choices=notifications.ALERT_EVENT_CHOICES, required=False, widget=forms.CheckboxSelectMultiple,
+                label="Tell me about cluster alerts", initial=[e for e in stored if e in notifications.ALERT_EVENTS],
+                help_text="One message when an alert opens and one when it is resolved.")
 
     def clean_email(self):
         if self.cleaned_data["email"] and not self.user.email:
@@ -58,6 +67,13 @@ class NotificationSettingsForm(forms.ModelForm):
     def clean_events(self):
         chosen = set(self.cleaned_data["events"])
         return [event for event, _ in notifications.EVENT_CHOICES if event in chosen]
+
+    def clean(self):
+        cleaned = super().clean()
+        if "events" in cleaned:
+            alerts = set(cleaned.get("alerts") or [])
+            cleaned["events"] = cleaned["events"] + [e for e in notifications.ALERT_EVENTS if e in alerts]
+        return cleaned
 
 
 @login_required

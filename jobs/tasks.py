@@ -47,6 +47,19 @@ def send_notification(self, notification_id: int) -> str:
 
 
 @shared_task(ignore_result=True)
+def announce_alerts(alert_ids: list[int], phase: str) -> int:
+    return job_alerts.announce(alert_ids, phase)
+
+
+# The same policy as send_notification: an operator's chat service down for minutes is ridden out.
+@shared_task(bind=True, ignore_result=True, autoretry_for=(notifications.TryAgain,), retry_backoff=15,
+             retry_backoff_max=600, retry_jitter=True, max_retries=notifications.MAX_TRIES - 1)
+def send_alert_notification(self, dedupe_key: str, user_id: int, channel: str, event: str, message: dict) -> str:
+    return job_alerts.deliver(dedupe_key, user_id, channel, event, message,
+                              last_try=self.request.retries >= self.max_retries)
+
+
+@shared_task(ignore_result=True)
 def notify_long_waits() -> int:
     return notifications.notify_long_waits()
 

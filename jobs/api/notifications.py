@@ -2,7 +2,8 @@
 
 The URL names no user: the object is always ``request.user``'s, so nobody can read or change
 another user's settings however the request is built. Until a user saves, GET answers the
-defaults (nothing is sent).
+defaults (nothing is sent). Operators may also list alert kinds (``alert:node_lost`` ...) in
+``events``; anyone else asking for one gets a 400: alerts name other tenants' jobs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from jobs.models import NotificationSettings
 from jobs.services import notifications
 
 TEST_EVERY_S = 10
-EVENT_NAMES = [event for event, _ in notifications.EVENT_CHOICES]
+EVENT_NAMES = [event for event, _ in notifications.EVENT_CHOICES] + notifications.ALERT_EVENTS
 
 
 class NotificationSettingsSerializer(serializers.ModelSerializer):
@@ -27,7 +28,8 @@ class NotificationSettingsSerializer(serializers.ModelSerializer):
                                           help_text="Where email goes (set by an operator); empty: nowhere yet.")
     events = serializers.ListField(
         child=serializers.ChoiceField(choices=EVENT_NAMES), required=False, allow_empty=True,
-        help_text="Any of succeeded, failed (time-outs included), preempted, long_wait.")
+        help_text=("Any of succeeded, failed (time-outs included), preempted, long_wait; operators also "
+                   f"cluster alerts: {', '.join(notifications.ALERT_EVENTS)}."))
     long_wait_minutes = serializers.IntegerField(min_value=1, max_value=notifications.MAX_LONG_WAIT_MINUTES,
                                                  required=False,
                                                  help_text="A pending job waiting longer than this is a long wait.")
@@ -51,6 +53,9 @@ class NotificationSettingsSerializer(serializers.ModelSerializer):
         return value
 
     def validate_events(self, value: list[str]) -> list[str]:
+        refused = notifications.refused_events(self.context["request"].user, value)
+        if refused:
+            raise serializers.ValidationError(f"Only operators can subscribe to cluster alerts ({', '.join(refused)}).")
         return [event for event in EVENT_NAMES if event in set(value)]
 
 

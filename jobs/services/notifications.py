@@ -1,4 +1,5 @@
-"""Telling researchers about their jobs: email and Slack-compatible webhooks, per user opt-in.
+"""Telling researchers about their jobs (and operators about cluster alerts): email and
+Slack-compatible webhooks, per user opt-in.
 
 Three halves, in this order below:
 
@@ -12,7 +13,11 @@ Three halves, in this order below:
   endpoint). Checked when saved and again when sent, and the POST goes to the address that was
   checked, so a name re-pointed in between reaches nothing new.
 - *Delivering* (:func:`deliver`, :func:`send_test`): one message per call, from a Celery task that
-  retries with backoff (``jobs.tasks.send_notification``).
+  retries with backoff (``jobs.tasks.send_notification``). :func:`send_on_channel` is the part
+  that operators' alert messages (:mod:`jobs.services.alerts`) share.
+
+Alert kinds are opted in to in the same ``events`` list (``alert:<kind>``), by operators only:
+an alert names nodes and other tenants' jobs (:func:`refused_events`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from django.utils import timezone
 
 from jobs.choices import JobEventKind, JobState
 from jobs.models import Job, JobEvent, Notification, NotificationSettings
+from monitoring.choices import AlertKind
 from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)
@@ -54,6 +60,12 @@ EVENT_CHOICES = [
     (PREEMPTED, "Job preempted (stopped and put back in the queue)"),
     (LONG_WAIT, "Job waiting longer than my limit"),
 ]
+# Operators only. Dead letters are no Alert row (those need a node); jobs.services.alerts watches them.
+ALERT_PREFIX = "alert:"
+DEAD_LETTERS = f"{ALERT_PREFIX}dead_letters"
+ALERT_EVENT_CHOICES = [(f"{ALERT_PREFIX}{kind}", label) for kind, label in AlertKind.choices] + [
+    (DEAD_LETTERS, "Messages dead-lettered (agents or readers sent what could not be applied)")]
+ALERT_EVENTS = [event for event, _ in ALERT_EVENT_CHOICES]
 EMAIL, WEBHOOK = "email", "webhook"
 MAX_LONG_WAIT_MINUTES = 7 * 24 * 60
 
@@ -89,6 +101,21 @@ class HostNotFound(WebhookRefused):
     """The webhook's host does not resolve: refused when saved, retried when sending."""
 
 
+def is_operator(user) -> bool:
+    """Who may hear about cluster alerts: the one place that says so (with :func:`operators`)."""
+    return bool(user.is_active and user.is_staff)
+
+
+def operators(prefix: str = "") -> Q:
+    """:func:`is_operator` as a filter, on the user at ``prefix`` (``"user__"`` from settings)."""
+    return Q(**{f"{prefix}is_active": True, f"{prefix}is_staff": True})
+
+
+def refused_events(user, events) -> list[str]:
+    """The alert events in ``events`` that ``user`` may not subscribe to (all of them unless an operator)."""
+    return [] if is_operator(user) else [event for event in events if event.startswith(ALERT_PREFIX)]
+
+
 # ---------------------------------------------------------------- deciding
 
 
@@ -110,7 +137,7 @@ def _notify(job_id: int, event: str) -> int:
         return len(created)
     except Exception:
         log.exception("notifications for job %s (%s) were not recorded", job_id, event)
-        _count_error()
+        count_error()
         return 0
 
 
@@ -149,10 +176,10 @@ def _enqueue(notification_ids) -> None:
             send_notification.apply_async((notification_id,), retry=False)
         except Exception as exc:
             log.warning("could not enqueue notification %s: %s", notification_id, exc)
-            _count_error()
+            count_error()
 
 
-def _count_error() -> None:
+def count_error() -> None:
     try:
         get_redis().incr(ERRORS_KEY)
     except Exception:
@@ -313,7 +340,7 @@ def _give_up(notification: Notification, why: str) -> str:
     log.warning("notification %s (%s by %s to user %s) gave up: %s", notification.pk, notification.event,
                 notification.channel, notification.user_id, why)
     Notification.objects.filter(pk=notification.pk).update(state=Notification.State.FAILED, last_error=why[:500])
-    _count_error()
+    count_error()
     return "failed"
 
 
@@ -322,11 +349,17 @@ def _send(notification: Notification) -> None:
     if notification.event == LONG_WAIT and job.state != JobState.PENDING:
         raise Refused("The job started before the message went out; not sent.")
     prefs = NotificationSettings.objects.filter(user_id=notification.user_id).first()
-    message = render(job, notification.event, since=notification.created_at)
-    if notification.channel == EMAIL:
+    send_on_channel(notification.user, prefs, notification.channel,
+                    render(job, notification.event, since=notification.created_at))
+
+
+def send_on_channel(user, prefs: NotificationSettings | None, channel: str, message: Message) -> None:
+    """``message`` to ``user`` on ``channel`` as their settings (``prefs``) are now, not as they were
+    when it was decided; raises :class:`Refused` or :class:`TryAgain`."""
+    if channel == EMAIL:
         if prefs is None or not prefs.email:
             raise Refused("Email was turned off before the message went out.")
-        send_email(notification.user, message)
+        send_email(user, message)
     else:
         if prefs is None or not prefs.webhook_url:
             raise Refused("The webhook was removed before the message went out.")
@@ -338,7 +371,7 @@ def send_email(user, message: Message) -> None:
         raise Refused("Your account has no email address.")
     body = "\n".join([f"{message.title[:1].upper()}{message.title[1:]}.", "", message.url, "", *message.details]
                      + (["", "Last lines of output:", message.output] if message.output else [])
-                     + ["", f"You get this because you asked for it: {_public_url('jobs:notifications')}"])
+                     + ["", f"You get this because you asked for it: {public_url('jobs:notifications')}"])
     try:
         send_mail(message.subject, body, None, [user.email], fail_silently=False)
     except Exception as exc:  # smtplib's errors are OSErrors, but any backend may raise its own
@@ -413,7 +446,7 @@ def render(job: Job, event: str, since: datetime | None = None) -> Message:
         details.append(f"Waiting because: {job.pending_reason.get('message', '')}")
     output = _short_output(job.output_tail) if event != LONG_WAIT else ""
     return Message(title=f"job {job.pk} {name} {_headline(job, event, since)}",
-                   url=_public_url("jobs:detail", job.pk), details=details, output=output)
+                   url=public_url("jobs:detail", job.pk), details=details, output=output)
 
 
 def _headline(job: Job, event: str, since: datetime | None) -> str:
@@ -440,7 +473,7 @@ def _short_output(tail: str) -> str:
     return lines if len(lines) <= OUTPUT_MAX_CHARS else ""
 
 
-def _public_url(name: str, *args) -> str:
+def public_url(name: str, *args) -> str:
     return f"{settings.COLONY_PUBLIC_URL.rstrip('/')}{reverse(name, args=args)}"
 
 
@@ -452,7 +485,7 @@ def send_test(user) -> list[tuple[bool, str]]:
     prefs = NotificationSettings.objects.filter(user=user).first()
     if prefs is None or not (prefs.email or prefs.webhook_url):
         return [(False, "Nothing to test: turn on email or set a webhook URL first.")]
-    message = Message(title="test message", url=_public_url("jobs:notifications"),
+    message = Message(title="test message", url=public_url("jobs:notifications"),
                       details=["This is how Colony will tell you about your jobs."], output="")
     results = []
     for channel, on, send in ((EMAIL, prefs.email, lambda: send_email(user, message)),

@@ -2,18 +2,31 @@
 
 XID and thermal alerts come straight from samples here; idle-GPU and memory-over-request alerts
 need to know allocations and requests, so ``jobs`` evaluates those and calls :func:`raise_alert`.
+
+Opening and resolving send :data:`alert_opened` / :data:`alert_resolved`. ``monitoring`` does not know
+who listens (``jobs`` tells operators who opted in); a listener can never break or slow the caller.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from django.db import transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from agents.protocol import NodeSample
 from monitoring.choices import AlertKind
 from monitoring.models import Alert, Gpu, Node
+
+log = logging.getLogger(__name__)
+
+# Sent inside the transaction that opens or resolves, with ``alert_ids``: a receiver that acts on
+# the outside world defers it with transaction.on_commit, so a rolled-back alert tells nobody.
+# Sent once per change, never on a refresh, so "opened" is one message however often it is re-seen.
+alert_opened = Signal()
+alert_resolved = Signal()
 
 
 @transaction.atomic
@@ -30,12 +43,28 @@ def raise_alert(kind: str, *, node_id: int, message: str, gpu_id: int | None = N
         alert.last_seen_at, alert.message, alert.details = now, message, details or {}
         alert.save(update_fields=["last_seen_at", "message", "details"])
         return alert
-    return Alert.objects.create(kind=kind, node_id=node_id, gpu_id=gpu_id, job_id=job_id, message=message,
-                                details=details or {}, opened_at=now, last_seen_at=now)
+    alert = Alert.objects.create(kind=kind, node_id=node_id, gpu_id=gpu_id, job_id=job_id, message=message,
+                                 details=details or {}, opened_at=now, last_seen_at=now)
+    _announce(alert_opened, [alert.pk])
+    return alert
 
 
+@transaction.atomic
 def resolve(kind: str, **subject) -> int:
-    return Alert.objects.filter(kind=kind, resolved_at__isnull=True, **subject).update(resolved_at=timezone.now())
+    # Locked, so two resolvers at once announce each alert once: the second finds it resolved.
+    ids = list(Alert.objects.select_for_update().filter(kind=kind, resolved_at__isnull=True, **subject)
+               .values_list("pk", flat=True))
+    if not ids:
+        return 0
+    resolved = Alert.objects.filter(pk__in=ids).update(resolved_at=timezone.now())
+    _announce(alert_resolved, ids)
+    return resolved
+
+
+def _announce(signal: Signal, alert_ids: list[int]) -> None:
+    for receiver, outcome in signal.send_robust(sender=Alert, alert_ids=alert_ids):
+        if isinstance(outcome, Exception):
+            log.error("alert listener %r failed for alerts %s: %r", receiver, alert_ids, outcome)
 
 
 def from_samples(samples: list[NodeSample], gpu_id_of: Callable[[str, int], int | None], max_temperature_c: float) -> None:
