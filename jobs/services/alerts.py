@@ -274,6 +274,16 @@ def render(alert: Alert, phase: str) -> Message:
 def watch_dead_letters(client, now=None) -> str | None:
     """Open a dead-letter "alert" when the stream grows, resolve it after a quiet spell; returns
     ``opened``, ``resolved`` or None. No Alert row (those name a node); its state is in Redis."""
+    # Two evaluations overlapping would both see the growth and open two episodes.
+    if not client.set(f"{DEAD_LETTERS_KEY}:lock", 1, nx=True, ex=60):
+        return None
+    try:
+        return _watch_dead_letters(client, now)
+    finally:
+        client.delete(f"{DEAD_LETTERS_KEY}:lock")
+
+
+def _watch_dead_letters(client, now) -> str | None:
     now_s = (now or timezone.now()).timestamp()
     count = dead_letter_count(client)
     state = {k.decode(): v.decode() for k, v in client.hgetall(DEAD_LETTERS_KEY).items()}

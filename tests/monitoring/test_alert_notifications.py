@@ -171,6 +171,7 @@ def test_evaluation_resolves_a_lost_node_that_is_back(operator, node_n1, telling
     telling(job_alerts.evaluate)
 
     assert Alert.objects.get().resolved_at is not None
+    assert get_redis().get(notifications.ERRORS_KEY) is None  # its dead-letter watch and sweep ran cleanly
     assert [m.subject for m in mail.outbox] == ["Colony: alert: Node n1 stopped heartbeating",
                                                 "Colony: resolved: Node n1 stopped heartbeating"]
 
@@ -238,7 +239,7 @@ def test_operator_subscribes_on_the_page(client, operator):
     assert 'value="alert:idle_gpu" id="id_alerts_0">' in page  # not chosen, not checked
 
 
-def test_non_operators_never_receive_alerts(operator, researcher, node_n1, webhook, telling):
+def test_non_operators_never_receive_alerts(operator, researcher, node_n1, webhook, telling, monkeypatch):
     """Subscriptions written before the rules (or kept by a demoted operator) send nothing, and an
     operator demoted between the alert and the send is told nothing either."""
     subscribe(researcher, events=["alert:xid"], webhook_url=webhook.url)
@@ -254,12 +255,9 @@ def test_non_operators_never_receive_alerts(operator, researcher, node_n1, webho
     from jobs import tasks
 
     queued = []
-    original = tasks.send_alert_notification.apply_async
-    tasks.send_alert_notification.apply_async = lambda args, **kw: queued.append(args)
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr(tasks.send_alert_notification, "apply_async", lambda args, **kw: queued.append(args))
         telling(xid, node_n1, index=1)
-    finally:
-        tasks.send_alert_notification.apply_async = original
     [(key, user_id, channel, event, message)] = queued
     operator.is_staff = False
     operator.save(update_fields=["is_staff"])
