@@ -10,6 +10,14 @@ reader's capacity (how fast it drains a backlog). As a baseline in the same run 
 fast one reader can merely read, parse and ack (no database), so the ratio shows what the
 database and live values cost.
 
+Wall time on a shared machine moves a lot between identical runs, so CPU is measured too: the
+reader's own ``process_time``, and the CPU of its PostgreSQL backend and of Redis (from ``/proc``),
+each per node sample, beside the parse-only baseline's CPU per sample measured in the same run.
+Two lags are reported: *processed* (sample time -> its batch applied and acknowledged: live
+values, job usage and alerts visible) and *rollup written* (how long after its 10 s bucket ended a
+bucket's row was committed; the reader holds open buckets in memory and writes each once).
+The bench uses a database of its own (``colony_bench_ingest``) so it can run beside other benches.
+
 Samples are signed with each node's key and verified by the reader (``COLONY_AGENT_AUTH=required``,
 as in production); ``--auth off`` sends them unsigned and unchecked, to show what verification costs.
 """
@@ -17,6 +25,7 @@ as in production); ``--auth off`` sends them unsigned and unchecked, to show wha
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import multiprocessing
 import os
@@ -28,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._setup import setup  # noqa: E402
+import bench._setup as bench_setup  # noqa: E402
 
 GPUS_PER_NODE = 8
 # Made before Django reads its settings (main), inherited by the forked producer.
@@ -94,37 +103,111 @@ def register(nodes: int) -> None:
         ))
 
 
-def parse_only_rate(client, stream: str, count: int) -> float:
-    """Baseline: read, parse and ack ``count`` pre-filled entries with no database."""
+def setup(database: str):
+    """What bench._setup.setup does, on a PostgreSQL database of this bench's own: another bench
+    running meanwhile would recreate ``colony_bench`` under our feet."""
+    if not (database == "postgres" or (database == "auto" and bench_setup._postgres_answers())):
+        return bench_setup.setup(database)
+    import tempfile
+
+    import django
+    import psycopg
+    from django.core.management import call_command
+
+    from cluster_ui.devstack.redis_server import PrivateRedis
+
+    workdir = Path(tempfile.mkdtemp(prefix="colony-bench-ingest-"))
+    redis_server = PrivateRedis(workdir / "redis").start()
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS colony_bench_ingest")
+        conn.execute("CREATE DATABASE colony_bench_ingest")
+    os.environ.update(DATABASE_URL="postgres://postgres@127.0.0.1:5432/colony_bench_ingest",
+                      REDIS_URL=redis_server.url, COLONY_VAR_DIR=str(workdir))
+    for name, value in (("DJANGO_SETTINGS_MODULE", "cluster_ui.settings"), ("COLONY_LOG_LEVEL", "WARNING"),
+                        ("COLONY_HTTPS", "0")):
+        os.environ.setdefault(name, value)
+    django.setup()
+    call_command("migrate", verbosity=0)
+    return "PostgreSQL", redis_server
+
+
+def proc_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far; 0 when it cannot be read."""
+    if not pid:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Cpu:
+    """CPU seconds of the reader (this process), its PostgreSQL backend and Redis, between marks."""
+
+    def __init__(self, redis_pid: int | None):
+        from django.db import connection
+
+        self.pg_pid = None
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                self.pg_pid = cursor.fetchone()[0]
+        self.redis_pid = redis_pid
+
+    def now(self) -> dict[str, float]:
+        return {"wall": time.perf_counter(), "reader": time.process_time(), "pg": proc_cpu(self.pg_pid),
+                "redis": proc_cpu(self.redis_pid)}
+
+    @staticmethod
+    def since(mark: dict[str, float], end: dict[str, float]) -> dict[str, float]:
+        return {key: end[key] - mark[key] for key in mark}
+
+
+def parse_only_rate(client, stream: str, count: int, decode=None) -> tuple[float, float]:
+    """Baseline: read, parse and ack ``count`` pre-filled entries with no database. Returns
+    (entries per wall second, reader CPU microseconds per entry)."""
     from agents import protocol
 
+    decode = decode or protocol.decode_sample
     client.delete(stream)
     pipe = client.pipeline(transaction=False)
     for i in range(count):
         pipe.xadd(stream, {"m": sample_json(f"bench-{i % 1000:05d}", i, time.time())})
     pipe.execute()
     client.xgroup_create(stream, "baseline", id="0")
-    started, done = time.perf_counter(), 0
+    started, cpu, done = time.perf_counter(), time.process_time(), 0
     while done < count:
         entries = client.xreadgroup("baseline", "b", {stream: ">"}, count=2000)[0][1]
-        samples = [protocol.decode_sample(fields) for _, fields in entries]
+        samples = [decode(fields) for _, fields in entries]
         client.xack(stream, "baseline", *[entry_id for entry_id, _ in entries])
         done += len(samples)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     client.delete(stream)
-    return count / (time.perf_counter() - started)
+    return count / wall, cpu / count * 1e6
 
 
-def drain_rate(client, ingestor, stream: str, count: int, nodes: int, signer: Signer) -> float:
-    """Capacity: how fast the full pipeline drains a backlog of ``count`` entries."""
+def drain_rate(client, ingestor, stream: str, count: int, nodes: int, signer: Signer, cpu: Cpu
+               ) -> tuple[float, dict[str, float]]:
+    """Capacity: how fast the full pipeline drains a backlog of ``count`` entries (open buckets
+    written at the end included). Returns (entries per wall second, CPU seconds spent)."""
     pipe = client.pipeline(transaction=False)
     base = time.time() + 3600  # newer than anything ingested, so none is dropped as a repeat
     for i in range(count):
         pipe.xadd(stream, signer.fields(f"bench-{i % nodes:05d}", 10_000 + i, base + i / nodes))
     pipe.execute()
-    started, done = time.perf_counter(), 0
+    mark, done = cpu.now(), 0
     while done < count:
         done += ingestor.run_once().entries
-    return count / (time.perf_counter() - started)
+    flush_open(ingestor)
+    spent = Cpu.since(mark, cpu.now())
+    return count / spent["wall"], spent
+
+
+def flush_open(ingestor) -> list:
+    """Write the buckets a reader holds open (a reader that writes through holds none)."""
+    close = getattr(ingestor, "flush_open", None)
+    return close() if close else []
 
 
 def verify_cost_us(count: int = 10_000) -> float:
@@ -190,6 +273,9 @@ def main() -> None:
     parser.add_argument("--database", choices=["auto", "postgres", "sqlite"], default="auto")
     parser.add_argument("--auth", choices=["required", "off"], default="required",
                         help="agent authentication: signed samples, verified (default), or neither")
+    parser.add_argument("--hold-s", type=float, default=None,
+                        help="longest an open 10 s bucket is held in memory (default: what manage.py ingest uses; "
+                             "0 writes every bucket on every batch)")
     args = parser.parse_args()
     os.environ["COLONY_AGENT_AUTH"] = args.auth
     os.environ["COLONY_AGENT_SECRET"] = SECRET
@@ -198,55 +284,102 @@ def main() -> None:
     import redis
 
     from agents import protocol
+    from monitoring.services import ingest as ingest_module
     from monitoring.services.ingest import GROUP, Ingestor
 
     client = redis.Redis.from_url(redis_server.url)
     register(args.nodes)
-    baseline = parse_only_rate(client, "bench:baseline", 10_000)
+    baseline, baseline_us = parse_only_rate(client, "bench:baseline", 10_000)
+    fast_decode = getattr(ingest_module, "decode_sample", None)
+    fast = parse_only_rate(client, "bench:baseline", 10_000, fast_decode) if fast_decode else None
 
     signer = Signer(args.auth == "required")
     producer = multiprocessing.Process(target=produce, args=(redis_server.url, args.nodes, args.warmup + args.seconds,
                                                              protocol.METRICS_STREAM, signer.auth))
-    ingestor = Ingestor(client, consumer="bench")
+    options = {}
+    if "hold_s" in inspect.signature(Ingestor).parameters:
+        options["hold_s"] = ingest_module.DEFAULT_HOLD_S if args.hold_s is None else args.hold_s
+    ingestor = Ingestor(client, consumer="bench", **options)
+    cpu = Cpu(redis_server.process.pid if redis_server.process else None)
     producer.start()
     resources = Resources(client, producer.pid)
     lags: list[float] = []
+    written: list[tuple[float, int]] = []  # (seconds after its bucket ended, samples) per bucket row
     samples = 0
     batch_seconds: list[float] = []
     started = time.time()
     measuring_from = started + args.warmup
+    mark = None
     while producer.is_alive() or client.xinfo_groups(protocol.METRICS_STREAM)[0]["lag"]:
         t0 = time.perf_counter()
+        if mark is None and time.time() >= measuring_from:
+            mark = cpu.now()
         result = ingestor.run_once(block_ms=200)
-        if time.time() >= measuring_from and result.samples:
+        if mark is not None and result.samples:
             lags.extend(result.lags)
             samples += result.samples
             batch_seconds.append(time.perf_counter() - t0)
+        if mark is not None:
+            written += getattr(result, "rollup_delays", [])
         resources.tick(samples)
         if time.time() - started > args.warmup + args.seconds + 60:
             break
     producer.join()
+    written += flush_open(ingestor)
+    spent = Cpu.since(mark, cpu.now())
     measured = time.time() - measuring_from
-    capacity = drain_rate(client, ingestor, protocol.METRICS_STREAM, 10_000, args.nodes, signer)
+    capacity, drained = drain_rate(client, ingestor, protocol.METRICS_STREAM, 10_000, args.nodes, signer, cpu)
     backlog = client.xinfo_groups(protocol.METRICS_STREAM)[0]
     from monitoring.services.dead_letters import dead_letter_count
 
     rejected = dead_letter_count(client)
     lags.sort()
     p = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))] if lags else float("nan")  # noqa: E731
+    written.sort()
+    rollup_total = sum(n for _, n in written)
+
+    def rollup_p(q: float) -> float:
+        seen = 0
+        for delay, n in written:
+            seen += n
+            if seen >= q * rollup_total:
+                return delay
+        return float("nan")
+
+    hold = options.get("hold_s", "n/a (writes every batch)")
     print(f"ingest bench: {args.nodes} nodes x {GPUS_PER_NODE} GPUs = {args.nodes * GPUS_PER_NODE} GPUs at 1 Hz, "
           f"{db_label}, 1 reader, {args.seconds:.0f} s measured after {args.warmup:.0f} s warm-up, "
-          f"agent auth {args.auth}")
-    print(f"  node samples ingested/s : {samples / measured:,.0f}  (offered {args.nodes:,}/s)")
+          f"agent auth {args.auth}, hold_s {hold}")
+    print(f"  node samples ingested/s : {samples / measured:,.0f}  (offered {args.nodes:,}/s) = "
+          f"{samples / measured / args.nodes:.2f}x offered")
     print(f"  GPU samples ingested/s  : {samples * GPUS_PER_NODE / measured:,.0f}")
-    print(f"  lag sample->rollup      : p50 {p(0.5):.2f} s   p99 {p(0.99):.2f} s   max {lags[-1] if lags else 0:.2f} s")
+    print(f"  lag sample->processed   : p50 {p(0.5):.2f} s   p99 {p(0.99):.2f} s   max {lags[-1] if lags else 0:.2f} s"
+          "  (acked; live values, job usage, alerts)")
+    if written:
+        print(f"  rollup written after its bucket ended: p50 {rollup_p(0.5):.2f} s   p99 {rollup_p(0.99):.2f} s   "
+              f"max {written[-1][0]:.2f} s  (by samples; a sample waits up to 10 s more for its bucket to end)")
+    else:
+        print("  rollup written after its bucket ended: = lag sample->processed (every bucket written every batch)")
+    per = max(samples, 1)
+    print(f"  CPU while measured      : wall {spent['wall']:.1f} s; reader {spent['reader']:.2f} s "
+          f"({spent['reader'] / spent['wall']:.2f} core), PostgreSQL backend {spent['pg']:.2f} s, "
+          f"Redis {spent['redis']:.2f} s")
+    print(f"  CPU per node sample     : reader {spent['reader'] / per * 1e6:.0f} us, PostgreSQL {spent['pg'] / per * 1e6:.0f} us,"
+          f" Redis {spent['redis'] / per * 1e6:.0f} us  (baseline parse+ack: {baseline_us:.0f} us reader; "
+          f"reader / baseline = {spent['reader'] / per * 1e6 / baseline_us:.2f})")
     print(f"  batch time              : median {statistics.median(batch_seconds) * 1000:.0f} ms over "
           f"{len(batch_seconds)} batches")
     print(f"  backlog at end          : {backlog['lag']} unread, {backlog['pending']} unacked ({GROUP})")
     print(f"  capacity (drain backlog): {capacity:,.0f} node samples/s = {capacity * GPUS_PER_NODE:,.0f} GPU "
-          f"samples/s, {capacity / args.nodes:.1f}x the offered load")
-    print(f"  baseline parse+ack only : {baseline:,.0f} node samples/s; full pipeline / baseline = "
-          f"{capacity / baseline:.2f}")
+          f"samples/s, {capacity / args.nodes:.1f}x the offered load; CPU per sample: reader "
+          f"{drained['reader'] / 10_000 * 1e6:.0f} us, PostgreSQL {drained['pg'] / 10_000 * 1e6:.0f} us "
+          f"(wall {drained['wall']:.1f} s, reader CPU {drained['reader']:.1f} s)")
+    print(f"  baseline parse+ack only : {baseline:,.0f} node samples/s, {baseline_us:.0f} us CPU each (pydantic "
+          f"decode_sample); full pipeline / baseline = {capacity / baseline:.2f} by rate, "
+          f"{drained['reader'] / 10_000 * 1e6 / baseline_us:.2f}x by reader CPU")
+    if fast:
+        print(f"  parse+ack, reader's decoder: {fast[0]:,.0f} node samples/s, {fast[1]:.0f} us CPU each "
+              f"({baseline_us / fast[1]:.1f}x less CPU than decode_sample)")
     resources.report()
     print(f"  signature check         : {verify_cost_us():.1f} us per sample (auth {args.auth}); "
           f"{rejected} sample(s) dead-lettered")

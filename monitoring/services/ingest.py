@@ -2,9 +2,16 @@
 
 Run as many readers as you like (``manage.py ingest``); they share the stream through one consumer
 group and entries left pending by a reader that died are claimed after ``CLAIM_IDLE_MS``. A batch
-is acknowledged only after its rollups are committed, so a crash re-delivers instead of losing.
+is acknowledged only after what it writes is committed, so a crash re-delivers instead of losing.
 Writes are per batch (a few multi-row statements), never per sample. A sample that is not signed
 by the node it names (when agent authentication is required) is dead-lettered like any garbage.
+
+With ``hold_s`` > 0 (``manage.py ingest`` uses :data:`DEFAULT_HOLD_S`) a reader keeps the 10 s
+buckets still filling in memory and writes each once, when it is over
+(:class:`~monitoring.services.rollups.OpenBuckets`): a batch then commits only its job usage and
+the buckets already over (late samples), and is acknowledged. Live values, job usage (peaks) and
+alerts still follow every batch. The price: a reader that is killed (SIGKILL, power) loses the
+held rows, at most ``hold_s`` seconds of samples; a reader that is stopped writes them first.
 
 Two failures are told apart (:mod:`monitoring.services.poison`): a database *outage* keeps the
 batch, unacked, and applies it once the database is back; a batch the database refuses for its
@@ -19,20 +26,25 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
+import msgspec
 import redis
 from django import db
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from agents import protocol
+from agents.protocol import (
+    CLOCK_MHZ_MAX, COUNTER_MAX, ID_MAX, MAX_GPUS, MAX_MESSAGE_BYTES, MEMORY_MIB_MAX, NODE_NAME_RE, POWER_W_MAX,
+    TEMPERATURE_C_MAX, TEMPERATURE_C_MIN, UNIX_TIME_MAX, XID_MAX,
+)
 from monitoring.models import Gpu
 from monitoring.services import alerts, live, placements
 from monitoring.services.fanin import fan_in
 from monitoring.services.poison import PoisonCounter, apply_isolating, parse_or_dead_letter, reason_of
 from monitoring.services.registry import agent_auth_required
-from monitoring.services.rollups import Accumulator, flush
+from monitoring.services.rollups import LIVE_RESOLUTION, Accumulator, OpenBuckets, flush
 from monitoring.services.streams import claim_stale, consumer_name, ensure_group, read_new
 
 log = logging.getLogger(__name__)
@@ -49,6 +61,88 @@ DB_BACKOFF_MAX_S = 30.0
 FAN_IN_BLOCK_MS = 200
 # What a database that went away raises. Anything else applying a batch raises is blamed on its data.
 DB_UNAVAILABLE = (OperationalError, InterfaceError)
+# Longest a reader started by ``manage.py ingest`` holds an open bucket in memory (see module doc):
+# above the 12 s a bucket normally stays open, so it only bounds buckets dated ahead of this clock.
+DEFAULT_HOLD_S = 15.0
+# Tries to write the held buckets when a reader stops while the database is away.
+STOP_WRITE_TRIES = 5
+
+
+# ---------------------------------------------------------------- the hot path's decoder
+# pydantic's validate_json of a NodeSample costs ~250 us (most of a reader's CPU); msgspec decodes
+# and bounds-checks the same message in C in a few. The structs below mirror protocol.NodeSample
+# but are *stricter* (no lax coercions: "5" or 5.0 for an int, a non-canonical GPU index key):
+# whatever they do not accept goes to protocol.decode_sample, which accepts or rejects it and
+# names the reason. So a sample is refused exactly when the schema refuses it, and the fast path
+# only ever accepts what the schema accepts (tests/monitoring/test_ingest_decoder.py checks both
+# on generated samples). Keep these in step with agents/protocol.py.
+_Mib = Annotated[int, msgspec.Meta(ge=0, le=MEMORY_MIB_MAX)]
+_Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
+_Index = Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS)]
+_JobId = Annotated[int, msgspec.Meta(gt=0, le=ID_MAX)]
+_Clock = Annotated[int, msgspec.Meta(ge=0, le=CLOCK_MHZ_MAX)]
+_STRUCT = {"forbid_unknown_fields": True, "frozen": True, "gc": False}
+
+
+class FastGpuSample(msgspec.Struct, **_STRUCT):
+    index: _Index
+    util_sm: _Percent | None = None
+    util_mem: _Percent | None = None
+    mem_used_mib: _Mib | None = None
+    mem_total_mib: _Mib | None = None
+    temperature_c: Annotated[float, msgspec.Meta(ge=TEMPERATURE_C_MIN, le=TEMPERATURE_C_MAX)] | None = None
+    power_w: Annotated[float, msgspec.Meta(ge=0, le=POWER_W_MAX)] | None = None
+    sm_clock_mhz: _Clock | None = None
+    mem_clock_mhz: _Clock | None = None
+    ecc_uncorrected: Annotated[int, msgspec.Meta(ge=0, le=COUNTER_MAX)] | None = None
+    xid_events: Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=XID_MAX)]], msgspec.Meta(max_length=64)] = []
+
+
+class FastJobGpuSample(msgspec.Struct, **_STRUCT):
+    job_id: _JobId
+    gpu_index: _Index
+    mem_used_mib: _Mib
+    util_sm: _Percent | None = None
+
+
+class FastNodeSample(msgspec.Struct, **_STRUCT):
+    v: Literal[1]  # no default: a message off the wire must say its version
+    node: str
+    ts: Annotated[float, msgspec.Meta(ge=0, le=UNIX_TIME_MAX)]
+    seq: Annotated[int, msgspec.Meta(ge=0, le=ID_MAX)]
+    gpus: Annotated[list[FastGpuSample], msgspec.Meta(max_length=MAX_GPUS)]
+    kind: Literal["node_sample"] = "node_sample"
+    jobs: Annotated[list[FastJobGpuSample], msgspec.Meta(max_length=4096)] = []
+    # JSON keys are strings; only canonical decimal ones are taken here (pydantic's lax str->int
+    # takes more: those go to the schema).
+    unattributed_mib: Annotated[dict[str, _Mib], msgspec.Meta(max_length=MAX_GPUS)] = {}
+    running_jobs: Annotated[list[_JobId], msgspec.Meta(max_length=4096)] = []
+    running_launches: Annotated[list[Annotated[str, msgspec.Meta(max_length=64)]], msgspec.Meta(max_length=4096)] = []
+
+
+_fast_decoder = msgspec.json.Decoder(FastNodeSample)
+_SAMPLE_FIELDS = frozenset({"m", b"m", protocol.SIGNATURE_FIELD, protocol.SIGNATURE_FIELD.encode()})
+_GPU_KEYS = {str(index): index for index in range(MAX_GPUS)}
+
+
+def decode_sample(fields: dict) -> protocol.NodeSample | FastNodeSample:
+    """:func:`agents.protocol.decode_sample`, fast: the same samples accepted (as a
+    :class:`FastNodeSample`, which reads like a NodeSample), the same refused with the same reason."""
+    raw = fields.get("m", fields.get(b"m"))
+    if raw is None or len(raw) > MAX_MESSAGE_BYTES or not fields.keys() <= _SAMPLE_FIELDS:
+        return protocol.decode_sample(fields)
+    try:
+        sample = _fast_decoder.decode(raw)
+    except msgspec.MsgspecError:
+        return protocol.decode_sample(fields)
+    if not NODE_NAME_RE.match(sample.node):
+        return protocol.decode_sample(fields)
+    if sample.unattributed_mib:
+        if not sample.unattributed_mib.keys() <= _GPU_KEYS.keys():
+            return protocol.decode_sample(fields)
+        sample = msgspec.structs.replace(
+            sample, unattributed_mib={_GPU_KEYS[key]: mib for key, mib in sample.unattributed_mib.items()})
+    return sample
 
 
 @dataclass
@@ -61,7 +155,10 @@ class BatchResult:
     # Per-job readings dropped: from a node the job is not (or not lately) placed on, or for a GPU
     # index the node does not have. Readings above the GPU's registered memory are clamped to it.
     foreign_usage: int = 0
+    # Seconds from sample time to its batch being applied and acknowledged.
     lags: list[float] = field(default_factory=list)
+    # (seconds from a bucket's end to its rows' commit, GPU samples in them) per bucket written.
+    rollup_delays: list[tuple[float, int]] = field(default_factory=list)
 
     def add(self, other: "BatchResult") -> None:
         self.samples += other.samples
@@ -70,6 +167,7 @@ class BatchResult:
         self.duplicates += other.duplicates
         self.foreign_usage += other.foreign_usage
         self.lags += other.lags
+        self.rollup_delays += other.rollup_delays
 
 
 class Parsed(NamedTuple):
@@ -109,8 +207,11 @@ class GpuIds:
 
 
 class Ingestor:
-    def __init__(self, client: redis.Redis, consumer: str | None = None, batch_size: int = 2000):
+    def __init__(self, client: redis.Redis, consumer: str | None = None, batch_size: int = 2000,
+                 hold_s: float = 0.0, clock=time.time):
         self.client = client
+        self.open = OpenBuckets(hold_s)
+        self.clock = clock  # what tells a held bucket it is over
         self.consumer = consumer or consumer_name()
         self.batch_size = batch_size
         self.gpu_ids = GpuIds()
@@ -122,8 +223,55 @@ class Ingestor:
         agent_auth_required()  # warns now, at start, when it is off
 
     def run_once(self, block_ms: int | None = None) -> BatchResult:
-        """Claim stale entries, then read one batch of new ones; apply, commit, ack. A batch that
-        could not be committed is kept (still unacked) and applied first next time."""
+        """Write the held buckets that are over; claim stale entries, then read one batch of new
+        ones; apply, commit, ack. A batch that could not be committed is kept (still unacked) and
+        applied first next time."""
+        # Before reading: if the database is away this raises with nothing taken off the stream.
+        delays = self._write_held(self.open.due(self.clock()))
+        result = self._read_and_apply(block_ms)
+        result.rollup_delays[:0] = delays
+        return result
+
+    def flush_open(self) -> list[tuple[float, int]]:
+        """Write every held bucket now (a reader stopping); returns their rollup delays."""
+        return self._write_held(self.open.due(self.clock(), everything=True))
+
+    def _write_held(self, part: Accumulator) -> list[tuple[float, int]]:
+        """Commit held rows (of acknowledged samples). Outages propagate with the rows still held.
+        Rows the database refuses for their data are found by halving and dropped with an error
+        logged: their samples were acknowledged, there is nothing left to dead-letter."""
+        if not part:
+            return []
+
+        def piece_of(rows: list) -> Accumulator:
+            piece = Accumulator()
+            for table, key, bucket in rows:
+                (piece.gpus if table == "gpu" else piece.jobs)[key] = bucket
+            return piece
+
+        def write(rows: list) -> None:
+            piece = piece_of(rows)
+            flush(piece)
+            self.open.written(piece)  # at once: an outage in a later half must not write this twice
+
+        def refused(row, exc: BaseException) -> bool:
+            log.error("rollup row %s %s refused, %d samples dropped: %s", *row[:2], row[2].samples, reason_of(exc))
+            self.open.written(piece_of([row]))
+            self.client.hincrby(STATS_KEY, "rollup_rows_dropped", 1)
+            return False
+
+        try:
+            flush(part)
+            self.open.written(part)
+        except DB_UNAVAILABLE:
+            raise
+        except Exception as exc:
+            log.warning("held rollups refused (%s); writing them in halves", reason_of(exc))
+            rows = [("gpu", key, b) for key, b in part.gpus.items()] + [("job", key, b) for key, b in part.jobs.items()]
+            apply_isolating(rows, write, refused)
+        return _delays(part, self.clock())
+
+    def _read_and_apply(self, block_ms: int | None) -> BatchResult:
         if self._unapplied:
             parsed, self._unapplied = self._unapplied, []
             result = BatchResult(entries=len(parsed))
@@ -162,7 +310,7 @@ class Ingestor:
                 dead.append(entry_id)
                 continue
             sample = parse_or_dead_letter(self.client, protocol.METRICS_STREAM, entry_id, fields,
-                                          protocol.decode_sample, auth_required)
+                                          decode_sample, auth_required)
             if sample is None:
                 dead.append(entry_id)
                 result.dead += 1
@@ -231,8 +379,13 @@ class Ingestor:
                     continue
                 acc.add_job(usage.job_id, sample.ts, min(usage.mem_used_mib, capacity), usage.util_sm)
             result.samples += 1
-        if acc:
-            flush(acc)
+        write, hold = self.open.split(acc, self.clock())
+        if write:
+            flush(write)
+        written_at = self.clock()
+        # Held only once the batch's own writes are in: a batch refused or kept for later holds nothing.
+        self.open.hold(hold, written_at)
+        result.rollup_delays = _delays(write, written_at)
         # The rollups are committed: whatever happens to the alerts, the batch must not be applied
         # again (it would count twice). Alerts come back with the next samples that show the condition.
         self._raise_alerts(samples)
@@ -285,6 +438,28 @@ class Ingestor:
         return kept, kept_raws, len(samples) - len(kept)
 
     def run_forever(self, stop: threading.Event, block_ms: int = 1000) -> None:
+        """Read until ``stop`` is set, then write the held buckets."""
+        try:
+            self._run_until(stop, block_ms)
+        finally:
+            self._write_held_at_stop()
+
+    def _write_held_at_stop(self) -> None:
+        for attempt in range(STOP_WRITE_TRIES):
+            if not self.open:
+                return
+            try:
+                self.flush_open()
+                return
+            except DB_UNAVAILABLE as exc:
+                log.warning("held rollups not written at stop, the database is away (%s)", str(exc).strip())
+                _drop_broken_connections()
+                time.sleep(min(DB_BACKOFF_MAX_S, DB_BACKOFF_FIRST_S * 2 ** attempt))
+        if self.open:
+            log.error("stopping with the rollups of %d acknowledged GPU samples unwritten",
+                      sum(b.samples for b in self.open.held.gpus.values()))
+
+    def _run_until(self, stop: threading.Event, block_ms: int) -> None:
         pause = DB_BACKOFF_FIRST_S
         while not stop.is_set():
             try:
@@ -316,6 +491,10 @@ def _drop_broken_connections() -> None:
 
 def _text(value) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _delays(part: Accumulator, committed: float) -> list[tuple[float, int]]:
+    return [(committed - (bucket + LIVE_RESOLUTION), n) for bucket, n in part.samples_per_bucket().items()]
 
 
 def _id_order(entry_id: str) -> tuple[int, int]:

@@ -3,6 +3,9 @@
 Buckets hold sums, counts and maxima, so partial buckets from several flushes (or several ingest
 readers) merge with an additive upsert: nothing is read back, and the order of flushes does not
 matter. The live path writes 10 s buckets; ``compact_minutes`` derives 1 min buckets from them.
+
+:class:`OpenBuckets` lets a reader hold the buckets still filling in memory and write each once it
+is over, instead of upserting every open bucket on every batch (up to ten times per row at 1 Hz).
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from monitoring.choices import Resolution
 from monitoring.models import GpuRollup, JobRollup
 
 LIVE_RESOLUTION = Resolution.TEN_SECONDS
+# A bucket is over this long after its end: samples a little late (reader lag, a node's clock a
+# little behind) still land in it before it is written. A later one is merged in a second write.
+CLOSE_GRACE_S = 2.0
 
 
 def bucket_of(ts: float, resolution: int = LIVE_RESOLUTION) -> int:
@@ -60,6 +66,18 @@ class GpuBucket:
             self.power_sum += power
             self.power_n += 1
 
+    def merge(self, other: "GpuBucket") -> None:
+        self.samples += other.samples
+        self.util_sum += other.util_sum
+        self.util_n += other.util_n
+        self.util_max = _max(self.util_max, other.util_max)
+        self.mem_sum += other.mem_sum
+        self.mem_n += other.mem_n
+        self.mem_max = _max(self.mem_max, other.mem_max)
+        self.temp_max = _max(self.temp_max, other.temp_max)
+        self.power_sum += other.power_sum
+        self.power_n += other.power_n
+
 
 @dataclass
 class JobBucket:
@@ -74,6 +92,12 @@ class JobBucket:
         if util is not None:
             self.util_sum += util
             self.util_n += 1
+
+    def merge(self, other: "JobBucket") -> None:
+        self.samples += other.samples
+        self.mem_max = _max(self.mem_max, other.mem_max)
+        self.util_sum += other.util_sum
+        self.util_n += other.util_n
 
 
 @dataclass
@@ -94,7 +118,14 @@ class Accumulator:
     usage: dict[int, JobUsageDelta] = field(default_factory=lambda: defaultdict(JobUsageDelta))
 
     def __bool__(self) -> bool:
-        return bool(self.gpus or self.jobs)
+        return bool(self.gpus or self.jobs or self.usage)
+
+    def samples_per_bucket(self) -> dict[int, int]:
+        """GPU samples per bucket start."""
+        counts: dict[int, int] = defaultdict(int)
+        for (_, bucket), b in self.gpus.items():
+            counts[bucket] += b.samples
+        return counts
 
     def add_gpu(self, gpu_id: int, ts: float, util, mem, temp, power) -> None:
         self.gpus[(gpu_id, bucket_of(ts))].add(util, mem, temp, power)
@@ -108,6 +139,69 @@ class Accumulator:
             usage.util_n += 1
         usage.first_ts = min(usage.first_ts, ts)
         usage.last_ts = max(usage.last_ts, ts)
+
+
+def bucket_over(bucket: int, now: float) -> bool:
+    return now >= bucket + LIVE_RESOLUTION + CLOSE_GRACE_S
+
+
+class OpenBuckets:
+    """GPU and job buckets of samples already applied (acknowledged) but not yet written.
+
+    A bucket is written once: when it is over (its 10 s and :data:`CLOSE_GRACE_S` have passed on
+    this clock), or when it has been held ``hold_s`` (a node whose clock runs ahead dates samples
+    into buckets that end late), or when the reader stops. Held rows are what a reader that is
+    killed loses: at most ``hold_s`` seconds of samples (normally the filling bucket and the
+    grace of the one before, <= 12 s). ``hold_s`` 0 writes every bucket with its batch.
+    Job usage (peaks: the scheduler and profiles read them) is never held.
+    """
+
+    def __init__(self, hold_s: float):
+        self.hold_s = hold_s
+        self.held = Accumulator()
+        self.opened: dict[int, float] = {}  # bucket start -> when its first row was held
+
+    def __bool__(self) -> bool:
+        return bool(self.opened)
+
+    def _due(self, bucket: int, now: float) -> bool:
+        return self.hold_s <= 0 or bucket_over(bucket, now) or now - self.opened.get(bucket, now) >= self.hold_s
+
+    def split(self, acc: Accumulator, now: float) -> tuple[Accumulator, Accumulator]:
+        """(the part of ``acc`` to write now, with its job usage; the part to hold once that is written)."""
+        write, hold = Accumulator(usage=acc.usage), Accumulator()
+        for key, bucket in acc.gpus.items():
+            (write if self._due(key[1], now) else hold).gpus[key] = bucket
+        for key, bucket in acc.jobs.items():
+            (write if self._due(key[1], now) else hold).jobs[key] = bucket
+        return write, hold
+
+    def hold(self, part: Accumulator, now: float) -> None:
+        for target, rows in ((self.held.gpus, part.gpus), (self.held.jobs, part.jobs)):
+            for key, bucket in rows.items():
+                mine = target.get(key)
+                if mine is None:
+                    target[key] = bucket
+                else:
+                    mine.merge(bucket)
+                self.opened.setdefault(key[1], now)
+
+    def due(self, now: float, everything: bool = False) -> Accumulator:
+        """The held rows to write now; they stay held until :meth:`written` says they are in."""
+        buckets = {bucket for bucket in self.opened if everything or self._due(bucket, now)}
+        out = Accumulator()
+        if buckets:
+            out.gpus.update((key, b) for key, b in self.held.gpus.items() if key[1] in buckets)
+            out.jobs.update((key, b) for key, b in self.held.jobs.items() if key[1] in buckets)
+        return out
+
+    def written(self, part: Accumulator) -> None:
+        for key in part.gpus:
+            del self.held.gpus[key]
+        for key in part.jobs:
+            del self.held.jobs[key]
+        left = {key[1] for key in self.held.gpus} | {key[1] for key in self.held.jobs}
+        self.opened = {bucket: since for bucket, since in self.opened.items() if bucket in left}
 
 
 def _dt(epoch: float) -> datetime:
