@@ -1,29 +1,147 @@
 """The full scheduling loop against a real database and Redis (not just the pure core).
 
-    python bench/scheduling_loop.py --nodes 256 --pending 10000 --running 1500 --tenants 20
+    python bench/scheduling_loop.py --nodes 1024 --pending 50000 --running 1500 --tenants 100
 
-Fills a throw-away database (PostgreSQL when one answers on 127.0.0.1:5432) with nodes, tenants,
+Fills a throw-away database (PostgreSQL when one answers on 127.0.0.1:5432; its own database,
+``colony_bench_loop``, so other benches running beside it are left alone) with nodes, tenants,
 running jobs with allocations and pending jobs, marks the nodes alive in a private Redis, then
-times ``run_scheduling_cycle()``: the first cycle (which places everything that fits) and then
-steady-state cycles (nothing new arrives; the loop still snapshots, decides and stores reasons).
-In the same process it times the pure core on the same snapshot, so the ratio shows what the
-database and Redis round trips cost. Prints figures, asserts nothing.
+runs ``run_scheduling_cycle()``:
+
+- first cycle: places everything that fits (the placed jobs are then marked started, as their
+  agents would report within seconds);
+- steady cycles: nothing arrives or ends; the loop still snapshots, decides and stores reasons;
+- churn cycles: before each, ``--finish`` running jobs end, so a few placements, ETAs and
+  reasons move (what a busy cluster sees every cycle).
+
+Every phase is measured in CPU seconds (this process's ``process_time``, the PostgreSQL backend's
+and Redis's utime+stime from ``/proc``) beside wall time, because wall time moves several-fold
+between identical runs on a shared machine. The baseline measured in the same run is the pure
+core, ``decide()``, on the same snapshot: the ratios say what the database and Redis cost.
+Rows updated in ``jobs_job`` and queries per cycle are counted too. Prints figures, asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._setup import setup  # noqa: E402
-
 GPUS_PER_NODE = 8
+DATABASE = "colony_bench_loop"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def setup(database: str):
+    """Like ``bench._setup.setup`` with a database of its own name (benches may run side by side)."""
+    import socket
+    import tempfile
+
+    from cluster_ui.devstack.redis_server import PrivateRedis
+
+    workdir = Path(tempfile.mkdtemp(prefix="colony-bench-loop-"))
+    redis_server = PrivateRedis(workdir / "redis").start()
+    try:
+        socket.create_connection(("127.0.0.1", 5432), 1).close()
+        pg = database != "sqlite"
+    except OSError:
+        pg = database == "postgres"
+    if pg:
+        import psycopg
+
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
+            conn.execute(f"CREATE DATABASE {DATABASE}")
+        os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE}"
+    else:
+        os.environ["DATABASE_URL"] = f"sqlite:///{workdir / 'bench.sqlite3'}"
+    os.environ["REDIS_URL"] = redis_server.url
+    os.environ["COLONY_VAR_DIR"] = str(workdir)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cluster_ui.settings")
+    os.environ.setdefault("COLONY_LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return ("PostgreSQL" if pg else "SQLite"), redis_server
+
+
+def _proc_cpu(pid: int | None) -> float:
+    if not pid:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+
+
+@dataclass
+class Sample:
+    wall: float
+    python: float
+    database: float
+    redis: float
+    queries: int = 0
+    job_rows_updated: int = 0
+
+    @property
+    def cpu(self) -> float:
+        return self.python + self.database + self.redis
+
+
+@dataclass
+class Meter:
+    """CPU seconds of this process, the database backend serving it and Redis around a call."""
+
+    redis_pid: int | None
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
+
+    def _backend_pid(self) -> int | None:
+        from django.db import connection
+
+        if connection.vendor != "postgresql":
+            return None
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            return cursor.fetchone()[0]
+
+    def measure(self, name: str, fn):
+        from django.db import connection
+
+        counts = {"queries": 0, "rows": 0}
+
+        def count(execute, sql, params, many, context):
+            result = execute(sql, params, many, context)
+            counts["queries"] += 1
+            if sql.lstrip().upper().startswith("UPDATE") and '"jobs_job"' in sql.split("SET", 1)[0]:
+                counts["rows"] += max(context["cursor"].rowcount, 0)
+            return result
+
+        backend = self._backend_pid()
+        before = (time.perf_counter(), time.process_time(), _proc_cpu(backend), _proc_cpu(self.redis_pid))
+        with connection.execute_wrapper(count):
+            result = fn()
+        after = (time.perf_counter(), time.process_time(), _proc_cpu(backend), _proc_cpu(self.redis_pid))
+        if backend != self._backend_pid():
+            print(f"  (warning: the database connection changed during {name}; its CPU is not counted)")
+        self.samples.setdefault(name, []).append(Sample(
+            *(b - a for a, b in zip(before, after)), queries=counts["queries"], job_rows_updated=counts["rows"]))
+        return result
+
+    def median(self, name: str) -> Sample:
+        runs = self.samples[name]
+        return Sample(*(statistics.median(getattr(s, f) for s in runs)
+                        for f in ("wall", "python", "database", "redis", "queries", "job_rows_updated")))
 
 
 def populate(rng: random.Random, nodes: int, tenants: int, running: int, pending: int) -> None:
@@ -51,7 +169,7 @@ def populate(rng: random.Random, nodes: int, tenants: int, running: int, pending
     running_jobs = Job.objects.bulk_create([
         Job(tenant=rng.choice(tenant_rows), owner=owner, name=f"r{i}", command=["true"], gpus=1,
             state=JobState.RUNNING, run_class=JobClass.GUARANTEED, gpu_memory_mib=20000, placed_at=now,
-            started_at=now)
+            started_at=now, max_runtime_s=rng.choice([None, 3600, 7200]))
         for i in range(min(running, total))
     ])
     Allocation.objects.bulk_create([Allocation(job=job, gpu=gpu) for job, gpu in zip(running_jobs, gpus)])
@@ -65,12 +183,44 @@ def populate(rng: random.Random, nodes: int, tenants: int, running: int, pending
     ], batch_size=2000)
 
 
+def agents_start_placed() -> int:
+    """What the agents would report within seconds: every placed job started."""
+    from django.utils import timezone
+
+    from jobs.choices import JobState
+    from jobs.models import Job
+
+    return Job.objects.filter(state=JobState.PLACED).update(state=JobState.RUNNING, started_at=timezone.now())
+
+
+def finish_some(rng: random.Random, count: int) -> None:
+    """``count`` running jobs end (their GPUs freed), as if their exits had just been consumed."""
+    from django.utils import timezone
+
+    from jobs.choices import JobState
+    from jobs.models import Allocation, Job
+
+    ids = list(Job.objects.filter(state=JobState.RUNNING).order_by("id").values_list("id", flat=True))
+    ended = rng.sample(ids, min(count, len(ids)))
+    now = timezone.now()
+    Allocation.objects.filter(job_id__in=ended, released_at__isnull=True).update(released_at=now)
+    Job.objects.filter(pk__in=ended).update(state=JobState.SUCCEEDED, finished_at=now, exit_code=0)
+
+
+def row(label: str, sample: Sample, core_cpu: float | None = None, extra: str = "") -> str:
+    ratio = f"x{sample.cpu / core_cpu:5.1f}" if core_cpu else "      "
+    return (f"  {label:<27}: CPU {sample.cpu:6.3f} s (Python {sample.python:6.3f} + DB {sample.database:6.3f} "
+            f"+ Redis {sample.redis:5.3f}) {ratio} decide | wall {sample.wall:6.3f} s | "
+            f"{sample.queries:5.0f} queries, {sample.job_rows_updated:6.0f} job rows updated{extra}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=256)
-    parser.add_argument("--tenants", type=int, default=20)
+    parser.add_argument("--nodes", type=int, default=1024)
+    parser.add_argument("--tenants", type=int, default=100)
     parser.add_argument("--running", type=int, default=1500)
-    parser.add_argument("--pending", type=int, default=10_000)
+    parser.add_argument("--pending", type=int, default=50_000)
+    parser.add_argument("--finish", type=int, default=8, help="running jobs that end before each churn cycle")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--database", choices=["auto", "postgres", "sqlite"], default="auto")
     args = parser.parse_args()
@@ -83,38 +233,56 @@ def main() -> None:
     from jobs.services.config import scheduler_config
     from jobs.services.cycle import run_scheduling_cycle
     from jobs.services.snapshot import build_snapshot
+    from monitoring.services.health import MAX_HEARTBEAT_TTL_S
 
-    populate(random.Random(7), args.nodes, args.tenants, args.running, args.pending)
+    rng = random.Random(7)
+    populate(rng, args.nodes, args.tenants, args.running, args.pending)
     client = redis.Redis.from_url(redis_server.url)
-    for i in range(args.nodes):
-        client.set(heartbeat_key(f"node{i:04d}"), "{}", ex=3600)
+
+    def heartbeats():
+        # The agents' part (a heartbeat lives at most MAX_HEARTBEAT_TTL_S), outside the measurements.
+        pipe = client.pipeline(transaction=False)
+        for i in range(args.nodes):
+            pipe.set(heartbeat_key(f"node{i:04d}"), "{}", ex=MAX_HEARTBEAT_TTL_S)
+        pipe.execute()
+
+    heartbeats()
+    meter = Meter(redis_pid=getattr(getattr(redis_server, "process", None), "pid", None))
 
     snapshot = build_snapshot(client)
-    core_times = []
     for _ in range(args.repeat):
-        started = time.perf_counter()
-        decide(snapshot, now=time.time(), config=scheduler_config())
-        core_times.append(time.perf_counter() - started)
-    snapshot_times = []
+        meter.measure("decide", lambda: decide(snapshot, now=time.time(), config=scheduler_config()))
     for _ in range(args.repeat):
-        started = time.perf_counter()
-        build_snapshot(client)
-        snapshot_times.append(time.perf_counter() - started)
+        meter.measure("snapshot", lambda: build_snapshot(client))
 
-    first = run_scheduling_cycle()
-    steady = [run_scheduling_cycle() for _ in range(args.repeat)]
-    steady_median = statistics.median(r.seconds for r in steady)
-    core_median = statistics.median(core_times)
+    heartbeats()
+    first = meter.measure("first", run_scheduling_cycle)
+    started = agents_start_placed()
+    steady = []
+    for _ in range(args.repeat):
+        heartbeats()
+        steady.append(meter.measure("steady", run_scheduling_cycle))
+    churn = []
+    for _ in range(args.repeat):
+        heartbeats()
+        finish_some(rng, args.finish)
+        churn.append(meter.measure("churn", run_scheduling_cycle))
+        agents_start_placed()
+
+    core = meter.median("decide")
     print(f"scheduling loop bench: {args.nodes} nodes x {GPUS_PER_NODE} GPUs, {args.tenants} tenants, "
-          f"{args.running} running, {args.pending} pending, {db_label} + Redis")
-    print(f"  pure core decide()       : median {core_median * 1000:.0f} ms (same snapshot, {args.repeat} runs)")
-    print(f"  snapshot from DB + Redis : median {statistics.median(snapshot_times) * 1000:.0f} ms")
-    print(f"  first full cycle         : {first.seconds * 1000:.0f} ms, placed {first.placed} "
-          f"({first.placed / first.seconds:,.0f} placements/s), {first.pending} left pending")
-    print(f"  steady-state full cycle  : median {steady_median * 1000:.0f} ms over {args.repeat} cycles "
-          f"(placed {sum(r.placed for r in steady)})")
-    print(f"  full cycle / pure core   : first x{first.seconds / core_median:.2f}, "
-          f"steady x{steady_median / core_median:.2f}")
+          f"{args.running} running, {args.pending} pending, {db_label} + Redis; medians of {args.repeat}")
+    print(row("pure core decide()", core))
+    print(row("snapshot from DB + Redis", meter.median("snapshot"), core.cpu))
+    first_sample = meter.median("first")
+    print(row("first full cycle", first_sample, core.cpu,
+              f"; placed {first.placed} ({first.placed / first_sample.cpu:,.0f}/CPU s), "
+              f"{first.pending} left pending, {started} started"))
+    print(row("steady cycle (no change)", meter.median("steady"), core.cpu,
+              f"; placed {sum(r.placed for r in steady)}"))
+    print(row(f"churn cycle ({args.finish} ended)", meter.median("churn"), core.cpu,
+              f"; placed {statistics.median(r.placed for r in churn):.0f}, "
+              f"throttled {statistics.median(r.throttled for r in churn):.0f}"))
     redis_server.stop()
 
 

@@ -14,13 +14,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import BooleanField, ExpressionWrapper, Q, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from jobs.choices import TERMINAL_STATES, JobClass, JobState
 from jobs.models import Allocation, Job
 from jobs.scheduling import Decisions
-from jobs.scheduling.decisions import Place
+from jobs.scheduling.decisions import Place, Throttle
 from jobs.services import lifecycle
 from jobs.services.commands import send_duty_cycle, send_stop
 from jobs.services.launches import send_attempt
@@ -38,9 +40,10 @@ def apply_decisions(decisions: Decisions) -> Applied:
     with transaction.atomic():
         placed = sum(_place(place, now) for place in decisions.placements)
         preempted = sum(lifecycle.begin_preempt(p.job_id, p.message) for p in decisions.preemptions)
-        throttled = sum(_throttle(t.job_id, t.duty_cycle) for t in decisions.throttles)
-        _store_reservations(decisions)
-        _store_pending_reasons(decisions, now.timestamp())
+        throttled = _throttle(decisions.throttles)
+        queue = _queue()
+        _store_reservations(decisions, {job_id for job_id, (_, reserved) in queue.items() if reserved})
+        _store_pending_reasons(decisions, {job_id: text for job_id, (text, _) in queue.items()}, now.timestamp())
     return Applied(placed=placed, preempted=preempted, throttled=throttled)
 
 
@@ -49,62 +52,191 @@ def _place(place: Place, now: datetime) -> bool:
     return lifecycle.place(place, now, job_class)
 
 
-def _throttle(job_id: int, duty_cycle: float) -> bool:
-    live = Allocation.objects.filter(job_id=job_id, released_at__isnull=True,
-                                     job__state__in=(JobState.PLACED, JobState.RUNNING))
-    was_suspended = live.filter(duty_cycle__lte=0).exists()
-    if not live.exclude(duty_cycle=duty_cycle).update(duty_cycle=duty_cycle):
-        return False
-    for node in lifecycle.live_nodes(job_id):
-        transaction.on_commit(lambda node=node: send_duty_cycle(node, job_id, duty_cycle, resume=was_suspended))
-    return True
+def _throttle(throttles: tuple[Throttle, ...]) -> int:
+    """Set each throttled job's duty cycle on its live allocations: one read, one UPDATE per
+    distinct duty cycle, and the nodes told after commit. A job whose allocations already run at
+    that duty cycle (or that is no longer placed or running) is left alone and told nothing."""
+    if not throttles:
+        return 0
+    duties: dict[int, list[list]] = defaultdict(list)  # job -> [[duty, node], ...] of its live allocations
+    for job_id, duty, node in Allocation.objects.filter(
+            job_id__in={t.job_id for t in throttles}, released_at__isnull=True, job__state__in=lifecycle.LIVE,
+    ).values_list("job_id", "duty_cycle", "gpu__node__name"):
+        duties[job_id].append([duty, node])
+    final: dict[int, float] = {}
+    sends: list[tuple[str, int, float, bool]] = []
+    throttled = 0
+    for throttle in throttles:
+        held = duties.get(throttle.job_id, ())
+        if all(duty == throttle.duty_cycle for duty, _ in held):
+            continue
+        throttled += 1
+        was_suspended = any(duty <= 0 for duty, _ in held)
+        for allocation in held:
+            allocation[0] = throttle.duty_cycle
+        final[throttle.job_id] = throttle.duty_cycle
+        sends.extend((node, throttle.job_id, throttle.duty_cycle, was_suspended)
+                     for node in sorted({node for _, node in held}))
+    by_duty: dict[float, list[int]] = defaultdict(list)
+    for job_id, duty in final.items():
+        by_duty[duty].append(job_id)
+    for duty, job_ids in by_duty.items():
+        Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True,
+                                  job__state__in=lifecycle.LIVE).exclude(duty_cycle=duty).update(duty_cycle=duty)
+    if sends:
+        transaction.on_commit(lambda: [send_duty_cycle(node, job_id, duty, resume=resume)
+                                       for node, job_id, duty, resume in sends])
+    return throttled
 
 
-def _store_reservations(decisions: Decisions) -> None:
+def _store_reservations(decisions: Decisions, reserved: set[int]) -> None:
+    """``reserved``: the pending jobs whose ``reserved_since`` is set now."""
     held = {r.job_id: r.since for r in decisions.reservations}
-    Job.objects.filter(state=JobState.PENDING, reserved_since__isnull=False).exclude(pk__in=held).update(
-        reserved_since=None
-    )
+    released = reserved - held.keys()
+    if released:
+        Job.objects.filter(pk__in=released, state=JobState.PENDING).update(reserved_since=None)
+    by_since: dict[float, list[int]] = defaultdict(list)
     for job_id, since in held.items():
-        Job.objects.filter(pk=job_id, state=JobState.PENDING, reserved_since__isnull=True).update(
+        if job_id not in reserved:
+            by_since[since].append(job_id)
+    for since, job_ids in by_since.items():
+        Job.objects.filter(pk__in=job_ids, state=JobState.PENDING, reserved_since__isnull=True).update(
             reserved_since=datetime.fromtimestamp(since, tz=dt_timezone.utc)
         )
 
 
 # ETAs are stored as absolute times rounded to this, so that an estimate that does not move does
-# not rewrite 50,000 rows every cycle.
+# not rewrite the row.
 ETA_ROUNDING_S = 30
+# A stored ETA that is still this close to the new estimate is kept: queue-aware ETAs of most of a
+# long queue move a little whenever a few jobs end, and rewriting 40,000 rows for that was most of
+# a cycle's cost. Within max(30 s, 10% of the time still to wait) nobody reads a different answer.
+ETA_TOLERANCE_S = 30
+ETA_TOLERANCE_SHARE = 0.1
+# Rows per UPDATE statement when writing reasons.
+REASON_BATCH = 5000
 
 
-def _reason(pending, now: float) -> dict:
-    reason = pending.reason.as_dict()
-    if pending.eta_s is not None:
-        reason["eta_at"] = round((now + pending.eta_s) / ETA_ROUNDING_S) * ETA_ROUNDING_S
-    return reason
+def _eta_at(eta_s: float, now: float) -> int:
+    return round((now + eta_s) / ETA_ROUNDING_S) * ETA_ROUNDING_S
 
 
-def _store_pending_reasons(decisions: Decisions, now: float) -> None:
-    """Write reasons that changed, one UPDATE per distinct reason.
+def _eta_holds(stored, new: int | None, now: float) -> bool:
+    if new is None or stored is None:
+        return new is None and stored is None
+    if not isinstance(stored, (int, float)) or isinstance(stored, bool):
+        return False
+    return abs(new - stored) <= max(ETA_TOLERANCE_S, ETA_TOLERANCE_SHARE * max(0.0, new - now))
 
-    Thousands of pending jobs share a few dozen distinct reasons ("tenant at its ceiling", "waiting
-    for 8 free GPUs"), so this is a handful of statements rather than a row-by-row bulk update.
+
+def _canonical(reason: dict) -> str:
+    """A reason without its ETA as one comparable string (as it reads back from the database:
+    tuples come back as lists)."""
+    return json.dumps(json.loads(json.dumps({k: v for k, v in reason.items() if k != "eta_at"})), sort_keys=True)
+
+
+def _queue() -> dict[int, tuple[str | None, bool]]:
+    """Every pending job as it is stored now: its reason as text (decoded once per distinct text
+    by the caller) and whether it holds a reservation. One read serves both writers."""
+    return {job_id: (text, reserved) for job_id, text, reserved in (
+        Job.objects.filter(state=JobState.PENDING).order_by()
+        .annotate(reason_text=Cast("pending_reason", TextField()),
+                  reserved=ExpressionWrapper(Q(reserved_since__isnull=False), output_field=BooleanField()))
+        .values_list("id", "reason_text", "reserved"))}
+
+
+def _store_pending_reasons(decisions: Decisions, texts: dict[int, str | None], now: float) -> None:
+    """Write the reasons that changed, and only those, set-based.
+
+    ``texts``: each pending job's stored reason as text. A reason changed when its code, message or
+    details differ from the stored ones, or its ETA moved beyond the tolerance above. The core
+    shares one reason object among every job that waits for the same thing, so each distinct
+    reason (and each distinct stored text) is encoded once.
     """
-    reasons = {pending.job_id: _reason(pending, now) for pending in decisions.pending}
-    if not reasons:
+    if not decisions.pending:
         return
-    current = dict(Job.objects.filter(state=JobState.PENDING).values_list("id", "pending_reason"))
-    changed: dict[str, list[int]] = defaultdict(list)
-    texts: dict[str, dict] = {}
-    for job_id, reason in reasons.items():
-        if job_id in current and current[job_id] != reason:
-            key = json.dumps(reason, sort_keys=True)
-            texts[key] = reason
-            changed[key].append(job_id)
-    for key, job_ids in changed.items():
-        first_eta = _as_datetime(texts[key].get("eta_at"))
+    stored: dict[str, tuple[str, object]] = {}  # stored text -> (canonical reason, eta_at)
+    current: dict[int, tuple[str, object] | None] = {}
+    for job_id, text in texts.items():
+        if text is None:
+            current[job_id] = None
+            continue
+        seen = stored.get(text)
+        if seen is None:
+            decoded = json.loads(text)
+            seen = stored[text] = ((_canonical(decoded), decoded.get("eta_at")) if isinstance(decoded, dict)
+                                   else ("", None))
+        current[job_id] = seen
+    encoded: dict[int, tuple[dict, str]] = {}  # id(reason object) -> (its dict, canonical)
+    changed: list[tuple[int, dict, int | None]] = []  # (job, reason without ETA, eta_at)
+    for pending in decisions.pending:
+        if pending.job_id not in current:
+            continue  # no longer pending (placed, cancelled) since the snapshot
+        new = encoded.get(id(pending.reason))
+        if new is None:
+            reason = pending.reason.as_dict()
+            new = encoded[id(pending.reason)] = (reason, _canonical(reason))
+        eta_at = None if pending.eta_s is None else _eta_at(pending.eta_s, now)
+        old = current[pending.job_id]
+        if old is not None and old[0] == new[1] and _eta_holds(old[1], eta_at, now):
+            continue
+        changed.append((pending.job_id, new[0], eta_at))
+    if connection.vendor == "postgresql":
+        _write_reasons_postgresql(changed)
+    else:
+        _write_reasons(changed)
+
+
+def _with_eta(reason: dict, eta_at: int | None) -> dict:
+    return reason if eta_at is None else {**reason, "eta_at": eta_at}
+
+
+def _write_reasons_postgresql(changed: list[tuple[int, dict, int | None]]) -> None:
+    """One UPDATE per batch: each distinct reason is sent once (a JSON list the rows index into)
+    and the rows as comma-separated numbers, which cost nothing to encode (psycopg quotes text
+    arrays element by element in Python). The first ETA a job is given is kept in ``eta_first_at``
+    (what it was promised, see eta_accuracy) by the same statement."""
+    table = connection.ops.quote_name(Job._meta.db_table)
+    with connection.cursor() as cursor:
+        for start in range(0, len(changed), REASON_BATCH):
+            index: dict[int, int] = {}
+            reasons: list[dict] = []
+            ids, keys, etas = [], [], []
+            for job_id, reason, eta_at in changed[start:start + REASON_BATCH]:
+                key = index.get(id(reason))
+                if key is None:
+                    key = index[id(reason)] = len(reasons)
+                    reasons.append(reason)
+                ids.append(str(job_id))
+                keys.append(str(key))
+                etas.append("" if eta_at is None else str(eta_at))
+            cursor.execute(
+                f"UPDATE {table} AS job SET "
+                "pending_reason = CASE WHEN changed.eta IS NULL THEN reasons.list -> changed.k "
+                "ELSE (reasons.list -> changed.k) || jsonb_build_object('eta_at', changed.eta) END, "
+                "eta_first_at = COALESCE(job.eta_first_at, CASE WHEN job.attempt = 0 THEN to_timestamp(changed.eta) END) "
+                "FROM unnest(string_to_array(%s, ',')::bigint[], string_to_array(%s, ',')::int[], "
+                "string_to_array(%s, ',', '')::bigint[]) AS changed(id, k, eta), "
+                "(SELECT %s::jsonb AS list) AS reasons "
+                "WHERE job.id = changed.id AND job.state = %s",
+                [",".join(ids), ",".join(keys), ",".join(etas), json.dumps(reasons), JobState.PENDING.value],
+            )
+
+
+def _write_reasons(changed: list[tuple[int, dict, int | None]]) -> None:
+    """Elsewhere (SQLite in development): one UPDATE per distinct reason."""
+    by_text: dict[str, list[int]] = defaultdict(list)
+    reasons: dict[str, dict] = {}
+    for job_id, reason, eta_at in changed:
+        reason = _with_eta(reason, eta_at)
+        key = json.dumps(reason, sort_keys=True)
+        reasons[key] = reason
+        by_text[key].append(job_id)
+    for key, job_ids in by_text.items():
+        first_eta = _as_datetime(reasons[key].get("eta_at"))
         for start in range(0, len(job_ids), 1000):
             chunk = job_ids[start:start + 1000]
-            Job.objects.filter(pk__in=chunk, state=JobState.PENDING).update(pending_reason=texts[key])
+            Job.objects.filter(pk__in=chunk, state=JobState.PENDING).update(pending_reason=reasons[key])
             if first_eta is not None:
                 # What the job was first promised, kept to measure ETAs against (see eta_accuracy).
                 Job.objects.filter(pk__in=chunk, state=JobState.PENDING, attempt=0,
@@ -120,18 +252,24 @@ def _as_datetime(unix) -> datetime | None:
 RESEND_AFTER_S = 15
 
 
-def resend_unstarted_launches(redis_client) -> int:
+def resend_unstarted_launches(redis_client, as_of: datetime | None = None, skip=()) -> int:
     """Re-send the launch of jobs placed a while ago that never reported started.
 
     Covers a crash between commit and publish, and a command stream lost with Redis. The agent
     recognises a launch it already applied by its command id, so re-sending is harmless.
+    ``as_of``: when the cycle began applying its decisions (the cutoff is counted from then, so a
+    slow cycle does not re-send the launches it just sent); ``skip``: the jobs it placed.
     """
-    cutoff = timezone.now() - timezone.timedelta(seconds=RESEND_AFTER_S)
-    resent = 0
-    for job in Job.objects.filter(state=JobState.PLACED, placed_at__lt=cutoff).select_related("tenant"):
-        if redis_client.set(f"colony:resend:{job.pk}", 1, nx=True, ex=RESEND_AFTER_S):
-            resent += bool(send_attempt(job))
-    return resent
+    cutoff = (as_of or timezone.now()) - timezone.timedelta(seconds=RESEND_AFTER_S)
+    jobs = [job for job in Job.objects.filter(state=JobState.PLACED, placed_at__lt=cutoff)
+            .select_related("tenant").order_by("pk") if job.pk not in skip]
+    if not jobs:
+        return 0
+    # At most one re-send per job per RESEND_AFTER_S, whichever worker gets there first.
+    pipe = redis_client.pipeline(transaction=False)
+    for job in jobs:
+        pipe.set(f"colony:resend:{job.pk}", 1, nx=True, ex=RESEND_AFTER_S)
+    return sum(bool(send_attempt(job)) for job, claimed in zip(jobs, pipe.execute()) if claimed)
 
 
 def resend_stops(redis_client) -> int:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
+from django.utils import timezone
 
 from jobs.scheduling import decide
 from jobs.services.apply import apply_decisions, resend_stops, resend_unstarted_launches
@@ -52,8 +53,10 @@ def run_scheduling_cycle() -> CycleResult:
         advance_usage(config.usage_half_life_s)
         snapshot = build_snapshot(client)
         decisions = decide(snapshot, now=time.time(), config=config)
+        # Taken before applying: a slow cycle must not re-send the launches it has just sent.
+        applying_at = timezone.now()
         applied = apply_decisions(decisions)
-        resend_unstarted_launches(client)
+        resend_unstarted_launches(client, as_of=applying_at, skip={place.job_id for place in decisions.placements})
         resend_stops(client)
         client.delete(BACKOFF_KEY + ":next")
     except (OperationalError, InterfaceError) as exc:

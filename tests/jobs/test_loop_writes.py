@@ -1,0 +1,149 @@
+"""What the scheduling loop writes each cycle: a pending reason only where it changed (an ETA that
+holds within its tolerance is kept), set-based however many jobs wait, throttles in a bounded number
+of statements, and never a re-send of a launch the same cycle just sent."""
+
+import time
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from agents import protocol
+from jobs.choices import JobClass, JobState
+from jobs.models import Allocation, Job
+from jobs.scheduling.decisions import Decisions, Pending, Throttle, ThrottleReason
+from jobs.scheduling.reasons import PendingReason, ReasonCode
+from jobs.services import apply
+from jobs.services.apply import apply_decisions
+from jobs.services.cycle import run_scheduling_cycle
+from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
+
+
+@pytest.fixture
+def node4(db, redis_client, live_redis):
+    node = NodeFactory(name="n1")
+    for i in range(4):
+        GpuFactory(node=node, index=i)
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=60)
+    return node
+
+
+def job_updates(captured) -> list[str]:
+    return [q["sql"] for q in captured.captured_queries
+            if q["sql"].lstrip().upper().startswith("UPDATE") and '"jobs_job"' in q["sql"].split("SET", 1)[0]]
+
+
+def waiting(message="Waiting for 1 free GPU.", **details) -> PendingReason:
+    return PendingReason(ReasonCode.WAITING_FOR_FREE_GPUS, message, details)
+
+
+def test_a_second_cycle_with_nothing_changed_writes_no_job_row(node4, django_capture_on_commit_callbacks):
+    tenant = TenantFactory(slug="vision", guaranteed_gpus=4, max_gpus=4)
+    JobFactory(gpus=4, tenant=tenant)
+    queued = [JobFactory(gpus=2, tenant=tenant) for _ in range(5)] + [JobFactory(gpus=8, max_nodes=1, tenant=tenant)]
+    with django_capture_on_commit_callbacks(execute=True):
+        run_scheduling_cycle()
+    reasons = dict(Job.objects.filter(pk__in=[j.pk for j in queued]).values_list("pk", "pending_reason"))
+    assert all(reasons.values())
+    with CaptureQueriesContext(connection) as captured, django_capture_on_commit_callbacks(execute=True):
+        run_scheduling_cycle()
+    assert job_updates(captured) == []
+    assert dict(Job.objects.filter(pk__in=reasons).values_list("pk", "pending_reason")) == reasons
+
+
+def test_an_eta_that_holds_within_its_tolerance_is_kept_and_one_that_moved_is_rewritten(db):
+    job = JobFactory()
+    now = time.time()
+
+    def cycle_with(eta_s, message="Waiting for 1 free GPU."):
+        apply_decisions(Decisions(pending=(Pending(job.pk, waiting(message, gpus=1), eta_s),)))
+        job.refresh_from_db()
+        return job.pending_reason
+
+    first = cycle_with(600.0)
+    assert first["eta_at"] == pytest.approx(now + 600, abs=apply.ETA_ROUNDING_S)
+    assert job.eta_first_at is not None
+    promised = job.eta_first_at
+    assert cycle_with(625.0) == first  # 25 s later than promised: within 30 s
+    assert cycle_with(600.0 + 0.09 * 600) == first  # within 10% of the wait
+    moved = cycle_with(900.0)
+    assert moved["eta_at"] == pytest.approx(now + 900, abs=apply.ETA_ROUNDING_S)
+    assert job.eta_first_at == promised  # what it was first promised is kept
+    assert cycle_with(900.0, "Waiting for 2 free GPUs.")["message"] == "Waiting for 2 free GPUs."
+    assert "eta_at" not in cycle_with(None)
+
+
+def test_a_reason_whose_details_change_is_rewritten_even_if_its_message_is_not(db):
+    job = JobFactory()
+    for share in (1.5, 2.5):
+        apply_decisions(Decisions(pending=(Pending(job.pk, waiting(share=share, nodes=("a", "b"))),)))
+        job.refresh_from_db()
+        assert job.pending_reason == {"code": "waiting_for_free_gpus", "message": "Waiting for 1 free GPU.",
+                                      "details": {"share": share, "nodes": ["a", "b"]}}
+
+
+@pytest.mark.parametrize("count", [3, 60])
+def test_reasons_are_written_in_the_same_few_statements_however_many_jobs_wait(db, count):
+    jobs = [JobFactory() for _ in range(count)]
+    jobs_elsewhere = JobFactory(state=JobState.CANCELLED)
+    decisions = Decisions(pending=tuple(Pending(j.pk, waiting(f"Waiting, job {j.pk}."), 60.0 * i)
+                                        for i, j in enumerate([*jobs, jobs_elsewhere])))
+    with CaptureQueriesContext(connection) as captured:
+        apply_decisions(decisions)
+    if connection.vendor == "postgresql":
+        assert len(job_updates(captured)) <= 2  # reservations cleared, reasons written
+    assert {j.pk: j.pending_reason["message"] for j in Job.objects.filter(state=JobState.PENDING)} == {
+        j.pk: f"Waiting, job {j.pk}." for j in jobs}
+    assert Job.objects.get(pk=jobs_elsewhere.pk).pending_reason is None  # not pending: not written
+
+
+def test_throttles_take_a_bounded_number_of_queries_and_tell_each_node_once(node4, redis_client,
+                                                                            django_capture_on_commit_callbacks):
+    borrowers = []
+    for i in range(4):
+        job = JobFactory(state=JobState.RUNNING, run_class=JobClass.OPPORTUNISTIC)
+        Allocation.objects.create(job=job, gpu=node4.gpus.get(index=i), duty_cycle=1.0 if i else 0.0)
+        borrowers.append(job)
+    already = borrowers[3]
+    Allocation.objects.filter(job=already).update(duty_cycle=0.5)
+    ended = JobFactory(state=JobState.SUCCEEDED, run_class=JobClass.OPPORTUNISTIC)
+    throttles = tuple(Throttle(j.pk, 0.5, ThrottleReason.GPU_SATURATED) for j in [*borrowers, ended])
+    with CaptureQueriesContext(connection) as captured, django_capture_on_commit_callbacks(execute=True):
+        applied = apply_decisions(Decisions(throttles=throttles))
+    assert applied.throttled == 3  # the one already at 0.5 and the ended one are left alone
+    assert len(captured) <= 10
+    assert sorted(Allocation.objects.values_list("duty_cycle", flat=True)) == [0.5] * 4
+    sent = [(c.job_id, c.kind) for _, f in redis_client.xrange(protocol.command_stream("n1"))
+            if (c := protocol.decode_command(f))]
+    assert sent == [(borrowers[0].pk, "set_duty_cycle"), (borrowers[0].pk, "resume"),
+                    (borrowers[1].pk, "set_duty_cycle"), (borrowers[2].pk, "set_duty_cycle")]
+
+
+def test_a_cycle_does_not_re_send_the_launches_it_has_just_sent(node4, redis_client, monkeypatch,
+                                                                django_capture_on_commit_callbacks):
+    # However slow the cycle (here: a re-send window of 0 s), its own placements are not re-sent.
+    monkeypatch.setattr(apply, "RESEND_AFTER_S", 0)
+    job = JobFactory(gpus=1)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert run_scheduling_cycle().placed == 1
+    launches = [c for _, f in redis_client.xrange(protocol.command_stream("n1"))
+                if isinstance(c := protocol.decode_command(f), protocol.LaunchJob)]
+    assert [c.job_id for c in launches] == [job.pk]
+
+
+def test_a_reservation_is_stored_once_and_cleared_when_the_core_drops_it(db):
+    from jobs.scheduling.decisions import Reservation
+
+    gang, other = JobFactory(gpus=8), JobFactory()
+    since = time.time() - 60
+    held = Decisions(reservations=(Reservation(gang.pk, ("n1",), since, since + 600),))
+    apply_decisions(held)
+    gang.refresh_from_db()
+    assert gang.reserved_since.timestamp() == pytest.approx(since)
+    with CaptureQueriesContext(connection) as captured:
+        apply_decisions(held)  # still held: nothing to write
+    assert job_updates(captured) == []
+    apply_decisions(Decisions())
+    assert list(Job.objects.filter(reserved_since__isnull=False)) == []
+    other.refresh_from_db()
+    assert other.reserved_since is None
