@@ -12,6 +12,7 @@ class JobsConfig(AppConfig):
     verbose_name = "Jobs and tenants"
 
     def ready(self) -> None:
+        from jobs.services import alerts  # noqa: F401  (connects the alert-notification receivers)
         from monitoring.services import placements
 
         placements.install(_placed_on)
