@@ -1,26 +1,128 @@
-"""API and page latency with a long queue, and a submission burst.
+"""API and page latency with a long queue; submission throughput against a plain DRF view.
 
     python bench/api_load.py --queued 10000 --users 50 --burst 1000
 
-Fills a throw-away database (PostgreSQL when one answers) with ``--queued`` pending jobs across
-tenants, then, through Django's test client (the full middleware, auth and DRF stack, no
-network): the jobs list API (first and a deep page), the queue API, the queue page, as p50/p95
-over repeated requests; then ``--burst`` submissions spread over ``--users`` users with the
-production throttle on, counting 201s and clean 429s (with Retry-After). Baseline in the same
-run: a bare ``SELECT count(*)`` of the pending jobs.
+Fills a throw-away database (PostgreSQL ``colony_bench_api`` when one answers, so that it can run
+beside the other benches) with ``--queued`` pending jobs across tenants, then, through Django's test
+client (the full middleware, auth and DRF stack, no network):
+
+1. the jobs list API (first and a deep page), the queue API, the queue page: p50/p95;
+2. single submissions (``POST /api/v1/jobs/``) against the baseline, a plain DRF ``CreateAPIView``
+   with a ``ModelSerializer`` that inserts one Job row (same DB, same middleware), in alternating
+   blocks of ``--block`` requests, at a small inventory (3 nodes x 8 GPUs) and at ``--big-nodes`` x 8
+   GPUs (16,384 by default). Each block is measured in wall time and CPU seconds: this process's
+   ``process_time`` plus the PostgreSQL backend's and Redis's utime+stime from ``/proc``, because
+   wall time moves several-fold between identical runs on a shared 2-core machine. The ratio is
+   taken per pair of adjacent blocks and its median printed;
+3. bulk submissions (``POST /api/v1/jobs/bulk/``, ``--bulk-size`` jobs each) at the big inventory:
+   jobs/s by wall and by CPU;
+4. a burst of ``--burst`` submissions over ``--users`` users with the production throttle on,
+   counting 201s and clean 429s (with Retry-After).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._setup import setup  # noqa: E402
+DATABASE = "colony_bench_api"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+JOB = {"command": ["python", "-c", "pass"], "gpus": 1}
+
+
+def setup(database: str):
+    """Like ``bench._setup.setup`` with a database of its own name (benches may run side by side)."""
+    import socket
+    import tempfile
+
+    from cluster_ui.devstack.redis_server import PrivateRedis
+
+    workdir = Path(tempfile.mkdtemp(prefix="colony-bench-api-"))
+    redis_server = PrivateRedis(workdir / "redis").start()
+    try:
+        socket.create_connection(("127.0.0.1", 5432), 1).close()
+        pg = database != "sqlite"
+    except OSError:
+        pg = database == "postgres"
+    if pg:
+        import psycopg
+
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
+            conn.execute(f"CREATE DATABASE {DATABASE}")
+        os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE}"
+    else:
+        os.environ["DATABASE_URL"] = f"sqlite:///{workdir / 'bench.sqlite3'}"
+    os.environ["REDIS_URL"] = redis_server.url
+    os.environ["COLONY_VAR_DIR"] = str(workdir)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cluster_ui.settings")
+    os.environ.setdefault("COLONY_LOG_LEVEL", "WARNING")
+    # The test client speaks plain http (production defaults to HTTPS redirects).
+    os.environ.setdefault("COLONY_HTTPS", "0")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return ("PostgreSQL" if pg else "SQLite"), redis_server
+
+
+def _proc_cpu(pid: int | None) -> float:
+    if not pid:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+
+
+@dataclass
+class Block:
+    """One block of requests: wall and CPU seconds (this process, the DB backend, Redis)."""
+
+    count: int
+    wall: float
+    python: float
+    database: float
+    redis: float
+
+    @property
+    def cpu(self) -> float:
+        return self.python + self.database + self.redis
+
+
+class Meter:
+    def __init__(self, redis_pid: int | None):
+        self.redis_pid = redis_pid
+
+    @staticmethod
+    def _backend_pid() -> int | None:
+        from django.db import connection
+
+        if connection.vendor != "postgresql":
+            return None
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            return cursor.fetchone()[0]
+
+    def measure(self, fn, count: int) -> Block:
+        backend = self._backend_pid()
+        before = (time.perf_counter(), time.process_time(), _proc_cpu(backend), _proc_cpu(self.redis_pid))
+        fn()
+        after = (time.perf_counter(), time.process_time(), _proc_cpu(backend), _proc_cpu(self.redis_pid))
+        if backend != self._backend_pid():
+            print("  (warning: the database connection changed during a block; its CPU is not counted)")
+        return Block(count, *(b - a for a, b in zip(before, after)))
 
 
 def percentiles(times: list[float]) -> str:
@@ -38,24 +140,79 @@ def timed(fn, repeat: int) -> list[float]:
     return out
 
 
+def install_baseline_view() -> str:
+    """Mount the baseline, a plain DRF create view, beside the project's URLs; returns its path."""
+    import types
+
+    from django.conf import settings
+    from django.urls import clear_url_caches, include, path
+    from rest_framework import generics, serializers
+
+    from jobs.models import Job
+
+    class PlainJobSerializer(serializers.ModelSerializer):
+        class Meta:
+            model = Job
+            fields = ["id", "name", "command", "gpus", "tenant", "state", "submitted_at"]
+            read_only_fields = ["id", "state", "submitted_at"]
+
+    class PlainCreate(generics.CreateAPIView):
+        serializer_class = PlainJobSerializer
+        queryset = Job.objects.all()
+
+        def perform_create(self, serializer):
+            serializer.save(owner=self.request.user)
+
+    urls = types.ModuleType("bench_api_load_urls")
+    urls.urlpatterns = [path("bench/plain-create/", PlainCreate.as_view()), path("", include(settings.ROOT_URLCONF))]
+    sys.modules[urls.__name__] = urls
+    settings.ROOT_URLCONF = urls.__name__
+    clear_url_caches()
+    return "/bench/plain-create/"
+
+
+def make_inventory(nodes: int, gpus_per_node: int = 8) -> None:
+    """Replace the inventory with ``nodes`` online nodes of ``gpus_per_node`` A100s each."""
+    from django.utils import timezone
+
+    from monitoring.models import Gpu, Node
+    from monitoring.services import registry
+
+    Gpu.objects.all().delete()
+    Node.objects.all().delete()
+    now = timezone.now()
+    made = Node.objects.bulk_create([Node(name=f"n{i:05d}", registered_at=now) for i in range(nodes)], batch_size=2000)
+    Gpu.objects.bulk_create([Gpu(node=node, index=i, uuid=f"GPU-{node.name}-{i}", model="A100-80GB", memory_mib=81920)
+                             for node in made for i in range(gpus_per_node)], batch_size=5000)
+    # Bulk inserts send no signals: say it as a writer of the inventory must.
+    changed = getattr(registry, "inventory_changed", None)
+    if changed:
+        changed()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queued", type=int, default=10_000)
     parser.add_argument("--users", type=int, default=50)
     parser.add_argument("--burst", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=7, help="pairs of blocks (baseline, submit) per inventory")
+    parser.add_argument("--block", type=int, default=40, help="requests per block")
+    parser.add_argument("--big-nodes", type=int, default=2048, help="nodes of 8 GPUs in the big inventory")
+    parser.add_argument("--bulk-size", type=int, default=1000)
+    parser.add_argument("--bulk-rounds", type=int, default=5)
     parser.add_argument("--rate", default="120/min", help="per-user submission rate (COLONY_SUBMIT_RATE)")
+    parser.add_argument("--bulk-rate", default="100000/min", help="per-user rate while bulk submissions run")
     parser.add_argument("--database", choices=["auto", "postgres", "sqlite"], default="auto")
     args = parser.parse_args()
-    import os
 
     os.environ["COLONY_SUBMIT_RATE"] = args.rate
     db_label, redis_server = setup(args.database)
 
-    os.environ["REDIS_URL"] = redis_server.url
     from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.test import Client
+    from rest_framework.settings import api_settings
     from rest_framework.test import APIClient
 
     from jobs.models import Job, Membership, Tenant
@@ -74,6 +231,7 @@ def main() -> None:
             pending_reason={"code": "waiting_for_free_gpus", "message": "Waiting for 1 free GPU", "details": {}})
         for i in range(args.queued)
     ], batch_size=2000)
+    make_inventory(3)
 
     api = APIClient()
     api.force_authenticate(users[0])
@@ -110,17 +268,77 @@ def main() -> None:
     base = statistics.median(results["baseline: SELECT count(*)"])
     print(f"  jobs list page 1 / baseline     : {statistics.median(results['GET /api/v1/jobs/ (page 1)']) / base:.1f}x")
 
-    accepted = throttled = other = 0
-    retry_after_ok = True
     clients = []
     for user in users:
         client = APIClient()
         client.force_authenticate(user)
         clients.append(client)
-    started = time.perf_counter()
+    plain_url = install_baseline_view()
+    meter = Meter(redis_pid=getattr(getattr(redis_server, "process", None), "pid", None))
+    turn = iter(range(10 ** 9))
+
+    def post_block(url, body_of, count: int, expect: int = 201):
+        def run():
+            for _ in range(count):
+                n = next(turn)
+                response = clients[n % len(clients)].post(url, body_of(n), format="json")
+                assert response.status_code == expect, (url, response.status_code, response.content[:300])
+        return run
+
+    def plain_body(n):
+        return {**JOB, "name": "python", "tenant": tenants[(n % len(clients)) % len(tenants)].pk}
+
+    def submit_body(n):
+        return JOB
+
+    def per_request(block: Block) -> str:
+        return (f"{block.count / block.wall:6.0f}/s wall, {block.cpu / block.count * 1000:5.2f} ms CPU/request "
+                f"(python {block.python / block.count * 1000:.2f} + db {block.database / block.count * 1000:.2f} + "
+                f"redis {block.redis / block.count * 1000:.2f})")
+
+    def median_block(blocks: list[Block]) -> Block:
+        return Block(blocks[0].count, *(statistics.median(getattr(b, f) for b in blocks)
+                                        for f in ("wall", "python", "database", "redis")))
+
+    print(f"single submissions vs a plain DRF create view: {args.rounds} pairs of blocks of {args.block} requests, "
+          f"medians; ratio = submit rate / plain rate, per pair")
+    for nodes in (3, args.big_nodes):
+        make_inventory(nodes)
+        post_block("/api/v1/jobs/", submit_body, 3)()  # warm: first inventory read, connections
+        post_block(plain_url, plain_body, 3)()
+        plain, submit = [], []
+        for _ in range(args.rounds):
+            plain.append(meter.measure(post_block(plain_url, plain_body, args.block), args.block))
+            submit.append(meter.measure(post_block("/api/v1/jobs/", submit_body, args.block), args.block))
+        wall_ratio = statistics.median(p.wall / s.wall for p, s in zip(plain, submit))
+        cpu_ratio = statistics.median(p.cpu / s.cpu for p, s in zip(plain, submit))
+        print(f"  inventory {nodes * 8:6,} GPUs: plain  {per_request(median_block(plain))}")
+        print(f"  inventory {nodes * 8:6,} GPUs: submit {per_request(median_block(submit))}")
+        print(f"  inventory {nodes * 8:6,} GPUs: submit/plain = {wall_ratio:.2f}x by wall, {cpu_ratio:.2f}x by CPU")
+
+    api_settings.DEFAULT_THROTTLE_RATES["submit"] = args.bulk_rate
+    bulk_body = {"jobs": [JOB] * args.bulk_size}
+    probe = clients[0].post("/api/v1/jobs/bulk/", {"jobs": [JOB]}, format="json")
+    if probe.status_code != 201:
+        print(f"  bulk: POST /api/v1/jobs/bulk/ answers {probe.status_code}; not measured")
+    else:
+        blocks = [meter.measure(post_block("/api/v1/jobs/bulk/", lambda n: bulk_body, 1), args.bulk_size)
+                  for _ in range(args.bulk_rounds)]
+        block = median_block(blocks)
+        print(f"  bulk ({args.bulk_size} jobs a request, {args.big_nodes * 8:,} GPUs, {args.bulk_rounds} requests, "
+              f"median): {block.count / block.wall:,.0f} jobs/s wall, {block.count / block.cpu:,.0f} jobs/s CPU "
+              f"({block.cpu / block.count * 1000:.3f} ms CPU/job: python {block.python / block.count * 1000:.3f} + "
+              f"db {block.database / block.count * 1000:.3f} + redis {block.redis / block.count * 1000:.3f})")
+    api_settings.DEFAULT_THROTTLE_RATES["submit"] = args.rate
+    from django.core.cache import cache
+
+    cache.clear()  # the throttle histories of the blocks above
+
+    accepted = throttled = other = 0
+    retry_after_ok = True
+    started, cpu_started = time.perf_counter(), time.process_time()
     for n in range(args.burst):
-        response = clients[n % len(clients)].post(
-            "/api/v1/jobs/", {"command": ["python", "-c", "pass"], "gpus": 1}, format="json")
+        response = clients[n % len(clients)].post("/api/v1/jobs/", JOB, format="json")
         if response.status_code == 201:
             accepted += 1
         elif response.status_code == 429:
@@ -128,9 +346,9 @@ def main() -> None:
             retry_after_ok &= response.has_header("Retry-After")
         else:
             other += 1
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     print(f"  burst: {args.burst} submissions from {args.users} users (rate {args.rate} each) in {elapsed:.1f} s "
-          f"({args.burst / elapsed:,.0f}/s): {accepted} accepted, {throttled} throttled "
+          f"({args.burst / elapsed:,.0f}/s; {cpu:.1f} s python CPU): {accepted} accepted, {throttled} throttled "
           f"(Retry-After on all: {retry_after_ok}), {other} other")
     redis_server.stop()
 

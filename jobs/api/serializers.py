@@ -1,4 +1,8 @@
-"""REST representations of jobs; submission validation lives here and in the submit form."""
+"""REST representations of jobs; submission validation lives here and in the submit form.
+
+A bulk submission validates each of its jobs with :class:`JobSubmitSerializer`, handing it (in the
+context) the submitter's tenants and the inventory read once for all of them.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import re
 import time
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from agents import protocol
@@ -210,8 +215,16 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
             raise serializers.ValidationError(f"Set by Colony, cannot be overridden: {', '.join(reserved)}.")
         return env
 
+    def _known_tenants(self):
+        """The submitter's tenants when the caller looked them up already (a bulk submission), else None."""
+        return self.context.get("tenants")
+
     def validate_tenant(self, slug: str):
-        tenant = tenants_of(self.context["request"].user).filter(slug=slug).first()
+        known = self._known_tenants()
+        if known is not None:
+            tenant = next((t for t in known if t.slug == slug), None)
+        else:
+            tenant = tenants_of(self.context["request"].user).filter(slug=slug).first()
         if tenant is None:
             # Same answer whether the tenant does not exist or is someone else's.
             raise serializers.ValidationError(f"Unknown tenant '{slug}', or you are not a member of it.")
@@ -219,7 +232,8 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
 
     def validate(self, attrs):
         if "tenant" not in attrs:
-            mine = list(tenants_of(self.context["request"].user)[:2])
+            known = self._known_tenants()
+            mine = list(known[:2]) if known is not None else list(tenants_of(self.context["request"].user)[:2])
             if not mine:
                 raise serializers.ValidationError({"tenant": ["You are not a member of any tenant."]})
             if len(mine) > 1:
@@ -229,7 +243,7 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
             raise serializers.ValidationError({"gpu_milli": ["A GPU fraction is only possible with gpus=1."]})
         self._check_launch_size(attrs["command"], attrs.get("env") or {})
         self._check_where_and_what(attrs)
-        inventory = cluster_inventory()
+        inventory = self.context["inventory"] if "inventory" in self.context else cluster_inventory()
         if inventory.total_gpus:  # before any node registers, nothing is refused on size: the job waits
             self._check_inventory(attrs, inventory)
             self._check_ceiling(attrs)
@@ -248,8 +262,16 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         attrs.setdefault("name", attrs["command"][0].rsplit("/", 1)[-1][:200])
         return attrs
 
-    @staticmethod
-    def _check_where_and_what(attrs) -> None:
+    def _code_archive(self, tenant, sha: str):
+        # A bulk submission of many jobs in one code archive looks it up once.
+        found = self.context.setdefault("code_archives", {})
+        key = (tenant.pk, sha)
+        if key not in found:
+            found[key] = (CodeArchive.objects.filter(tenant=tenant, sha256=sha, purged_at__isnull=True)
+                          .only("pk").first())
+        return found[key]
+
+    def _check_where_and_what(self, attrs) -> None:
         """Where it starts and in what environment: at most one of each pair, node paths absolute."""
         for name in ("workdir", "venv", "conda"):
             path = attrs.get(name, "")
@@ -267,7 +289,7 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
                 f"At most {settings.COLONY_MAX_PREEMPT_GRACE_S} s on this cluster (COLONY_MAX_PREEMPT_GRACE_S)."]})
         sha = attrs.pop("code", "")
         if sha:
-            archive = CodeArchive.objects.filter(tenant=attrs["tenant"], sha256=sha.lower()).only("pk").first()
+            archive = self._code_archive(attrs["tenant"], sha.lower())
             if archive is None:
                 raise serializers.ValidationError({"code": [
                     f"No code archive {sha[:12]} in tenant {attrs['tenant'].slug}; upload it first "
@@ -371,3 +393,29 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
 def launch_payload_bytes(command: list[str], env: dict[str, str]) -> int:
     """What ``command`` and ``env`` take in an encoded launch (UTF-8 JSON, as the wire has it)."""
     return len(json.dumps({"argv": command, "env": env}, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+MAX_BULK_JOBS = 1000
+
+
+@extend_schema_field(JobSubmitSerializer(many=True))
+class JobSpecListField(serializers.ListField):
+    """A list of job specs, each as ``POST /api/v1/jobs/`` takes it (checked one by one by the view,
+    so that errors name the index)."""
+
+    child = serializers.DictField()
+
+
+class JobBulkSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    jobs = JobSpecListField(
+        min_length=1, max_length=MAX_BULK_JOBS,
+        help_text=f"1 to {MAX_BULK_JOBS} job specs, as POST /api/v1/jobs/ takes them (no `array`: submit arrays "
+                  "there). The body may not exceed the API's body limit (COLONY_MAX_REQUEST_BYTES, 256 KiB by "
+                  "default).",
+        error_messages={"min_length": "Give at least one job.",
+                        "max_length": f"At most {MAX_BULK_JOBS} jobs per request; send the rest in another."},
+    )
+
+
+class JobBulkCreatedSerializer(serializers.Serializer):
+    jobs = serializers.ListField(child=serializers.IntegerField(), help_text="Ids of the jobs, in the order given.")

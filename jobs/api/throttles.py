@@ -5,6 +5,10 @@ requests that create a job (the ``create`` action of the ``job`` viewset); every
 passes untouched. A refused request gets 429 with ``Retry-After`` (DRF sets the header from
 ``wait()``; the error body repeats it as ``retry_after``).
 
+A bulk submission (``POST /api/v1/jobs/bulk/``) passes here uncounted: its view counts it as one
+submission per job (:meth:`SubmissionRateThrottle.allow_submission` with ``count``) once it knows
+how many, so bulk is no way around the rate.
+
 The history lives in Django's default cache: configure a shared cache (Redis) in production so
 that every web worker counts against the same limit.
 """
@@ -29,14 +33,43 @@ class SubmissionRateThrottle(SimpleRateThrottle):
             return True
         return self.allow_submission(request)
 
-    def allow_submission(self, request) -> bool:
-        """Count one submission by ``request.user``; the submit page calls this too, so the
-        browser and the API draw on one budget per user."""
+    def rate_limit(self) -> int | None:
+        """Submissions allowed per period now, or None when unlimited."""
         self.rate = self.get_rate()
         if self.rate is None:
-            return True
+            return None
         self.num_requests, self.duration = self.parse_rate(self.rate)
-        return super().allow_request(request, None)
+        return self.num_requests
+
+    def allow_submission(self, request, count: int = 1) -> bool:
+        """Count ``count`` submissions by ``request.user``, all or none; the submit page calls this
+        too, so the browser and the API draw on one budget per user."""
+        self.count = count
+        if self.rate_limit() is None:
+            return True
+        if count == 1:
+            return super().allow_request(request, None)
+        self.key = self.get_cache_key(request, None)
+        if self.key is None:
+            return True
+        self.history = self.cache.get(self.key, [])
+        self.now = self.timer()
+        while self.history and self.history[-1] <= self.now - self.duration:
+            self.history.pop()
+        if len(self.history) + count > self.num_requests:
+            return self.throttle_failure()
+        # One entry per job, so that single submissions after it see the budget it took.
+        self.history[:0] = [self.now] * count
+        self.cache.set(self.key, self.history, self.duration)
+        return True
+
+    def wait(self):
+        count = getattr(self, "count", 1)
+        if count == 1 or count > self.num_requests:
+            return super().wait()
+        # Until enough of the oldest entries (the history is newest first) have expired.
+        expiring = len(self.history) + count - self.num_requests
+        return max(0.0, self.duration - (self.now - self.history[-expiring]))
 
     def get_cache_key(self, request, view):
         if not request.user or not request.user.is_authenticated:

@@ -1,23 +1,35 @@
-"""REST API v1 for jobs. Every queryset starts from ``Job.objects.visible_to(user)``."""
+"""REST API v1 for jobs. Every queryset starts from ``Job.objects.visible_to(user)``.
+
+``POST /api/v1/jobs/bulk/`` submits up to ``MAX_BULK_JOBS`` jobs at once, all or none, each checked
+as ``POST /api/v1/jobs/`` checks one; the submission throttle counts it as that many submissions.
+"""
 
 from __future__ import annotations
 
 import re
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from django.db.models import prefetch_related_objects
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import Throttled, ValidationError
 from rest_framework.response import Response
 
 from agents import protocol
 from jobs.api.errors import Conflict
 from jobs.api.queue import JOB_FILTER_PARAMETERS, job_filter_from
-from jobs.api.serializers import JobSerializer, JobSubmitSerializer
+from jobs.api.serializers import (
+    JobBulkCreatedSerializer,
+    JobBulkSubmitSerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+)
+from jobs.api.throttles import SubmissionRateThrottle
 from jobs.choices import TERMINAL_STATES
 from jobs.models import Job
 from jobs.services import job_logs
-from jobs.services.submission import NotCancellable, cancel_job, submit_array, submit_job
+from jobs.services.submission import NotCancellable, cancel_job, submit_array, submit_job, submit_many, tenants_of
+from monitoring.services.registry import cluster_inventory
 from monitoring.services.redis_client import get_redis
 
 
@@ -52,7 +64,55 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
                 "jobs": [job.pk for job in jobs],
             }, status=status.HTTP_201_CREATED)
         job = submit_job(owner=request.user, **submission.validated_data)
-        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
+        # Answered from the job just written rather than read back with every relation: a new job
+        # has no allocations, and no dependencies unless it named some.
+        job._prefetched_objects_cache = {"allocations": job.allocations.none()}
+        if not (submission.validated_data.get("after_ok") or submission.validated_data.get("after_any")):
+            job._prefetched_objects_cache["dependencies"] = job.dependencies.none()
+        prefetch_related_objects([job], "events", "dependencies")
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=JobBulkSubmitSerializer, responses={
+        201: JobBulkCreatedSerializer,
+        400: OpenApiResponse(description='A job is invalid: {"error": {"fields": {"jobs": {"3": {"gpus": [...]}}}}} '
+                                         "names each by its index; none was submitted."),
+        413: OpenApiResponse(description="The body is over the API's body limit (256 KiB by default)."),
+        429: OpenApiResponse(description="The submission rate left to you is less than the jobs given."),
+    })
+    @action(detail=False, methods=["post"])
+    def bulk(self, request):
+        """Submit many jobs in one request, all or none: ``{"jobs": [spec, ...]}``, each spec as
+        ``POST /api/v1/jobs/`` takes it, at most 1,000 jobs and within the API's body limit
+        (``COLONY_MAX_REQUEST_BYTES``, 256 KiB by default: about 1,000 specs of a short command).
+        Arrays are submitted with ``POST /api/v1/jobs/``. Counts as one submission per job against
+        your submission rate. Answers the new jobs' ids in the order given."""
+        envelope = JobBulkSubmitSerializer(data=request.data)
+        envelope.is_valid(raise_exception=True)
+        specs = envelope.validated_data["jobs"]
+        throttle = SubmissionRateThrottle()
+        if throttle.rate_limit() is not None and len(specs) > throttle.rate_limit():
+            raise ValidationError({"jobs": [
+                f"{len(specs)} jobs are more than your submission rate allows at once ({throttle.rate}); "
+                "send them in smaller requests."]})
+        # Counted before the jobs are checked, as a single submission is: checking is the work.
+        if not throttle.allow_submission(request, count=len(specs)):
+            raise Throttled(throttle.wait())
+        # Read once for all the jobs: the same answers each job's check would read.
+        context = {"request": request, "tenants": list(tenants_of(request.user)), "inventory": cluster_inventory()}
+        validated, errors = [], {}
+        for index, spec in enumerate(specs):
+            if "array" in spec:
+                errors[str(index)] = {"array": ["Submit arrays with POST /api/v1/jobs/."]}
+                continue
+            submission = JobSubmitSerializer(data=spec, context=context)
+            if submission.is_valid():
+                validated.append(submission.validated_data)
+            else:
+                errors[str(index)] = submission.errors
+        if errors:
+            raise ValidationError({"jobs": errors})
+        jobs = submit_many(owner=request.user, specs=validated)
+        return Response({"jobs": [job.pk for job in jobs]}, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={200: JobSerializer, 409: None})
     @action(detail=True, methods=["post"])

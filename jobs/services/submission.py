@@ -10,6 +10,9 @@ from jobs.services import lifecycle
 from jobs.services.arrays import ArraySpec
 from jobs.services.nudge import nudge_scheduler
 
+# Rows per INSERT: a job has about 45 columns, and PostgreSQL takes at most 65,535 parameters.
+BULK_INSERT_ROWS = 500
+
 
 def tenants_of(user):
     """Tenants a user may submit to."""
@@ -28,6 +31,31 @@ def submit_job(*, owner, tenant: Tenant, name: str, command: list[str], gpus: in
     lifecycle.submitted(job)
     transaction.on_commit(nudge_scheduler)
     return job
+
+
+@transaction.atomic
+def submit_many(*, owner, specs: list[dict]) -> list[Job]:
+    """Create pending jobs from ``specs`` (each what :func:`submit_job` takes, less ``owner``; no
+    arrays), all or none: multi-row inserts of the jobs, their SUBMITTED events and dependencies.
+    The jobs come back in the order of ``specs``, with their ids."""
+    jobs = Job.objects.bulk_create(
+        [Job(owner=owner, **{name: value for name, value in spec.items() if name not in ("after_ok", "after_any")})
+         for spec in specs],
+        batch_size=BULK_INSERT_ROWS)
+    JobDependency.objects.bulk_create(
+        [JobDependency(job=job, on_id=on, kind=kind) for job, spec in zip(jobs, specs)
+         for kind, field in ((JobDependency.Kind.OK, "after_ok"), (JobDependency.Kind.ANY, "after_any"))
+         for on in spec.get(field) or ()],
+        batch_size=BULK_INSERT_ROWS)
+    by_tenant: dict[Tenant, list[Job]] = {}
+    for job in jobs:
+        by_tenant.setdefault(job.tenant, []).append(job)
+    for tenant, theirs in by_tenant.items():
+        # The words of lifecycle.submitted; submitted_many formats them, so braces are escaped.
+        message = f"By {owner.get_username()} to {tenant.slug}.".replace("{", "{{").replace("}", "}}")
+        lifecycle.submitted_many(theirs, message)
+    transaction.on_commit(nudge_scheduler)
+    return jobs
 
 
 @transaction.atomic

@@ -1,24 +1,38 @@
-"""Who the nodes are: agent authentication, and registrations from agents -> Node and Gpu rows.
+"""Who the nodes are: agent authentication, and registrations from agents -> Node and Gpu rows;
+the inventory facts that submission checks read (:func:`cluster_inventory`, cached per process).
 
 Every reader of what agents write (metric ingest, agent events) calls :func:`authenticate` on each
 parsed message before applying anything: under ``COLONY_AGENT_AUTH=required`` a message must be
 signed with the key of the node it names (:mod:`agents.signing`), or it is rejected.
+
+Whoever changes what the inventory offers (a node registers, is marked lost or comes back, a GPU
+is added, removed or marked absent) calls :func:`inventory_changed` in the same transaction. Saves
+and deletes of Node and Gpu rows (the admin, factories) do so through signals; ``QuerySet.update``
+and ``bulk_create`` send none, so their callers must call it themselves.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import transaction
+import redis
+from django.db import connection, transaction
+from django.db.models import Count
+from django.db.models.signals import post_delete, post_migrate, post_save
 from django.utils import timezone
 
 from agents import protocol, signing
 from agents.protocol import NodeRegistered
-from monitoring.choices import NodeState
-from monitoring.models import Gpu, Node
+from monitoring.choices import AlertKind, NodeState
+from monitoring.models import Alert, Gpu, Node
+from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +118,7 @@ def register_node(message: NodeRegistered) -> Node:
             defaults={"node": node, "index": info.index, "model": info.model,
                       "memory_mib": info.memory_mib, "present": True},
         )
+    inventory_changed()
     return node
 
 
@@ -113,19 +128,29 @@ class Inventory:
     run. A node the heartbeat lost does not count (a cordoned one does: a cordon is lifted by hand).
 
     All zero/empty while no node has registered (then nothing is rejected on size).
+
+    Held per distinct node composition rather than per GPU, and each answer kept once computed: a
+    submission must cost the same at 16,384 GPUs as at 8 (clusters are a few kinds of node).
     """
 
-    gpus_per_node: tuple[int, ...]  # descending
-    largest_gpu_mib: int
-    models: frozenset[str]
-    # Per node: (model, memory MiB) of each present GPU.
-    node_gpus: tuple[tuple[tuple[str, int], ...], ...] = ()
+    # Each distinct composition ((model, memory MiB, GPUs), ...) with how many nodes have it.
+    node_kinds: tuple[tuple[tuple[tuple[str, int, int], ...], int], ...] = ()
     # Container runtimes some node with GPUs runs image jobs with.
     runtimes: frozenset[str] = frozenset()
+    gpus_per_node: tuple[int, ...] = field(init=False)  # descending
+    largest_gpu_mib: int = field(init=False)
+    models: frozenset[str] = field(init=False)
+    total_gpus: int = field(init=False)
+    _answers: dict = field(init=False, default_factory=dict, compare=False, repr=False)
 
-    @property
-    def total_gpus(self) -> int:
-        return sum(self.gpus_per_node)
+    def __post_init__(self):
+        per_node = sorted((sum(n for _, _, n in kind) for kind, nodes in self.node_kinds for _ in range(nodes)),
+                          reverse=True)
+        object.__setattr__(self, "gpus_per_node", tuple(per_node))
+        object.__setattr__(self, "total_gpus", sum(per_node))
+        object.__setattr__(self, "largest_gpu_mib", max((mib for kind, _ in self.node_kinds for _, mib, _ in kind),
+                                                        default=0))
+        object.__setattr__(self, "models", frozenset(model for kind, _ in self.node_kinds for model, _, _ in kind))
 
     @property
     def most_gpus_on_a_node(self) -> int:
@@ -135,32 +160,144 @@ class Inventory:
         """Most GPUs that ``nodes`` nodes hold together."""
         return sum(self.gpus_per_node[:nodes])
 
+    def _answer(self, question: str, models, memory_mib: int | None, compute):
+        key = (question, frozenset(models or ()), memory_mib or 0)
+        try:
+            return self._answers[key]
+        except KeyError:
+            pass
+        if len(self._answers) >= MAX_REMEMBERED_ANSWERS:  # requests are few shapes; a client cycling sizes is not
+            self._answers.clear()
+        answer = self._answers[key] = compute(key[1], key[2])
+        return answer
+
     def largest_mib_of(self, models) -> int:
         """Memory of the largest GPU of these models (any model when empty); 0 if none is present."""
-        return max((mib for gpus in self.node_gpus for model, mib in gpus if not models or model in models),
-                   default=0)
+        return self._answer("largest", models, None, lambda models, _: max(
+            (mib for kind, _ in self.node_kinds for model, mib, _ in kind if not models or model in models),
+            default=0))
 
     def fitting_per_node_by_model(self, models, memory_mib: int | None) -> dict[str, tuple[int, ...]]:
         """Per GPU model, per node descending: what a gang (one model) can use."""
-        return {model: tuple(sorted((sum(1 for m, mib in gpus if m == model and mib >= (memory_mib or 0))
-                                     for gpus in self.node_gpus), reverse=True))
-                for model in {m for gpus in self.node_gpus for m, _ in gpus if not models or m in models}}
+        def compute(models, memory):
+            wanted = {m for kind, _ in self.node_kinds for m, _, _ in kind if not models or m in models}
+            return {model: self._per_node(lambda m, mib: m == model and mib >= memory) for model in wanted}
+        return self._answer("by_model", models, memory_mib, compute)
 
     def fitting_per_node(self, models, memory_mib: int | None) -> tuple[int, ...]:
         """Per node, descending: GPUs of these models (any when empty) with at least ``memory_mib``."""
-        return tuple(sorted((sum(1 for model, mib in gpus if (not models or model in models)
-                                 and mib >= (memory_mib or 0)) for gpus in self.node_gpus), reverse=True))
+        return self._answer("per_node", models, memory_mib, lambda models, memory: self._per_node(
+            lambda m, mib: (not models or m in models) and mib >= memory))
+
+    def _per_node(self, fits) -> tuple[int, ...]:
+        return tuple(sorted((sum(n for model, mib, n in kind if fits(model, mib))
+                             for kind, nodes in self.node_kinds for _ in range(nodes)), reverse=True))
+
+
+MAX_REMEMBERED_ANSWERS = 4096
+INVENTORY_VERSION_KEY = "colony:inventory:version"
+# A backstop for writers that change the inventory without saying so (QuerySet.update sends no
+# signal): each process rereads it at least this often.
+INVENTORY_MAX_AGE_S = 10.0
+
+# (version, when loaded (monotonic), inventory) of this process.
+_memo: tuple[bytes, float, Inventory] | None = None
+_memo_lock = threading.Lock()
+_warned_uncached = threading.Event()
+
+
+def present_gpu_groups() -> list[tuple[int, str, int, int]]:
+    """(node id, model, memory MiB, GPUs) of the present GPUs of online nodes: one row per group."""
+    # order_by(): the default ordering (node name, GPU index) would join nodes and, in a DISTINCT
+    # or GROUP BY, split the groups back into one row per GPU.
+    return list(Gpu.objects.filter(present=True).exclude(node__state=NodeState.LOST).order_by()
+                .values_list("node_id", "model", "memory_mib").annotate(gpus=Count("pk")))
+
+
+def load_inventory() -> Inventory:
+    """The inventory as the database has it now (uncached)."""
+    by_node: dict[int, list[tuple[str, int, int]]] = {}
+    for node_id, model, memory, gpus in present_gpu_groups():
+        by_node.setdefault(node_id, []).append((model, memory, gpus))
+    kinds = Counter(tuple(sorted(groups)) for groups in by_node.values())
+    runtimes = frozenset(runtime for node_id, listed in Node.objects.order_by().values_list("pk", "runtimes")
+                         if node_id in by_node for runtime in (listed or []))
+    return Inventory(node_kinds=tuple(sorted(kinds.items())), runtimes=runtimes)
 
 
 def cluster_inventory() -> Inventory:
-    rows = list(Gpu.objects.filter(present=True).exclude(node__state=NodeState.LOST)
-                .values_list("node_id", "model", "memory_mib"))
-    by_node: dict[int, list[tuple[str, int]]] = {}
-    for node_id, model, memory in rows:
-        by_node.setdefault(node_id, []).append((model, memory))
-    node_gpus = tuple(tuple(gpus) for _, gpus in sorted(by_node.items()))
-    runtimes = frozenset(runtime for listed in Node.objects.filter(pk__in=by_node).values_list("runtimes", flat=True)
-                         for runtime in (listed or []))
-    return Inventory(gpus_per_node=tuple(sorted((len(g) for g in node_gpus), reverse=True)),
-                     largest_gpu_mib=max((mib for _, _, mib in rows), default=0),
-                     models=frozenset(model for _, model, _ in rows), node_gpus=node_gpus, runtimes=runtimes)
+    """The inventory, as of the last :func:`inventory_changed` (at most ``INVENTORY_MAX_AGE_S`` old)
+    for this process; costs one Redis GET while nothing changes."""
+    global _memo
+    if connection.in_atomic_block:
+        # What this transaction sees may include its own writes, which may yet roll back.
+        return load_inventory()
+    try:
+        version = _inventory_version()
+    except (redis.RedisError, OSError) as exc:
+        if not _warned_uncached.is_set():
+            _warned_uncached.set()
+            log.warning("inventory version unreadable (%s): reading the inventory from the database on every "
+                        "call until Redis answers", exc)
+        return load_inventory()
+    memo = _memo
+    if memo is not None and memo[0] == version and time.monotonic() - memo[1] < INVENTORY_MAX_AGE_S:
+        return memo[2]
+    with _memo_lock:  # one thread of this process loads it; the others wait for that
+        memo = _memo
+        if memo is not None and memo[0] == version and time.monotonic() - memo[1] < INVENTORY_MAX_AGE_S:
+            return memo[2]
+        # Loaded after the version was read: a change committed meanwhile bumps it again, so the
+        # worst a race leaves is one stale load that the next read replaces.
+        loaded_at = time.monotonic()
+        inventory = load_inventory()
+        _memo = (version, loaded_at, inventory)
+        return inventory
+
+
+def _inventory_version() -> bytes:
+    client = get_redis()
+    version = client.get(INVENTORY_VERSION_KEY)
+    if version is None:
+        # Redis restarted empty (or was never told): what any process holds may predate that, and
+        # a fresh random version (not a counter that restarts at 1) makes every one of them reload.
+        client.set(INVENTORY_VERSION_KEY, uuid.uuid4().hex, nx=True)
+        version = client.get(INVENTORY_VERSION_KEY)
+    return version
+
+
+def inventory_changed() -> None:
+    """Make every process reload the inventory once the current transaction commits (at once
+    outside one). Before the commit a reload could read the old rows and keep them."""
+    transaction.on_commit(_bump_version)
+
+
+def _bump_version() -> None:
+    try:
+        get_redis().set(INVENTORY_VERSION_KEY, uuid.uuid4().hex)
+    except (redis.RedisError, OSError) as exc:
+        # Processes see the change within INVENTORY_MAX_AGE_S anyway.
+        log.warning("could not announce an inventory change: %s", exc)
+
+
+def _on_inventory_row_saved(sender, **kwargs) -> None:
+    inventory_changed()
+
+
+def _on_alert_saved(sender, instance, **kwargs) -> None:
+    # A node is marked lost with QuerySet.update (monitoring.services.health), which sends no
+    # signal; the node-lost alert raised in the same transaction (jobs.services.node_health) does.
+    if instance.kind == AlertKind.NODE_LOST:
+        inventory_changed()
+
+
+def _on_flush_or_migrate(**kwargs) -> None:
+    # flush and migrations rewrite rows without per-row signals.
+    inventory_changed()
+
+
+for _model in (Node, Gpu):
+    post_save.connect(_on_inventory_row_saved, sender=_model, dispatch_uid=f"inventory-{_model.__name__}-saved")
+    post_delete.connect(_on_inventory_row_saved, sender=_model, dispatch_uid=f"inventory-{_model.__name__}-deleted")
+post_save.connect(_on_alert_saved, sender=Alert, dispatch_uid="inventory-node-lost-alert")
+post_migrate.connect(_on_flush_or_migrate, dispatch_uid="inventory-flush-or-migrate")
