@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -48,6 +49,11 @@ def run_scheduling_cycle() -> CycleResult:
     if not lock.acquire():
         return CycleResult(ran=False)
     started = time.perf_counter()
+    # A cycle allocates some 10^5 objects that live until it ends (snapshot, decisions), and each
+    # collection they trigger scans them all again: up to a quarter of a cycle's CPU at 50,000
+    # pending jobs. Garbage in reference cycles waits for the first collection after the cycle.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         config = scheduler_config()
         advance_usage(config.usage_half_life_s)
@@ -66,6 +72,8 @@ def run_scheduling_cycle() -> CycleResult:
         log.error("database unavailable (%s); pausing the scheduler for %.0fs", exc, pause)
         return CycleResult(ran=False, backed_off=True)
     finally:
+        if collecting:
+            gc.enable()
         try:
             lock.release()
         except redis.exceptions.LockError:

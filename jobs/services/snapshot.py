@@ -63,14 +63,16 @@ def _seconds(value) -> float | None:
     return value if value is None or isinstance(value, float) else value.timestamp()
 
 
-def _decoded_once(texts: dict[str, object], text: str | None, make):
-    """JSON columns fetched as text and decoded once per distinct value (most are ``[]``)."""
-    if text is None:
-        return make(())
-    value = texts.get(text)
-    if value is None:
-        value = texts[text] = make(json.loads(text) or ())
-    return value
+def _rows(queryset) -> list[tuple]:
+    """A ``values_list`` queryset's rows. On PostgreSQL fetched in one go without Django's per-row
+    converters (psycopg's loaders in C do the work): the queryset must then select no column that
+    needs a converter (datetimes and JSON come as epochs and text, see :func:`_epoch`)."""
+    if connection.vendor != "postgresql":
+        return list(queryset)
+    sql, params = queryset.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 def intra_node_bandwidth(topology: list[dict]) -> float:
@@ -131,11 +133,21 @@ PENDING_FIELDS = ("id", "tenant_id", "gpus", "submitted_s", "gpu_memory_mib", "p
                   "reserved_since_s", "image", "array_id", "array__max_running")
 
 
+# The pending requests of the last snapshot, per job: what each was built from and the request.
+# A job whose row, unfinished dependencies and profile did not change keeps its (immutable)
+# request: constructing 50,000 frozen dataclasses was most of the snapshot's Python time. Replaced
+# by this snapshot's jobs every time, so it never outgrows the queue; dropped when the tenants'
+# names or the largest GPU change (what every request is also built from).
+_built: dict[int, tuple[tuple, tuple, JobRequest]] = {}
+_built_for: tuple = ()
+
+
 def _pending(largest_gpu_mib: int | None = None, slugs: dict[int, str] | None = None) -> tuple[JobRequest, ...]:
-    rows = list(Job.objects.filter(state=JobState.PENDING)
-                .annotate(submitted_s=_epoch("submitted_at"), reserved_since_s=_epoch("reserved_since"),
-                          gpu_models_text=Cast("gpu_models", TextField()))
-                .values_list(*PENDING_FIELDS))
+    global _built, _built_for
+    rows = _rows(Job.objects.filter(state=JobState.PENDING)
+                 .annotate(submitted_s=_epoch("submitted_at"), reserved_since_s=_epoch("reserved_since"),
+                           gpu_models_text=Cast("gpu_models", TextField()))
+                 .values_list(*PENDING_FIELDS))
     if slugs is None:
         slugs = dict(Tenant.objects.values_list("id", "slug"))
     profiles = _profiles({(row[1], row[12]) for row in rows if row[12]})
@@ -144,23 +156,44 @@ def _pending(largest_gpu_mib: int | None = None, slugs: dict[int, str] | None = 
                           mean_utilisation=profile.mean_util if profile.mean_util is not None else 1.0), profile)
         for key, profile in profiles.items()
     }
+    profile_inputs = {key: (p.peak_gpu_memory_mib, p.mean_util, p.mean_runtime_s) for key, p in profiles.items()}
     waiting_for = _unfinished_dependencies()
-    models: dict[str, frozenset] = {}
+    context = (largest_gpu_mib, sorted(slugs.items()))
+    previous = _built if _built_for == context else {}
+    built: dict[int, tuple[tuple, tuple, JobRequest]] = {}
     requests = []
-    for (job_id, tenant_id, gpus, submitted_at, gpu_memory_mib, priority, gpu_milli, gpu_models, opportunistic_only,
-         shareable, max_nodes, max_runtime_s, profile_key, reserved_since, image, array_id, array_limit) in rows:
-        core_profile, profile = core_profiles.get((tenant_id, profile_key), (None, None)) if profile_key else (None, None)
-        requests.append(JobRequest(
-            id=job_id, tenant=slugs[tenant_id], gpus=gpus, submitted_at=_seconds(submitted_at),
-            gpu_memory_mib=gpu_memory_mib, priority=priority, gpu_milli=gpu_milli,
-            gpu_models=_decoded_once(models, gpu_models, frozenset), opportunistic_only=opportunistic_only,
-            shareable=shareable, max_nodes=max_nodes, profile=core_profile,
-            expected_runtime_s=_expected_runtime(max_runtime_s, profile),
-            reserved_since=_seconds(reserved_since),
-            needs_runtime=bool(image), array_id=array_id, array_limit=array_limit,
-            waiting_for=waiting_for.get(job_id, ()),
-        ))
+    # Allowed models, stored as JSON text, decoded once per distinct value (most are "[]").
+    models: dict[str | None, frozenset] = {None: frozenset()}
+    for row in rows:
+        job_id, tenant_id, profile_key = row[0], row[1], row[12]
+        inputs = (waiting_for.get(job_id, ()), profile_inputs.get((tenant_id, profile_key)) if profile_key else None)
+        cached = previous.get(job_id)
+        if cached is not None and cached[0] == row and cached[1] == inputs:
+            request = cached[2]
+        else:
+            request = _request(row, slugs, core_profiles, models, inputs[0])
+        built[job_id] = (row, inputs, request)
+        requests.append(request)
+    _built, _built_for = built, context
     return tuple(requests)
+
+
+def _request(row: tuple, slugs: dict[int, str], core_profiles: dict, models: dict, waiting_for: tuple) -> JobRequest:
+    (job_id, tenant_id, gpus, submitted_at, gpu_memory_mib, priority, gpu_milli, gpu_models, opportunistic_only,
+     shareable, max_nodes, max_runtime_s, profile_key, reserved_since, image, array_id, array_limit) = row
+    core_profile, profile = core_profiles.get((tenant_id, profile_key), (None, None)) if profile_key else (None, None)
+    if gpu_models not in models:
+        models[gpu_models] = frozenset(json.loads(gpu_models) or ())
+    return JobRequest(
+        id=job_id, tenant=slugs[tenant_id], gpus=gpus, submitted_at=_seconds(submitted_at),
+        gpu_memory_mib=gpu_memory_mib, priority=priority, gpu_milli=gpu_milli,
+        gpu_models=models[gpu_models], opportunistic_only=opportunistic_only,
+        shareable=shareable, max_nodes=max_nodes, profile=core_profile,
+        expected_runtime_s=_expected_runtime(max_runtime_s, profile),
+        reserved_since=_seconds(reserved_since),
+        needs_runtime=bool(image), array_id=array_id, array_limit=array_limit,
+        waiting_for=waiting_for,
+    )
 
 
 def _unfinished_dependencies() -> dict[int, tuple[tuple[int, str], ...]]:
@@ -203,9 +236,9 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str], gpu_memory: di
     # Per job: its first allocation (by rank, then GPU index) as a row, and the GPUs it holds.
     first: dict[int, tuple] = {}
     gpus_of: dict[int, list[int]] = defaultdict(list)
-    for row in (Allocation.objects.filter(released_at__isnull=True).order_by("job_id", "rank", "gpu__index")
-                .annotate(started_s=_epoch(Coalesce("job__started_at", "job__placed_at", "job__submitted_at")))
-                .values_list(*RUNNING_FIELDS)):
+    for row in _rows(Allocation.objects.filter(released_at__isnull=True).order_by("job_id", "rank", "gpu__index")
+                     .annotate(started_s=_epoch(Coalesce("job__started_at", "job__placed_at", "job__submitted_at")))
+                     .values_list(*RUNNING_FIELDS)):
         if row[0] not in first:
             first[row[0]] = row
         gpus_of[row[0]].append(row[1])

@@ -1,0 +1,86 @@
+"""The snapshot keeps last cycle's pending requests where nothing they are built from changed:
+whatever happens between two cycles, the snapshot it builds is the one a fresh process builds."""
+
+import random
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs.choices import JobState
+from jobs.models import Job, JobArray, JobDependency, JobProfile, Tenant
+from jobs.services import snapshot
+from jobs.services.snapshot import build_snapshot
+from monitoring.models import Gpu
+from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
+
+
+def fresh(redis_client):
+    """What a process that never built a snapshot builds now (leaving the cache as it was)."""
+    kept = snapshot._built, snapshot._built_for
+    snapshot._built, snapshot._built_for = {}, ()
+    try:
+        return build_snapshot(redis_client)
+    finally:
+        snapshot._built, snapshot._built_for = kept
+
+
+def mutate(rng, tenants, array):
+    pending = list(Job.objects.filter(state=JobState.PENDING))
+    job = rng.choice(pending) if pending else None
+    step = rng.randrange(11)
+    if step == 0 or job is None:
+        JobFactory(tenant=rng.choice(tenants), gpus=rng.choice([1, 2, 4]), profile_key=rng.choice(["", "k"]),
+                   gpu_models=rng.choice([[], ["A100-80GB"]]), array=rng.choice([None, array]))
+    elif step == 1:
+        Job.objects.filter(pk=job.pk).update(priority=job.priority + 1, gpus=rng.choice([1, 2, 4]))
+    elif step == 2:
+        Job.objects.filter(pk=job.pk).update(state=JobState.CANCELLED)
+    elif step == 3:
+        Job.objects.filter(pk=job.pk).update(reserved_since=rng.choice([None, timezone.now() - timedelta(seconds=9)]))
+    elif step == 4:
+        JobDependency.objects.create(job=job, on=JobFactory(tenant=job.tenant, state=JobState.RUNNING),
+                                     kind=rng.choice(["ok", "any"]))
+    elif step == 5:
+        Job.objects.filter(dependants__isnull=False, state=JobState.RUNNING).update(state=JobState.SUCCEEDED)
+    elif step == 6:
+        JobProfile.objects.update_or_create(tenant=job.tenant, key="k", defaults={
+            "peak_gpu_memory_mib": rng.choice([9000, 200000]), "mean_util": rng.choice([None, 0.4]),
+            "mean_runtime_s": rng.choice([None, 120.0, 900.0])})
+    elif step == 7:
+        Tenant.objects.filter(pk=job.tenant_id).update(slug=f"renamed-{rng.randrange(10**6)}")
+    elif step == 8:
+        Gpu.objects.filter(pk=Gpu.objects.order_by("?").values("pk")[:1]).update(
+            memory_mib=rng.choice([40960, 81920, 163840]))
+    elif step == 9:
+        JobArray.objects.filter(pk=array.pk).update(max_running=rng.choice([None, 1, 3]))
+    else:
+        Job.objects.filter(pk=job.pk).update(max_runtime_s=rng.choice([None, 60, 3600]), image=rng.choice(["", "img"]),
+                                             submitted_at=timezone.now() - timedelta(seconds=rng.randrange(999)))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_snapshot_after_any_history_is_the_one_a_fresh_process_builds(db, redis_client, seed):
+    rng = random.Random(seed)
+    tenants = [TenantFactory(slug=f"t{i}") for i in range(3)]
+    for i in range(4):
+        GpuFactory(node=NodeFactory(name="n1"), index=i)
+    array = JobArray.objects.create(tenant=tenants[0], owner=JobFactory(tenant=tenants[0]).owner, name="a",
+                                    spec="0-9%3", size=10, max_running=3)
+    for _ in range(12):
+        mutate(rng, tenants, array)
+    for _ in range(25):
+        built = build_snapshot(redis_client)
+        assert built == fresh(redis_client)
+        for _ in range(rng.randrange(3)):
+            mutate(rng, tenants, array)
+
+
+def test_an_unchanged_job_keeps_its_request_and_a_changed_one_gets_a_new_one(db, redis_client):
+    tenant = TenantFactory(slug="vision")
+    same, edited = JobFactory(tenant=tenant), JobFactory(tenant=tenant)
+    before = {j.id: j for j in build_snapshot(redis_client).pending}
+    Job.objects.filter(pk=edited.pk).update(priority=5)
+    after = {j.id: j for j in build_snapshot(redis_client).pending}
+    assert after[same.pk] is before[same.pk]
+    assert after[edited.pk].priority == 5 and before[edited.pk].priority == 0
