@@ -140,8 +140,10 @@ def timed(fn, repeat: int) -> list[float]:
     return out
 
 
-def install_baseline_view() -> str:
-    """Mount the baseline, a plain DRF create view, beside the project's URLs; returns its path."""
+def install_baseline_views() -> tuple[str, str]:
+    """Mount the baselines beside the project's URLs, plain DRF create views of the Job model:
+    one with a 7-field ModelSerializer, one with every field of the model (``__all__``, what a
+    plain view of the same resource answers). Returns their paths."""
     import types
 
     from django.conf import settings
@@ -156,6 +158,12 @@ def install_baseline_view() -> str:
             fields = ["id", "name", "command", "gpus", "tenant", "state", "submitted_at"]
             read_only_fields = ["id", "state", "submitted_at"]
 
+    class FullJobSerializer(serializers.ModelSerializer):
+        class Meta:
+            model = Job
+            fields = "__all__"
+            read_only_fields = ["owner"]
+
     class PlainCreate(generics.CreateAPIView):
         serializer_class = PlainJobSerializer
         queryset = Job.objects.all()
@@ -163,12 +171,17 @@ def install_baseline_view() -> str:
         def perform_create(self, serializer):
             serializer.save(owner=self.request.user)
 
+    class FullCreate(PlainCreate):
+        serializer_class = FullJobSerializer
+
     urls = types.ModuleType("bench_api_load_urls")
-    urls.urlpatterns = [path("bench/plain-create/", PlainCreate.as_view()), path("", include(settings.ROOT_URLCONF))]
+    urls.urlpatterns = [path("bench/plain-create/", PlainCreate.as_view()),
+                        path("bench/plain-full-create/", FullCreate.as_view()),
+                        path("", include(settings.ROOT_URLCONF))]
     sys.modules[urls.__name__] = urls
     settings.ROOT_URLCONF = urls.__name__
     clear_url_caches()
-    return "/bench/plain-create/"
+    return "/bench/plain-create/", "/bench/plain-full-create/"
 
 
 def make_inventory(nodes: int, gpus_per_node: int = 8) -> None:
@@ -273,7 +286,7 @@ def main() -> None:
         client = APIClient()
         client.force_authenticate(user)
         clients.append(client)
-    plain_url = install_baseline_view()
+    plain_url, full_url = install_baseline_views()
     meter = Meter(redis_pid=getattr(getattr(redis_server, "process", None), "pid", None))
     turn = iter(range(10 ** 9))
 
@@ -300,21 +313,26 @@ def main() -> None:
         return Block(blocks[0].count, *(statistics.median(getattr(b, f) for b in blocks)
                                         for f in ("wall", "python", "database", "redis")))
 
-    print(f"single submissions vs a plain DRF create view: {args.rounds} pairs of blocks of {args.block} requests, "
-          f"medians; ratio = submit rate / plain rate, per pair")
+    print(f"single submissions vs plain DRF create views (7 fields; all fields): {args.rounds} rounds of blocks of "
+          f"{args.block} requests, medians; ratio = submit rate / plain rate, per round")
     for nodes in (3, args.big_nodes):
         make_inventory(nodes)
         post_block("/api/v1/jobs/", submit_body, 3)()  # warm: first inventory read, connections
         post_block(plain_url, plain_body, 3)()
-        plain, submit = [], []
+        post_block(full_url, plain_body, 3)()
+        plain, full, submit = [], [], []
         for _ in range(args.rounds):
             plain.append(meter.measure(post_block(plain_url, plain_body, args.block), args.block))
+            full.append(meter.measure(post_block(full_url, plain_body, args.block), args.block))
             submit.append(meter.measure(post_block("/api/v1/jobs/", submit_body, args.block), args.block))
-        wall_ratio = statistics.median(p.wall / s.wall for p, s in zip(plain, submit))
-        cpu_ratio = statistics.median(p.cpu / s.cpu for p, s in zip(plain, submit))
-        print(f"  inventory {nodes * 8:6,} GPUs: plain  {per_request(median_block(plain))}")
-        print(f"  inventory {nodes * 8:6,} GPUs: submit {per_request(median_block(submit))}")
-        print(f"  inventory {nodes * 8:6,} GPUs: submit/plain = {wall_ratio:.2f}x by wall, {cpu_ratio:.2f}x by CPU")
+        label = f"  inventory {nodes * 8:6,} GPUs:"
+        print(f"{label} plain (7 fields)   {per_request(median_block(plain))}")
+        print(f"{label} plain (all fields) {per_request(median_block(full))}")
+        print(f"{label} submit             {per_request(median_block(submit))}")
+        for name, base in (("plain (7 fields)", plain), ("plain (all fields)", full)):
+            wall_ratio = statistics.median(p.wall / s.wall for p, s in zip(base, submit))
+            cpu_ratio = statistics.median(p.cpu / s.cpu for p, s in zip(base, submit))
+            print(f"{label} submit / {name:18s} = {wall_ratio:.2f}x by wall, {cpu_ratio:.2f}x by CPU")
 
     api_settings.DEFAULT_THROTTLE_RATES["submit"] = args.bulk_rate
     bulk_body = {"jobs": [JOB] * args.bulk_size}
@@ -347,7 +365,8 @@ def main() -> None:
         else:
             other += 1
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    print(f"  burst: {args.burst} submissions from {args.users} users (rate {args.rate} each) in {elapsed:.1f} s "
+    print(f"  burst ({args.big_nodes * 8:,} GPUs): {args.burst} submissions from {args.users} users (rate {args.rate} "
+          f"each) in {elapsed:.1f} s "
           f"({args.burst / elapsed:,.0f}/s; {cpu:.1f} s python CPU): {accepted} accepted, {throttled} throttled "
           f"(Retry-After on all: {retry_after_ok}), {other} other")
     redis_server.stop()

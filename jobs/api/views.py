@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 
-from django.db.models import prefetch_related_objects
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -65,11 +64,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
             }, status=status.HTTP_201_CREATED)
         job = submit_job(owner=request.user, **submission.validated_data)
         # Answered from the job just written rather than read back with every relation: a new job
-        # has no allocations, and no dependencies unless it named some.
+        # has no allocations, and no dependencies unless it named some (its events are read).
         job._prefetched_objects_cache = {"allocations": job.allocations.none()}
         if not (submission.validated_data.get("after_ok") or submission.validated_data.get("after_any")):
             job._prefetched_objects_cache["dependencies"] = job.dependencies.none()
-        prefetch_related_objects([job], "events", "dependencies")
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=JobBulkSubmitSerializer, responses={

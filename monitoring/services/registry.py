@@ -269,6 +269,9 @@ def _inventory_version() -> bytes:
 def inventory_changed() -> None:
     """Make every process reload the inventory once the current transaction commits (at once
     outside one). Before the commit a reload could read the old rows and keep them."""
+    # Once per transaction: deleting a node sends a signal per GPU.
+    if connection.in_atomic_block and any(func is _bump_version for _, func, _ in connection.run_on_commit):
+        return
     transaction.on_commit(_bump_version)
 
 
