@@ -19,6 +19,7 @@ from django.utils import timezone
 from agents.protocol import heartbeat_key
 from monitoring.choices import NodeState
 from monitoring.models import Node
+from monitoring.services.registry import inventory_changed
 
 REDIS_SEEN_SINCE_KEY = "colony:redis:seen_since"
 # A heartbeat key set to outlive this is not a heartbeat: a node (or a job holding its Redis
@@ -62,9 +63,12 @@ def silent_nodes(client: redis.Redis) -> list[Node]:
 
 def mark_lost(node: Node) -> bool:
     """UP -> LOST; False if someone else already did (so the caller requeues only once)."""
-    return bool(Node.objects.filter(pk=node.pk, state=NodeState.UP).update(
+    lost = bool(Node.objects.filter(pk=node.pk, state=NodeState.UP).update(
         state=NodeState.LOST, state_changed_at=timezone.now()
     ))
+    if lost:
+        inventory_changed()  # its GPUs no longer count at submission
+    return lost
 
 
 def revive_heartbeating(client: redis.Redis) -> list[str]:
@@ -74,4 +78,5 @@ def revive_heartbeating(client: redis.Redis) -> list[str]:
     if back:
         Node.objects.filter(name__in=back, state=NodeState.LOST).update(state=NodeState.UP,
                                                                          state_changed_at=timezone.now())
+        inventory_changed()  # submissions that need its GPUs are accepted again at once
     return back

@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from agents.protocol import GpuInfo, NodeRegistered
+from agents.protocol import GpuInfo, NodeRegistered, heartbeat_key
 from jobs.models import Job
 from jobs.services import node_health
 from monitoring.choices import NodeState
@@ -129,14 +129,13 @@ def test_inside_a_transaction_the_inventory_is_never_kept(db, live_redis):
     assert registry.cluster_inventory().total_gpus == 0
 
 
-def test_revived_nodes_count_again_once_announced(transactional_db, live_redis, redis_client):
+def test_a_node_lost_and_revived_by_its_heartbeat_counts_again_at_once(transactional_db, live_redis, redis_client):
     registry.register_node(registration("a", 4))
-    node = Node.objects.get(name="a")
-    assert health.mark_lost(node)
-    registry.inventory_changed()
+    assert registry.cluster_inventory().total_gpus == 4
+    assert health.mark_lost(Node.objects.get(name="a"))  # health announces it: no manual step
     assert registry.cluster_inventory().total_gpus == 0
-    Node.objects.filter(pk=node.pk).update(state=NodeState.UP)
-    registry.inventory_changed()
+    redis_client.set(heartbeat_key("a"), "{}", ex=60)  # a hung agent that recovered
+    assert health.revive_heartbeating(redis_client) == ["a"]
     assert registry.cluster_inventory().total_gpus == 4
 
 
