@@ -199,6 +199,7 @@ COLONY_STOP_GRACE_SECONDS = env_float("COLONY_STOP_GRACE_SECONDS", 10.0)
 # one that asks for nothing gets the stop grace above.
 COLONY_MAX_PREEMPT_GRACE_S = env_int("COLONY_MAX_PREEMPT_GRACE_S", 300)
 COLONY_MAX_ARRAY_SIZE = env_int("COLONY_MAX_ARRAY_SIZE", 1000)
+COLONY_MAX_PENDING_PER_USER = env_int("COLONY_MAX_PENDING_PER_USER", 10_000)
 # Uploaded code (colony submit packs the current directory): at most this much per tenant, and an
 # archive no job has needed for this long is dropped (its row stays; uploading it again restores it).
 COLONY_CODE_STORAGE_MB = env_int("COLONY_CODE_STORAGE_MB", 2048)

@@ -28,7 +28,7 @@ from jobs.choices import CANCELLABLE_STATES, JobState
 from jobs.filtersets import JobFilter
 from jobs.forms import SubmitForm
 from jobs.models import Job, Tenant
-from jobs.services.submission import NotCancellable, cancel_job, submit_array, submit_job, tenants_of
+from jobs.services.submission import NotCancellable, TooManyWaiting, cancel_job, submit_array, submit_job, tenants_of
 from jobs.services.usage import queue_positions
 
 
@@ -94,6 +94,13 @@ class SubmitView(LoginRequiredMixin, FormView):
             response = self.form_invalid(form)
             response.status_code, response["Retry-After"] = 429, str(wait)
             return response
+        try:
+            return self._submit(form)
+        except TooManyWaiting as exc:
+            form.add_error(None, str(exc))
+            return self.form_invalid(form)
+
+    def _submit(self, form):
         if "array" in form.validated:
             group, jobs = submit_array(owner=self.request.user, **form.validated)
             messages.success(self.request, f"Array {group.pk} submitted: {group.size} jobs ({jobs[0].pk}–{jobs[-1].pk})"

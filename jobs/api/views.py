@@ -6,6 +6,7 @@ as ``POST /api/v1/jobs/`` checks one; the submission throttle counts it as that 
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -27,7 +28,15 @@ from jobs.api.throttles import SubmissionRateThrottle
 from jobs.choices import TERMINAL_STATES
 from jobs.models import Job
 from jobs.services import job_logs
-from jobs.services.submission import NotCancellable, cancel_job, submit_array, submit_job, submit_many, tenants_of
+from jobs.services.submission import (
+    NotCancellable,
+    TooManyWaiting,
+    cancel_job,
+    submit_array,
+    submit_job,
+    submit_many,
+    tenants_of,
+)
 from monitoring.services.registry import cluster_inventory
 from monitoring.services.redis_client import get_redis
 
@@ -56,13 +65,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         submission = JobSubmitSerializer(data=request.data, context={"request": request})
         submission.is_valid(raise_exception=True)
         if "array" in submission.validated_data:
-            group, jobs = submit_array(owner=request.user, **submission.validated_data)
+            with _queue_full_is_400():
+                group, jobs = submit_array(owner=request.user, **submission.validated_data)
             return Response({
                 "array": {"id": group.pk, "name": group.name, "spec": group.spec, "size": group.size,
                           "max_running": group.max_running},
                 "jobs": [job.pk for job in jobs],
             }, status=status.HTTP_201_CREATED)
-        job = submit_job(owner=request.user, **submission.validated_data)
+        with _queue_full_is_400():
+            job = submit_job(owner=request.user, **submission.validated_data)
         # Answered from the job just written rather than read back with every relation: a new job
         # has no allocations, and no dependencies unless it named some (its events are read).
         job._prefetched_objects_cache = {"allocations": job.allocations.none()}
@@ -109,7 +120,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
                 errors[str(index)] = submission.errors
         if errors:
             raise ValidationError({"jobs": errors})
-        jobs = submit_many(owner=request.user, specs=validated)
+        with _queue_full_is_400():
+            jobs = submit_many(owner=request.user, specs=validated)
         return Response({"jobs": [job.pk for job in jobs]}, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={200: JobSerializer, 409: None})
@@ -155,3 +167,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
                         "data": c.data} for c in chunks],
             "next": chunks[-1].id if chunks else (after or None),
         })
+
+
+@contextlib.contextmanager
+def _queue_full_is_400():
+    try:
+        yield
+    except TooManyWaiting as exc:
+        raise ValidationError([str(exc)]) from None

@@ -3,8 +3,10 @@ cancel or an operator's requeue."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
 
+from jobs.choices import JobState
 from jobs.models import Job, JobArray, JobDependency, Tenant
 from jobs.services import lifecycle
 from jobs.services.arrays import ArraySpec
@@ -19,6 +21,22 @@ def tenants_of(user):
     return Tenant.objects.filter(memberships__user=user)
 
 
+class TooManyWaiting(Exception):
+    """The submitter already has as many jobs waiting as one user may; the message says so."""
+
+
+def make_room(owner, adding: int) -> None:
+    """Refuse what would put more than ``COLONY_MAX_PENDING_PER_USER`` of ``owner``'s jobs in the
+    queue: one array or bulk request makes a thousand rows, and a queue a user can grow without
+    bound is a database (and a scheduler cycle) anyone can fill."""
+    limit = settings.COLONY_MAX_PENDING_PER_USER
+    waiting = Job.objects.filter(owner=owner, state=JobState.PENDING).count()
+    if waiting + adding > limit:
+        raise TooManyWaiting(
+            f"You have {waiting} jobs waiting; at most {limit} may wait at once (COLONY_MAX_PENDING_PER_USER), "
+            f"so {adding} more cannot be queued. Cancel some, or submit when they have started.")
+
+
 @transaction.atomic
 def submit_job(*, owner, tenant: Tenant, name: str, command: list[str], gpus: int, after_ok=(), after_any=(),
                **spec) -> Job:
@@ -26,6 +44,7 @@ def submit_job(*, owner, tenant: Tenant, name: str, command: list[str], gpus: in
     gpu_models, priority, opportunistic_only, shareable, max_nodes, max_runtime_s, profile_key,
     workdir, code, image, venv, conda, preempt_grace_s, stop_signal, checkpoints). ``after_ok`` and
     ``after_any``: ids of jobs (checked by the caller) it waits for."""
+    make_room(owner, 1)
     job = Job.objects.create(owner=owner, tenant=tenant, name=name, command=command, gpus=gpus, **spec)
     _depend(job, after_ok, after_any)
     lifecycle.submitted(job)
@@ -38,6 +57,7 @@ def submit_many(*, owner, specs: list[dict]) -> list[Job]:
     """Create pending jobs from ``specs`` (each what :func:`submit_job` takes, less ``owner``; no
     arrays), all or none: multi-row inserts of the jobs, their SUBMITTED events and dependencies.
     The jobs come back in the order of ``specs``, with their ids."""
+    make_room(owner, len(specs))
     jobs = Job.objects.bulk_create(
         [Job(owner=owner, **{name: value for name, value in spec.items() if name not in ("after_ok", "after_any")})
          for spec in specs],
@@ -63,6 +83,7 @@ def submit_array(*, owner, tenant: Tenant, name: str, array: ArraySpec, array_te
                  **spec) -> tuple[JobArray, list[Job]]:
     """One job per index of ``array``, each with the same spec and dependencies; the scheduler
     runs at most ``array.max_running`` of them at once."""
+    make_room(owner, len(array.indices))
     group = JobArray.objects.create(tenant=tenant, owner=owner, name=name, spec=array_text, size=len(array.indices),
                                     max_running=array.max_running)
     jobs = Job.objects.bulk_create([Job(owner=owner, tenant=tenant, name=name, array=group, array_index=index, **spec)

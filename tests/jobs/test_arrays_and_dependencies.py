@@ -111,3 +111,18 @@ def test_cancelling_a_pending_job_cancels_what_runs_after_it_succeeds(alice, api
     then = submit(api(alice), after_ok=[first.pk]).json()["id"]
     cancel_job(first)
     assert Job.objects.get(pk=then).state == JobState.CANCELLED
+
+
+def test_one_user_can_queue_only_so_many_jobs_however_they_submit(alice, api, settings):
+    settings.COLONY_MAX_PENDING_PER_USER = 10
+    client = api(alice)
+    assert submit(client, array="0-7").status_code == 201
+    refused = submit(client, array="0-2")
+    assert refused.status_code == 400
+    assert "You have 8 jobs waiting; at most 10 may wait at once" in refused.json()["error"]["message"]
+    bulk = client.post("/api/v1/jobs/bulk/", {"jobs": [{"command": ["python", "x.py"], "gpus": 1}] * 3},
+                       format="json")
+    assert bulk.status_code == 400 and "COLONY_MAX_PENDING_PER_USER" in bulk.json()["error"]["message"]
+    assert submit(client).status_code == 201 and submit(client).status_code == 201
+    assert submit(client).status_code == 400
+    assert Job.objects.filter(owner=alice).count() == 10
