@@ -147,3 +147,18 @@ def test_a_reservation_is_stored_once_and_cleared_when_the_core_drops_it(db):
     assert list(Job.objects.filter(reserved_since__isnull=False)) == []
     other.refresh_from_db()
     assert other.reserved_since is None
+
+
+def test_a_reason_someone_else_wrote_since_the_last_cycle_is_seen_and_corrected(db):
+    job = JobFactory()
+    decisions = Decisions(pending=(Pending(job.pk, waiting(gpus=1), 300.0),))
+    for _ in range(2):
+        apply_decisions(decisions)
+    job.refresh_from_db()
+    ours = job.pending_reason
+    Job.objects.filter(pk=job.pk).update(pending_reason={"code": "preempted", "message": "Preempted.", "details": {}})
+    with CaptureQueriesContext(connection) as captured:
+        apply_decisions(decisions)
+    assert job_updates(captured)
+    job.refresh_from_db()
+    assert job.pending_reason == ours
