@@ -50,8 +50,9 @@ def inspect(data: bytes) -> Contents:
     if not data:
         raise BadArchive("The archive is empty.")
     files = unpacked = 0
+    stream = _Bounded(gzip.GzipFile(fileobj=io.BytesIO(data)), MAX_UNPACKED_BYTES + _HEADROOM)
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
             for count, member in enumerate(tar, start=1):
                 if count > MAX_FILES:
                     raise BadArchive(f"The archive has more than {MAX_FILES} entries; ignore what the job "
@@ -61,11 +62,36 @@ def inspect(data: bytes) -> Contents:
                     files += 1
                     unpacked += member.size
                     if unpacked > MAX_UNPACKED_BYTES:
-                        raise BadArchive(f"The archive unpacks to more than {MAX_UNPACKED_BYTES >> 20} MiB; "
-                                         "ignore data and checkpoints (.colonyignore).")
+                        raise _too_big()
     except (tarfile.TarError, EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
         raise BadArchive(f"Not a gzipped tar archive ({exc}).") from None
     return Contents(files=files, unpacked_size=unpacked)
+
+
+# Tar headers, padding and pax records on top of the files' own bytes.
+_HEADROOM = 16 * 1024 * 1024
+
+
+def _too_big() -> BadArchive:
+    return BadArchive(f"The archive unpacks to more than {MAX_UNPACKED_BYTES >> 20} MiB; "
+                      "ignore data and checkpoints (.colonyignore).")
+
+
+class _Bounded:
+    """A decompressed stream that refuses to give more than ``limit`` bytes in all. tarfile reads a
+    pax header whole, whatever size it claims: a few KiB of gzip can claim gigabytes."""
+
+    def __init__(self, inner, limit: int):
+        self.inner, self.left = inner, limit
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0 or size > self.left:
+            size = self.left + 1
+        chunk = self.inner.read(size)
+        self.left -= len(chunk)
+        if self.left < 0:
+            raise _too_big()
+        return chunk
 
 
 def _check_member(member: tarfile.TarInfo) -> None:

@@ -206,3 +206,18 @@ def test_code_no_job_needs_is_dropped_and_comes_back_when_uploaded_again(alice, 
     assert refused.status_code == 400  # its bytes are gone: upload again (colony submit does)
     assert upload(client, old).status_code == 200
     assert bytes(code.CodeArchive.objects.get(sha256=shas["old"]).data) == old
+
+
+def test_an_archive_that_unpacks_to_a_huge_header_is_refused_without_reading_it_whole(alice, api, monkeypatch):
+    monkeypatch.setattr(code, "MAX_UNPACKED_BYTES", 1024 * 1024)
+    monkeypatch.setattr(code, "_HEADROOM", 64 * 1024)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("small.py")
+        info.size = 1
+        info.pax_headers = {"comment": "x" * (8 * 1024 * 1024)}  # 8 MiB of header, a few KiB of gzip
+        tar.addfile(info, io.BytesIO(b"x"))
+    assert len(buffer.getvalue()) < 64 * 1024
+    response = upload(api(alice), buffer.getvalue())
+    assert response.status_code == 400
+    assert "unpacks to more than 1 MiB" in response.json()["error"]["message"]
