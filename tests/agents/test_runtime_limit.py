@@ -24,8 +24,9 @@ def finish(runner, timeout: float):
 
 def test_a_job_past_its_runtime_limit_is_terminated_and_reported_timed_out(runner):
     cmd = launch(["sleep", "60"], max_runtime_s=1, stop_grace_s=5)
-    runner.launch(cmd)
+    # Before the launch: the limit counts from the process start, which launch() returns after.
     started = time.monotonic()
+    runner.launch(cmd)
     [done] = finish(runner, timeout=1 + SLACK)
     elapsed = time.monotonic() - started
     assert done.timed_out is True and done.exit_code == -signal.SIGTERM
