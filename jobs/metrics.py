@@ -8,6 +8,7 @@ from prometheus_client.registry import Collector
 from jobs.choices import JobState
 from jobs.models import Allocation, Job, Notification
 from jobs.services.lifecycle import IGNORED_REPORTS_KEY
+from jobs.services.cycle import BACKOFF_KEY, STATS_KEY
 from jobs.services.notifications import ERRORS_KEY as NOTIFICATION_ERRORS_KEY
 from monitoring.services.redis_client import get_redis
 
@@ -36,3 +37,27 @@ class JobsCollector(Collector):
                                   "a job's current one (fenced off, changed nothing)", value=ignored)
         yield CounterMetricFamily("colony_notification_errors", "Job events whose notifications could not be "
                                   "recorded or queued (logged; the job's change went ahead)", value=unrecorded)
+        try:
+            scheduler = list(_scheduler_series())
+        except redis.RedisError:
+            return
+        yield from scheduler
+
+
+def _scheduler_series():
+    """The scheduling loop: counters for rates, the last cycle's time (a stalled loop stops moving
+    it) and whether it is backing off from a database outage."""
+    client = get_redis()
+    stats = {key.decode(): float(value) for key, value in client.hgetall(STATS_KEY).items()}
+    yield CounterMetricFamily("colony_scheduler_cycles", "Scheduling cycles run", value=stats.get("cycles", 0.0))
+    yield CounterMetricFamily("colony_scheduler_cycle_seconds", "Seconds spent in scheduling cycles",
+                              value=stats.get("cycle_seconds", 0.0))
+    yield CounterMetricFamily("colony_scheduler_placements", "Jobs placed by the scheduler",
+                              value=stats.get("placed", 0.0))
+    if "last_cycle_at" in stats:
+        yield GaugeMetricFamily("colony_scheduler_last_cycle_timestamp_seconds", "When the last cycle ended",
+                                value=stats["last_cycle_at"])
+        yield GaugeMetricFamily("colony_scheduler_last_cycle_seconds", "How long the last cycle took",
+                                value=stats["last_cycle_seconds"])
+    yield GaugeMetricFamily("colony_scheduler_backed_off", "1 while the loop pauses for a database outage",
+                            value=float(bool(client.exists(BACKOFF_KEY))))

@@ -80,3 +80,18 @@ def test_metrics_show_notifications_by_state_and_the_events_that_could_not_be_re
     by_state = {s.labels["state"]: s.value for s in families["colony_notifications"].samples}
     assert by_state == {"pending": 0, "sent": 2, "failed": 1}
     assert families["colony_notification_errors"].samples[0].value == 3
+
+
+def test_metrics_say_how_the_scheduling_loop_runs(client, db, live_redis):
+    from jobs.services.cycle import run_scheduling_cycle
+
+    _, families = scrape(client)
+    assert families["colony_scheduler_cycles"].samples[0].value == 0
+    assert "colony_scheduler_last_cycle_timestamp_seconds" not in families  # no cycle yet: nothing to age
+    for _ in range(2):
+        assert run_scheduling_cycle().ran
+    _, families = scrape(client)
+    assert families["colony_scheduler_cycles"].samples[0].value == 2
+    assert families["colony_scheduler_cycle_seconds"].samples[0].value > 0
+    assert abs(families["colony_scheduler_last_cycle_timestamp_seconds"].samples[0].value - time.time()) < 60
+    assert families["colony_scheduler_backed_off"].samples[0].value == 0

@@ -27,6 +27,8 @@ LOCK_KEY = "colony:scheduler:lock"
 BACKOFF_KEY = "colony:scheduler:backoff"
 BACKOFF_FIRST_S = 2.0
 BACKOFF_MAX_S = 60.0
+# What /metrics says of the loop (jobs/metrics.py): cycles run, their seconds, the last one's.
+STATS_KEY = "colony:scheduler:stats"
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,21 @@ def run_scheduling_cycle() -> CycleResult:
             log.warning("scheduling cycle outlived its %ss lease", settings.COLONY_SCHEDULER_LOCK_LEASE)
     result = CycleResult(ran=True, placed=applied.placed, preempted=applied.preempted, throttled=applied.throttled,
                          pending=len(decisions.pending), seconds=time.perf_counter() - started)
+    _record(client, result)
     if applied.placed or applied.preempted:
         log.info("scheduling cycle: %s", result)
     return result
+
+
+def _record(client: redis.Redis, result: CycleResult) -> None:
+    """Counters for /metrics, so a stalled or slow loop can alert. Never fails the cycle."""
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.hset(STATS_KEY, mapping={"last_cycle_at": time.time(), "last_cycle_seconds": result.seconds,
+                                      "last_pending": result.pending})
+        pipe.hincrby(STATS_KEY, "cycles", 1)
+        pipe.hincrbyfloat(STATS_KEY, "cycle_seconds", result.seconds)
+        pipe.hincrby(STATS_KEY, "placed", result.placed)
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("scheduler stats not recorded: %s", exc)

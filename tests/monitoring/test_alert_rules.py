@@ -57,8 +57,8 @@ def test_every_rule_reads_series_metrics_exports(rules, client, db, live_redis, 
     assert all(promql_metric_names(e) for e in exprs)
     assert missing_series(exprs, exported) == {}
     # ...and that check bites: a rule on a series nobody exports is reported.
-    assert missing_series(["rate(colony_scheduler_cycles_total[5m]) == 0"], exported) == {
-        "rate(colony_scheduler_cycles_total[5m]) == 0": {"colony_scheduler_cycles_total"}}
+    assert missing_series(["rate(colony_scheduler_naps_total[5m]) == 0"], exported) == {
+        "rate(colony_scheduler_naps_total[5m]) == 0": {"colony_scheduler_naps_total"}}
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")

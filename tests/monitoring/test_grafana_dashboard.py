@@ -70,6 +70,9 @@ def exported_series(client) -> set[str]:
             for sample in family.samples}
 
 
+RUNNING_JOB = 9_000_007
+
+
 def populate_cluster(redis_client) -> None:
     """A little of everything, through the real paths where there is one: a node with a running job
     and a pending one, a hot GPU with an XID sample run through ingest, a lost node, a fenced
@@ -83,11 +86,16 @@ def populate_cluster(redis_client) -> None:
     from tests.factories import GpuFactory, JobFactory, NodeFactory
     from tests.monitoring.conftest import place_job
 
+    from jobs.services.cycle import run_scheduling_cycle
+
+    run_scheduling_cycle()  # the loop's series exist once a cycle ran
     node = NodeFactory(name="n1")
     for index in (0, 1):
         GpuFactory(node=node, index=index, uuid=f"GPU-n1-{index}", model="A100-80GB")
     NodeFactory(name="n2", state=NodeState.LOST)
-    running = place_job(7, "n1", 0)
+    # An id far above the sequence: JobFactory below must not be handed the same one (PostgreSQL
+    # sequences do not roll back with a test, so a small id collided once other tests had run).
+    running = place_job(RUNNING_JOB, "n1", 0)
     running.state = JobState.RUNNING
     running.save(update_fields=["state"])
     JobFactory(state=JobState.PENDING)
@@ -96,8 +104,8 @@ def populate_cluster(redis_client) -> None:
         gpus=[protocol.GpuSample(index=i, util_sm=(80.0, 0.0)[i], mem_used_mib=4000, mem_total_mib=81920,
                                  temperature_c=95.0, power_w=300.0, xid_events=[79] if i == 0 else [])
               for i in (0, 1)],
-        jobs=[protocol.JobGpuSample(job_id=7, gpu_index=0, mem_used_mib=4000, util_sm=80.0)],
-        running_jobs=[7],
+        jobs=[protocol.JobGpuSample(job_id=RUNNING_JOB, gpu_index=0, mem_used_mib=4000, util_sm=80.0)],
+        running_jobs=[RUNNING_JOB],
     )
     redis_client.xadd(protocol.METRICS_STREAM, protocol.encode(sample))
     assert Ingestor(redis_client, consumer="test").run_once().samples == 1
