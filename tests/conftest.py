@@ -52,11 +52,3 @@ def live_redis(redis_url, settings):
     yield redis_url
     celery_app.conf.broker_url = previous
 
-
-def pytest_collection_modifyitems(config, items):
-    """Under xdist (``make test`` runs ``-n 2 --dist loadgroup``) the tests that start real
-    processes run one after another on one worker while the rest share both: two e2e stacks at
-    once on a 2-core machine would starve each other into their timeouts."""
-    for item in items:
-        if item.get_closest_marker("e2e"):
-            item.add_marker(pytest.mark.xdist_group("real-processes"))

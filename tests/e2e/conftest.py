@@ -91,7 +91,7 @@ class Processes:
     def start_agent(self, node: str, spec: str) -> subprocess.Popen:
         return self.start(f"agent-{node}", [
             sys.executable, "-m", "agents", "--node", node, "--simulate", spec, "--redis", self.env["REDIS_URL"],
-            "--interval", "0.2", "--heartbeat-ttl", "1.5", "--workdir", str(self.log_dir / f"agent-{node}"),
+            "--interval", "0.2", "--heartbeat-ttl", "3", "--workdir", str(self.log_dir / f"agent-{node}"),
             "--allow-root-jobs",  # CI runs as root; accounts are tested in tests/agents/test_runner_sandbox.py
         ], env=agent_env(self.env, node))
 
