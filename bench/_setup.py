@@ -1,7 +1,9 @@
-"""Shared set-up for benchmarks that need Django: a private Redis and a throw-away database.
+"""Shared set-up for benchmarks that need Django: a private Redis and a throw-away database, and
+the CPU clock of other processes (the PostgreSQL backend, Redis) that benches print beside wall time.
 
-PostgreSQL (database ``colony_bench``, recreated) when one answers on 127.0.0.1:5432, else a
-SQLite file under a temporary directory. Nothing touches the development database.
+PostgreSQL (a database named by the bench, recreated; ``colony_bench`` by default) when one
+answers on 127.0.0.1:5432, else a SQLite file under a temporary directory. Benches that may run
+side by side name their own database. Nothing touches the development database.
 """
 
 from __future__ import annotations
@@ -24,8 +26,19 @@ def _postgres_answers() -> bool:
         return False
 
 
-def setup(database: str = "auto") -> tuple[str, "PrivateRedis"]:  # noqa: F821
-    """Start Redis, point Django at a fresh bench database, migrate; returns (db label, redis)."""
+def proc_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far; 0 when it cannot be read."""
+    if not pid:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def setup(database: str = "auto", name: str = "colony_bench") -> tuple[str, "PrivateRedis"]:  # noqa: F821
+    """Start Redis, point Django at a fresh bench database ``name``, migrate; returns (db label, redis)."""
     from cluster_ui.devstack.redis_server import PrivateRedis
 
     workdir = Path(tempfile.mkdtemp(prefix="colony-bench-"))
@@ -35,9 +48,9 @@ def setup(database: str = "auto") -> tuple[str, "PrivateRedis"]:  # noqa: F821
         import psycopg
 
         with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
-            conn.execute("DROP DATABASE IF EXISTS colony_bench")
-            conn.execute("CREATE DATABASE colony_bench")
-        os.environ["DATABASE_URL"] = "postgres://postgres@127.0.0.1:5432/colony_bench"
+            conn.execute(f"DROP DATABASE IF EXISTS {name}")
+            conn.execute(f"CREATE DATABASE {name}")
+        os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{name}"
     else:
         os.environ["DATABASE_URL"] = f"sqlite:///{workdir / 'bench.sqlite3'}"
     os.environ["REDIS_URL"] = redis.url

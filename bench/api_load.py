@@ -32,58 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._setup import proc_cpu, setup  # noqa: E402
+
 DATABASE = "colony_bench_api"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 JOB = {"command": ["python", "-c", "pass"], "gpus": 1}
-
-
-def setup(database: str):
-    """Like ``bench._setup.setup`` with a database of its own name (benches may run side by side)."""
-    import socket
-    import tempfile
-
-    from cluster_ui.devstack.redis_server import PrivateRedis
-
-    workdir = Path(tempfile.mkdtemp(prefix="colony-bench-api-"))
-    redis_server = PrivateRedis(workdir / "redis").start()
-    try:
-        socket.create_connection(("127.0.0.1", 5432), 1).close()
-        pg = database != "sqlite"
-    except OSError:
-        pg = database == "postgres"
-    if pg:
-        import psycopg
-
-        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
-            conn.execute(f"CREATE DATABASE {DATABASE}")
-        os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE}"
-    else:
-        os.environ["DATABASE_URL"] = f"sqlite:///{workdir / 'bench.sqlite3'}"
-    os.environ["REDIS_URL"] = redis_server.url
-    os.environ["COLONY_VAR_DIR"] = str(workdir)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cluster_ui.settings")
-    os.environ.setdefault("COLONY_LOG_LEVEL", "WARNING")
-    # The test client speaks plain http (production defaults to HTTPS redirects).
-    os.environ.setdefault("COLONY_HTTPS", "0")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    return ("PostgreSQL" if pg else "SQLite"), redis_server
-
-
-def _proc_cpu(pid: int | None) -> float:
-    if not pid:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
 
 
 @dataclass
@@ -117,9 +69,9 @@ class Meter:
 
     def measure(self, fn, count: int) -> Block:
         backend = self._backend_pid()
-        before = (time.perf_counter(), time.process_time(), _proc_cpu(backend), _proc_cpu(self.redis_pid))
+        before = (time.perf_counter(), time.process_time(), proc_cpu(backend), proc_cpu(self.redis_pid))
         fn()
-        after = (time.perf_counter(), time.process_time(), _proc_cpu(backend), _proc_cpu(self.redis_pid))
+        after = (time.perf_counter(), time.process_time(), proc_cpu(backend), proc_cpu(self.redis_pid))
         if backend != self._backend_pid():
             print("  (warning: the database connection changed during a block; its CPU is not counted)")
         return Block(count, *(b - a for a, b in zip(before, after)))
@@ -220,7 +172,7 @@ def main() -> None:
     args = parser.parse_args()
 
     os.environ["COLONY_SUBMIT_RATE"] = args.rate
-    db_label, redis_server = setup(args.database)
+    db_label, redis_server = setup(args.database, DATABASE)
 
     from django.conf import settings
     from django.contrib.auth import get_user_model

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import bench._setup as bench_setup  # noqa: E402
+from bench._setup import proc_cpu, setup  # noqa: E402
 
 GPUS_PER_NODE = 8
 # Made before Django reads its settings (main), inherited by the forked producer.
@@ -101,45 +101,6 @@ def register(nodes: int) -> None:
             gpus=[GpuInfo(index=i, uuid=f"GPU-bench-{n}-{i}", model="A100-80GB", memory_mib=81920)
                   for i in range(GPUS_PER_NODE)],
         ))
-
-
-def setup(database: str):
-    """What bench._setup.setup does, on a PostgreSQL database of this bench's own: another bench
-    running meanwhile would recreate ``colony_bench`` under our feet."""
-    if not (database == "postgres" or (database == "auto" and bench_setup._postgres_answers())):
-        return bench_setup.setup(database)
-    import tempfile
-
-    import django
-    import psycopg
-    from django.core.management import call_command
-
-    from cluster_ui.devstack.redis_server import PrivateRedis
-
-    workdir = Path(tempfile.mkdtemp(prefix="colony-bench-ingest-"))
-    redis_server = PrivateRedis(workdir / "redis").start()
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS colony_bench_ingest")
-        conn.execute("CREATE DATABASE colony_bench_ingest")
-    os.environ.update(DATABASE_URL="postgres://postgres@127.0.0.1:5432/colony_bench_ingest",
-                      REDIS_URL=redis_server.url, COLONY_VAR_DIR=str(workdir))
-    for name, value in (("DJANGO_SETTINGS_MODULE", "cluster_ui.settings"), ("COLONY_LOG_LEVEL", "WARNING"),
-                        ("COLONY_HTTPS", "0")):
-        os.environ.setdefault(name, value)
-    django.setup()
-    call_command("migrate", verbosity=0)
-    return "PostgreSQL", redis_server
-
-
-def proc_cpu(pid: int | None) -> float:
-    """CPU seconds (user + system) of process ``pid`` so far; 0 when it cannot be read."""
-    if not pid:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Cpu:
@@ -280,7 +241,7 @@ def main() -> None:
     os.environ["COLONY_AGENT_AUTH"] = args.auth
     os.environ["COLONY_AGENT_SECRET"] = SECRET
 
-    db_label, redis_server = setup(args.database)
+    db_label, redis_server = setup(args.database, "colony_bench_ingest")
     import redis
 
     from agents import protocol

@@ -23,7 +23,6 @@ Rows updated in ``jobs_job`` and queries per cycle are counted too. Prints figur
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
@@ -33,56 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._setup import proc_cpu, setup  # noqa: E402
+
 GPUS_PER_NODE = 8
 DATABASE = "colony_bench_loop"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def setup(database: str):
-    """Like ``bench._setup.setup`` with a database of its own name (benches may run side by side)."""
-    import socket
-    import tempfile
-
-    from cluster_ui.devstack.redis_server import PrivateRedis
-
-    workdir = Path(tempfile.mkdtemp(prefix="colony-bench-loop-"))
-    redis_server = PrivateRedis(workdir / "redis").start()
-    try:
-        socket.create_connection(("127.0.0.1", 5432), 1).close()
-        pg = database != "sqlite"
-    except OSError:
-        pg = database == "postgres"
-    if pg:
-        import psycopg
-
-        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
-            conn.execute(f"CREATE DATABASE {DATABASE}")
-        os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE}"
-    else:
-        os.environ["DATABASE_URL"] = f"sqlite:///{workdir / 'bench.sqlite3'}"
-    os.environ["REDIS_URL"] = redis_server.url
-    os.environ["COLONY_VAR_DIR"] = str(workdir)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cluster_ui.settings")
-    os.environ.setdefault("COLONY_LOG_LEVEL", "WARNING")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    return ("PostgreSQL" if pg else "SQLite"), redis_server
-
-
-def _proc_cpu(pid: int | None) -> float:
-    if not pid:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
 
 
 @dataclass
@@ -128,10 +81,10 @@ class Meter:
             return result
 
         backend = self._backend_pid()
-        before = (time.perf_counter(), time.process_time(), _proc_cpu(backend), _proc_cpu(self.redis_pid))
+        before = (time.perf_counter(), time.process_time(), proc_cpu(backend), proc_cpu(self.redis_pid))
         with connection.execute_wrapper(count):
             result = fn()
-        after = (time.perf_counter(), time.process_time(), _proc_cpu(backend), _proc_cpu(self.redis_pid))
+        after = (time.perf_counter(), time.process_time(), proc_cpu(backend), proc_cpu(self.redis_pid))
         if backend != self._backend_pid():
             print(f"  (warning: the database connection changed during {name}; its CPU is not counted)")
         self.samples.setdefault(name, []).append(Sample(
@@ -225,7 +178,7 @@ def main() -> None:
     parser.add_argument("--database", choices=["auto", "postgres", "sqlite"], default="auto")
     args = parser.parse_args()
 
-    db_label, redis_server = setup(args.database)
+    db_label, redis_server = setup(args.database, DATABASE)
     import redis
 
     from agents.protocol import heartbeat_key
