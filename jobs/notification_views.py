@@ -9,14 +9,11 @@ from __future__ import annotations
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.cache import cache
 from django.shortcuts import redirect, render
 
 from jobs.models import Notification, NotificationSettings
 from jobs.services import notifications
 
-# One test per user this often: the button makes the server call out (mail, webhook).
-TEST_EVERY_S = 10
 RECENT = 10
 
 
@@ -51,18 +48,16 @@ class NotificationSettingsForm(forms.ModelForm):
                 help_text="One message when an alert opens and one when it is resolved.")
 
     def clean_email(self):
-        if self.cleaned_data["email"] and not self.user.email:
-            raise forms.ValidationError("Your account has no email address; ask an operator to add one.")
+        problem = notifications.email_problem(self.user, self.cleaned_data["email"])
+        if problem:
+            raise forms.ValidationError(problem)
         return self.cleaned_data["email"]
 
     def clean_webhook_url(self):
-        url = self.cleaned_data["webhook_url"].strip()
-        if url:
-            try:
-                notifications.check_webhook_url(url)
-            except notifications.WebhookRefused as exc:
-                raise forms.ValidationError(str(exc)) from None
-        return url
+        try:
+            return notifications.checked_webhook_url(self.cleaned_data["webhook_url"])
+        except notifications.WebhookRefused as exc:
+            raise forms.ValidationError(str(exc)) from None
 
     def clean_events(self):
         chosen = set(self.cleaned_data["events"])
@@ -91,8 +86,8 @@ def notification_settings(request):
 
 
 def _send_test(request) -> None:
-    if not cache.add(f"colony:notification-test:{request.user.pk}", 1, TEST_EVERY_S):
-        messages.error(request, f"One test every {TEST_EVERY_S} seconds; try again in a moment.")
+    if not notifications.may_send_test(request.user):
+        messages.error(request, f"One test every {notifications.TEST_EVERY_S} seconds; try again in a moment.")
         return
     for ok, text in notifications.send_test(request.user):
         (messages.success if ok else messages.error)(request, text)

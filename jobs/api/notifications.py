@@ -8,7 +8,6 @@ defaults (nothing is sent). Operators may also list alert kinds (``alert:node_lo
 
 from __future__ import annotations
 
-from django.core.cache import cache
 from django.urls import path
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import generics, serializers
@@ -19,7 +18,6 @@ from rest_framework.views import APIView
 from jobs.models import NotificationSettings
 from jobs.services import notifications
 
-TEST_EVERY_S = 10
 EVENT_NAMES = [event for event, _ in notifications.EVENT_CHOICES] + notifications.ALERT_EVENTS
 
 
@@ -39,18 +37,16 @@ class NotificationSettingsSerializer(serializers.ModelSerializer):
         fields = ["email", "email_address", "webhook_url", "events", "long_wait_minutes"]
 
     def validate_email(self, value: bool) -> bool:
-        if value and not self.context["request"].user.email:
-            raise serializers.ValidationError("Your account has no email address; ask an operator to add one.")
+        problem = notifications.email_problem(self.context["request"].user, value)
+        if problem:
+            raise serializers.ValidationError(problem)
         return value
 
     def validate_webhook_url(self, value: str) -> str:
-        value = value.strip()
-        if value:
-            try:
-                notifications.check_webhook_url(value)
-            except notifications.WebhookRefused as exc:
-                raise serializers.ValidationError(str(exc)) from None
-        return value
+        try:
+            return notifications.checked_webhook_url(value)
+        except notifications.WebhookRefused as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
     def validate_events(self, value: list[str]) -> list[str]:
         refused = notifications.refused_events(self.context["request"].user, value)
@@ -80,8 +76,9 @@ class SendTestView(APIView):
 
     @extend_schema(request=None, responses=TestResultSerializer)
     def post(self, request):
-        if not cache.add(f"colony:notification-test:{request.user.pk}", 1, TEST_EVERY_S):
-            raise Throttled(wait=TEST_EVERY_S, detail=f"One test every {TEST_EVERY_S} seconds.")
+        if not notifications.may_send_test(request.user):
+            every = notifications.TEST_EVERY_S
+            raise Throttled(wait=every, detail=f"One test every {every} seconds.")
         results = notifications.send_test(request.user)
         return Response({"results": [{"ok": ok, "message": message} for ok, message in results]})
 

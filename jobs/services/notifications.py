@@ -111,6 +111,36 @@ def operators(prefix: str = "") -> Q:
     return Q(**{f"{prefix}is_active": True, f"{prefix}is_staff": True})
 
 
+# ---------------------------------------------------------------- the rules of a user's settings
+# One place for them: the API (jobs/api/notifications.py) and the page (jobs/notification_views.py)
+# both judge with these, so they refuse the same things in the same words.
+
+# One test send per user this often: the button makes the server call out (mail, webhook).
+TEST_EVERY_S = 10
+
+
+def email_problem(user, wanted: bool) -> str | None:
+    """Why ``user`` cannot have email, when they ask for it; None when they can."""
+    if wanted and not user.email:
+        return "Your account has no email address; ask an operator to add one."
+    return None
+
+
+def checked_webhook_url(url: str) -> str:
+    """The URL as stored (stripped), after :func:`check_webhook_url`; raises :class:`WebhookRefused`."""
+    url = url.strip()
+    if url:
+        check_webhook_url(url)
+    return url
+
+
+def may_send_test(user) -> bool:
+    """Whether ``user`` may send a test now (and, if so, counts it): one per ``TEST_EVERY_S``."""
+    from django.core.cache import cache
+
+    return cache.add(f"colony:notification-test:{user.pk}", 1, TEST_EVERY_S)
+
+
 def refused_events(user, events) -> list[str]:
     """The alert events in ``events`` that ``user`` may not subscribe to (all of them unless an operator)."""
     return [] if is_operator(user) else [event for event in events if event.startswith(ALERT_PREFIX)]
