@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI served from our static files, not a CDN
     "cluster_ui.apps.ClusterUiConfig",
+    "cluster_ui.sso",  # single sign-on: OpenID Connect identities, IdP groups -> tenants and roles
     "monitoring",
     "jobs",
 ]
@@ -296,3 +297,41 @@ CELERY_BEAT_SCHEDULE.update({
                                 "options": {"expires": 290}},
 })
 # ---------------------------------------------------------------- end of notifications
+
+# ---------------------------------------------------------------- single sign-on (cluster_ui/sso)
+# OpenID Connect login beside local accounts (mozilla-django-oidc, code flow with PKCE, nonce and
+# state), off until COLONY_OIDC_ISSUER is set. README "Single sign-on" describes every knob and the
+# group mapping; the client secret is read only from COLONY_OIDC_CLIENT_SECRET_FILE.
+from cluster_ui.sso.config import client_secret, oidc_enabled  # noqa: E402
+from cluster_ui.sso.group_map import parse_group_map  # noqa: E402
+
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend", "cluster_ui.sso.backend.OIDCBackend"]
+COLONY_OIDC_ISSUER = env_str("COLONY_OIDC_ISSUER", "").rstrip("/")
+COLONY_OIDC_PROVIDER_NAME = env_str("COLONY_OIDC_PROVIDER_NAME", "your organisation")
+OIDC_RP_CLIENT_ID = env_str("COLONY_OIDC_CLIENT_ID", "")
+OIDC_RP_CLIENT_SECRET = client_secret("COLONY_OIDC_CLIENT_SECRET")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("COLONY_OIDC_AUTHORIZATION_ENDPOINT", "")
+OIDC_OP_TOKEN_ENDPOINT = env_str("COLONY_OIDC_TOKEN_ENDPOINT", "")
+OIDC_OP_USER_ENDPOINT = env_str("COLONY_OIDC_USERINFO_ENDPOINT", "")
+OIDC_OP_JWKS_ENDPOINT = env_str("COLONY_OIDC_JWKS_ENDPOINT", "")
+# The IdP's groups -> tenants and roles: JSON text, or COLONY_OIDC_GROUP_MAP_FILE naming a file of it.
+_group_map_text = env_secret("COLONY_OIDC_GROUP_MAP", "") or ""
+COLONY_OIDC_GROUP_MAP = parse_group_map(_group_map_text)
+COLONY_OIDC_ENABLED = oidc_enabled(
+    COLONY_OIDC_ISSUER, COLONY_OIDC_CLIENT_ID=OIDC_RP_CLIENT_ID, COLONY_OIDC_CLIENT_SECRET_FILE=OIDC_RP_CLIENT_SECRET,
+    COLONY_OIDC_AUTHORIZATION_ENDPOINT=OIDC_OP_AUTHORIZATION_ENDPOINT, COLONY_OIDC_TOKEN_ENDPOINT=OIDC_OP_TOKEN_ENDPOINT,
+    COLONY_OIDC_USERINFO_ENDPOINT=OIDC_OP_USER_ENDPOINT, COLONY_OIDC_JWKS_ENDPOINT=OIDC_OP_JWKS_ENDPOINT,
+    COLONY_OIDC_GROUP_MAP=_group_map_text.strip(),
+)
+COLONY_OIDC_GROUPS_CLAIM = env_str("COLONY_OIDC_GROUPS_CLAIM", "groups")
+OIDC_RP_SCOPES = env_str("COLONY_OIDC_SCOPES", "openid email profile")
+OIDC_RP_SIGN_ALGO = env_str("COLONY_OIDC_SIGN_ALGO", "RS256")
+# Seconds of clock difference tolerated on the ID token's exp/iat.
+COLONY_OIDC_LEEWAY_S = env_int("COLONY_OIDC_LEEWAY_S", 60)
+# client_secret_basic is what the OpenID spec makes the default; "post" sends it in the body.
+OIDC_TOKEN_USE_BASIC_AUTH = env_str("COLONY_OIDC_TOKEN_AUTH", "basic").strip().lower() != "post"
+OIDC_USE_PKCE = True
+OIDC_USE_NONCE = True
+OIDC_TIMEOUT = env_float("COLONY_OIDC_TIMEOUT_S", 10.0)
+OIDC_AUTHENTICATION_CALLBACK_URL = "sso:oidc_authentication_callback"
+# ---------------------------------------------------------------- end of single sign-on

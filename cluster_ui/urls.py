@@ -6,12 +6,11 @@ from cluster_ui import views
 
 urlpatterns = [
     path("", views.overview, name="home"),
-    path("heatmap/", views.heatmap, name="heatmap"),
-    path("nodes/", views.nodes, name="nodes"),
-    path("nodes/<str:name>/", views.node_detail, name="node"),
+    path("", include("monitoring.urls")),
     path("account/tokens/", views.api_tokens, name="api-tokens"),
     path("jobs/", include("jobs.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("sso/", include("cluster_ui.sso.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include("jobs.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),

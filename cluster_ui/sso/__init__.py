@@ -1,0 +1,1 @@
+"""Single sign-on: OpenID Connect login and the IdP-groups -> tenants/roles mapping (README "Single sign-on")."""
