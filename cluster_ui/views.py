@@ -1,9 +1,7 @@
-"""Project-level pages: the overview, the cluster heatmap, nodes, API tokens, API docs, and the
-Prometheus endpoint.
+"""Project-level pages: the overview, API tokens, API docs, and the Prometheus endpoint (the
+heatmap and node pages are ``monitoring``'s, the job pages ``jobs``').
 
-Cluster-wide facts (GPU states, tenants' totals, node inventory) are shown to every signed-in
-user; a job is named only where ``Job.objects.visible_to(user)`` holds it, else it reads
-"another tenant's job". Charts and live numbers are fetched by the page's script from the API.
+The overview's numbers are fetched by its script from the API (``/api/v1/cluster/``).
 """
 
 import hmac
@@ -11,21 +9,15 @@ import hmac
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Prefetch
 from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.authtoken.models import Token
 
-from jobs.api.cluster import OTHER_TENANT, visible_job_ids
 from jobs.metrics import JobsCollector
-from jobs.services.usage import live_holders
-from monitoring.api.views import live_gpus
 from monitoring.metrics import ClusterCollector
-from monitoring.models import Gpu, Node
-from monitoring.services.heatmap import METRICS, RANGES
 
 
 @require_GET
@@ -44,44 +36,6 @@ def prometheus_metrics(request):
 @login_required
 def overview(request):
     return render(request, "cluster/overview.html")
-
-
-def _choice(value: str | None, allowed, default: str) -> str:
-    return value if value in allowed else default
-
-
-@login_required
-def heatmap(request):
-    return render(request, "cluster/heatmap.html", {
-        "ranges": list(RANGES), "metrics": METRICS,
-        "range": _choice(request.GET.get("range"), RANGES, "1h"),
-        "metric": _choice(request.GET.get("metric"), METRICS, "util"),
-    })
-
-
-@login_required
-def nodes(request):
-    rows = Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.filter(present=True)))
-    return render(request, "cluster/nodes.html", {"nodes": rows})
-
-
-@login_required
-def node_detail(request, name: str):
-    node = get_object_or_404(Node, name=name)
-    gpus = list(node.gpus.filter(present=True).order_by("index"))
-    held = live_holders([gpu.pk for gpu in gpus])
-    visible = visible_job_ids(request.user, [a.job_id for allocations in held.values() for a in allocations])
-    readings = live_gpus()
-    for gpu in gpus:
-        gpu.live = readings.get(f"{node.name}:{gpu.index}")
-        gpu.holders = [
-            {"job": a.job if a.job_id in visible else None, "gpu_milli": a.gpu_milli, "duty_cycle": a.duty_cycle,
-             "memory_limit_mib": a.memory_limit_mib, "since": a.created_at}
-            for a in held.get(gpu.pk, [])
-        ]
-    return render(request, "cluster/node.html", {
-        "node": node, "gpus": gpus, "other_tenant": OTHER_TENANT, "ranges": list(RANGES), "metrics": METRICS,
-    })
 
 
 @login_required

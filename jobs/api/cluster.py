@@ -22,17 +22,13 @@ from rest_framework.views import APIView
 from jobs.api.tenants import TenantSerializer, tenant_rows
 from jobs.models import Job
 from jobs.services.usage import gpu_counts, occupants, queue_stats
+from jobs.services.visibility import OTHER_TENANT, visible_job_ids
 from monitoring.api.views import live_gpus
 from monitoring.choices import AlertKind
 from monitoring.models import Alert, Gpu
 from monitoring.services.heatmap import RANGES, job_series
 
-OTHER_TENANT = "another tenant's job"
 MAX_ALERTS = 50
-
-
-def visible_job_ids(user, job_ids) -> set[int]:
-    return set(Job.objects.visible_to(user).filter(pk__in=set(job_ids)).values_list("pk", flat=True))
 
 
 # ---------------------------------------------------------------- /cluster/

@@ -1,0 +1,36 @@
+"""What one user may read about jobs that are not theirs to see.
+
+Cluster-wide facts (which GPU is busy, an alert's node) are everyone's; a job is named only where
+``Job.objects.visible_to(user)`` holds it, and reads :data:`OTHER_TENANT` anywhere else.
+"""
+
+from __future__ import annotations
+
+from jobs.models import Job
+from jobs.services.usage import live_holders
+from monitoring.services.gpu_holders import GpuHolder
+
+OTHER_TENANT = "another tenant's job"
+
+
+def visible_job_ids(user, job_ids) -> set[int]:
+    return set(Job.objects.visible_to(user).filter(pk__in=set(job_ids)).values_list("pk", flat=True))
+
+
+def gpu_holders(user, gpu_ids: list[int]) -> dict[int, list[GpuHolder]]:
+    """GPU id -> the jobs holding it now, oldest first, named only where ``user`` may see them
+    (installed into :mod:`monitoring.services.gpu_holders` for the node page)."""
+    held = live_holders(gpu_ids)
+    visible = visible_job_ids(user, [a.job_id for allocations in held.values() for a in allocations])
+    return {
+        gpu_id: [
+            GpuHolder(job_id=a.job_id, job_name=a.job.name, tenant=a.job.tenant.slug,
+                      label=f"#{a.job_id} {a.job.name} ({a.job.tenant.slug})",
+                      gpu_milli=a.gpu_milli, duty_cycle=a.duty_cycle)
+            if a.job_id in visible else
+            GpuHolder(job_id=None, job_name=None, tenant=None, label=OTHER_TENANT,
+                      gpu_milli=a.gpu_milli, duty_cycle=a.duty_cycle)
+            for a in allocations
+        ]
+        for gpu_id, allocations in held.items()
+    }

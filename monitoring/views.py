@@ -1,0 +1,49 @@
+"""Pages of the inventory: the cluster heatmap, the node list, one node.
+
+Cluster-wide facts (GPU states, readings, node inventory) are shown to every signed-in user. The
+node page names the jobs on each GPU through :mod:`monitoring.services.gpu_holders`, which ``jobs``
+fills in (only it can tell whom a job may be named to). Charts and live numbers are fetched by
+the page's script from the API.
+"""
+
+from django.contrib.auth.decorators import login_required
+from django.db.models import Prefetch
+from django.shortcuts import get_object_or_404, render
+
+from monitoring.api.views import live_gpus
+from monitoring.models import Gpu, Node
+from monitoring.services import gpu_holders
+from monitoring.services.heatmap import METRICS, RANGES
+
+
+def _choice(value: str | None, allowed, default: str) -> str:
+    return value if value in allowed else default
+
+
+@login_required
+def heatmap(request):
+    return render(request, "monitoring/heatmap.html", {
+        "ranges": list(RANGES), "metrics": METRICS,
+        "range": _choice(request.GET.get("range"), RANGES, "1h"),
+        "metric": _choice(request.GET.get("metric"), METRICS, "util"),
+    })
+
+
+@login_required
+def nodes(request):
+    rows = Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.filter(present=True)))
+    return render(request, "monitoring/nodes.html", {"nodes": rows})
+
+
+@login_required
+def node_detail(request, name: str):
+    node = get_object_or_404(Node, name=name)
+    gpus = list(node.gpus.filter(present=True).order_by("index"))
+    held = gpu_holders.holders(request.user, [gpu.pk for gpu in gpus])
+    readings = live_gpus()
+    for gpu in gpus:
+        gpu.live = readings.get(f"{node.name}:{gpu.index}")
+        gpu.holders = held.get(gpu.pk, [])
+    return render(request, "monitoring/node.html", {
+        "node": node, "gpus": gpus, "ranges": list(RANGES), "metrics": METRICS,
+    })
