@@ -24,6 +24,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 
 from jobs.scheduling.config import SchedulerConfig
+from jobs.scheduling.filters import host_resources
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass, RunningJob
 
 Pool = tuple[str, int, float, bool]  # (model, memory_mib, intra-node GB/s, has a container runtime)
@@ -66,7 +67,7 @@ class GpuSlot:
 
 class NodeSlot:
     __slots__ = ("key", "name", "rack", "gb_per_s", "pool", "gpus", "empty", "schedulable", "cordoned", "reserved",
-                 "has_runtime")
+                 "has_runtime", "cpu_total", "host_total_mb", "cpu_free", "host_free_mb")
 
     def __init__(self, key: int, node, schedulable: bool):
         self.key, self.name, self.rack = key, node.name, node.rack
@@ -78,6 +79,9 @@ class NodeSlot:
         self.cordoned = node.online and node.cordoned  # up, but an operator keeps new work off it
         self.reserved = False  # held for a blocked gang this cycle
         self.has_runtime = bool(node.runtimes)  # can run jobs with an image
+        # None: the node does not report it (never a constraint); free = total - residents' requests.
+        self.cpu_total = self.cpu_free = node.cpu_milli
+        self.host_total_mb = self.host_free_mb = node.host_memory_mb
 
     @property
     def indexed(self) -> bool:
@@ -144,10 +148,14 @@ class Capacity:
     def _add_residents(self, snapshot: ClusterSnapshot) -> None:
         for job in snapshot.running:
             load = resident_load_milli(job)
+            cpu = host_resources.per_gpu(job.cpu_milli, len(job.gpu_ids))
+            host_mb = host_resources.per_gpu(job.host_memory_mb, len(job.gpu_ids))
             for gpu_id in job.gpu_ids:
                 gpu = self.by_id.get(gpu_id)
                 if gpu is None:
                     continue
+                if cpu or host_mb:
+                    host_resources.take(gpu.node, cpu, host_mb)
                 gpu.residents.append(job)
                 gpu.occupants += 1
                 gpu.load_milli += load
@@ -223,12 +231,15 @@ class Capacity:
     # -- mutation ----------------------------------------------------------------------------
 
     def take(self, gpus: list[GpuSlot], job_class: JobClass, memory_mib: list[int], demand_milli: int,
-             gpu_milli: int, shareable: bool) -> None:
-        """Commit a placement: each GPU in ``gpus`` gets the job's memory and compute."""
+             gpu_milli: int, shareable: bool, cpu_per_gpu: int = 0, host_mb_per_gpu: int = 0) -> None:
+        """Commit a placement: each GPU in ``gpus`` gets the job's memory and compute, its node
+        the job's CPU and host memory for that GPU."""
         nodes = {g.node.key: g.node for g in gpus}
         for node in nodes.values():
             self._bucket_remove(node)
         for gpu, memory in zip(gpus, memory_mib):
+            if cpu_per_gpu or host_mb_per_gpu:
+                host_resources.take(gpu.node, cpu_per_gpu, host_mb_per_gpu)
             self._unindex(gpu)
             if gpu.occupants == 0:
                 gpu.node.empty.remove(gpu)

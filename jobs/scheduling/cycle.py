@@ -67,7 +67,7 @@ def _request_key(job: JobRequest) -> tuple:
     profile = job.profile
     return (job.gpus, job.gpu_milli, job.gpu_memory_mib, job.gpu_models, job.max_nodes, job.shareable,
             job.allreduce_bytes, profile and profile.peak_memory_mib, profile and profile.mean_utilisation,
-            job.needs_runtime)
+            job.needs_runtime, job.cpu_milli, job.host_memory_mb)
 GUARANTEED, OPPORTUNISTIC = JobClass.GUARANTEED, JobClass.OPPORTUNISTIC
 
 
@@ -128,6 +128,7 @@ class Cycle(Waiting):
         self._reasons: dict[tuple, PendingReason] = {}
         self._fits_reserved_memo: dict[tuple, bool] = {}
         self._not_on_reserved = FailureMemo()
+        self._host_memo: dict[tuple, str | None] = {}
         self._smallest_guaranteed_ask: dict[str, int] = {}
         # Job arrays: jobs running (stopping ones too: they still run) and their expected ends.
         self.array_running: dict[int, int] = defaultdict(int)
@@ -365,7 +366,8 @@ class Cycle(Waiting):
     def _place(self, job: JobRequest, shape: Shape, job_class: JobClass, choice: Choice) -> None:
         gpus = [gpu for _, node_gpus in choice.slices for gpu in node_gpus]
         next_to_guarantee = any(gpu.guaranteed_count for gpu in gpus)
-        self.capacity.take(gpus, job_class, choice.memory_mib, shape.demand_milli, shape.gpu_milli, shape.shareable)
+        self.capacity.take(gpus, job_class, choice.memory_mib, shape.demand_milli, shape.gpu_milli, shape.shareable,
+                           shape.cpu_per_gpu, shape.host_mb_per_gpu)
         self._count(job, job_class)
         biggest = max(choice.memory_mib)
         capacity = min(gpu.capacity_mib for gpu in gpus)

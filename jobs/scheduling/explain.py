@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from jobs.scheduling import reasons
 from jobs.scheduling.capacity import Capacity
+from jobs.scheduling.filters import host_resources
 from jobs.scheduling.placement import Placer, Shape
 from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobRequest
@@ -27,6 +28,8 @@ def invalid_request(job: JobRequest) -> PendingReason | None:
         return reasons.invalid_request("a fraction of a GPU can only be asked for one GPU")
     if job.max_nodes is not None and job.max_nodes < 1:
         return reasons.invalid_request(f"max_nodes must be at least 1, not {job.max_nodes}")
+    if job.cpu_milli < 0 or job.host_memory_mb < 0:
+        return reasons.invalid_request("CPU and host memory cannot be negative")
     return None
 
 
@@ -55,7 +58,8 @@ class InventoryCheck:
         # What matters is which pools the request can use, not its exact numbers.
         pools = tuple(self.placer.pools_for(shape))
         key = (pools, shape.models, shape.gpus, shape.max_nodes,
-               None if pools and not shape.needs_runtime else shape.memory_mib, shape.needs_runtime)
+               None if pools and not shape.needs_runtime else shape.memory_mib, shape.needs_runtime,
+               shape.cpu_per_gpu, shape.host_mb_per_gpu)
         if key not in self._memo:
             self._memo[key] = self._reason_or_cordon(shape)
         return self._memo[key]
@@ -82,6 +86,31 @@ class InventoryCheck:
         return self._widths[key]
 
     def _reason(self, shape: Shape) -> PendingReason | None:
+        reason = self._gpu_reason(shape)
+        if reason is None and shape.needs_host:
+            return self._host_reason(shape)
+        return reason
+
+    def _host_reason(self, shape: Shape) -> PendingReason | None:
+        """The GPUs exist: can the nodes that have them feed the request (whole CPU and memory)?"""
+        def fed(cpu: int, memory: int) -> bool:
+            for model_pools in self.placer.pools_by_model(self.placer.pools_for(shape)):
+                per_node = sorted((min(sum(1 for g in n.gpus if g.pool in model_pools),
+                                       host_resources.gpus_ever_allowed(n, cpu, memory)) for n in self.schedulable),
+                                  reverse=True)
+                if sum(per_node[: shape.max_nodes] if shape.max_nodes is not None else per_node) >= shape.gpus:
+                    return True
+            return False
+
+        if fed(shape.cpu_per_gpu, shape.host_mb_per_gpu):
+            return None
+        resource = "cpu" if not fed(shape.cpu_per_gpu, 0) else "memory"
+        totals = [n.cpu_total if resource == "cpu" else n.host_total_mb for n in self.schedulable]
+        per_gpu = shape.cpu_per_gpu if resource == "cpu" else shape.host_mb_per_gpu
+        return reasons.no_node_with_enough_host(resource, per_gpu * shape.gpus,
+                                                max((t for t in totals if t is not None), default=None))
+
+    def _gpu_reason(self, shape: Shape) -> PendingReason | None:
         if not self.schedulable:
             cordoned = sum(1 for n in self.capacity.nodes if not n.schedulable)
             return reasons.no_nodes_online(len(self.capacity.nodes), cordoned)

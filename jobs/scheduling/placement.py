@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from jobs.scheduling.capacity import ROOM_BUCKETS, ROOM_STEP, Capacity, GpuSlot, NodeSlot
 from jobs.scheduling.config import SchedulerConfig
+from jobs.scheduling.filters import host_resources
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, JobRequest
 from jobs.scheduling.topology import Candidate, allreduce_seconds, choose_nodes, slowest_link
 
@@ -47,6 +48,19 @@ class Shape:
     shareable: bool
     allreduce_bytes: int
     needs_runtime: bool = False
+    # Per GPU, of the node that hosts it (``filters.host_resources``); 0: none asked.
+    cpu_per_gpu: int = 0
+    host_mb_per_gpu: int = 0
+
+    @property
+    def needs_host(self) -> bool:
+        return bool(self.cpu_per_gpu or self.host_mb_per_gpu)
+
+    def host_allows(self, node) -> int:
+        """How many of this request's GPUs ``node`` has the CPU and host memory for."""
+        if not (self.cpu_per_gpu or self.host_mb_per_gpu):
+            return host_resources.UNLIMITED
+        return host_resources.gpus_allowed(node, self.cpu_per_gpu, self.host_mb_per_gpu)
 
     def memory_on(self, capacity_mib: int) -> int:
         if self.memory_mib is not None:
@@ -64,17 +78,19 @@ def shape_of(job: JobRequest, config: SchedulerConfig) -> Shape:
                  models=job.gpu_models, max_nodes=job.max_nodes,
                  shareable=job.shareable or job.gpu_milli < WHOLE_GPU_MILLI,
                  allreduce_bytes=job.allreduce_bytes or config.default_allreduce_bytes,
-                 needs_runtime=job.needs_runtime)
+                 needs_runtime=job.needs_runtime,
+                 cpu_per_gpu=host_resources.per_gpu(job.cpu_milli, job.gpus),
+                 host_mb_per_gpu=host_resources.per_gpu(job.host_memory_mb, job.gpus))
 
 
 class FailureMemo:
     """Requests known to find nothing this cycle. Capacity only shrinks within a cycle and a
-    request needing at least as much memory, compute and quota as a failed one (same GPU count,
-    models and sharing terms) fails too, so one failure answers a whole family of requests."""
+    request needing at least as much memory, compute, quota, CPU and host memory as a failed one
+    (same GPU count, models and sharing terms) fails too, so one failure answers a whole family."""
 
     def __init__(self):
-        self._frontiers: dict[object, dict[tuple, list[tuple[int, int, int]]]] = {}
-        self._split: dict[Shape, tuple[tuple, tuple[int, int, int]]] = {}
+        self._frontiers: dict[object, dict[tuple, list[tuple[int, ...]]]] = {}
+        self._split: dict[Shape, tuple[tuple, tuple[int, ...]]] = {}
 
     def _family(self, shape: Shape) -> tuple[tuple, tuple[int, int, int]]:
         found = self._split.get(shape)
@@ -82,7 +98,8 @@ class FailureMemo:
             found = self._split[shape] = (
                 (shape.gpus, shape.models, shape.max_nodes, shape.shareable, shape.memory_mib is None,
                  shape.needs_runtime),
-                (shape.memory_mib or 0, shape.demand_milli, shape.gpu_milli),
+                (shape.memory_mib or 0, shape.demand_milli, shape.gpu_milli, shape.cpu_per_gpu,
+                 shape.host_mb_per_gpu),
             )
         return found
 
@@ -90,9 +107,9 @@ class FailureMemo:
         by_family = self._frontiers.get(tag)
         if not by_family:
             return False
-        family, (memory, demand, milli) = self._family(shape)
-        for f_memory, f_demand, f_milli in by_family.get(family, ()):
-            if memory >= f_memory and demand >= f_demand and milli >= f_milli:
+        family, point = self._family(shape)
+        for failed in by_family.get(family, ()):
+            if all(mine >= theirs for mine, theirs in zip(point, failed)):
                 return True
         return False
 
@@ -100,7 +117,7 @@ class FailureMemo:
         family, point = self._family(shape)
         frontier = self._frontiers.setdefault(tag, {}).setdefault(family, [])
         # Keep only the easiest failures: a harder one is implied by an easier one.
-        frontier[:] = [f for f in frontier if not (f[0] >= point[0] and f[1] >= point[1] and f[2] >= point[2])]
+        frontier[:] = [f for f in frontier if not all(theirs >= mine for theirs, mine in zip(f, point))]
         frontier.append(point)
 
 
@@ -141,6 +158,8 @@ class Placer:
     def fits_gpu(self, gpu: GpuSlot, shape: Shape, job_class: JobClass, pools: list[int]) -> bool:
         if gpu.blocked or gpu.pool not in pools:
             return False
+        if shape.needs_host and shape.host_allows(gpu.node) < 1:
+            return False
         need = shape.memory_on(gpu.capacity_mib)
         if gpu.occupants == 0:
             return need <= gpu.capacity_mib
@@ -168,7 +187,7 @@ class Placer:
         pools = self.pools_for(shape)
         if shape.gpus == 1:
             return any(self.fits_gpu(g, shape, job_class, pools) for node in nodes for g in node.gpus)
-        usable = [sum(1 for g in node.empty if g.pool in pools) for node in nodes]
+        usable = [min(sum(1 for g in node.empty if g.pool in pools), shape.host_allows(node)) for node in nodes]
         if shape.max_nodes == 1:
             return max(usable, default=0) >= shape.gpus
         return sum(usable) >= shape.gpus
@@ -235,8 +254,8 @@ class Placer:
             memory = self.capacity.pools[pool][1]
             buckets = self.capacity.buckets[pool]
             for k in range(1, len(buckets)):
-                if buckets[k]:
-                    node_key = next(iter(buckets[k]))
+                node_key = self._first_fed(buckets[k], shape, 1)
+                if node_key is not None:
                     option = (memory - shape.memory_on(memory), k, pool, node_key)
                     if best is None or option < best:
                         best = option
@@ -244,12 +263,21 @@ class Placer:
         gpu = None if best is None else self.capacity.nodes[best[3]].empty[0]
         for node in self.capacity.mixed_nodes + backfill:
             usable = [g for g in node.empty if g.pool in pools]
-            if usable:
+            if usable and shape.host_allows(node) >= 1:
                 first = usable[0]
                 option = (first.capacity_mib - shape.memory_on(first.capacity_mib), len(node.empty), first.pool, node.key)
                 if best is None or option < best:
                     best, gpu = option, first
         return gpu
+
+    def _first_fed(self, bucket: dict[int, None], shape: Shape, gpus: int) -> int | None:
+        """The first node of an index bucket with the CPU and host memory for ``gpus`` of the request."""
+        if not bucket:
+            return None
+        if not shape.needs_host:
+            return next(iter(bucket))
+        nodes = self.capacity.nodes
+        return next((key for key in bucket if shape.host_allows(nodes[key]) >= gpus), None)
 
     def pools_by_model(self, pools: list[int]) -> list[list[int]]:
         """``pools`` grouped by GPU model, in first-seen order."""
@@ -277,7 +305,7 @@ class Placer:
             return single
         if shape.max_nodes == 1 or not spread:
             return None
-        candidates = self._gang_candidates(pools, backfill)
+        candidates = self._gang_candidates(pools, backfill, shape)
         choice = choose_nodes(candidates, shape.gpus, shape.allreduce_bytes, self.config)
         if choice is None or (shape.max_nodes is not None and len(choice) > shape.max_nodes):
             return None
@@ -292,15 +320,15 @@ class Placer:
             buckets = self.capacity.buckets[pool]
             cost = allreduce_seconds(n, shape.allreduce_bytes, gb_per_s)
             for k in range(n, len(buckets)):
-                if buckets[k]:
-                    node_key = next(iter(buckets[k]))
+                node_key = self._first_fed(buckets[k], shape, n)
+                if node_key is not None:
                     option = (cost, memory - shape.memory_on(memory), k, pool, node_key)
                     if best is None or option < best:
                         best, best_node = option, self.capacity.nodes[node_key]
                     break
         for node in self.capacity.mixed_nodes + backfill:
             usable = [g for g in node.empty if g.pool in pools]
-            if len(usable) >= n:
+            if len(usable) >= n and shape.host_allows(node) >= n:
                 cost = allreduce_seconds(n, shape.allreduce_bytes, node.gb_per_s)
                 option = (cost, 0, len(usable), -1, node.key)
                 if best is None or option < best:
@@ -310,7 +338,7 @@ class Placer:
         usable = [g for g in best_node.empty if g.pool in pools][:n]
         return self._gang_choice([(best_node, usable)], shape)
 
-    def _gang_candidates(self, pools: list[int], backfill: list[NodeSlot]) -> list[Candidate]:
+    def _gang_candidates(self, pools: list[int], backfill: list[NodeSlot], shape: Shape) -> list[Candidate]:
         candidates: list[Candidate] = []
         for pool in pools:
             for bucket in self.capacity.buckets[pool][1:]:
@@ -319,6 +347,9 @@ class Placer:
             usable = [g for g in node.empty if g.pool in pools]
             if usable:
                 candidates.append((node, usable))
+        if shape.needs_host:  # a node offers only as many GPUs as its CPU and host memory can feed
+            candidates = [(node, gpus[:allowed]) for node, gpus in candidates
+                          if (allowed := shape.host_allows(node)) > 0]
         return candidates
 
     def _gang_choice(self, choice: list[Candidate], shape: Shape) -> Choice:

@@ -22,6 +22,9 @@ class ReasonCode(StrEnum):
     GANG_LARGER_THAN_ANY_NODE = "gang_larger_than_any_node"
     GANG_LARGER_THAN_CLUSTER = "gang_larger_than_cluster"
     NEEDS_CORDONED_NODES = "needs_cordoned_nodes"
+    # No node has the CPU cores or host memory the request asks for, even with nothing running.
+    NO_NODE_WITH_ENOUGH_CPU = "no_node_with_enough_cpu"
+    NO_NODE_WITH_ENOUGH_HOST_MEMORY = "no_node_with_enough_host_memory"
     # It runs in a container image and no schedulable node with a container runtime can take it.
     NEEDS_CONTAINER_RUNTIME = "needs_container_runtime"
     # The researcher's own ordering: jobs it depends on have not ended, or its array is at its cap.
@@ -36,6 +39,9 @@ class ReasonCode(StrEnum):
     BEHIND_LOWER_USAGE_TENANTS = "behind_lower_usage_tenants"
     # Load.
     WAITING_FOR_FREE_GPUS = "waiting_for_free_gpus"
+    # GPUs that fit are free, but the nodes that have them lack the CPU or host memory it asked for.
+    INSUFFICIENT_CPU = "insufficient_cpu"
+    INSUFFICIENT_HOST_MEMORY = "insufficient_host_memory"
     # A gang that could be spread now waits (bounded) for one node to have room for all of it.
     WAITING_FOR_ONE_NODE = "waiting_for_one_node"
     RECLAIMING = "reclaiming"
@@ -179,6 +185,42 @@ def gang_larger_than_cluster(gpus: int, total: int) -> PendingReason:
         f"Needs {gpus} GPUs at once; the online cluster has only {total} of one model that fit the request "
         f"(a gang runs on one GPU model).",
         {"needed_gpus": gpus, "cluster_gpus": total},
+    )
+
+
+def cores(cpu_milli: float) -> str:
+    text = f"{cpu_milli / 1000:g}"
+    return f"{text} CPU core" if text == "1" else f"{text} CPU cores"
+
+
+def no_node_with_enough_host(resource: str, needed: int, largest: int | None) -> PendingReason:
+    """``resource``: "cpu" (milli-cores) or "memory" (MiB); amounts for the whole job on one node."""
+    if resource == "cpu":
+        what, largest_text = cores(needed), cores(largest or 0)
+        code = ReasonCode.NO_NODE_WITH_ENOUGH_CPU
+    else:
+        what, largest_text = f"{gib(needed)} of host memory", gib(largest or 0)
+        code = ReasonCode.NO_NODE_WITH_ENOUGH_HOST_MEMORY
+    return PendingReason(
+        code,
+        f"Asks for {what} beside its GPUs; no online node that has those GPUs offers that much (the largest "
+        f"offers {largest_text}). Ask for less, or spread it over more nodes.",
+        {"resource": resource, "needed": needed, "largest_node": largest},
+    )
+
+
+def insufficient_host(resource: str, gpus: int, needed: int) -> PendingReason:
+    """GPUs that fit are free but their nodes' CPU or host memory is taken: ``needed`` is the job's
+    whole request (milli-cores or MiB)."""
+    if resource == "cpu":
+        what, code = cores(needed), ReasonCode.INSUFFICIENT_CPU
+    else:
+        what, code = f"{gib(needed)} of host memory", ReasonCode.INSUFFICIENT_HOST_MEMORY
+    return PendingReason(
+        code,
+        f"{_gpus(gpus)} that fit it are free, but the nodes that have them do not have the {what} it asked "
+        f"for free; it starts when jobs there end.",
+        {"resource": resource, "needed_gpus": gpus, "needed": needed},
     )
 
 

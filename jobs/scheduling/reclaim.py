@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from jobs.scheduling.capacity import Capacity, GpuSlot, NodeSlot
 from jobs.scheduling.config import SchedulerConfig
+from jobs.scheduling.filters import host_resources
 from jobs.scheduling.placement import Placer, Shape
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, RunningJob
 from jobs.scheduling.topology import allreduce_seconds, choose_nodes
@@ -190,6 +191,8 @@ class Reclaimer:
             if len(options) < n or not any(o[3] for o in options[:n]) and not self._stopping(options[:n]):
                 continue  # nothing to reclaim on this node: plain placement already said no
             picked = options[:n]
+            if shape.needs_host and self._host_allows(node, shape, picked) < n:
+                continue
             lost = _total(self._progress(v) for v in {v.id: v for o in picked for v in o[3]}.values())
             cost = allreduce_seconds(n, shape.allreduce_bytes, node.gb_per_s)
             key = (lost, cost, node.key)
@@ -200,11 +203,28 @@ class Reclaimer:
         if n == 1 or shape.max_nodes == 1:
             return None
         by_key = {o[1]: o for _, options in per_node for o in options}
-        candidates = [(node, [o[2] for o in options]) for node, options in per_node]
+        candidates = [(node, [o[2] for o in options][: self._host_allows(node, shape, options)])
+                      for node, options in per_node]
+        candidates = [(node, gpus) for node, gpus in candidates if gpus]
         choice = choose_nodes(candidates, n, shape.allreduce_bytes, self.config)
         if choice is None or (shape.max_nodes is not None and len(choice) > shape.max_nodes):
             return None
         return [(gpu, by_key[gpu.key][3]) for _, gpus in choice for gpu in gpus]
+
+    @staticmethod
+    def _host_allows(node: NodeSlot, shape: Shape, options) -> int:
+        """GPUs of the request ``node`` can feed once the victims in ``options`` have left it
+        (an upper bound for a spread gang, which may keep only some of them)."""
+        if not shape.needs_host:
+            return host_resources.UNLIMITED
+        victims = {v.id: v for o in options for v in o[3]}.values()
+        on_node = {g.id for g in node.gpus}
+        freed_cpu = freed_memory = 0
+        for victim in victims:
+            here = sum(1 for gpu_id in victim.gpu_ids if gpu_id in on_node)
+            freed_cpu += host_resources.per_gpu(victim.cpu_milli, len(victim.gpu_ids)) * here
+            freed_memory += host_resources.per_gpu(victim.host_memory_mb, len(victim.gpu_ids)) * here
+        return host_resources.gpus_allowed(node, shape.cpu_per_gpu, shape.host_mb_per_gpu, freed_cpu, freed_memory)
 
     def _commit(self, job_id: int, chosen: list[tuple[GpuSlot, list[RunningJob]]]) -> Reclaim | None:
         victims: dict[int, RunningJob] = {}

@@ -51,6 +51,10 @@ class NodeState:
     # Container runtimes the node's agent advertises (docker, podman, apptainer); empty: none, so
     # jobs with an image cannot run there.
     runtimes: frozenset[str] = frozenset()
+    # CPU (milli-cores, 1000 = one core) and host memory (MiB) the node offers jobs; None: not
+    # tracked, so never a constraint.
+    cpu_milli: int | None = None
+    host_memory_mb: int | None = None
 
     @property
     def schedulable(self) -> bool:
@@ -108,6 +112,10 @@ class JobRequest:
     waiting_for: tuple[tuple[int, str], ...] = ()
     # The job runs in a container image: only nodes with a container runtime can run it.
     needs_runtime: bool = False
+    # CPU (milli-cores) and host memory (MiB) for the whole job; a gang spread over nodes takes
+    # them in proportion to its GPUs on each (``filters.host_resources``). 0: asks for none.
+    cpu_milli: int = 0
+    host_memory_mb: int = 0
 
     @property
     def fractional(self) -> bool:
@@ -148,6 +156,9 @@ class RunningJob:
     checkpoints: bool = False
     # The job array it belongs to (counts against the array's ``array_limit``).
     array_id: int | None = None
+    # What it asked for of its nodes' CPU (milli-cores) and host memory (MiB), whole job.
+    cpu_milli: int = 0
+    host_memory_mb: int = 0
 
     @property
     def quota_milli(self) -> int:

@@ -9,10 +9,12 @@ the one bounded reservation per cycle (rules in ``reservation``).
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 from jobs.scheduling import reasons
 from jobs.scheduling.decisions import Pending, Reservation
 from jobs.scheduling.eta import ReleaseTimeline
+from jobs.scheduling.filters import host_resources
 from jobs.scheduling.placement import Shape
 from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.reservation import choose_nodes as reservation_nodes
@@ -63,6 +65,9 @@ class Waiting:
         if self.holder is not None and self._fits_reserved(shape, job_class):
             holder, nodes, _ = self.holder
             reason = self._reason(reasons.reserved_for_gang, holder.id, holder.gpus, nodes)
+        elif shape.needs_host and (short := self._host_shortage(shape, job_class)) is not None:
+            needed = (shape.cpu_per_gpu if short == "cpu" else shape.host_mb_per_gpu) * job.gpus
+            reason = self._reason(reasons.insufficient_host, short, job.gpus, needed)
         elif job_class is GUARANTEED:
             most_free = self.capacity.most_free_on_a_node(self.placer.pools_for(shape))
             reason = self._reason(reasons.waiting_for_free_gpus, job.gpus, shape.memory_mib, shape.max_nodes == 1,
@@ -77,6 +82,19 @@ class Waiting:
             reason = self._reason(reasons.over_quota_cluster_full, job.tenant, quota.guaranteed_milli, unused, job.gpus)
         self._wait(job, reason, self.queue_eta.next(job.quota_milli))
         return reason
+
+    def _host_shortage(self, shape: Shape, job_class: JobClass) -> str | None:
+        """Would GPUs be found if the request asked no CPU or host memory? Then say which of the two
+        the nodes with those GPUs lack ("cpu" or "memory")."""
+        key = (shape, job_class, self.version, self.placed_count)
+        if key not in self._host_memo:
+            plain = replace(shape, cpu_per_gpu=0, host_mb_per_gpu=0)
+            choice = self.placer.find(plain, job_class, [])
+            self._host_memo[key] = None if choice is None else next(
+                (short for node, gpus in choice.slices
+                 if (short := host_resources.shortage([node], shape.cpu_per_gpu, shape.host_mb_per_gpu, len(gpus)))),
+                None)
+        return self._host_memo[key]
 
     def _hold(self, job: JobRequest, shape: Shape) -> PendingReason | None:
         span = window(job, self.now, self.config.gang_reservation_max_s)

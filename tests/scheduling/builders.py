@@ -30,8 +30,10 @@ GIB = 1024
 
 def node(name: str, gpus: int = 8, mem_gib: int = 80, model: str = "A100-80GB", busy: int = 0,
          online: bool = True, cordoned: bool = False, rack: str = "r1", gb_per_s: float = 32.0,
-         util: float | dict[int, float] | None = None, runtimes: tuple[str, ...] = ()) -> NodeState:
-    """A node whose first ``busy`` GPUs are taken by something unknown; ``util`` is live GPU use."""
+         util: float | dict[int, float] | None = None, runtimes: tuple[str, ...] = (), cpus: float | None = None,
+         ram_gib: float | None = None) -> NodeState:
+    """A node whose first ``busy`` GPUs are taken by something unknown; ``util`` is live GPU use;
+    ``cpus``/``ram_gib``: CPU cores and host memory it offers (None: not tracked)."""
     def utilisation(i: int) -> float | None:
         return util.get(i) if isinstance(util, dict) else util
 
@@ -43,6 +45,8 @@ def node(name: str, gpus: int = 8, mem_gib: int = 80, model: str = "A100-80GB", 
             for i in range(gpus)
         ),
         online=online, cordoned=cordoned, rack=rack, intra_node_gb_per_s=gb_per_s, runtimes=frozenset(runtimes),
+        cpu_milli=None if cpus is None else int(cpus * 1000),
+        host_memory_mb=None if ram_gib is None else int(ram_gib * GIB),
     )
 
 
@@ -62,8 +66,10 @@ def job(id: int, gpus: int = 1, mem_gib: float | None = None, submitted_at: floa
         tenant: str = "vision", milli: int = 1000, models: tuple[str, ...] = (), opportunistic_only: bool = False,
         shareable: bool = False, profile: tuple[float, float] | None = None, runtime: float | None = None,
         max_nodes: int | None = None, reserved_since: float | None = None, array: tuple[int, int] | None = None,
-        waiting_for: tuple[tuple[int, str], ...] = (), image: bool = False) -> JobRequest:
-    """``profile=(peak_gib, mean_utilisation)`` attaches a recorded profile; ``array=(id, limit)``."""
+        waiting_for: tuple[tuple[int, str], ...] = (), image: bool = False, cpus: float = 0,
+        ram_gib: float = 0) -> JobRequest:
+    """``profile=(peak_gib, mean_utilisation)`` attaches a recorded profile; ``array=(id, limit)``;
+    ``cpus``/``ram_gib``: the whole job's CPU cores and host memory."""
     return JobRequest(
         id=id, tenant=tenant, gpus=gpus, submitted_at=submitted_at or float(id), priority=priority,
         gpu_memory_mib=int(mem_gib * GIB) if mem_gib else None, gpu_milli=milli, gpu_models=frozenset(models),
@@ -71,7 +77,7 @@ def job(id: int, gpus: int = 1, mem_gib: float | None = None, submitted_at: floa
         profile=JobProfile(int(profile[0] * GIB), profile[1]) if profile else None,
         expected_runtime_s=runtime, max_nodes=max_nodes, reserved_since=reserved_since,
         array_id=array[0] if array else None, array_limit=array[1] if array else None, waiting_for=waiting_for,
-        needs_runtime=image,
+        needs_runtime=image, cpu_milli=int(cpus * 1000), host_memory_mb=int(ram_gib * GIB),
     )
 
 
@@ -87,12 +93,13 @@ def running(id: int, on: str = "a", gpus=(0,), tenant: str = "vision", opportuni
             mem_gib: float | None = None, started_at: float = 0.0, runtime: float | None = None,
             util: float | None = None, solo: float | None = None, duty: float = 1.0, milli: int = 1000,
             shareable: bool = False, preempting: bool = False, attained: float = 0.0, checkpoints: bool = False,
-            array: int | None = None) -> RunningSpec:
+            array: int | None = None, cpus: float = 0, ram_gib: float = 0) -> RunningSpec:
     return RunningSpec(id, on, tuple(gpus), dict(
         tenant=tenant, job_class=JobClass.OPPORTUNISTIC if opportunistic else JobClass.GUARANTEED,
         started_at=started_at, memory_mib=int(mem_gib * GIB) if mem_gib else None, expected_runtime_s=runtime,
         utilisation=util, solo_utilisation=solo, duty_cycle=duty, gpu_milli=milli, shareable=shareable,
-        preempting=preempting, attained_gpu_s=attained, checkpoints=checkpoints, array_id=array))
+        preempting=preempting, attained_gpu_s=attained, checkpoints=checkpoints, array_id=array,
+        cpu_milli=int(cpus * 1000), host_memory_mb=int(ram_gib * GIB)))
 
 
 def cluster(*node_states: NodeState, pending=(), running=(), tenants=()) -> ClusterSnapshot:
