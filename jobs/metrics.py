@@ -8,6 +8,7 @@ from prometheus_client.registry import Collector
 from jobs.choices import JobState
 from jobs.models import Allocation, Job, Notification
 from jobs.services.lifecycle import IGNORED_REPORTS_KEY
+from jobs.services import leadership
 from jobs.services.cycle import BACKOFF_KEY, STATS_KEY
 from jobs.services.notifications import ERRORS_KEY as NOTIFICATION_ERRORS_KEY
 from monitoring.services.redis_client import get_redis
@@ -29,6 +30,7 @@ class JobsCollector(Collector):
         for state in Notification.State.values:
             notifications.add_metric([state], sent.get(state, 0))
         yield notifications
+        yield from _leader_series()
         try:
             ignored, unrecorded = (float(v or 0) for v in get_redis().mget(IGNORED_REPORTS_KEY, NOTIFICATION_ERRORS_KEY))
         except redis.RedisError:
@@ -54,6 +56,12 @@ def _scheduler_series():
                               value=stats.get("cycle_seconds", 0.0))
     yield CounterMetricFamily("colony_scheduler_placements", "Jobs placed by the scheduler",
                               value=stats.get("placed", 0.0))
+    yield CounterMetricFamily("colony_scheduler_lease_takeovers", "Scheduler leases taken from a holder that "
+                              "stopped mid-cycle without handing them back (failovers)",
+                              value=stats.get("takeovers", 0.0))
+    yield CounterMetricFamily("colony_scheduler_fenced_cycles", "Cycles whose decisions were refused because "
+                              "another scheduler had taken the lease over (logged with their jobs)",
+                              value=stats.get("fenced", 0.0))
     if "last_cycle_at" in stats:
         yield GaugeMetricFamily("colony_scheduler_last_cycle_timestamp_seconds", "When the last cycle ended",
                                 value=stats["last_cycle_at"])
@@ -61,3 +69,17 @@ def _scheduler_series():
                                 value=stats["last_cycle_seconds"])
     yield GaugeMetricFamily("colony_scheduler_backed_off", "1 while the loop pauses for a database outage",
                             value=float(bool(client.exists(BACKOFF_KEY))))
+
+
+def _leader_series():
+    """The scheduler lease of record (jobs/services/leadership.py): its epoch only grows, by one per
+    change of holder; the holder label names the process (host:pid:token) that last ran a cycle."""
+    lease = leadership.current()
+    if lease is None:
+        return
+    yield GaugeMetricFamily("colony_scheduler_leader_epoch", "Epoch of the scheduler lease (grows when it "
+                            "changes hands)", value=lease["epoch"])
+    leader = GaugeMetricFamily("colony_scheduler_leader", "1 while the named scheduler process holds the lease "
+                               "(inside a cycle), 0 once it handed it back or let it expire", labels=["holder"])
+    leader.add_metric([lease["holder"]], float(lease["held"]))
+    yield leader

@@ -309,3 +309,16 @@ class Notification(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["state", "created_at"], name="notification_state_created")]
+
+
+class SchedulerLease(models.Model):
+    """Who may write scheduling decisions, and since which epoch (jobs/services/leadership.py)."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    holder = models.CharField(max_length=200, blank=True)
+    # Grows by one each time the lease changes hands: a decision carries the epoch it was made
+    # under, and a transaction whose epoch is no longer the row's commits nothing.
+    epoch = models.PositiveBigIntegerField(default=0)
+    expires_at = models.DateTimeField()
+    acquired_at = models.DateTimeField()  # when the holder took it (the epoch began)
+    released = models.BooleanField(default=True)  # handed back at a cycle's end, not merely expired

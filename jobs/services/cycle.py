@@ -1,4 +1,13 @@
-"""One scheduling cycle: usage -> snapshot -> pure core -> apply, single-flight under a Redis lock."""
+"""One scheduling cycle: usage -> snapshot -> pure core -> apply, single-flight under a Redis lock.
+
+Any number of scheduler processes may run cycles (every Celery worker process that beat's tick
+reaches). The Redis lock keeps them from wasting work on simultaneous cycles; what makes a late
+writer harmless is the lease in the database (:mod:`jobs.services.leadership`): each cycle takes
+it, and writes its usage and its decisions only inside :func:`leadership.fenced` transactions,
+which commit nothing once another process has taken the lease over. A process paused past its
+lease (SIGSTOP, a long GC, a stalled VM) therefore wakes up to find its decisions refused and
+logged, never applied on top of the new leader's.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +18,11 @@ from dataclasses import dataclass
 
 import redis
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError, InternalError, OperationalError
 from django.utils import timezone
 
-from jobs.scheduling import decide
+from jobs.scheduling import Decisions, decide
+from jobs.services import leadership
 from jobs.services.apply import apply_decisions, resend_stops, resend_unstarted_launches
 from jobs.services.config import scheduler_config
 from jobs.services.fair_share import advance_usage
@@ -40,14 +50,17 @@ class CycleResult:
     pending: int = 0
     seconds: float = 0.0
     backed_off: bool = False
+    # Its decisions were refused: another process had taken the scheduler lease over meanwhile.
+    fenced: bool = False
 
 
 def run_scheduling_cycle() -> CycleResult:
     client = get_redis()
     if client.exists(BACKOFF_KEY):
         return CycleResult(ran=False, backed_off=True)
+    lease_s = settings.COLONY_SCHEDULER_LOCK_LEASE
     # The lease bounds how long a crashed worker can block scheduling.
-    lock = client.lock(LOCK_KEY, timeout=settings.COLONY_SCHEDULER_LOCK_LEASE, blocking=False)
+    lock = client.lock(LOCK_KEY, timeout=lease_s, blocking=False)
     if not lock.acquire():
         return CycleResult(ran=False)
     started = time.perf_counter()
@@ -56,18 +69,34 @@ def run_scheduling_cycle() -> CycleResult:
     # pending jobs. Garbage in reference cycles waits for the first collection after the cycle.
     collecting = gc.isenabled()
     gc.disable()
+    lease = decisions = None
     try:
+        lease = leadership.acquire(lease_s)
+        if lease is None:
+            return CycleResult(ran=False)
+        if lease.took_over_from:
+            log.warning("scheduler lease taken over from %s, whose lease expired mid-cycle (epoch %d begins)",
+                        lease.took_over_from, lease.epoch)
+            _count(client, "takeovers")
         config = scheduler_config()
-        advance_usage(config.usage_half_life_s)
+        with leadership.fenced(lease, lease_s):
+            advance_usage(config.usage_half_life_s)
         snapshot = build_snapshot(client)
         decisions = decide(snapshot, now=time.time(), config=config)
         # Taken before applying: a slow cycle must not re-send the launches it has just sent.
         applying_at = timezone.now()
-        applied = apply_decisions(decisions)
+        with leadership.fenced(lease, lease_s):
+            applied = apply_decisions(decisions)
         resend_unstarted_launches(client, as_of=applying_at, skip={place.job_id for place in decisions.placements})
         resend_stops(client)
         client.delete(BACKOFF_KEY + ":next")
-    except (OperationalError, InterfaceError) as exc:
+    except leadership.Superseded as exc:
+        return _refused(client, decisions, str(exc))
+    except (OperationalError, InterfaceError, InternalError) as exc:
+        if leadership.session_ended_while_idle(exc):
+            return _refused(client, decisions, f"the database ended this paused scheduler's transaction ({exc})")
+        if isinstance(exc, InternalError):
+            raise
         pause = min(BACKOFF_MAX_S, float(client.get(BACKOFF_KEY + ":next") or BACKOFF_FIRST_S))
         client.set(BACKOFF_KEY, 1, px=int(pause * 1000))
         client.set(BACKOFF_KEY + ":next", min(BACKOFF_MAX_S, pause * 2), ex=int(BACKOFF_MAX_S * 4))
@@ -76,16 +105,39 @@ def run_scheduling_cycle() -> CycleResult:
     finally:
         if collecting:
             gc.enable()
+        if lease is not None:
+            try:
+                leadership.release(lease)
+            except DatabaseError as exc:
+                log.warning("scheduler lease not handed back (%s); it expires in %ss", exc, lease_s)
         try:
             lock.release()
         except redis.exceptions.LockError:
-            log.warning("scheduling cycle outlived its %ss lease", settings.COLONY_SCHEDULER_LOCK_LEASE)
+            log.warning("scheduling cycle outlived its %ss lease", lease_s)
     result = CycleResult(ran=True, placed=applied.placed, preempted=applied.preempted, throttled=applied.throttled,
                          pending=len(decisions.pending), seconds=time.perf_counter() - started)
     _record(client, result)
     if applied.placed or applied.preempted:
         log.info("scheduling cycle: %s", result)
     return result
+
+
+def _refused(client: redis.Redis, decisions: Decisions | None, why: str) -> CycleResult:
+    """A cycle whose lease passed to another process while it ran: it wrote nothing; say what it
+    would have done, so that an operator can see what the fence kept out."""
+    placed = [place.job_id for place in decisions.placements] if decisions else []
+    preempted = [preempt.job_id for preempt in decisions.preemptions] if decisions else []
+    log.warning("scheduling cycle fenced off, nothing of it was applied: %s; refused placements of jobs %s and "
+                "preemptions of jobs %s", why, placed, preempted)
+    _count(client, "fenced")
+    return CycleResult(ran=False, fenced=True)
+
+
+def _count(client: redis.Redis, counter: str) -> None:
+    try:
+        client.hincrby(STATS_KEY, counter, 1)
+    except redis.RedisError as exc:
+        log.warning("scheduler stats not recorded: %s", exc)
 
 
 def _record(client: redis.Redis, result: CycleResult) -> None:

@@ -1,0 +1,163 @@
+"""Scheduler leadership: a lease row in the database with an epoch, and the fence every decision
+transaction passes through. Nothing here decides anything; :mod:`jobs.services.cycle` uses it.
+
+Why a lease row and not a PostgreSQL advisory lock: an advisory lock belongs to a database
+session, and a scheduler stopped by SIGSTOP, a long GC pause or a frozen VM keeps its session
+open (its kernel still answers TCP keepalives), so it would keep leadership for as long as it is
+stopped. A lease expires by the database's clock whatever its holder is doing, works the same on
+SQLite (the embedded default) and through a transaction-pooling PgBouncer, and its row carries the
+epoch that fences a holder which was presumed dead but was only paused.
+
+The row (:class:`jobs.models.SchedulerLease`, one per name) holds ``holder`` (host, process and a
+random token: never reused by a later process or thread), ``epoch`` and ``expires_at``. Every time
+is the database's (``Now()``), so scheduler hosts whose clocks drift cannot disagree about it.
+
+- :func:`acquire` takes the lease for one cycle when it is free (handed back, or expired) or
+  already ours. Passing to another holder adds one to the epoch; the same holder keeps its epoch.
+  The row is read ``FOR UPDATE NOWAIT``: a holder inside a decision transaction holds that row, so
+  a would-be leader skips this tick instead of queueing behind it.
+- :func:`fenced` opens the transaction a cycle writes its decisions in (``apply_decisions``'
+  own ``atomic`` becomes a savepoint inside it). Its first statement renews the lease *only if*
+  holder and epoch are still ours; if not, :class:`Superseded` is raised and the transaction
+  rolls back: nothing written, and the commands published ``on_commit`` never go out. While it is
+  open the renewed row stays locked, so no one can take the lease between the check and the
+  commit: a decision that commits was made by the leader of record.
+- A holder stopped *inside* that transaction would hold the row (and the jobs it has written)
+  while stopped. On PostgreSQL the transaction sets ``idle_in_transaction_session_timeout`` to half
+  the lease, so the server ends a stopped holder's session (rolling its writes back and freeing
+  the row) before its lease runs out, and the standby takes over on time. (A holder stopped while
+  the server is still sending it a large result is not "idle"; PostgreSQL 17's
+  ``transaction_timeout`` would cover that case too.)
+- :func:`release` hands the lease back at the end of a cycle, so that whichever scheduler process
+  the next tick reaches may run it (Celery gives a tick to any worker process); a holder that
+  never hands it back (stopped, killed, partitioned) loses it when it expires.
+
+Failover: a holder stopped mid-cycle at time t is replaced at the first tick after its lease
+expires, at most ``COLONY_SCHEDULER_LOCK_LEASE`` (default 30 s) after it last renewed, plus one
+tick (``COLONY_SCHEDULER_INTERVAL``); one stopped between cycles holds nothing and is not waited for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models.functions import Now
+
+from jobs.models import SchedulerLease
+
+log = logging.getLogger(__name__)
+
+SCHEDULER = "scheduler"
+# PostgreSQL's codes: a row another transaction locks (NOWAIT), and a session the server ended
+# because it sat idle inside a transaction.
+LOCK_NOT_AVAILABLE = "55P03"
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
+
+
+@dataclass(frozen=True)
+class Lease:
+    name: str
+    holder: str
+    epoch: int
+    # A holder whose lease expired without being handed back: it died, or is paused, mid-cycle.
+    took_over_from: str = ""
+
+
+class Superseded(Exception):
+    """The lease passed to another holder since this one took it: its decisions must not land."""
+
+    def __init__(self, lease: Lease, holder: str, epoch: int):
+        super().__init__(f"lease {lease.name!r} epoch {lease.epoch} of {lease.holder} was taken over by "
+                         f"{holder or 'nobody'} (epoch {epoch})")
+        self.lease, self.holder, self.epoch = lease, holder, epoch
+
+
+_local = threading.local()
+
+
+def holder_id() -> str:
+    """This process and thread, as a lease holder: a forked child or a new thread is a new holder."""
+    if getattr(_local, "pid", None) != os.getpid():
+        _local.pid = os.getpid()
+        _local.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    return _local.holder
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    return getattr(exc.__cause__, "sqlstate", None)
+
+
+def session_ended_while_idle(exc: BaseException) -> bool:
+    """Whether ``exc`` is PostgreSQL having ended this session for sitting idle inside a fenced
+    transaction (this process was stopped past half its lease): nothing of it was committed."""
+    return _sqlstate(exc) == IDLE_IN_TRANSACTION_TIMEOUT
+
+
+def acquire(lease_s: float, name: str = SCHEDULER) -> Lease | None:
+    """Take (or keep) the lease ``name`` for ``lease_s`` seconds; None while another holds it."""
+    me = holder_id()
+    until = Now() + timedelta(seconds=lease_s)
+    try:
+        with transaction.atomic():
+            row = (SchedulerLease.objects.select_for_update(nowait=True).filter(name=name)
+                   .annotate(expired=ExpressionWrapper(Q(expires_at__lte=Now()), output_field=BooleanField()))
+                   .values("holder", "epoch", "expired", "released").first())
+            if row is None:
+                with transaction.atomic():
+                    SchedulerLease.objects.create(name=name, holder=me, epoch=1, expires_at=until, acquired_at=Now(),
+                                                  released=False)
+                return Lease(name, me, 1)
+            if row["holder"] != me and not row["expired"]:
+                return None
+            changes = {"holder": me, "expires_at": until, "released": False}
+            if row["holder"] != me:
+                changes.update(epoch=row["epoch"] + 1, acquired_at=Now())
+            SchedulerLease.objects.filter(name=name).update(**changes)
+    except IntegrityError:
+        return None  # another process created the row first; it holds the lease
+    except OperationalError as exc:
+        if _sqlstate(exc) == LOCK_NOT_AVAILABLE:
+            return None  # its holder is inside a decision transaction
+        raise
+    if row["holder"] == me:
+        return Lease(name, me, row["epoch"])
+    return Lease(name, me, row["epoch"] + 1, took_over_from="" if row["released"] else row["holder"])
+
+
+@contextmanager
+def fenced(lease: Lease, lease_s: float):
+    """A transaction that commits only if ``lease`` is still the lease of record (see the module
+    docstring); raises :class:`Superseded` before anything is written otherwise."""
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+                               [str(max(1, int(lease_s * 500)))])
+        renewed = SchedulerLease.objects.filter(name=lease.name, holder=lease.holder, epoch=lease.epoch).update(
+            expires_at=Now() + timedelta(seconds=lease_s), released=False)
+        if not renewed:
+            now = SchedulerLease.objects.filter(name=lease.name).values_list("holder", "epoch").first() or ("", 0)
+            raise Superseded(lease, *now)
+        yield
+
+
+def release(lease: Lease) -> None:
+    """Hand the lease back (if it is still ours) so that the next tick's process may take it."""
+    SchedulerLease.objects.filter(name=lease.name, holder=lease.holder, epoch=lease.epoch).update(
+        expires_at=Now(), released=True)
+
+
+def current(name: str = SCHEDULER) -> dict | None:
+    """The lease of record as /metrics shows it: holder, epoch, and whether it is held now."""
+    return (SchedulerLease.objects.filter(name=name)
+            .annotate(held=ExpressionWrapper(Q(expires_at__gt=Now(), released=False), output_field=BooleanField()))
+            .values("holder", "epoch", "held", "acquired_at").first())
