@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 import jwt
+import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import SuspiciousOperation
@@ -55,10 +56,19 @@ class OIDCBackend(OIDCAuthenticationBackend):
         if header.get("alg") != self.OIDC_RP_SIGN_ALGO:
             # Also refuses "none": an unsigned token never gets as far as its claims.
             raise SuspiciousOperation(f"ID token signed with {header.get('alg')!r}, not {self.OIDC_RP_SIGN_ALGO}")
-        if getattr(settings, "OIDC_VERIFY_KID", True) and self.OIDC_RP_SIGN_ALGO[:2] in ("RS", "ES", "PS") \
-                and "kid" not in header:
-            raise SuspiciousOperation("ID token names no signing key (kid)")
         return super().verify_token(token, **kwargs)  # signature, then the nonce
+
+    def retrieve_matching_jwk(self, token):
+        if "kid" in jwt.get_unverified_header(token):
+            return super().retrieve_matching_jwk(token)
+        # No kid: allowed only while the provider publishes one signing key (OpenID Connect Core 10.1).
+        response = requests.get(self.OIDC_OP_JWKS_ENDPOINT, verify=self.get_settings("OIDC_VERIFY_SSL", True),
+                                timeout=self.get_settings("OIDC_TIMEOUT", None))
+        response.raise_for_status()
+        keys = [key for key in response.json().get("keys", []) if key.get("use", "sig") == "sig"]
+        if len(keys) != 1:
+            raise SuspiciousOperation(f"ID token names no signing key (kid) and the provider publishes {len(keys)}")
+        return jwt.PyJWK(keys[0])
 
     def get_payload_data(self, token, key):
         """The claims, once the signature, issuer, audience and lifetime hold (the library checks
