@@ -9,7 +9,7 @@ from urllib.parse import unquote
 from django.http import HttpResponseBadRequest, JsonResponse
 from rest_framework.exceptions import ValidationError
 
-from jobs.api.errors import error_body
+from cluster_ui.api.errors import error_body
 
 NUL_IN_URL = "The URL contains a NUL character (%00)."
 

@@ -136,10 +136,10 @@ SESSION_COOKIE_HTTPONLY = True
 
 # ---------------------------------------------------------------- hostile input
 # Bodies over this size are refused from their Content-Length before anything reads them: the API
-# answers 413 in its error format (jobs/api/errors.py), pages Django's 400. A job submission is a
+# answers 413 in its error format (cluster_ui/api/errors.py), pages Django's 400. A job submission is a
 # few KiB.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("COLONY_MAX_REQUEST_BYTES", 256 * 1024)
-# JSON nested deeper than this is refused (400) before it is decoded (jobs/api/parsers.py).
+# JSON nested deeper than this is refused (400) before it is decoded (cluster_ui/api/parsers.py).
 COLONY_MAX_JSON_DEPTH = env_int("COLONY_MAX_JSON_DEPTH", 32)
 
 REST_FRAMEWORK = {
@@ -151,13 +151,13 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    # DRF's three, held to the size limit, JSON depth limit and strict UTF-8 (jobs/api/parsers.py).
-    "DEFAULT_PARSER_CLASSES": ["jobs.api.parsers.JSONParser", "jobs.api.parsers.FormParser",
-                               "jobs.api.parsers.MultiPartParser"],
+    # DRF's three, held to the size limit, JSON depth limit and strict UTF-8 (cluster_ui/api/parsers.py).
+    "DEFAULT_PARSER_CLASSES": ["cluster_ui.api.parsers.JSONParser", "cluster_ui.api.parsers.FormParser",
+                               "cluster_ui.api.parsers.MultiPartParser"],
     # One error format everywhere: {"error": {"code", "message", "fields"}}.
-    "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
+    "EXCEPTION_HANDLER": "cluster_ui.api.errors.exception_handler",
     # Counts only job submissions; 429 + Retry-After past the per-user rate.
-    "DEFAULT_THROTTLE_CLASSES": ["jobs.api.throttles.SubmissionRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["cluster_ui.api.throttles.SubmissionRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"submit": env_str("COLONY_SUBMIT_RATE", "120/min") or None},
 }
 

@@ -12,7 +12,7 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("sso/", include("cluster_ui.sso.urls")),
     path("admin/", admin.site.urls),
-    path("api/v1/", include("jobs.api.urls")),
+    path("api/v1/", include("cluster_ui.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", views.api_docs, name="api-docs"),
     path("api/swagger/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-swagger"),

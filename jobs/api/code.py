@@ -10,8 +10,8 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.api.errors import PayloadTooLarge
-from jobs.api.throttles import SubmissionRateThrottle
+from cluster_ui.api.errors import PayloadTooLarge
+from cluster_ui.api.throttles import SubmissionRateThrottle
 from jobs.services import code
 from jobs.services.submission import tenants_of
 

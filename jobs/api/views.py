@@ -16,7 +16,7 @@ from rest_framework.exceptions import Throttled, ValidationError
 from rest_framework.response import Response
 
 from agents import protocol
-from jobs.api.errors import Conflict
+from cluster_ui.api.errors import Conflict
 from jobs.api.queue import JOB_FILTER_PARAMETERS, job_filter_from
 from jobs.api.serializers import (
     JobBulkCreatedSerializer,
@@ -24,7 +24,7 @@ from jobs.api.serializers import (
     JobSerializer,
     JobSubmitSerializer,
 )
-from jobs.api.throttles import SubmissionRateThrottle
+from cluster_ui.api.throttles import SubmissionRateThrottle
 from jobs.choices import TERMINAL_STATES
 from jobs.models import Job
 from jobs.services import job_logs

@@ -5,7 +5,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from jobs.api.errors import Conflict, error_body
+from cluster_ui.api.errors import Conflict, error_body
 from rest_framework import exceptions
 
 GOOD = {"command": ["python", "train.py"], "gpus": 1}

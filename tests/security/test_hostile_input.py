@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from jobs.api.parsers import json_nesting_exceeds
+from cluster_ui.api.parsers import json_nesting_exceeds
 from jobs.models import Job
 
 JOBS = "/api/v1/jobs/"

@@ -6,7 +6,7 @@
   decoder recurses, and a body of 100,000 ``[`` would otherwise end in a RecursionError (a 500).
 
 Size: Django refuses a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` from its Content-Length before
-anything reads it (``RequestDataTooBig``), and ``jobs.api.errors`` answers that with a 413. DRF
+anything reads it (``RequestDataTooBig``), and ``cluster_ui.api.errors`` answers that with a 413. DRF
 hands the JSON and form parsers the body through that check (they stay subclasses of DRF's for that
 reason); multipart is streamed instead, and Django would hold only its non-file fields to the
 limit, so that parser makes the same check itself.
