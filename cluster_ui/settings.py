@@ -306,7 +306,8 @@ from cluster_ui.sso.config import client_secret, oidc_enabled  # noqa: E402
 from cluster_ui.sso.group_map import parse_group_map  # noqa: E402
 
 AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend", "cluster_ui.sso.backend.OIDCBackend"]
-COLONY_OIDC_ISSUER = env_str("COLONY_OIDC_ISSUER", "").rstrip("/")
+# Exactly as the provider writes it in its tokens (`iss`): with its trailing slash, if it has one.
+COLONY_OIDC_ISSUER = env_str("COLONY_OIDC_ISSUER", "")
 COLONY_OIDC_PROVIDER_NAME = env_str("COLONY_OIDC_PROVIDER_NAME", "your organisation")
 OIDC_RP_CLIENT_ID = env_str("COLONY_OIDC_CLIENT_ID", "")
 OIDC_RP_CLIENT_SECRET = client_secret("COLONY_OIDC_CLIENT_SECRET")
