@@ -360,7 +360,7 @@ class Cycle(Waiting):
         if fits is None:
             fits = self._fits_one_node_memo[shape] = any(
                 widths and widths[0] >= shape.gpus
-                for widths in map(self.inventory._node_widths, self.placer.pools_by_model(self.placer.pools_for(shape))))
+                for widths in map(self.inventory.node_widths, self.placer.pools_by_model(self.placer.pools_for(shape))))
         return fits
 
     def _place(self, job: JobRequest, shape: Shape, job_class: JobClass, choice: Choice) -> None:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from jobs.scheduling.capacity import ROOM_BUCKETS, ROOM_STEP, Capacity, GpuSlot, NodeSlot
 from jobs.scheduling.config import SchedulerConfig
-from jobs.scheduling.filters import host_resources
+from jobs.scheduling import filters
+from jobs.scheduling.filters import compute_room, host_resources
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, JobRequest
 from jobs.scheduling.topology import Candidate, allreduce_seconds, choose_nodes, slowest_link
 
@@ -55,12 +56,6 @@ class Shape:
     @property
     def needs_host(self) -> bool:
         return bool(self.cpu_per_gpu or self.host_mb_per_gpu)
-
-    def host_allows(self, node) -> int:
-        """How many of this request's GPUs ``node`` has the CPU and host memory for."""
-        if not (self.cpu_per_gpu or self.host_mb_per_gpu):
-            return host_resources.UNLIMITED
-        return host_resources.gpus_allowed(node, self.cpu_per_gpu, self.host_mb_per_gpu)
 
     def memory_on(self, capacity_mib: int) -> int:
         if self.memory_mib is not None:
@@ -138,38 +133,28 @@ class Placer:
         self._pools_by_shape: dict[Shape, list[int]] = {}
 
     def pools_for(self, shape: Shape) -> list[int]:
+        """The index pools whose GPUs the pool filters admit for this request."""
         pools = self._pools_by_shape.get(shape)
         if pools is None:
-            key = (shape.models, shape.memory_mib, shape.gpu_milli, shape.needs_runtime)
+            key = filters.pool_key(shape)
             pools = self._pools.get(key)
             if pools is None:
                 pools = self._pools[key] = [
-                    i for i, (model, memory, _, runtime) in enumerate(self.capacity.pools)
-                    if (not shape.models or model in shape.models) and shape.memory_on(memory) <= memory
-                    and (runtime or not shape.needs_runtime)]
+                    i for i, pool in enumerate(self.capacity.pools) if filters.admits_pool(pool, shape)]
             self._pools_by_shape[shape] = pools
         return pools
 
     def room_needed(self, shape: Shape) -> int:
-        return min(shape.demand_milli, self.config.min_shared_room_milli)
+        return compute_room.room_needed(shape, self.config.min_shared_room_milli)
 
     # -- the one-GPU predicate (indexes accelerate it; backfill and mixed nodes use it) -----------
 
     def fits_gpu(self, gpu: GpuSlot, shape: Shape, job_class: JobClass, pools: list[int]) -> bool:
-        if gpu.blocked or gpu.pool not in pools:
+        if gpu.blocked or gpu.pool not in pools:  # (pools: the pool filters' verdict)
             return False
-        if shape.needs_host and shape.host_allows(gpu.node) < 1:
+        if shape.needs_host and filters.gpus_on(gpu.node, shape) < 1:
             return False
-        need = shape.memory_on(gpu.capacity_mib)
-        if gpu.occupants == 0:
-            return need <= gpu.capacity_mib
-        if shape.gpus > 1 or gpu.free_mib < need + self.headroom:
-            return False
-        if job_class is JobClass.OPPORTUNISTIC:
-            return self.capacity.max_load - gpu.load_milli >= self.room_needed(shape)
-        if shape.shareable:
-            return not gpu.exclusive and gpu.guaranteed_milli + shape.gpu_milli <= WHOLE_GPU_MILLI
-        return gpu.guaranteed_count == 0
+        return gpu.occupants == 0 or filters.admits_shared_gpu(gpu, shape, job_class, self.config)
 
     # -- search ---------------------------------------------------------------------------------
 
@@ -187,7 +172,7 @@ class Placer:
         pools = self.pools_for(shape)
         if shape.gpus == 1:
             return any(self.fits_gpu(g, shape, job_class, pools) for node in nodes for g in node.gpus)
-        usable = [min(sum(1 for g in node.empty if g.pool in pools), shape.host_allows(node)) for node in nodes]
+        usable = [min(sum(1 for g in node.empty if g.pool in pools), filters.gpus_on(node, shape)) for node in nodes]
         if shape.max_nodes == 1:
             return max(usable, default=0) >= shape.gpus
         return sum(usable) >= shape.gpus
@@ -263,7 +248,7 @@ class Placer:
         gpu = None if best is None else self.capacity.nodes[best[3]].empty[0]
         for node in self.capacity.mixed_nodes + backfill:
             usable = [g for g in node.empty if g.pool in pools]
-            if usable and shape.host_allows(node) >= 1:
+            if usable and filters.gpus_on(node, shape) >= 1:
                 first = usable[0]
                 option = (first.capacity_mib - shape.memory_on(first.capacity_mib), len(node.empty), first.pool, node.key)
                 if best is None or option < best:
@@ -277,7 +262,7 @@ class Placer:
         if not shape.needs_host:
             return next(iter(bucket))
         nodes = self.capacity.nodes
-        return next((key for key in bucket if shape.host_allows(nodes[key]) >= gpus), None)
+        return next((key for key in bucket if filters.gpus_on(nodes[key], shape) >= gpus), None)
 
     def pools_by_model(self, pools: list[int]) -> list[list[int]]:
         """``pools`` grouped by GPU model, in first-seen order."""
@@ -328,7 +313,7 @@ class Placer:
                     break
         for node in self.capacity.mixed_nodes + backfill:
             usable = [g for g in node.empty if g.pool in pools]
-            if len(usable) >= n and shape.host_allows(node) >= n:
+            if len(usable) >= n and filters.gpus_on(node, shape) >= n:
                 cost = allreduce_seconds(n, shape.allreduce_bytes, node.gb_per_s)
                 option = (cost, 0, len(usable), -1, node.key)
                 if best is None or option < best:
@@ -349,7 +334,7 @@ class Placer:
                 candidates.append((node, usable))
         if shape.needs_host:  # a node offers only as many GPUs as its CPU and host memory can feed
             candidates = [(node, gpus[:allowed]) for node, gpus in candidates
-                          if (allowed := shape.host_allows(node)) > 0]
+                          if (allowed := filters.gpus_on(node, shape)) > 0]
         return candidates
 
     def _gang_choice(self, choice: list[Candidate], shape: Shape) -> Choice:

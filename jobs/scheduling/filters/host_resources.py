@@ -11,11 +11,20 @@ GPUs on each. A node that does not report a resource (``None``) is never short o
 
 from __future__ import annotations
 
+from jobs.scheduling import reasons
+
 UNLIMITED = 1 << 30
 
 
 def per_gpu(total: int, gpus: int) -> int:
     return -(-total // gpus) if total > 0 and gpus > 0 else 0
+
+
+def gpus_on(node, shape) -> int:
+    """How many of this request's GPUs ``node`` has the CPU and host memory for now."""
+    if not (shape.cpu_per_gpu or shape.host_mb_per_gpu):
+        return UNLIMITED
+    return gpus_allowed(node, shape.cpu_per_gpu, shape.host_mb_per_gpu)
 
 
 def gpus_allowed(node, cpu_per_gpu: int, memory_per_gpu: int, freed_cpu: int = 0, freed_memory: int = 0) -> int:
@@ -57,3 +66,26 @@ def take(node, cpu_milli: int, memory_mb: int) -> None:
         node.cpu_free -= cpu_milli
     if node.host_free_mb is not None:
         node.host_free_mb -= memory_mb
+
+
+def never(check, shape):
+    """The GPUs exist: can the nodes that have them feed the request with all their CPU and memory?"""
+    if not (shape.cpu_per_gpu or shape.host_mb_per_gpu):
+        return None
+
+    def fed(cpu: int, memory: int) -> bool:
+        for model_pools in check.models_of(check.pools(shape)):
+            per_node = sorted((min(sum(1 for g in n.gpus if g.pool in model_pools), gpus_ever_allowed(n, cpu, memory))
+                               for n in check.schedulable), reverse=True)
+            within = sum(per_node[: shape.max_nodes] if shape.max_nodes is not None else per_node)
+            if within >= shape.gpus:
+                return True
+        return False
+
+    if fed(shape.cpu_per_gpu, shape.host_mb_per_gpu):
+        return None
+    resource = "cpu" if not fed(shape.cpu_per_gpu, 0) else "memory"
+    totals = [n.cpu_total if resource == "cpu" else n.host_total_mb for n in check.schedulable]
+    per_gpu_need = shape.cpu_per_gpu if resource == "cpu" else shape.host_mb_per_gpu
+    return reasons.no_node_with_enough_host(resource, per_gpu_need * shape.gpus,
+                                            max((t for t in totals if t is not None), default=None))
