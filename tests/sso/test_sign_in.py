@@ -173,3 +173,10 @@ def test_a_disabled_account_stays_out(client, sso, tenants):
 
     assert "This Colony account is disabled" in response.content.decode()
     assert signed_in_user(client) is None
+
+
+def test_next_goes_back_into_colony_but_never_to_another_site(client, sso, tenants):
+    sso.add_user("sub-gus", email="gus@example.org", groups=["vision-researchers"])
+    assert sign_in(client, sso, "sub-gus", next_url="/jobs/?state=PENDING")["Location"] == "/jobs/?state=PENDING"
+    client.logout()
+    assert sign_in(client, sso, "sub-gus", next_url="https://evil.example/phish")["Location"] == "/jobs/"
