@@ -21,9 +21,9 @@ from django.views.decorators.http import require_POST
 from django.views.generic import DetailView, FormView, ListView, TemplateView
 
 from cluster_ui.api.throttles import SubmissionRateThrottle
-from jobs.api.queue import eta_seconds
+from jobs.services.eta import eta_seconds
 from jobs.services.eta_accuracy import eta_accuracy
-from jobs.api.tenants import MAX_REPORT_DAYS, usage_rows
+from jobs.services.usage_report import MAX_REPORT_DAYS, usage_rows
 from jobs.choices import CANCELLABLE_STATES, JobState
 from jobs.filtersets import JobFilter
 from jobs.forms import SubmitForm

@@ -10,10 +10,10 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404, render
 
-from monitoring.api.views import live_gpus
 from monitoring.models import Gpu, Node
 from monitoring.services import gpu_holders
 from monitoring.services.heatmap import METRICS, RANGES
+from monitoring.services.live import live_gpus
 
 
 def _choice(value: str | None, allowed, default: str) -> str:

@@ -19,17 +19,14 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.api.tenants import TenantSerializer, tenant_rows
+from jobs.api.tenants import TenantSerializer
 from jobs.models import Job
 from jobs.services.usage import gpu_counts, occupants, queue_stats
-from jobs.services.visibility import OTHER_TENANT, visible_job_ids
-from monitoring.api.views import live_gpus
-from monitoring.choices import AlertKind
-from monitoring.models import Alert, Gpu
+from jobs.services.usage_report import tenant_rows
+from jobs.services.visibility import OTHER_TENANT, open_alerts, visible_job_ids
+from monitoring.models import Gpu
 from monitoring.services.heatmap import RANGES, job_series
-
-MAX_ALERTS = 50
-
+from monitoring.services.live import live_summary
 
 # ---------------------------------------------------------------- /cluster/
 
@@ -75,38 +72,6 @@ class ClusterSerializer(serializers.Serializer):
     queue = QueueStatsSerializer()
     tenants = TenantSerializer(many=True)
     alerts = AlertSerializer(many=True)
-
-
-def open_alerts(user) -> list[dict]:
-    alerts = list(
-        Alert.objects.filter(resolved_at__isnull=True).select_related("node", "gpu").order_by("-last_seen_at")[:MAX_ALERTS]
-    )
-    visible = visible_job_ids(user, [a.job_id for a in alerts if a.job_id])
-    labels = dict(AlertKind.choices)
-    out = []
-    for alert in alerts:
-        gpu_index = alert.gpu.index if alert.gpu else None
-        message, job_id = alert.message, alert.job_id
-        if job_id and job_id not in visible:
-            where = f"{alert.node.name}/gpu{gpu_index}" if gpu_index is not None else alert.node.name
-            message, job_id = f"{labels.get(alert.kind, alert.kind)} on {where} ({OTHER_TENANT})", None
-        out.append({
-            "id": alert.pk, "kind": alert.kind, "kind_label": labels.get(alert.kind, alert.kind),
-            "node": alert.node.name, "gpu_index": gpu_index, "job_id": job_id, "message": message,
-            "opened_at": alert.opened_at, "last_seen_at": alert.last_seen_at,
-        })
-    return out
-
-
-def live_summary() -> dict:
-    readings = list(live_gpus().values())
-    utils = [r["util_sm"] for r in readings if r.get("util_sm") is not None]
-    return {
-        "gpus_reporting": len(readings),
-        "util_mean": round(sum(utils) / len(utils), 1) if utils else None,
-        "mem_used_mib": sum(r.get("mem_used_mib") or 0 for r in readings),
-        "mem_total_mib": sum(r.get("mem_total_mib") or 0 for r in readings),
-    }
 
 
 class ClusterView(APIView):

@@ -12,10 +12,11 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema
 from rest_framework import generics, serializers
 from rest_framework.response import Response
 
-from jobs.api.serializers import PendingReasonSerializer, eta_seconds
+from jobs.api.serializers import PendingReasonSerializer
 from jobs.choices import JobClass, JobState
 from jobs.filtersets import JobFilter
 from jobs.models import Job
+from jobs.services.eta import eta_seconds
 from jobs.services.eta_accuracy import eta_accuracy
 from jobs.services.usage import queue_positions
 

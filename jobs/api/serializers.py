@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import time
 
 from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
@@ -19,6 +18,7 @@ from agents import protocol
 from jobs.choices import TERMINAL_STATES, JobClass, JobEventKind, JobState
 from jobs.models import CodeArchive, Job
 from jobs.services import arrays
+from jobs.services.eta import eta_seconds
 from jobs.services.submission import tenants_of
 from monitoring.services.registry import cluster_inventory
 
@@ -82,18 +82,6 @@ class PendingReasonSerializer(serializers.Serializer):
     code = serializers.CharField()
     message = serializers.CharField()
     details = serializers.DictField()
-
-
-def eta_seconds(job: Job, now: float | None = None) -> float | None:
-    """The scheduler's estimate of seconds until the job can start, when it has one. The cycle
-    stores it as an absolute time (``eta_at``, so an estimate that holds does not rewrite the row
-    every cycle); what is left of it is counted from now, never below zero."""
-    if job.state != JobState.PENDING:
-        return None
-    eta_at = (job.pending_reason or {}).get("eta_at")
-    if not isinstance(eta_at, (int, float)) or isinstance(eta_at, bool):
-        return None
-    return float(max(0, round(float(eta_at) - (time.time() if now is None else now))))
 
 
 _BUILT_FIELDS: dict[type, dict] = {}

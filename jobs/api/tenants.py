@@ -13,10 +13,8 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.services.submission import tenants_of
-from jobs.services.usage import TenantNow, gpu_hours_by_day, tenants_now
-
-MAX_REPORT_DAYS = 92
+from jobs.services.usage import TenantNow
+from jobs.services.usage_report import MAX_REPORT_DAYS, tenant_rows, usage_rows
 
 
 class TenantUsageSerializer(serializers.Serializer):
@@ -48,10 +46,6 @@ class TenantSerializer(serializers.Serializer):
             "running_jobs": row.running_jobs,
             "pending_jobs": row.pending_jobs,
         }).data
-
-
-def tenant_rows(user) -> tuple[list[TenantNow], dict]:
-    return tenants_now(), {"mine": set(tenants_of(user).values_list("pk", flat=True))}
 
 
 class TenantViewSet(viewsets.ViewSet):
@@ -90,18 +84,6 @@ class UsageReportSerializer(serializers.Serializer):
 class UsageQuery(serializers.Serializer):
     days = serializers.IntegerField(min_value=1, max_value=MAX_REPORT_DAYS, default=14)
     tenant = serializers.CharField(required=False)
-
-
-def usage_rows(days: int, tenant: str | None = None) -> list[dict]:
-    return [
-        {
-            "day": row.day, "tenant": row.tenant,
-            "guaranteed_gpu_hours": round(row.guaranteed_gpu_hours, 3),
-            "opportunistic_gpu_hours": round(row.opportunistic_gpu_hours, 3),
-            "total_gpu_hours": round(row.total_gpu_hours, 3),
-        }
-        for row in gpu_hours_by_day(days, tenant_slugs=tenant.split(",") if tenant else None)
-    ]
 
 
 class UsageView(APIView):

@@ -1,16 +1,20 @@
 """What one user may read about jobs that are not theirs to see.
 
 Cluster-wide facts (which GPU is busy, an alert's node) are everyone's; a job is named only where
-``Job.objects.visible_to(user)`` holds it, and reads :data:`OTHER_TENANT` anywhere else.
+``Job.objects.visible_to(user)`` holds it, and reads :data:`OTHER_TENANT` anywhere else: in the
+overview's open alerts and on the node page's GPU holders.
 """
 
 from __future__ import annotations
 
 from jobs.models import Job
 from jobs.services.usage import live_holders
+from monitoring.choices import AlertKind
+from monitoring.models import Alert
 from monitoring.services.gpu_holders import GpuHolder
 
 OTHER_TENANT = "another tenant's job"
+MAX_ALERTS = 50
 
 
 def visible_job_ids(user, job_ids) -> set[int]:
@@ -34,3 +38,24 @@ def gpu_holders(user, gpu_ids: list[int]) -> dict[int, list[GpuHolder]]:
         ]
         for gpu_id, allocations in held.items()
     }
+
+
+def open_alerts(user) -> list[dict]:
+    alerts = list(
+        Alert.objects.filter(resolved_at__isnull=True).select_related("node", "gpu").order_by("-last_seen_at")[:MAX_ALERTS]
+    )
+    visible = visible_job_ids(user, [a.job_id for a in alerts if a.job_id])
+    labels = dict(AlertKind.choices)
+    out = []
+    for alert in alerts:
+        gpu_index = alert.gpu.index if alert.gpu else None
+        message, job_id = alert.message, alert.job_id
+        if job_id and job_id not in visible:
+            where = f"{alert.node.name}/gpu{gpu_index}" if gpu_index is not None else alert.node.name
+            message, job_id = f"{labels.get(alert.kind, alert.kind)} on {where} ({OTHER_TENANT})", None
+        out.append({
+            "id": alert.pk, "kind": alert.kind, "kind_label": labels.get(alert.kind, alert.kind),
+            "node": alert.node.name, "gpu_index": gpu_index, "job_id": job_id, "message": message,
+            "opened_at": alert.opened_at, "last_seen_at": alert.last_seen_at,
+        })
+    return out

@@ -6,11 +6,9 @@ held a GPU is served by ``jobs``, which alone can tell who may see it).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import asdict
 from datetime import timedelta
 
-import redis
 from django.db.models import Prefetch
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, viewsets
@@ -19,20 +17,8 @@ from rest_framework.views import APIView
 
 from monitoring.api.serializers import GpuSerializer, HeatmapSerializer, NodeSerializer
 from monitoring.models import Gpu, Node
-from monitoring.services import live
 from monitoring.services.heatmap import METRICS, RANGES, gpu_heatmap
-from monitoring.services.redis_client import get_redis
-
-log = logging.getLogger(__name__)
-
-
-def live_gpus() -> dict[str, dict]:
-    """Latest reading per "node:index"; empty (the page shows no live values) if Redis is down."""
-    try:
-        return live.latest_gpus(get_redis())
-    except (redis.RedisError, OSError) as exc:
-        log.warning("live GPU values unavailable: %s", exc)
-        return {}
+from monitoring.services.live import live_gpus
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):

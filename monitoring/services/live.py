@@ -8,11 +8,15 @@ and per-job views from it; entries carry their sample time and readers treat old
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import redis
 
 from agents.protocol import NodeSample
+from monitoring.services.redis_client import get_redis
+
+log = logging.getLogger(__name__)
 
 NODE_HASH = "colony:live:node"
 STALE_AFTER_S = 30.0
@@ -67,3 +71,23 @@ def prune_stale(client: redis.Redis, older_than: float = 600.0) -> int:
     now = time.time()
     stale = [node for node, raw in client.hgetall(NODE_HASH).items() if now - json.loads(raw)["ts"] > older_than]
     return client.hdel(NODE_HASH, *stale) if stale else 0
+
+
+def live_gpus() -> dict[str, dict]:
+    """Latest reading per "node:index"; empty (the page shows no live values) if Redis is down."""
+    try:
+        return latest_gpus(get_redis())
+    except (redis.RedisError, OSError) as exc:
+        log.warning("live GPU values unavailable: %s", exc)
+        return {}
+
+
+def live_summary() -> dict:
+    readings = list(live_gpus().values())
+    utils = [r["util_sm"] for r in readings if r.get("util_sm") is not None]
+    return {
+        "gpus_reporting": len(readings),
+        "util_mean": round(sum(utils) / len(utils), 1) if utils else None,
+        "mem_used_mib": sum(r.get("mem_used_mib") or 0 for r in readings),
+        "mem_total_mib": sum(r.get("mem_total_mib") or 0 for r in readings),
+    }
