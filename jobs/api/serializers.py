@@ -17,6 +17,7 @@ from rest_framework import serializers
 from agents import protocol
 from jobs.choices import TERMINAL_STATES, JobClass, JobEventKind, JobState
 from jobs.models import CodeArchive, Job
+from jobs.scheduling.reasons import ReasonCode
 from jobs.services import arrays
 from jobs.services.eta import eta_seconds
 from jobs.services.submission import tenants_of
@@ -79,9 +80,13 @@ class JobEventSerializer(serializers.Serializer):
 
 
 class PendingReasonSerializer(serializers.Serializer):
-    code = serializers.CharField()
+    """``jobs.scheduling.reasons.PendingReason`` as stored on the job: the one vocabulary the
+    API, the pages and the CLI show."""
+
+    code = serializers.ChoiceField([(code.value, code.value) for code in ReasonCode],
+                                   help_text="What a program matches on; see the message for people.")
     message = serializers.CharField()
-    details = serializers.DictField()
+    details = serializers.DictField(help_text="The numbers behind the message; keys depend on the code.")
 
 
 _BUILT_FIELDS: dict[type, dict] = {}

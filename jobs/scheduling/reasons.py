@@ -48,6 +48,13 @@ class ReasonCode(StrEnum):
     RESERVED_FOR_GANG = "reserved_for_gang"
     HOLDING_RESERVATION = "holding_reservation"
     NOT_CONSIDERED = "not_considered"
+    # Back in the queue after a run that did not finish (written by the service layer when it
+    # requeues; the next cycle replaces it with one of the codes above).
+    PREEMPTED = "preempted"
+    NODE_LOST = "node_lost"
+    VANISHED_FROM_NODE = "vanished_from_node"
+    AGENT_RESTARTED = "agent_restarted"
+    REQUEUED_BY_OPERATOR = "requeued_by_operator"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +64,7 @@ class PendingReason:
     details: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
+        """The stored and wire form (the scheduling loop adds ``eta_at`` beside these three)."""
         return {"code": str(self.code), "message": self.message, "details": dict(self.details)}
 
 
@@ -328,3 +336,33 @@ def not_considered(limit: int) -> PendingReason:
         f"Queued; this cycle stopped after {limit} placement searches and will reach this job later.",
         {"search_limit": limit},
     )
+
+
+# -- back in the queue --------------------------------------------------------------------------
+
+def preempted(why: str) -> PendingReason:
+    return PendingReason(ReasonCode.PREEMPTED, why, {})
+
+
+def node_lost(node: str) -> PendingReason:
+    return PendingReason(ReasonCode.NODE_LOST,
+                         f"Requeued: node {node} stopped responding while this job ran on it.", {"node": node})
+
+
+def vanished_from_node(node: str, asked: bool) -> PendingReason:
+    """``asked``: the node answered that it does not run the attempt (else it stopped listing it)."""
+    if asked:
+        message = f"Requeued: node {node} does not run this job's current attempt (its agent restarted without it?)."
+    else:
+        message = f"Requeued: node {node} stopped reporting this job (its agent restarted?)."
+    return PendingReason(ReasonCode.VANISHED_FROM_NODE, message, {"node": node})
+
+
+def agent_restarted(node: str) -> PendingReason:
+    return PendingReason(ReasonCode.AGENT_RESTARTED,
+                         f"Requeued: the agent on node {node} restarted or stopped while this job ran.", {"node": node})
+
+
+def requeued_by_operator(by: str) -> PendingReason:
+    return PendingReason(ReasonCode.REQUEUED_BY_OPERATOR, f"Requeued by operator {by}; waiting to be placed again.",
+                         {"by": by})

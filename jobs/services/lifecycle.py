@@ -41,19 +41,14 @@ from django.utils import timezone
 
 from jobs.choices import JobClass, JobEventKind, JobState
 from jobs.models import Allocation, Job, JobDependency, JobEvent
+from jobs.scheduling import reasons
 from jobs.scheduling.decisions import Place
+from jobs.scheduling.reasons import PendingReason
 from jobs.services.commands import launch_id, send_launch, send_stop
 from jobs.services.launches import LAUNCH_FIELDS, launch_envs, launch_spec
 from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)
-
-# Reasons a job is back in the queue (``pending_reason.code``).
-AGENT_RESTARTED = "agent_restarted"
-NODE_LOST = "node_lost"
-VANISHED = "vanished_from_node"
-PREEMPTED = "preempted"
-REQUEUED_BY_OPERATOR = "requeued_by_operator"
 
 IGNORED_REPORTS_KEY = "colony:lifecycle:ignored_reports"
 
@@ -214,8 +209,7 @@ def finish(job_id: int, exit: Exit) -> bool:
     if exit.absent and state == JobState.RUNNING and exit.launch_id == current:
         # Reconciliation asked the node about the running attempt and the node does not know it
         # (its agent lost it, its exit is gone for good): back to the queue now, not in a minute.
-        requeue_now([job_id], _reason(VANISHED, f"Requeued: node {exit.node} does not run this job's current "
-                                                "attempt (its agent restarted without it?).", node=exit.node))
+        requeue_now([job_id], reasons.vanished_from_node(exit.node, asked=True))
         return True
     if exit.absent and state == JobState.PLACED:
         # Asked about a placed attempt the node has not started: its launch is on the way, or
@@ -234,12 +228,11 @@ def finish(job_id: int, exit: Exit) -> bool:
                     at=exit.finished_at)
             _ended(job_id, JobState.CANCELLED)
     elif state in LIVE and exit.requeue:
-        message = f"Requeued: the agent on node {exit.node} restarted or stopped while this job ran."
+        reason = reasons.agent_restarted(exit.node)
         if Job.objects.filter(pk=job_id, state__in=LIVE).update(
-            state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1,
-            pending_reason=_reason(AGENT_RESTARTED, message, node=exit.node),
+            state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1, pending_reason=reason.as_dict(),
         ):
-            _record(job_id, JobEventKind.STOPPING, message, node=exit.node, at=exit.finished_at)
+            _record(job_id, JobEventKind.STOPPING, reason.message, node=exit.node, at=exit.finished_at)
     elif state in LIVE:
         final = _final_state(exit)
         if Job.objects.filter(pk=job_id, state__in=LIVE).update(state=final, **outcome):
@@ -394,10 +387,6 @@ def _stop_on(job_id: int, nodes, *, notice: bool = False) -> None:
         transaction.on_commit(lambda node=node: send_stop(node, job_id, current, preempt_grace_s=grace))
 
 
-def _reason(code: str, message: str, **details) -> dict:
-    return {"code": code, "message": message, "details": details}
-
-
 @transaction.atomic
 def begin_cancel(job_id: int) -> str:
     """A user's cancel: a pending job ends at once, a placed or running one is stopped first.
@@ -420,7 +409,7 @@ def begin_cancel(job_id: int) -> str:
 def begin_preempt(job_id: int, message: str) -> bool:
     """Stop an opportunistic job to make room; it returns to the queue once every node stopped it."""
     if not Job.objects.filter(pk=job_id, state__in=LIVE, run_class=JobClass.OPPORTUNISTIC).update(
-        state=JobState.PREEMPTING, preempt_count=F("preempt_count") + 1, pending_reason=_reason(PREEMPTED, message),
+        state=JobState.PREEMPTING, preempt_count=F("preempt_count") + 1, pending_reason=reasons.preempted(message).as_dict(),
     ):
         return False
     _record(job_id, JobEventKind.STOPPING, f"Preempted: {message}")
@@ -434,7 +423,7 @@ def begin_requeue(job_id: int, by: str) -> None:
     """An operator sends a placed or running job back to the queue (its place in it kept)."""
     if not Job.objects.filter(pk=job_id, state__in=LIVE).update(
         state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1,
-        pending_reason=_reason(REQUEUED_BY_OPERATOR, f"Requeued by operator {by}; waiting to be placed again.", by=by),
+        pending_reason=reasons.requeued_by_operator(by).as_dict(),
     ):
         state = Job.objects.filter(pk=job_id).values_list("state", flat=True).first()
         raise NotAllowed(f"job {job_id} is {str(state).lower()}; only placed or running jobs can be requeued")
@@ -464,7 +453,7 @@ def time_out(job_id: int, started_before: datetime) -> bool:
 
 
 @transaction.atomic
-def requeue_now(job_ids, reason: dict, *, only_running: bool = False) -> list[int]:
+def requeue_now(job_ids, reason: PendingReason, *, only_running: bool = False) -> list[int]:
     """Its node is gone (lost, or no longer runs it): release the jobs' GPUs everywhere at once
     and settle each without waiting for an exit that will never come. Live jobs go back to the
     queue (requeue counted), cancelling ones end CANCELLED, preempted ones return to the queue.
@@ -483,19 +472,19 @@ def requeue_now(job_ids, reason: dict, *, only_running: bool = False) -> list[in
     cancelled = list(Job.objects.filter(pk__in=job_ids, state=JobState.CANCELLING).values_list("pk", flat=True))
     stopped = list(Job.objects.filter(pk__in=job_ids, state=JobState.PREEMPTING).values_list("pk", flat=True))
     Job.objects.filter(pk__in=requeued).update(
-        state=JobState.PENDING, pending_reason=reason, placed_at=None, started_at=None,
+        state=JobState.PENDING, pending_reason=reason.as_dict(), placed_at=None, started_at=None,
         requeue_count=F("requeue_count") + 1,
     )
     Job.objects.filter(pk__in=cancelled, state=JobState.CANCELLING).update(state=JobState.CANCELLED, finished_at=now)
     Job.objects.filter(pk__in=stopped, state=JobState.PREEMPTING).update(
         state=JobState.PENDING, placed_at=None, started_at=None)
     attempts = dict(Job.objects.filter(pk__in=job_ids).values_list("pk", "attempt"))
-    node = (reason.get("details") or {}).get("node", "")
+    node = reason.details.get("node", "")
     JobEvent.objects.bulk_create(
         [JobEvent(job_id=j, attempt=attempts.get(j, 0), kind=JobEventKind.REQUEUED, at=now, node=node,
-                  message=reason["message"]) for j in [*requeued, *stopped]]
+                  message=reason.message) for j in [*requeued, *stopped]]
         + [JobEvent(job_id=j, attempt=attempts.get(j, 0), kind=JobEventKind.FINISHED, at=now, node=node,
-                    message="Cancelled; its node never confirmed the stop (" + reason["message"] + ")")
+                    message="Cancelled; its node never confirmed the stop (" + reason.message + ")")
            for j in cancelled])
     Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True).update(released_at=now)
     for job_id in cancelled:

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Allocation, Job
+from jobs.scheduling import reasons
 from jobs.services import lifecycle
 from jobs.services.commands import launch_id, send_duty_cycle, send_query, send_stop
 from monitoring.models import Node
@@ -29,8 +30,6 @@ log = logging.getLogger(__name__)
 
 # One stop per stray (node, job) per this many seconds, however often it is reported.
 STRAY_STOP_EVERY_S = 30
-NODE_LOST = lifecycle.NODE_LOST
-VANISHED = lifecycle.VANISHED
 MISSING_KEY = "colony:missing"
 # A running job its node has stopped reporting for this long is presumed gone (the agent was
 # restarted without it) even if the node never answers for it. Long, so that an exit event still
@@ -63,11 +62,7 @@ def requeue_lost_node(node: Node) -> bool:
         return False
     job_ids = set(Allocation.objects.filter(gpu__node=node, released_at__isnull=True).values_list("job_id", flat=True))
     # A gang spanning nodes loses every member: requeue_now releases its allocations everywhere.
-    requeued = lifecycle.requeue_now(job_ids, {
-        "code": NODE_LOST,
-        "message": f"Requeued: node {node.name} stopped responding while this job ran on it.",
-        "details": {"node": node.name},
-    })
+    requeued = lifecycle.requeue_now(job_ids, reasons.node_lost(node.name))
     alerts.node_lost(node)
     log.warning("node %s lost; requeued jobs %s", node.name, requeued)
     return True
@@ -200,10 +195,7 @@ def _reconcile_placed(client: redis.Redis, node: str, launches: set[str], sample
 
 
 def _requeue_vanished_job(job_id: int, node: str) -> bool:
-    requeued = lifecycle.requeue_now([job_id], {
-        "code": VANISHED, "details": {"node": node},
-        "message": f"Requeued: node {node} stopped reporting this job (its agent restarted?).",
-    }, only_running=True)
+    requeued = lifecycle.requeue_now([job_id], reasons.vanished_from_node(node, asked=False), only_running=True)
     if requeued:
         log.warning("job %s vanished from node %s; requeued", job_id, node)
     return bool(requeued)
