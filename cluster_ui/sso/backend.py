@@ -56,7 +56,10 @@ class OIDCBackend(OIDCAuthenticationBackend):
         if header.get("alg") != self.OIDC_RP_SIGN_ALGO:
             # Also refuses "none": an unsigned token never gets as far as its claims.
             raise SuspiciousOperation(f"ID token signed with {header.get('alg')!r}, not {self.OIDC_RP_SIGN_ALGO}")
-        return super().verify_token(token, **kwargs)  # signature, then the nonce
+        try:
+            return super().verify_token(token, **kwargs)  # signature, then the nonce
+        except jwt.PyJWTError as exc:  # e.g. a published key PyJWT cannot use for this algorithm
+            raise SuspiciousOperation(f"ID token refused: {exc}") from None
 
     def retrieve_matching_jwk(self, token):
         if "kid" in jwt.get_unverified_header(token):
