@@ -200,6 +200,10 @@ COLONY_STOP_GRACE_SECONDS = env_float("COLONY_STOP_GRACE_SECONDS", 10.0)
 # Preemption notice: a job may ask for up to this many seconds between its stop signal and SIGKILL;
 # one that asks for nothing gets the stop grace above.
 COLONY_MAX_PREEMPT_GRACE_S = env_int("COLONY_MAX_PREEMPT_GRACE_S", 300)
+# What a job that does not say asks of its node's CPU and host memory, per GPU it asks for (a
+# fraction of a GPU asks that fraction). 0: nothing, so only jobs that ask are counted.
+COLONY_DEFAULT_CPUS_PER_GPU = env_float("COLONY_DEFAULT_CPUS_PER_GPU", 0.0)
+COLONY_DEFAULT_HOST_MEMORY_MIB_PER_GPU = env_int("COLONY_DEFAULT_HOST_MEMORY_MIB_PER_GPU", 0)
 COLONY_MAX_ARRAY_SIZE = env_int("COLONY_MAX_ARRAY_SIZE", 1000)
 COLONY_MAX_PENDING_PER_USER = env_int("COLONY_MAX_PENDING_PER_USER", 10_000)
 # Uploaded code (colony submit packs the current directory): at most this much per tenant, and an
