@@ -11,10 +11,12 @@ from jobs.services.cycle import run_scheduling_cycle
 from monitoring.services.redis_client import get_redis
 
 
+# Safe on any number of workers at once: the cycle writes only under the scheduler lease
+# (jobs/services/leadership.py), and a worker that lost it meanwhile has its decisions refused.
 @shared_task(ignore_result=True)
 def scheduling_cycle() -> dict:
     result = run_scheduling_cycle()
-    return {"ran": result.ran, "placed": result.placed, "pending": result.pending}
+    return {"ran": result.ran, "placed": result.placed, "pending": result.pending, "fenced": result.fenced}
 
 
 @shared_task(ignore_result=True)
