@@ -23,18 +23,19 @@ is the database's (``Now()``), so scheduler hosts whose clocks drift cannot disa
   open the renewed row stays locked, so no one can take the lease between the check and the
   commit: a decision that commits was made by the leader of record.
 - A holder stopped *inside* that transaction would hold the row (and the jobs it has written)
-  while stopped. On PostgreSQL the transaction sets ``idle_in_transaction_session_timeout`` to half
-  the lease, so the server ends a stopped holder's session (rolling its writes back and freeing
-  the row) before its lease runs out, and the standby takes over on time. (A holder stopped while
-  the server is still sending it a large result is not "idle"; PostgreSQL 17's
-  ``transaction_timeout`` would cover that case too.)
+  while stopped. On PostgreSQL the transaction (when it is one of its own, as in a worker, not
+  nested in a caller's) sets ``idle_in_transaction_session_timeout`` to half the lease, so the
+  server ends a stopped holder's session (rolling its writes back and freeing the row) before its
+  lease runs out, and the standby takes over on time. (A holder stopped while the server is still
+  sending it a large result is not "idle"; PostgreSQL 17's ``transaction_timeout`` would cover
+  that case too.)
 - :func:`release` hands the lease back at the end of a cycle, so that whichever scheduler process
   the next tick reaches may run it (Celery gives a tick to any worker process); a holder that
   never hands it back (stopped, killed, partitioned) loses it when it expires.
 
-Failover: a holder stopped mid-cycle at time t is replaced at the first tick after its lease
-expires, at most ``COLONY_SCHEDULER_LOCK_LEASE`` (default 30 s) after it last renewed, plus one
-tick (``COLONY_SCHEDULER_INTERVAL``); one stopped between cycles holds nothing and is not waited for.
+Failover: a holder stopped mid-cycle is replaced at the first tick after its lease expires, at
+most ``COLONY_SCHEDULER_LOCK_LEASE`` (default 30 s) after it last renewed plus one tick
+(``COLONY_SCHEDULER_INTERVAL``); one stopped between cycles holds nothing and is not waited for.
 """
 
 from __future__ import annotations
@@ -137,8 +138,10 @@ def acquire(lease_s: float, name: str = SCHEDULER) -> Lease | None:
 def fenced(lease: Lease, lease_s: float):
     """A transaction that commits only if ``lease`` is still the lease of record (see the module
     docstring); raises :class:`Superseded` before anything is written otherwise."""
+    outermost = not connection.in_atomic_block
     with transaction.atomic():
-        if connection.vendor == "postgresql":
+        # Only for a transaction of its own: a caller's enclosing transaction keeps its settings.
+        if connection.vendor == "postgresql" and outermost:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
                                [str(max(1, int(lease_s * 500)))])
