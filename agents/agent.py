@@ -37,6 +37,7 @@ from redis.retry import Retry
 
 from agents import __version__, code, protocol, signing
 from agents.backends.base import GpuBackend
+from agents.host import HostOffer
 from agents.runner import FinishedJob, JobRunner, LaunchError, read_output
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class Agent:
         key: bytes | None = None,
         command_max_age: float = COMMAND_MAX_AGE_S,
         command_max_skew: float = COMMAND_MAX_SKEW_S,
+        host: HostOffer | None = None,
     ):
         if not protocol.NODE_NAME_RE.match(node):
             raise ValueError(f"invalid node name {node!r}")
@@ -141,6 +143,7 @@ class Agent:
         self.heartbeat_ttl = heartbeat_ttl
         self.shutdown_grace = shutdown_grace
         self.hostname = socket.gethostname()[:255]
+        self.host = host  # CPU and host memory offered to jobs; None: not reported
         self.stream = protocol.command_stream(node)
         # This node's key: signs what it writes and authenticates the commands it reads. None
         # (authentication off) sends unsigned messages and takes unsigned commands.
@@ -342,6 +345,8 @@ class Agent:
             hostname=self.hostname,
             running_jobs=sorted(self.runner.running()),
             runtimes=[runtime.name] if (runtime := getattr(self.runner, "container_runtime", None)) else [],
+            cpu_milli=self.host.cpu_milli if self.host else None,
+            host_memory_mib=self.host.host_memory_mib if self.host else None,
         )
         fields = protocol.encode(message)
         if len(fields["m"]) > protocol.MAX_MESSAGE_BYTES:

@@ -39,7 +39,7 @@ import threading
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from agents import __version__, protocol, signing
+from agents import __version__, host, protocol, signing
 from agents.accounts import DEFAULT_PASS_ENV, RunAsPolicy, parse_tenant_accounts
 from agents.agent import COMMAND_MAX_AGE_S, Agent
 from agents.backends import nvml
@@ -116,6 +116,18 @@ def _node_name(value: str) -> str:
             f"invalid node name {value!r}: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
     return value
+
+
+def _non_negative_float(value: str) -> float:
+    number = _positive_float(value) if value.strip() not in ("0", "0.0") else 0.0
+    return number
+
+
+def _size_mib(value: str) -> int:
+    try:
+        return host.size_mib(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _positive_float(value: str) -> float:
@@ -217,6 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse a signed command issued longer ago than this (default 300); keep node clocks in sync",
     )
     parser.add_argument("--workdir", type=Path, help="job directories and logs (default var/agent/<node>)")
+    offered = parser.add_argument_group("CPU and host memory offered to jobs (the scheduler never places more requested there)")
+    offered.add_argument("--cpus", type=_positive_float, metavar="N",
+                         help="CPU cores to offer (default: the cores this agent may run on, less --reserve-cpus)")
+    offered.add_argument("--reserve-cpus", type=_non_negative_float, default=1.0, metavar="N",
+                         help="cores kept for the system when --cpus is not given (default 1)")
+    offered.add_argument("--host-memory", type=_size_mib, metavar="SIZE",
+                         help="host memory to offer, e.g. 480GiB (default: MemTotal less --reserve-host-memory)")
+    offered.add_argument("--reserve-host-memory", type=_size_mib, default=4096, metavar="SIZE",
+                         help="memory kept for the system when --host-memory is not given (default 4GiB)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     sandbox = parser.add_argument_group("job sandbox")
     sandbox.add_argument(
@@ -398,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
             heartbeat_ttl=args.heartbeat_ttl,
             key=args.key,
             command_max_age=args.command_max_age,
+            host=host.offer(args.cpus, args.host_memory, args.reserve_cpus, args.reserve_host_memory),
         )
         agent.run(stop)
     finally:

@@ -56,6 +56,8 @@ COUNTER_MAX = 2**63 - 1  # ECC error counts
 XID_MAX = 2**31 - 1
 BANDWIDTH_GBPS_MAX = 100_000.0
 MAX_GPUS = 64
+CPU_MILLI_MAX = 4096 * 1000  # 4,096 cores
+HOST_MEMORY_MIB_MAX = 64 * 1024 * 1024  # 64 TiB
 
 UnixTime = Annotated[float, Field(ge=0, le=UNIX_TIME_MAX, description="unix time, seconds")]
 JobId = Annotated[int, Field(gt=0, le=ID_MAX)]
@@ -182,6 +184,10 @@ class NodeRegistered(_NodeMessage):
     # Container runtimes this node runs ``image`` jobs with (its agent's ``--container-runtime``):
     # the scheduler places an image job only on a node that names one.
     runtimes: list[Literal["docker", "podman", "apptainer"]] = Field(default_factory=list, max_length=3)
+    # CPU (milli-cores) and host memory (MiB) the node offers jobs, after what the agent keeps for
+    # the system; None: not reported, so the scheduler does not count them on this node.
+    cpu_milli: int | None = Field(default=None, ge=0, le=CPU_MILLI_MAX)
+    host_memory_mib: int | None = Field(default=None, ge=0, le=HOST_MEMORY_MIB_MAX)
 
 
 class JobStarted(_NodeMessage):

@@ -29,7 +29,7 @@ RUN_AS = [
     ("opportunistic", "Spare capacity only (preemptible)"),
 ]
 # Serializer field -> form field, where the form asks in friendlier units.
-FIELD_OF = {"gpu_memory_mib": "gpu_memory", "max_runtime_s": "max_runtime", "opportunistic_only": "run_as",
+FIELD_OF = {"gpu_memory_mib": "gpu_memory", "host_memory_mib": "host_memory", "max_runtime_s": "max_runtime", "opportunistic_only": "run_as",
             "preempt_grace_s": "preempt_grace", "code": "code_archive", "archive": "code_archive"}
 STOP_SIGNALS = [(name, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")]
 
@@ -75,6 +75,11 @@ class SubmitForm(forms.Form):
                                   help_text="A fraction shares one GPU with other jobs.")
     gpu_memory = forms.CharField(required=False, label="GPU memory per GPU",
                                  widget=forms.TextInput(attrs={"placeholder": "e.g. 20 GiB"}))
+    cpus = forms.CharField(required=False, label="CPU cores", widget=forms.TextInput(attrs={"placeholder": "default"}),
+                           help_text="For the whole job, e.g. 8 or 0.5.")
+    host_memory = forms.CharField(required=False, label="Host memory",
+                                  widget=forms.TextInput(attrs={"placeholder": "e.g. 64 GiB"}),
+                                  help_text="RAM for the whole job.")
     gpu_models = LooseMultipleChoiceField(required=False, label="GPU models", widget=forms.CheckboxSelectMultiple,
                                           help_text="None ticked: any model.")
     run_as = forms.ChoiceField(choices=RUN_AS, initial="auto", label="Class")
@@ -143,6 +148,14 @@ class SubmitForm(forms.Form):
                 self.add_error("gpu_memory", "Enter a size such as 20 GiB or 512 MiB.")
             else:
                 payload["gpu_memory_mib"] = mib
+        if data.get("cpus", "").strip():
+            payload["cpus"] = data["cpus"].strip()
+        if data.get("host_memory", "").strip():
+            mib = parse_size_mib(data["host_memory"])
+            if mib is None:
+                self.add_error("host_memory", "Enter a size such as 64 GiB or 512 MiB.")
+            else:
+                payload["host_memory_mib"] = mib
         if data.get("max_runtime", "").strip():
             seconds = parse_duration_s(data["max_runtime"])
             if seconds is None:

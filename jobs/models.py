@@ -106,6 +106,9 @@ class Job(models.Model):
     env = models.JSONField(default=dict, blank=True, help_text="Extra environment variables for the job.")
     gpus = models.PositiveSmallIntegerField()
     gpu_memory_mib = models.PositiveIntegerField(null=True, blank=True, help_text="Memory needed per GPU.")
+    # Of the node(s), for the whole job; a gang spread over nodes takes them in proportion to its GPUs.
+    cpu_milli = models.PositiveIntegerField(default=0, help_text="CPU needed, in thousandths of a core (0: none asked).")
+    host_memory_mib = models.PositiveIntegerField(default=0, help_text="Host memory needed, in MiB (0: none asked).")
     gpu_milli = models.PositiveSmallIntegerField(
         default=1000, validators=[MinValueValidator(1), MaxValueValidator(1000)],
         help_text="Share of one GPU in thousandths (below 1000 only with 1 GPU); fractional jobs share GPUs.",

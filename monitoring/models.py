@@ -20,6 +20,10 @@ class Node(models.Model):
     topology = models.JSONField(default=list, blank=True, help_text="GPU-to-GPU links as the agent reported them.")
     runtimes = models.JSONField(default=list, blank=True,
                                 help_text="Container runtimes the agent runs image jobs with (docker, podman, apptainer).")
+    cpu_milli = models.PositiveIntegerField(null=True, blank=True,
+                                            help_text="CPU offered to jobs, in thousandths of a core, as the agent registered it.")
+    host_memory_mib = models.PositiveIntegerField(null=True, blank=True,
+                                                  help_text="Host memory offered to jobs, in MiB, as the agent registered it.")
     registered_at = models.DateTimeField(help_text="Last time the agent (re)registered.")
 
     class Meta:

@@ -32,6 +32,13 @@ def duration(value) -> str:
 
 
 @register.filter
+def cores(milli) -> str:
+    """Milli-cores -> '8 CPU cores' / '0.5 CPU cores' / '1 CPU core'."""
+    text = f"{int(milli) / 1000:g}"
+    return f"{text} CPU core" if text == "1" else f"{text} CPU cores"
+
+
+@register.filter
 def mib(value) -> str:
     """MiB -> '20 GiB' / '20.5 GiB' / '512 MiB'."""
     if value is None or value == "":

@@ -110,12 +110,14 @@ class JobSerializer(serializers.ModelSerializer):
     array_id = serializers.IntegerField(read_only=True, allow_null=True)
     dependencies = serializers.SerializerMethodField(help_text='Jobs it waits for: [{"job": 41, "kind": "ok"}].')
     preemptions = serializers.IntegerField(source="preempt_count", read_only=True)
+    cpus = serializers.SerializerMethodField(help_text="CPU cores it asked for (whole job).")
 
     class Meta:
         model = Job
         fields = [
             "id", "name", "tenant", "owner", "command", "env", "eta_s", "gpus", "gpu_milli", "gpu_memory_mib", "gpu_models",
-            "priority", "opportunistic_only", "shareable", "max_nodes", "max_runtime_s", "profile_key",
+            "cpus", "host_memory_mib", "priority", "opportunistic_only", "shareable", "max_nodes", "max_runtime_s",
+            "profile_key",
             "workdir", "code", "image", "venv", "conda", "preempt_grace_s", "stop_signal", "checkpoints",
             "array_id", "array_index", "dependencies", "preemptions", "lost_work_s",
             "state", "run_class", "pending_reason", "allocations", "events", "attempt", "requeue_count",
@@ -124,6 +126,10 @@ class JobSerializer(serializers.ModelSerializer):
             "started_at", "finished_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(float)
+    def get_cpus(self, job: Job) -> float:
+        return job.cpu_milli / 1000
 
     def get_fields(self):
         # Built from the model once per class and copied per use, as DRF copies declared fields:
@@ -160,6 +166,13 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     )
     gpu_memory_mib = serializers.IntegerField(min_value=1, required=False, allow_null=True,
                                               help_text="GPU memory needed on each GPU, in MiB.")
+    cpus = serializers.DecimalField(
+        max_digits=7, decimal_places=3, min_value=0, max_value=protocol.CPU_MILLI_MAX // 1000, required=False,
+        help_text="CPU cores for the whole job, e.g. 8 or 0.5 (a gang spread over nodes takes them in proportion "
+                  "to its GPUs on each). Default: the cluster's per-GPU default.")
+    host_memory_mib = serializers.IntegerField(
+        min_value=0, max_value=protocol.HOST_MEMORY_MIB_MAX, required=False,
+        help_text="Host memory (RAM) for the whole job, in MiB. Default: the cluster's per-GPU default.")
     gpu_models = serializers.ListField(child=StrictCharField(max_length=64), required=False, max_length=16,
                                        help_text='Allowed GPU models, e.g. ["V100-32GB"]; empty means any.')
     priority = serializers.IntegerField(min_value=-10, max_value=10, required=False, default=0,
@@ -247,10 +260,12 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         if attrs.get("gpu_milli", 1000) < 1000 and attrs["gpus"] != 1:
             raise serializers.ValidationError({"gpu_milli": ["A GPU fraction is only possible with gpus=1."]})
         self._check_launch_size(attrs["command"], attrs.get("env") or {})
+        self._host_request(attrs)
         self._check_where_and_what(attrs)
         inventory = self.context["inventory"] if "inventory" in self.context else cluster_inventory()
         if inventory.total_gpus:  # before any node registers, nothing is refused on size: the job waits
             self._check_inventory(attrs, inventory)
+            self._check_host(attrs, inventory)
             self._check_ceiling(attrs)
             if attrs.get("image") and not inventory.runtimes:
                 raise serializers.ValidationError({"image": [
@@ -324,6 +339,31 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
             raise serializers.ValidationError({"after_ok": [
                 f"Job {doomed[0]} ended {found[doomed[0]].lower()}; a job after it succeeds could never start."]})
         attrs["after_ok"], attrs["after_any"] = ok, any_
+
+    @staticmethod
+    def _host_request(attrs) -> None:
+        """``cpus`` becomes ``cpu_milli``; what is not given, the cluster's per-GPU default."""
+        gpus = attrs["gpus"] * attrs.get("gpu_milli", 1000) / 1000
+        cpus = attrs.pop("cpus", None)
+        attrs["cpu_milli"] = (round(cpus * 1000) if cpus is not None
+                              else round(settings.COLONY_DEFAULT_CPUS_PER_GPU * 1000 * gpus))
+        attrs.setdefault("host_memory_mib", round(settings.COLONY_DEFAULT_HOST_MEMORY_MIB_PER_GPU * gpus))
+
+    @staticmethod
+    def _check_host(attrs, inventory) -> None:
+        """Refuse CPU or host memory no node (a single-node job) or no cluster (a spread gang) offers."""
+        one_node = attrs["gpus"] == 1 or attrs.get("max_nodes") == 1
+        for field, need, largest, total, unit in (
+                ("cpus", attrs["cpu_milli"], inventory.largest_cpu_milli, inventory.total_cpu_milli, "CPU cores"),
+                ("host_memory_mib", attrs["host_memory_mib"], inventory.largest_host_memory_mib,
+                 inventory.total_host_memory_mib, "MiB of host memory")):
+            scale = 1000 if field == "cpus" else 1
+            if one_node and largest is not None and need > largest:
+                raise serializers.ValidationError({field: [
+                    f"No node offers {need / scale:g} {unit}; the largest offers {largest / scale:g}."]})
+            if not one_node and total is not None and need > total:
+                raise serializers.ValidationError({field: [
+                    f"The whole cluster offers {total / scale:g} {unit}; {need / scale:g} can never be granted."]})
 
     @staticmethod
     def _check_inventory(attrs, inventory) -> None:

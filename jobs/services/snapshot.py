@@ -83,7 +83,7 @@ def intra_node_bandwidth(topology: list[dict]) -> float:
 
 # Rows, not model instances, throughout: building ORM objects for every GPU, allocation and
 # pending job was most of the snapshot's cost at 1,024 nodes and 50,000 pending jobs.
-NODE_FIELDS = ("id", "name", "cordoned", "rack", "topology", "runtimes")
+NODE_FIELDS = ("id", "name", "cordoned", "rack", "topology", "runtimes", "cpu_milli", "host_memory_mib")
 
 
 def _nodes(nodes: list[tuple], online: set[str], samples: dict[str, dict]) -> tuple[NodeState, ...]:
@@ -92,7 +92,7 @@ def _nodes(nodes: list[tuple], online: set[str], samples: dict[str, dict]) -> tu
             "node_id", "id", "index", "model", "memory_mib"):
         gpus_by_node[node_id].append(gpu)
     states = []
-    for node_id, name, cordoned, rack, topology, runtimes in nodes:
+    for node_id, name, cordoned, rack, topology, runtimes, cpu_milli, host_memory_mib in nodes:
         readings = {g["index"]: g for g in samples.get(name, {}).get("gpus", [])}
         states.append(NodeState(
             name=name,
@@ -109,6 +109,8 @@ def _nodes(nodes: list[tuple], online: set[str], samples: dict[str, dict]) -> tu
             rack=rack,
             intra_node_gb_per_s=intra_node_bandwidth(topology),
             runtimes=frozenset(runtimes or ()),
+            cpu_milli=cpu_milli,
+            host_memory_mb=host_memory_mib,
         ))
     return tuple(states)
 
@@ -130,7 +132,7 @@ def _profiles(tenant_keys: set[tuple[int, str]]) -> dict[tuple[int, str], JobPro
 
 PENDING_FIELDS = ("id", "tenant_id", "gpus", "submitted_s", "gpu_memory_mib", "priority", "gpu_milli",
                   "gpu_models_text", "opportunistic_only", "shareable", "max_nodes", "max_runtime_s", "profile_key",
-                  "reserved_since_s", "image", "array_id", "array__max_running")
+                  "reserved_since_s", "image", "array_id", "array__max_running", "cpu_milli", "host_memory_mib")
 
 
 # The pending requests of the last snapshot, per job: what each was built from and the request.
@@ -180,7 +182,8 @@ def _pending(largest_gpu_mib: int | None = None, slugs: dict[int, str] | None = 
 
 def _request(row: tuple, slugs: dict[int, str], core_profiles: dict, models: dict, waiting_for: tuple) -> JobRequest:
     (job_id, tenant_id, gpus, submitted_at, gpu_memory_mib, priority, gpu_milli, gpu_models, opportunistic_only,
-     shareable, max_nodes, max_runtime_s, profile_key, reserved_since, image, array_id, array_limit) = row
+     shareable, max_nodes, max_runtime_s, profile_key, reserved_since, image, array_id, array_limit, cpu_milli,
+     host_memory_mib) = row
     core_profile, profile = core_profiles.get((tenant_id, profile_key), (None, None)) if profile_key else (None, None)
     if gpu_models not in models:
         models[gpu_models] = frozenset(json.loads(gpu_models) or ())
@@ -192,7 +195,7 @@ def _request(row: tuple, slugs: dict[int, str], core_profiles: dict, models: dic
         expected_runtime_s=_expected_runtime(max_runtime_s, profile),
         reserved_since=_seconds(reserved_since),
         needs_runtime=bool(image), array_id=array_id, array_limit=array_limit,
-        waiting_for=waiting_for,
+        waiting_for=waiting_for, cpu_milli=cpu_milli, host_memory_mb=host_memory_mib,
     )
 
 
@@ -222,7 +225,8 @@ def _bounded(peak_mib: int, largest_gpu_mib: int | None) -> int:
 
 RUNNING_FIELDS = ("job_id", "gpu_id", "duty_cycle", "memory_limit_mib", "job__tenant_id", "job__run_class",
                   "started_s", "job__gpu_memory_mib", "job__gpu_milli", "job__priority", "job__max_runtime_s",
-                  "job__profile_key", "job__shareable", "job__state", "job__checkpoints", "job__array_id")
+                  "job__profile_key", "job__shareable", "job__state", "job__checkpoints", "job__array_id",
+                  "job__cpu_milli", "job__host_memory_mib")
 LIVE_STATES = (JobState.PLACED, JobState.RUNNING)
 
 
@@ -248,7 +252,8 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str], gpu_memory: di
                                                 for job_id, held in gpus_of.items()})
     running = []
     for job_id, (_, _, duty_cycle, memory_limit_mib, tenant_id, run_class, started_at, gpu_memory_mib, gpu_milli,
-                 priority, max_runtime_s, profile_key, shareable, state, checkpoints, array_id) in first.items():
+                 priority, max_runtime_s, profile_key, shareable, state, checkpoints, array_id, cpu_milli,
+                 host_memory_mib) in first.items():
         held = gpus_of[job_id]
         profile = profiles.get((tenant_id, profile_key)) if profile_key else None
         running.append(RunningJob(
@@ -267,6 +272,8 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str], gpu_memory: di
             preempting=state not in LIVE_STATES,
             checkpoints=checkpoints,
             array_id=array_id,
+            cpu_milli=cpu_milli,
+            host_memory_mb=host_memory_mib,
         ))
     return tuple(running)
 

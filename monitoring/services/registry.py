@@ -105,6 +105,8 @@ def register_node(message: NodeRegistered) -> Node:
             "agent_version": message.agent_version,
             "topology": [link.model_dump() for link in message.topology],
             "runtimes": sorted(set(message.runtimes)),
+            "cpu_milli": message.cpu_milli,
+            "host_memory_mib": message.host_memory_mib,
             "registered_at": now,
         },
     )
@@ -137,6 +139,12 @@ class Inventory:
     node_kinds: tuple[tuple[tuple[tuple[str, int, int], ...], int], ...] = ()
     # Container runtimes some node with GPUs runs image jobs with.
     runtimes: frozenset[str] = frozenset()
+    # CPU (milli-cores) and host memory (MiB) the nodes with GPUs offer: the largest on one node and
+    # the sum; None while some node does not report it (it is then unlimited there).
+    largest_cpu_milli: int | None = None
+    total_cpu_milli: int | None = None
+    largest_host_memory_mib: int | None = None
+    total_host_memory_mib: int | None = None
     gpus_per_node: tuple[int, ...] = field(init=False)  # descending
     largest_gpu_mib: int = field(init=False)
     models: frozenset[str] = field(init=False)
@@ -220,9 +228,17 @@ def load_inventory() -> Inventory:
     for node_id, model, memory, gpus in present_gpu_groups():
         by_node.setdefault(node_id, []).append((model, memory, gpus))
     kinds = Counter(tuple(sorted(groups)) for groups in by_node.values())
-    runtimes = frozenset(runtime for node_id, listed in Node.objects.order_by().values_list("pk", "runtimes")
-                         if node_id in by_node for runtime in (listed or []))
-    return Inventory(node_kinds=tuple(sorted(kinds.items())), runtimes=runtimes)
+    nodes = [row for row in Node.objects.order_by().values_list("pk", "runtimes", "cpu_milli", "host_memory_mib")
+             if row[0] in by_node]
+    runtimes = frozenset(runtime for _, listed, _, _ in nodes for runtime in (listed or []))
+    cpus = [cpu for _, _, cpu, _ in nodes]
+    memories = [mib for _, _, _, mib in nodes]
+    reported = lambda values: bool(values) and None not in values  # noqa: E731
+    return Inventory(node_kinds=tuple(sorted(kinds.items())), runtimes=runtimes,
+                     largest_cpu_milli=max(cpus) if reported(cpus) else None,
+                     total_cpu_milli=sum(cpus) if reported(cpus) else None,
+                     largest_host_memory_mib=max(memories) if reported(memories) else None,
+                     total_host_memory_mib=sum(memories) if reported(memories) else None)
 
 
 def cluster_inventory() -> Inventory:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agents import cli
+from agents import cli, host
 
 from .helpers import events, wait_for
 
@@ -47,6 +47,8 @@ def test_bad_node_name_exits_2_with_a_message():
         (["--node", "n1", "--simulate", "1xT4-16GB", "--interval", "5", "--heartbeat-ttl", "5"], "--heartbeat-ttl"),
         (["--node", "n1", "--simulate", "1xT4-16GB", "--redis", "localhost:6379"], "unix:// URL"),
         (["--simulate", "1xT4-16GB"], "--node"),
+        (["--node", "n1", "--simulate", "1xT4-16GB", "--host-memory", "lots"], "not a size: 'lots'"),
+        (["--node", "n1", "--simulate", "1xT4-16GB", "--cpus", "-4"], "positive number"),
     ],
 )
 def test_bad_arguments_exit_2(argv, message, capsys):
@@ -78,11 +80,12 @@ def test_auto_backend_without_gpus_fails_clearly(monkeypatch, caplog):
 def test_agent_process_registers_and_exits_0_on_sigterm(redis_url, redis_client, tmp_path):
     process = run_agent(
         "--node", "n1", "--simulate", "2xT4-16GB", "--redis", redis_url,
-        "--interval", "0.2", "--workdir", str(tmp_path / "work"),
+        "--interval", "0.2", "--workdir", str(tmp_path / "work"), "--cpus", "6", "--host-memory", "48GiB",
     )
     try:
         [registered] = wait_for(lambda: events(redis_client, "node_registered"), timeout=10)
         assert [gpu.model for gpu in registered.gpus] == ["T4-16GB", "T4-16GB"]
+        assert (registered.cpu_milli, registered.host_memory_mib) == (6000, 48 * 1024)  # what it offers jobs
         process.send_signal(signal.SIGTERM)
         _out, err = process.communicate(timeout=5)
     finally:
@@ -91,3 +94,14 @@ def test_agent_process_registers_and_exits_0_on_sigterm(redis_url, redis_client,
             process.wait()
     assert process.returncode == 0, err
     assert "n1 INFO" in err and "SIGTERM" in err
+
+
+def test_by_default_a_node_offers_its_cores_and_memory_less_what_the_system_keeps(tmp_path, monkeypatch):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       263840540 kB\nMemFree:        1000 kB\n")
+    monkeypatch.setattr(host, "MEMINFO", meminfo)
+    monkeypatch.setattr(host, "machine_cpu_milli", lambda: 64_000)
+    assert host.offer(reserve_cpus=2, reserve_memory_mib=8192) == host.HostOffer(62_000, 263840540 // 1024 - 8192)
+    assert host.offer(cpus=0.5, memory_mib=2048) == host.HostOffer(500, 2048)  # what the operator says
+    monkeypatch.setattr(host, "machine_cpu_milli", lambda: 2000)
+    assert host.offer(reserve_cpus=4).cpu_milli == 1000  # never below one core

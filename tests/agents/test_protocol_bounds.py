@@ -18,7 +18,7 @@ REGISTERED = {
     "v": 1, "kind": "node_registered", "node": "n1", "backend": "nvml", "agent_version": "0.1", "hostname": "h",
     "gpus": [{"index": 0, "uuid": "GPU-0", "model": "H100-80GB", "memory_mib": 81559}],
     "topology": [{"a": 0, "b": 1, "kind": "nvlink", "bandwidth_gbps": 900.0}],
-    "running_jobs": [7],
+    "running_jobs": [7], "cpu_milli": 64000, "host_memory_mib": 512 * 1024,
 }
 STARTED = {"v": 1, "kind": "job_started", "node": "n1", "job_id": 7, "pid": 4242, "started_at": 1_700_000_000.5}
 EXITED = {"v": 1, "kind": "job_exited", "node": "n1", "job_id": 7, "exit_code": -9, "finished_at": 1_700_000_100.0}
@@ -41,6 +41,8 @@ FIELDS = [
     (REGISTERED, protocol.decode_event, ("topology", 0, "b")),
     (REGISTERED, protocol.decode_event, ("topology", 0, "bandwidth_gbps")),
     (REGISTERED, protocol.decode_event, ("running_jobs", 0)),
+    (REGISTERED, protocol.decode_event, ("cpu_milli",)),
+    (REGISTERED, protocol.decode_event, ("host_memory_mib",)),
     (STARTED, protocol.decode_event, ("job_id",)),
     (STARTED, protocol.decode_event, ("pid",)),
     (STARTED, protocol.decode_event, ("started_at",)),

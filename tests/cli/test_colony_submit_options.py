@@ -147,6 +147,12 @@ def test_every_new_option_reaches_the_job(api, capsys):
     assert "venv" not in job_sent(api) and "checkpoints" not in job_sent(api)
 
 
+def test_cores_and_host_memory_reach_the_job(api, capsys):
+    code, _, err = run(capsys, "submit", "--no-code", "--cpus", "12", "--host-memory", "96GiB", "--", "python", "t.py")
+    assert code == 0, err
+    assert (job_sent(api)["cpus"], job_sent(api)["host_memory_mib"]) == ("12", 96 * 1024)
+
+
 def test_an_array_submit_says_how_many_and_which(api, capsys):
     api.replies["/api/v1/jobs/"] = (201, {"array": {"id": 7, "name": "train.py", "spec": "0-99%8", "size": 100,
                                                      "max_running": 8}, "jobs": list(range(101, 201))})
