@@ -63,8 +63,8 @@ def pause_when_armed() -> None:
             stop([place.job_id for place in decisions.placements])
         return decisions
 
-    def applying(decisions):
-        applied = apply_decisions(decisions)
+    def applying(decisions, *args, **kwargs):
+        applied = apply_decisions(decisions, *args, **kwargs)
         if point == "in_transaction" and applied.placed:
             stop([place.job_id for place in decisions.placements])
         return applied
