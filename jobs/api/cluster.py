@@ -17,8 +17,8 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
+from cluster_ui.api import tenancy
 from jobs.api.tenants import TenantSerializer
 from jobs.models import Job
 from jobs.services.usage import gpu_counts, occupants, queue_stats
@@ -27,6 +27,7 @@ from jobs.services.visibility import OTHER_TENANT, open_alerts, visible_job_ids
 from monitoring.models import Gpu
 from monitoring.services.heatmap import RANGES, job_series
 from monitoring.services.live import live_summary
+
 
 # ---------------------------------------------------------------- /cluster/
 
@@ -74,7 +75,9 @@ class ClusterSerializer(serializers.Serializer):
     alerts = AlertSerializer(many=True)
 
 
-class ClusterView(APIView):
+class ClusterView(tenancy.APIView):
+    queryset = Job.objects.all()  # whose alerts may name their job
+
     @extend_schema(responses=ClusterSerializer)
     def get(self, request):
         """The overview: GPU states now, live utilisation, the queue, tenants against quota, open alerts."""
@@ -85,7 +88,7 @@ class ClusterView(APIView):
             "live": live_summary(),
             "queue": QueueStatsSerializer(queue_stats()).data,
             "tenants": TenantSerializer(rows, many=True, context=context).data,
-            "alerts": open_alerts(request.user),
+            "alerts": open_alerts(self.queryset),
         })
 
 
@@ -113,7 +116,9 @@ class OccupancyQuery(serializers.Serializer):
     node = serializers.ListField(child=serializers.CharField(max_length=63), required=False)
 
 
-class OccupancyView(APIView):
+class OccupancyView(tenancy.APIView):
+    queryset = Job.objects.all()  # the jobs it may name
+
     @extend_schema(
         parameters=[
             OpenApiParameter("range", str, enum=list(RANGES), description="Time range; default 6h."),
@@ -134,7 +139,7 @@ class OccupancyView(APIView):
         if query.validated_data.get("node"):
             gpu_ids = list(Gpu.objects.filter(node__name__in=query.validated_data["node"]).values_list("pk", flat=True))
         held = occupants(start, end, gpu_ids)
-        visible = visible_job_ids(request.user, [o.job_id for o in held])
+        visible = visible_job_ids(self.queryset, [o.job_id for o in held])
         by_gpu: dict[str, list[dict]] = {}
         for o in held:
             seen = o.job_id in visible
@@ -167,11 +172,13 @@ class JobSeriesSerializer(serializers.Serializer):
     points = SeriesPointSerializer(many=True)
 
 
-class JobMetricsView(APIView):
+class JobMetricsView(tenancy.APIView):
+    queryset = Job.objects.all()
+
     @extend_schema(responses=JobSeriesSerializer)
     def get(self, request, pk: int):
         """One job's GPU memory and utilisation over its run (404 for jobs you may not see)."""
-        job = get_object_or_404(Job.objects.visible_to(request.user), pk=pk)
+        job = get_object_or_404(self.queryset, pk=pk)
         begin = job.started_at or job.placed_at
         points, step = [], 10
         if begin is not None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view, inline_serializer
-from rest_framework import generics, serializers
+from rest_framework import serializers
 from rest_framework.response import Response
 
+from cluster_ui.api import tenancy
 from jobs.api.serializers import PendingReasonSerializer
 from jobs.choices import JobClass, JobState
 from jobs.filtersets import JobFilter
@@ -75,14 +76,15 @@ class QueueEntrySerializer(serializers.ModelSerializer):
 
 
 @extend_schema_view(get=extend_schema(parameters=JOB_FILTER_PARAMETERS))
-class QueueView(generics.ListAPIView):
+class QueueView(tenancy.ListAPIView):
     """Jobs you may see, newest first, each with its place in the queue and why it waits."""
 
+    queryset = Job.objects.all()
     serializer_class = QueueEntrySerializer
 
     def get_queryset(self):
         return job_filter_from(self.request).apply(
-            Job.objects.visible_to(self.request.user)
+            super().get_queryset()
             .select_related("tenant", "owner")
             .prefetch_related("allocations__gpu__node")
         )
@@ -95,9 +97,11 @@ class QueueView(generics.ListAPIView):
         return self.get_paginated_response(serializer.data)
 
 
-class EtaAccuracyView(generics.GenericAPIView):
+class EtaAccuracyView(tenancy.GenericAPIView):
     """How far the ETAs given to jobs you can see were off when those jobs started (first
     placement minus the first ETA; positive is late), over the last ``days`` (default 7)."""
+
+    queryset = Job.objects.all()
 
     @extend_schema(parameters=[OpenApiParameter("days", int, description="1-90, default 7")],
                    responses={200: inline_serializer("EtaAccuracy", {
@@ -111,5 +115,5 @@ class EtaAccuracyView(generics.GenericAPIView):
             days = min(max(int(request.query_params.get("days", 7)), 1), 90)
         except ValueError:
             raise serializers.ValidationError({"days": ["A whole number of days, 1-90."]}) from None
-        accuracy = eta_accuracy(Job.objects.visible_to(request.user), timezone.now() - timezone.timedelta(days=days))
+        accuracy = eta_accuracy(self.get_queryset(), timezone.now() - timezone.timedelta(days=days))
         return Response({"days": days, **accuracy.as_dict()})

@@ -8,11 +8,11 @@ in the admin, which records who changed what. No job detail appears here.
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
-from rest_framework import serializers, viewsets
+from rest_framework import serializers
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
+from cluster_ui.api import tenancy
 from jobs.services.usage import TenantNow
 from jobs.services.usage_report import MAX_REPORT_DAYS, tenant_rows, usage_rows
 
@@ -48,19 +48,21 @@ class TenantSerializer(serializers.Serializer):
         }).data
 
 
-class TenantViewSet(viewsets.ViewSet):
+class TenantViewSet(tenancy.ViewSet):
     """Tenants with their quota (guarantee, ceiling, weight) and what they use now. Read-only."""
+
+    cluster_wide = True
 
     lookup_field = "slug"
     serializer_class = TenantSerializer
 
     @extend_schema(responses=TenantSerializer(many=True))
-    def list(self, request):
+    def list(self, request, format=None):
         rows, context = tenant_rows(request.user)
         return Response(TenantSerializer(rows, many=True, context=context).data)
 
     @extend_schema(responses=TenantSerializer, parameters=[OpenApiParameter("slug", str, OpenApiParameter.PATH)])
-    def retrieve(self, request, slug=None):
+    def retrieve(self, request, slug=None, format=None):
         rows, context = tenant_rows(request.user)
         row = next((row for row in rows if row.tenant.slug == slug), None)
         if row is None:
@@ -86,7 +88,9 @@ class UsageQuery(serializers.Serializer):
     tenant = serializers.CharField(required=False)
 
 
-class UsageView(APIView):
+class UsageView(tenancy.APIView):
+    cluster_wide = True
+
     @extend_schema(
         parameters=[
             OpenApiParameter("days", int, description=f"Days back, today included (1-{MAX_REPORT_DAYS}; default 14)."),

@@ -1,4 +1,5 @@
-"""REST API v1 for jobs. Every queryset starts from ``Job.objects.visible_to(user)``.
+"""REST API v1 for jobs. Every queryset starts from ``Job.objects.visible_to(user)``, applied by
+the base view (``cluster_ui.api.tenancy``) before any handler runs.
 
 ``POST /api/v1/jobs/bulk/`` submits up to ``MAX_BULK_JOBS`` jobs at once, all or none, each checked
 as ``POST /api/v1/jobs/`` checks one; the submission throttle counts it as that many submissions.
@@ -10,13 +11,15 @@ import contextlib
 import re
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import mixins, status, viewsets
+from rest_framework import mixins, status
 from rest_framework.decorators import action
 from rest_framework.exceptions import Throttled, ValidationError
 from rest_framework.response import Response
 
 from agents import protocol
+from cluster_ui.api import tenancy
 from cluster_ui.api.errors import Conflict
+from cluster_ui.api.throttles import SubmissionRateThrottle
 from jobs.api.queue import JOB_FILTER_PARAMETERS, job_filter_from
 from jobs.api.serializers import (
     JobBulkCreatedSerializer,
@@ -24,7 +27,6 @@ from jobs.api.serializers import (
     JobSerializer,
     JobSubmitSerializer,
 )
-from cluster_ui.api.throttles import SubmissionRateThrottle
 from jobs.choices import TERMINAL_STATES
 from jobs.models import Job
 from jobs.services import job_logs
@@ -42,12 +44,13 @@ from monitoring.services.redis_client import get_redis
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                 viewsets.GenericViewSet):
+                 tenancy.GenericViewSet):
+    queryset = Job.objects.all()
     serializer_class = JobSerializer
 
     def get_queryset(self):
         jobs = (
-            Job.objects.visible_to(self.request.user)
+            super().get_queryset()
             .select_related("tenant", "owner", "code")
             .defer("code__data")
             .prefetch_related("allocations__gpu__node", "events", "dependencies")
@@ -89,7 +92,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         429: OpenApiResponse(description="The submission rate left to you is less than the jobs given."),
     })
     @action(detail=False, methods=["post"])
-    def bulk(self, request):
+    def bulk(self, request, format=None):
         """Submit many jobs in one request, all or none: ``{"jobs": [spec, ...]}``, each spec as
         ``POST /api/v1/jobs/`` takes it, at most 1,000 jobs and within the API's body limit
         (``COLONY_MAX_REQUEST_BYTES``, 256 KiB by default: about 1,000 specs of a short command).
@@ -126,7 +129,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
 
     @extend_schema(request=None, responses={200: JobSerializer, 409: None})
     @action(detail=True, methods=["post"])
-    def cancel(self, request, pk=None):
+    def cancel(self, request, pk=None, format=None):
         job = self.get_object()
         try:
             job = cancel_job(job)
@@ -143,7 +146,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         responses={200: None},
     )
     @action(detail=True, methods=["get"])
-    def logs(self, request, pk=None):
+    def logs(self, request, pk=None, format=None):
         """Live output of the job while it runs: chunks each node shipped, oldest first, newer
         than ``after``; ``nodes`` lists the nodes that sent output. Kept per node for the last
         256 KiB or so, for a day after the job's last output; a finished job's ``output_tail``

@@ -17,15 +17,18 @@ OTHER_TENANT = "another tenant's job"
 MAX_ALERTS = 50
 
 
-def visible_job_ids(user, job_ids) -> set[int]:
-    return set(Job.objects.visible_to(user).filter(pk__in=set(job_ids)).values_list("pk", flat=True))
+def visible_job_ids(jobs, job_ids) -> set[int]:
+    """Of ``job_ids``, those in ``jobs``: a queryset already scoped to what the reader may see
+    (an API view's ``self.queryset``)."""
+    return set(jobs.filter(pk__in=set(job_ids)).values_list("pk", flat=True))
 
 
 def gpu_holders(user, gpu_ids: list[int]) -> dict[int, list[GpuHolder]]:
     """GPU id -> the jobs holding it now, oldest first, named only where ``user`` may see them
     (installed into :mod:`monitoring.services.gpu_holders` for the node page)."""
     held = live_holders(gpu_ids)
-    visible = visible_job_ids(user, [a.job_id for allocations in held.values() for a in allocations])
+    job_ids = [a.job_id for allocations in held.values() for a in allocations]
+    visible = visible_job_ids(Job.objects.visible_to(user), job_ids)
     return {
         gpu_id: [
             GpuHolder(job_id=a.job_id, job_name=a.job.name, tenant=a.job.tenant.slug,
@@ -40,11 +43,12 @@ def gpu_holders(user, gpu_ids: list[int]) -> dict[int, list[GpuHolder]]:
     }
 
 
-def open_alerts(user) -> list[dict]:
+def open_alerts(jobs) -> list[dict]:
+    """The newest open alerts; one about a job not in ``jobs`` (what the reader may see) names no job."""
     alerts = list(
         Alert.objects.filter(resolved_at__isnull=True).select_related("node", "gpu").order_by("-last_seen_at")[:MAX_ALERTS]
     )
-    visible = visible_job_ids(user, [a.job_id for a in alerts if a.job_id])
+    visible = visible_job_ids(jobs, [a.job_id for a in alerts if a.job_id])
     labels = dict(AlertKind.choices)
     out = []
     for alert in alerts:

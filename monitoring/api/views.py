@@ -11,19 +11,20 @@ from datetime import timedelta
 
 from django.db.models import Prefetch
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers, viewsets
+from rest_framework import serializers
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
+from cluster_ui.api import tenancy
 from monitoring.api.serializers import GpuSerializer, HeatmapSerializer, NodeSerializer
 from monitoring.models import Gpu, Node
 from monitoring.services.heatmap import METRICS, RANGES, gpu_heatmap
 from monitoring.services.live import live_gpus
 
 
-class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+class NodeViewSet(tenancy.ReadOnlyModelViewSet):
     """Nodes with their present GPUs and each GPU's latest reading."""
 
+    cluster_wide = True
     serializer_class = NodeSerializer
     lookup_field = "name"
     lookup_value_regex = "[^/]+"
@@ -37,9 +38,10 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 @extend_schema(parameters=[OpenApiParameter("node", str, description="Only this node's GPUs.")])
-class GpuViewSet(viewsets.ReadOnlyModelViewSet):
+class GpuViewSet(tenancy.ReadOnlyModelViewSet):
     """Present GPUs with their latest reading."""
 
+    cluster_wide = True
     serializer_class = GpuSerializer
 
     def get_queryset(self):
@@ -57,7 +59,9 @@ class HeatmapQuery(serializers.Serializer):
     node = serializers.ListField(child=serializers.CharField(max_length=63), required=False)
 
 
-class HeatmapView(APIView):
+class HeatmapView(tenancy.APIView):
+    cluster_wide = True
+
     @extend_schema(
         parameters=[
             OpenApiParameter("range", str, enum=list(RANGES), description="Time range; default 6h."),
