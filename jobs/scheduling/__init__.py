@@ -3,11 +3,14 @@
 No Django, no Redis, no clock: ``now`` is an argument. The production loop
 (``jobs.services.cycle``) and the trace-replay simulator drive the same functions.
 
-Map: ``snapshot`` + ``config`` (inputs) -> ``cycle.decide`` (the passes) using ``capacity``
-(indexed working copy), ``placement`` + ``topology`` (where), ``reclaim`` (victims),
-``reservation`` (gang starvation guard), ``throttle`` (AIMD duty cycles), ``waiting``, ``eta``,
-``explain`` + ``reasons`` (why pending) -> ``decisions`` (outputs). ``usage`` holds the fair-share
-decay the service keeps; ``policies`` the baselines the trace replay compares.
+Map: ``snapshot`` + ``config`` (inputs) -> ``cycle.decide`` (the passes, with what they change in
+``cycle_state.CycleState`` and what they reuse in ``cycle_state.Memo``) using ``capacity`` (indexed
+working copy), ``filters`` (one module per constraint: GPU model and memory, gang width, container
+runtime, compute room, exclusivity, cordon, CPU and host memory), ``placement`` + ``topology``
+(where), ``reclaim`` (victims), ``reservation`` (gang starvation guard), ``throttle`` (AIMD duty
+cycles), ``waiting``, ``eta``, ``explain`` + ``reasons`` (why pending) -> ``decisions`` (outputs).
+``usage`` holds the fair-share decay the service keeps; ``policies`` the baselines the trace
+replay compares.
 """
 
 from jobs.scheduling.config import SchedulerConfig

@@ -31,25 +31,25 @@ from __future__ import annotations
 import gc
 import heapq
 from collections import defaultdict
+from dataclasses import dataclass
 from operator import attrgetter
 
 from jobs.scheduling import reasons
-from jobs.scheduling.capacity import Capacity, NodeSlot
+from jobs.scheduling.capacity import Capacity
 from jobs.scheduling.config import SchedulerConfig
-from dataclasses import dataclass
-
-from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason, Reservation
+from jobs.scheduling.cycle_state import CycleState, Memo
+from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason
 from jobs.scheduling.eta import QueueEta, ReleaseTimeline
 from jobs.scheduling.explain import InventoryCheck, invalid_request
-from jobs.scheduling.placement import Choice, FailureMemo, Placer, Shape, shape_of
+from jobs.scheduling.placement import Choice, Placer, Shape, shape_of
 from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.reclaim import Reclaimer, memory_pressure_victims
 from jobs.scheduling.reservation import may_backfill
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass, JobRequest, TenantQuota
 from jobs.scheduling.throttle import throttles
-from jobs.scheduling.waiting import Waiting
 from jobs.scheduling.topology import rendezvous_of, slices_of
 from jobs.scheduling.usage import weighted_share
+from jobs.scheduling.waiting import Waiting
 
 UNLIMITED_GPUS = 10**9
 
@@ -86,62 +86,35 @@ def decide(snapshot: ClusterSnapshot, now: float, config: SchedulerConfig = Sche
 
 
 class Cycle(Waiting):
+    """One run of the passes. Fixed for the cycle: ``snapshot``, ``now``, ``config``, the capacity
+    indexes, the placer, the inventory check, quotas, the reclaimer and the release timeline.
+    What changes is in ``state`` (decisions so far, what each tenant holds, the hold); what is
+    reused is in ``memo`` (see ``cycle_state.Memo`` for when each answer stops being true)."""
+
     def __init__(self, snapshot: ClusterSnapshot, now: float, config: SchedulerConfig):
         self.snapshot, self.now, self.config = snapshot, now, config
         self.capacity = Capacity(snapshot, config)
         self.placer = Placer(self.capacity, config)
         self.inventory = InventoryCheck(self.capacity, self.placer)
         self.quotas = {t.name: t for t in snapshot.tenants}
-        self.leaving = {job.id for job in snapshot.running if job.preempting}
-        self.held: dict[str, int] = defaultdict(int)  # milli-GPUs held, stopping jobs included
-        self.guaranteed_held: dict[str, int] = defaultdict(int)
+        self.state = state = CycleState(leaving={job.id for job in snapshot.running if job.preempting})
+        self.memo = Memo()
         borrowed: dict[str, int] = defaultdict(int)
         for job in snapshot.running:
-            self.held[job.tenant] += job.quota_milli
+            state.held[job.tenant] += job.quota_milli
             if job.job_class is GUARANTEED:
-                self.guaranteed_held[job.tenant] += job.quota_milli
-            if job.id not in self.leaving:
+                state.guaranteed_held[job.tenant] += job.quota_milli
+            if job.id not in state.leaving:
                 borrowed[job.tenant] += job.quota_milli
+            if job.array_id is not None:
+                state.array_running[job.array_id] += 1
+                if job.id not in state.leaving and job.expected_end is not None:
+                    state.array_ends[job.array_id].append(max(now, job.expected_end))
         for tenant in borrowed:
             borrowed[tenant] -= self.quota(tenant).guaranteed_milli
-        self.reclaimer = Reclaimer(self.capacity, self.placer, config, now, borrowed, self.leaving)
-        self.timeline = ReleaseTimeline([j for j in snapshot.running if j.id not in self.leaving], now)
+        self.reclaimer = Reclaimer(self.capacity, self.placer, config, now, borrowed, state.leaving)
+        self.timeline = ReleaseTimeline([j for j in snapshot.running if j.id not in state.leaving], now)
         self.queue_eta = QueueEta(self.timeline, sum(self.capacity.start_total_empty) * WHOLE_GPU_MILLI)
-        self.placements: list[Place] = []
-        self.pending: list[Pending] = []
-        self.preemptions: list[Preempt] = []
-        self.reservations: list[Reservation] = []
-        self.handled: set[int] = set()  # jobs the guaranteed pass dealt with
-        self.version = 0  # bumped whenever capacity or the hold changes
-        self._outcomes: dict[tuple, PendingReason] = {}  # borrowing reasons, valid for one version
-        self._outcomes_for: tuple[str, int] | None = None
-        self.failed = FailureMemo()
-        self.searches = 0
-        self.reclaims = 0
-        self.holder: tuple[JobRequest, tuple[str, ...], float | None] | None = None
-        self.reserved_nodes: list[NodeSlot] = []
-        self.borrowing_tenants: set[str] = set()  # tenants that borrowed this cycle
-        self._shapes: dict[tuple, tuple[Shape, PendingReason | None]] = {}
-        self._ceiling_waits: dict[tuple, dict[int, tuple[PendingReason, float | None]]] = {}
-        self._started_room: dict[Shape, bool] = {}
-        self._timelines: dict[str, ReleaseTimeline] = {}
-        self._reasons: dict[tuple, PendingReason] = {}
-        self._fits_reserved_memo: dict[tuple, bool] = {}
-        self._not_on_reserved = FailureMemo()
-        self._host_memo: dict[tuple, str | None] = {}
-        self._smallest_guaranteed_ask: dict[str, int] = {}
-        # Job arrays: jobs running (stopping ones too: they still run) and their expected ends.
-        self.array_running: dict[int, int] = defaultdict(int)
-        self._array_ends: dict[int, list[float]] = defaultdict(list)
-        self._array_blocked: dict[int, int] = defaultdict(int)
-        for job in snapshot.running:
-            if job.array_id is not None:
-                self.array_running[job.array_id] += 1
-                if job.id not in self.leaving and job.expected_end is not None:
-                    self._array_ends[job.array_id].append(max(now, job.expected_end))
-        self.placed_count = 0
-        self._spread: dict[tuple, tuple[int, int | None]] = {}  # (shape, tag) -> (placed_count, nodes or None)
-        self._fits_one_node_memo: dict[Shape, bool] = {}
 
     def quota(self, tenant: str) -> TenantQuota:
         quota = self.quotas.get(tenant)
@@ -153,26 +126,26 @@ class Cycle(Waiting):
         """A request's shape and, if it cannot run on this inventory at all, why (cached together:
         50,000 jobs come in a few thousand shapes)."""
         key = _request_key(job)
-        found = self._shapes.get(key)
+        found = self.memo.shapes.get(key)
         if found is None:
             shape = shape_of(job, self.config)
-            found = self._shapes[key] = (shape, invalid_request(job) or self.inventory.reason(shape))
+            found = self.memo.shapes[key] = (shape, invalid_request(job) or self.inventory.reason(shape))
         return found
 
     # -- the cycle ---------------------------------------------------------------------------------
 
     def run(self) -> Decisions:
-        for victim, gpu_id in memory_pressure_victims(self.capacity, self.config, self.leaving):
-            self.preemptions.append(Preempt(victim.id, PreemptReason.MEMORY_PRESSURE,
+        for victim, gpu_id in memory_pressure_victims(self.capacity, self.config, self.state.leaving):
+            self.state.preemptions.append(Preempt(victim.id, PreemptReason.MEMORY_PRESSURE,
                                             f"GPU {gpu_id} is short of memory for a guaranteed job"))
             self.reclaimer.borrowed[victim.tenant] -= victim.quota_milli
         queues = self._queues()
         self._guaranteed_pass(queues)
         self._borrowing_pass(queues)
         return Decisions(
-            placements=tuple(self.placements), pending=tuple(self.pending), preemptions=tuple(self.preemptions),
-            throttles=tuple(throttles(self.capacity, self.snapshot.running, self.leaving, self.config)),
-            reservations=tuple(self.reservations),
+            placements=tuple(self.state.placements), pending=tuple(self.state.pending), preemptions=tuple(self.state.preemptions),
+            throttles=tuple(throttles(self.capacity, self.snapshot.running, self.state.leaving, self.config)),
+            reservations=tuple(self.state.reservations),
         )
 
     def _queues(self) -> dict[str, list[tuple[JobRequest, Shape]]]:
@@ -187,7 +160,7 @@ class Cycle(Waiting):
             jobs.sort(key=attrgetter("priority"), reverse=True)
             queue = queues[tenant] = []
             smallest = UNLIMITED_GPUS
-            shapes = self._shapes
+            shapes = self.memo.shapes
             ceiling = self.quota(tenant).ceiling_milli
             for job in jobs:
                 if job.gpus * job.gpu_milli > ceiling and job.gpu_milli <= WHOLE_GPU_MILLI:  # more than the tenant may ever hold: say so first
@@ -203,7 +176,7 @@ class Cycle(Waiting):
                         smallest = job.gpus * job.gpu_milli
                 else:
                     self._wait(job, reason)
-            self._smallest_guaranteed_ask[tenant] = smallest
+            self.state.smallest_guaranteed_ask[tenant] = smallest
         return queues
 
     def _guaranteed_pass(self, queues: dict[str, list[tuple[JobRequest, Shape]]]) -> None:
@@ -212,8 +185,8 @@ class Cycle(Waiting):
 
         def push_next(tenant: str) -> None:
             quota, queue = self.quota(tenant), queues[tenant]
-            room = min(quota.guaranteed_milli - self.guaranteed_held[tenant], quota.ceiling_milli - self.held[tenant])
-            if room < self._smallest_guaranteed_ask[tenant]:
+            room = min(quota.guaranteed_milli - self.state.guaranteed_held[tenant], quota.ceiling_milli - self.state.held[tenant])
+            if room < self.state.smallest_guaranteed_ask[tenant]:
                 return  # nothing left in this queue fits what is left of the guarantee
             position = cursors[tenant]
             while position < len(queue):
@@ -228,9 +201,9 @@ class Cycle(Waiting):
             push_next(tenant)
         while heap:
             *_, tenant, job, shape = heapq.heappop(heap)
-            if self.searches >= self.config.max_placement_searches:
+            if self.state.searches >= self.config.max_placement_searches:
                 break
-            self.handled.add(job.id)  # placed, reclaiming or waiting: the borrowing pass skips it
+            self.state.handled.add(job.id)  # placed, reclaiming or waiting: the borrowing pass skips it
             if job.array_limit is not None and self._array_full(job):
                 self._wait_for_array(job)
             else:
@@ -246,14 +219,14 @@ class Cycle(Waiting):
             self._place(job, shape, GUARANTEED, choice)
             return
         reclaim = None
-        if self.reclaims < self.config.max_reclaims and not self.failed.fails("reclaim", shape):
-            self.reclaims += 1
+        if self.state.reclaims < self.config.max_reclaims and not self.memo.failed.fails("reclaim", shape):
+            self.state.reclaims += 1
             reclaim = self.reclaimer.find(job.id, shape)
             if reclaim is None:
-                self.failed.record("reclaim", shape)
+                self.memo.failed.record("reclaim", shape)
         if reclaim is not None:
             for victim in reclaim.victims:
-                self.preemptions.append(Preempt(
+                self.state.preemptions.append(Preempt(
                     victim.id, PreemptReason.RECLAIM_FOR_GUARANTEE,
                     f"Tenant {job.tenant} needs its guaranteed GPUs back for job {job.id}", for_job_id=job.id))
             self._count(job, GUARANTEED)
@@ -265,7 +238,7 @@ class Cycle(Waiting):
         cursors = dict.fromkeys(queues, 0)
         heap = [(self._share(t), t) for t in queues]
         heapq.heapify(heap)
-        handled, held, limit = self.handled, self.held, self.config.max_placement_searches
+        handled, held, limit = self.state.handled, self.state.held, self.config.max_placement_searches
         while heap:
             share, tenant = heapq.heappop(heap)
             queue, quota = queues[tenant], self.quota(tenant)
@@ -284,7 +257,7 @@ class Cycle(Waiting):
                     self._wait_for_array(job)
                 elif held[tenant] + job.gpus * job.gpu_milli > ceiling:
                     self._all_at_ceiling([(job, shape)], quota)
-                elif self.searches >= limit:
+                elif self.state.searches >= limit:
                     self._wait(job, self._reason(reasons.not_considered, limit))
                 else:
                     placed = self._admit_borrowing(job, shape, share)
@@ -295,12 +268,10 @@ class Cycle(Waiting):
     def _admit_borrowing(self, job: JobRequest, shape: Shape, share: float) -> bool:
         # Until something changes (a placement, a hold), a tenant's requests of one shape get the
         # same answer: most of 50,000 pending jobs are settled by this lookup.
-        if self._outcomes_for != (job.tenant, self.version):
-            self._outcomes.clear()
-            self._outcomes_for = (job.tenant, self.version)
-        backfill = self.holder is not None and may_backfill(job, self.holder[2])
-        key = (shape, job.opportunistic_only, backfill, self._young_gang(job, shape))
-        reason = self._outcomes.get(key)
+        backfill = self.state.holder is not None and may_backfill(job, self.state.holder[2])
+        key = ("outcome", job.tenant, shape, job.opportunistic_only, backfill, self._young_gang(job, shape))
+        version = self.state.version
+        reason = self.memo.now(version).get(key)
         if reason is not None:
             self._wait(job, reason, self.queue_eta.next(job.gpus * job.gpu_milli))
             return False
@@ -310,43 +281,44 @@ class Cycle(Waiting):
             return False
         if choice is not None:
             self._place(job, shape, OPPORTUNISTIC, choice)
-            self.borrowing_tenants.add(job.tenant)
+            self.state.borrowing_tenants.add(job.tenant)
             return True
         reason = self._blocked(job, shape, OPPORTUNISTIC, share)
-        if self._outcomes_for == (job.tenant, self.version):  # no hold was taken meanwhile
-            self._outcomes[key] = reason
+        if self.state.version == version:  # (a hold taken meanwhile changed the answer)
+            self.memo.now(version)[key] = reason
         return False
 
     # -- outcomes ----------------------------------------------------------------------------------
 
     def _find(self, job: JobRequest, shape: Shape, job_class: JobClass) -> Choice | OneNodeWait | None:
-        backfill = self.holder is not None and may_backfill(job, self.holder[2])
+        backfill = self.state.holder is not None and may_backfill(job, self.state.holder[2])
         tag = (job_class, backfill)
-        if self.failed.fails(tag, shape):
+        if self.memo.failed.fails(tag, shape):
             return None
-        held = self.reserved_nodes if backfill else []
+        held = self.state.reserved_nodes if backfill else []
         if self._young_gang(job, shape) and self._fits_one_node(shape):
             one_node = ("one node", job_class, backfill)
-            if not self.failed.fails(one_node, shape):
-                self.searches += 1
+            if not self.memo.failed.fails(one_node, shape):
+                self.state.searches += 1
                 choice = self.placer.find(shape, job_class, held, spread=False)
                 if choice is not None:
                     return choice
-                self.failed.record(one_node, shape)
+                self.memo.failed.record(one_node, shape)
             # Whether a spread is possible only changes with a placement: gangs of one shape share the answer.
-            known = self._spread.get((shape, tag))
-            if known is None or known[0] != self.placed_count:
-                self.searches += 1
+            known = self.memo.now(self.state.version)
+            if ("spread", shape, tag) not in known:
+                self.state.searches += 1
                 choice = self.placer.find(shape, job_class, held)
-                known = self._spread[(shape, tag)] = (self.placed_count, None if choice is None else len(choice.slices))
-            if known[1] is None:
-                self.failed.record(tag, shape)
+                known["spread", shape, tag] = None if choice is None else len(choice.slices)
+            spread_nodes = known["spread", shape, tag]
+            if spread_nodes is None:
+                self.memo.failed.record(tag, shape)
                 return None
-            return OneNodeWait(known[1])
-        self.searches += 1
+            return OneNodeWait(spread_nodes)
+        self.state.searches += 1
         choice = self.placer.find(shape, job_class, held)
         if choice is None:
-            self.failed.record(tag, shape)
+            self.memo.failed.record(tag, shape)
         return choice
 
     def _young_gang(self, job: JobRequest, shape: Shape) -> bool:
@@ -356,9 +328,9 @@ class Cycle(Waiting):
 
     def _fits_one_node(self, shape: Shape) -> bool:
         """Does some schedulable node have enough GPUs of one model for the whole gang?"""
-        fits = self._fits_one_node_memo.get(shape)
+        fits = self.memo.fits_one_node.get(shape)
         if fits is None:
-            fits = self._fits_one_node_memo[shape] = any(
+            fits = self.memo.fits_one_node[shape] = any(
                 widths and widths[0] >= shape.gpus
                 for widths in map(self.inventory.node_widths, self.placer.pools_by_model(self.placer.pools_for(shape))))
         return fits
@@ -375,16 +347,16 @@ class Cycle(Waiting):
         limit = None if protected or biggest >= capacity else min(capacity, biggest + self.config.share_memory_headroom_mib)
         duty = self.config.shared_start_duty_cycle if job_class is OPPORTUNISTIC and next_to_guarantee else 1.0
         slices = slices_of(choice.slices)
-        self.placements.append(Place(
+        self.state.placements.append(Place(
             job_id=job.id, slices=slices, job_class=job_class, memory_limit_mib=limit, gpu_milli=job.gpu_milli,
             duty_cycle=duty, allreduce_s=choice.allreduce_s, rendezvous=rendezvous_of(job.id, slices, self.config),
             note=self._note(job, shape, slices, gpus)))
-        self.handled.add(job.id)
-        self.placed_count += 1
+        self.state.handled.add(job.id)
+        self.state.version += 1
         if job.array_id is not None:
-            self.array_running[job.array_id] += 1
+            self.state.array_running[job.array_id] += 1
             if job.expected_runtime_s is not None:
-                self._array_ends[job.array_id].append(self.now + job.expected_runtime_s)
+                self.state.array_ends[job.array_id].append(self.now + job.expected_runtime_s)
 
     def _note(self, job: JobRequest, shape: Shape, slices, gpus) -> str:
         """One sentence for the job's timeline: where it went and why there."""
@@ -406,15 +378,15 @@ class Cycle(Waiting):
                 f"with {job.gpus} free GPUs.")
 
     def _array_full(self, job: JobRequest) -> bool:
-        return self.array_running[job.array_id] >= job.array_limit
+        return self.state.array_running[job.array_id] >= job.array_limit
 
     def _wait_for_array(self, job: JobRequest) -> None:
         array, limit = job.array_id, job.array_limit
-        running = self.array_running[array]
+        running = self.state.array_running[array]
         # The i-th waiting job of the array starts once (running - limit + i + 1) of its jobs ended.
-        position = running - limit + self._array_blocked[array]
-        self._array_blocked[array] += 1
-        ends = self._array_ends.get(array)
+        position = running - limit + self.state.array_blocked[array]
+        self.state.array_blocked[array] += 1
+        ends = self.state.array_ends.get(array)
         eta = None
         if ends and position < len(ends):
             ends.sort()
@@ -428,13 +400,13 @@ class Cycle(Waiting):
         self._wait(job, reason, max(0.0, job.submitted_at + bound - self.now))
 
     def _count(self, job: JobRequest, job_class: JobClass) -> None:
-        self.held[job.tenant] += job.quota_milli
+        self.state.held[job.tenant] += job.quota_milli
         if job_class is GUARANTEED:
-            self.guaranteed_held[job.tenant] += job.quota_milli
+            self.state.guaranteed_held[job.tenant] += job.quota_milli
 
     def _wait(self, job: JobRequest, reason: PendingReason, eta: float | None = None) -> None:
-        self.pending.append(Pending(job.id, reason, eta))
+        self.state.pending.append(Pending(job.id, reason, eta))
 
     def _share(self, tenant: str) -> float:
         quota = self.quota(tenant)
-        return weighted_share(quota.decayed_usage, self.held[tenant], quota.weight, self.config.usage_half_life_s)
+        return weighted_share(quota.decayed_usage, self.state.held[tenant], quota.weight, self.config.usage_half_life_s)

@@ -1,6 +1,7 @@
 """What a job that cannot start now is told, and the gang hold it may take.
 
-A mixin of ``cycle.Cycle`` (it reads the cycle's capacity, quotas and memos): the reasons for a
+Part of ``cycle.Cycle``: it reads the cycle's fixed inputs (capacity, placer, quotas, clock), its
+``state`` (what each tenant holds, the hold) and its ``memo`` (under ``Memo``'s rule). The reasons for a
 tenant at its ceiling, for a job that found no GPUs (held nodes, guaranteed but full, spare
 capacity gone to lower-usage tenants, over quota and cluster full), the ETA attached to each, and
 the one bounded reservation per cycle (rules in ``reservation``).
@@ -26,9 +27,9 @@ GUARANTEED = JobClass.GUARANTEED
 
 class Waiting:
     def _all_at_ceiling(self, entries: list[tuple[JobRequest, Shape]], quota: TenantQuota) -> None:
-        held, name, ceiling = self.held[quota.name], quota.name, quota.ceiling_milli
-        by_need = self._ceiling_waits.setdefault((name, held), {})  # what a job asking N is told
-        handled, pending = self.handled, self.pending
+        held, name, ceiling = self.state.held[quota.name], quota.name, quota.ceiling_milli
+        by_need = self.memo.ceiling_waits.setdefault((name, held), {})  # what a job asking N is told
+        handled, pending = self.state.handled, self.state.pending
         for job, _ in entries:
             if job.id in handled:
                 continue
@@ -40,30 +41,30 @@ class Waiting:
             pending.append(Pending(job.id, *found))
 
     def _tenant_timeline(self, tenant: str) -> ReleaseTimeline:
-        if not self._timelines:
+        if not self.memo.timelines:
             by_tenant: dict[str, list] = defaultdict(list)
             for job in self.snapshot.running:
-                if job.id not in self.leaving:
+                if job.id not in self.state.leaving:
                     by_tenant[job.tenant].append(job)
-            self._timelines = {t: ReleaseTimeline(jobs, self.now) for t, jobs in by_tenant.items()}
-        if tenant not in self._timelines:
-            self._timelines[tenant] = ReleaseTimeline([], self.now)
-        return self._timelines[tenant]
+            self.memo.timelines = {t: ReleaseTimeline(jobs, self.now) for t, jobs in by_tenant.items()}
+        if tenant not in self.memo.timelines:
+            self.memo.timelines[tenant] = ReleaseTimeline([], self.now)
+        return self.memo.timelines[tenant]
 
     def _reason(self, build, *args) -> PendingReason:
         """Reasons are frozen and many jobs share one: build each distinct sentence once."""
         key = (build, *args)
-        reason = self._reasons.get(key)
+        reason = self.memo.reasons.get(key)
         if reason is None:
-            reason = self._reasons[key] = build(*args)
+            reason = self.memo.reasons[key] = build(*args)
         return reason
 
     def _blocked(self, job: JobRequest, shape: Shape, job_class: JobClass, share: float = 0.0) -> PendingReason:
         """A job that fits the inventory and its quota found no GPUs: say why, maybe reserve."""
-        if self.holder is None and job.gpus > 1 and (held := self._hold(job, shape)) is not None:
+        if self.state.holder is None and job.gpus > 1 and (held := self._hold(job, shape)) is not None:
             return held
-        if self.holder is not None and self._fits_reserved(shape, job_class):
-            holder, nodes, _ = self.holder
+        if self.state.holder is not None and self._fits_reserved(shape, job_class):
+            holder, nodes, _ = self.state.holder
             reason = self._reason(reasons.reserved_for_gang, holder.id, holder.gpus, nodes)
         elif shape.needs_host and (short := self._host_shortage(shape, job_class)) is not None:
             needed = (shape.cpu_per_gpu if short == "cpu" else shape.host_mb_per_gpu) * job.gpus
@@ -72,13 +73,13 @@ class Waiting:
             most_free = self.capacity.most_free_on_a_node(self.placer.pools_for(shape))
             reason = self._reason(reasons.waiting_for_free_gpus, job.gpus, shape.memory_mib, shape.max_nodes == 1,
                                   most_free)
-        elif job.opportunistic_only and self.held[job.tenant] + job.quota_milli <= self.quota(job.tenant).guaranteed_milli:
+        elif job.opportunistic_only and self.state.held[job.tenant] + job.quota_milli <= self.quota(job.tenant).guaranteed_milli:
             reason = self._reason(reasons.no_spare_capacity, job.gpus)
-        elif (ahead := len(self.borrowing_tenants) - (job.tenant in self.borrowing_tenants)) and self._fitted_at_start(shape):
+        elif (ahead := len(self.state.borrowing_tenants) - (job.tenant in self.state.borrowing_tenants)) and self._fitted_at_start(shape):
             reason = self._reason(reasons.behind_lower_usage, job.tenant, share, ahead)
         else:
             quota = self.quota(job.tenant)
-            unused = quota.guaranteed_milli - self.guaranteed_held[job.tenant]
+            unused = quota.guaranteed_milli - self.state.guaranteed_held[job.tenant]
             reason = self._reason(reasons.over_quota_cluster_full, job.tenant, quota.guaranteed_milli, unused, job.gpus)
         self._wait(job, reason, self.queue_eta.next(job.quota_milli))
         return reason
@@ -86,53 +87,54 @@ class Waiting:
     def _host_shortage(self, shape: Shape, job_class: JobClass) -> str | None:
         """Would GPUs be found if the request asked no CPU or host memory? Then say which of the two
         the nodes with those GPUs lack ("cpu" or "memory")."""
-        key = (shape, job_class, self.version, self.placed_count)
-        if key not in self._host_memo:
+        known = self.memo.now(self.state.version)
+        key = ("host", shape, job_class)
+        if key not in known:
             plain = replace(shape, cpu_per_gpu=0, host_mb_per_gpu=0)
             choice = self.placer.find(plain, job_class, [])
-            self._host_memo[key] = None if choice is None else next(
+            known[key] = None if choice is None else next(
                 (short for node, gpus in choice.slices
                  if (short := host_resources.shortage([node], shape.cpu_per_gpu, shape.host_mb_per_gpu, len(gpus)))),
                 None)
-        return self._host_memo[key]
+        return known[key]
 
     def _hold(self, job: JobRequest, shape: Shape) -> PendingReason | None:
         span = window(job, self.now, self.config.gang_reservation_max_s)
-        if span is None or self.failed.fails("hold", shape):
+        if span is None or self.memo.failed.fails("hold", shape):
             return None
-        found = reservation_nodes(self.capacity, self.placer, shape, self.now, self.leaving)
+        found = reservation_nodes(self.capacity, self.placer, shape, self.now, self.state.leaving)
         if found is None:
-            self.failed.record("hold", shape)
+            self.memo.failed.record("hold", shape)
             return None
         nodes, eta = found
         for node in nodes:
             self.capacity.reserve(node)
         names = tuple(node.name for node in nodes)
-        self.reserved_nodes = nodes
-        self.holder = (job, names, eta)
-        self.version += 1
-        self.reservations.append(Reservation(job.id, names, since=span[0], until=span[1], eta_s=eta))
+        self.state.reserved_nodes = nodes
+        self.state.holder = (job, names, eta)
+        self.state.version += 1
+        self.state.reservations.append(Reservation(job.id, names, since=span[0], until=span[1], eta_s=eta))
         reason = reasons.holding_reservation(job.gpus, names, span[1], self.now)
         self._wait(job, reason, eta)
         return reason
 
     def _fits_reserved(self, shape: Shape, job_class: JobClass) -> bool:
         """Would the job fit on the held nodes? (then the hold is what keeps it waiting)"""
-        if self._not_on_reserved.fails(job_class, shape):
+        if self.memo.not_on_reserved.fails(job_class, shape):
             return False
         key = (job_class, shape)
-        fits = self._fits_reserved_memo.get(key)
+        fits = self.memo.fits_reserved.get(key)
         if fits is None:
-            fits = self._fits_reserved_memo[key] = self.placer.fits_on(self.reserved_nodes, shape, job_class)
+            fits = self.memo.fits_reserved[key] = self.placer.fits_on(self.state.reserved_nodes, shape, job_class)
             if not fits:
-                self._not_on_reserved.record(job_class, shape)
+                self.memo.not_on_reserved.record(job_class, shape)
         return fits
 
     def _fitted_at_start(self, shape: Shape) -> bool:
         """Would the request have found room before this cycle's placements? (an estimate)"""
-        if shape not in self._started_room:
-            self._started_room[shape] = self._room_at_start(shape)
-        return self._started_room[shape]
+        if shape not in self.memo.started_room:
+            self.memo.started_room[shape] = self._room_at_start(shape)
+        return self.memo.started_room[shape]
 
     def _room_at_start(self, shape: Shape) -> bool:
         pools = self.placer.pools_for(shape)

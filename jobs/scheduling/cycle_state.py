@@ -1,0 +1,81 @@
+"""What one ``decide()`` changes as it goes (``CycleState``) and the answers it reuses (``Memo``).
+
+Everything else a cycle reads (snapshot, clock, config, the capacity indexes, the placer, the
+inventory check) is fixed when the cycle starts. Splitting the mutable facts out makes it plain
+what a pass can change and what a cached answer depends on.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from jobs.scheduling.capacity import NodeSlot
+from jobs.scheduling.decisions import Pending, Place, Preempt, Reservation
+from jobs.scheduling.placement import FailureMemo
+from jobs.scheduling.snapshot import JobRequest
+
+
+@dataclass(slots=True)
+class CycleState:
+    # Milli-GPUs each tenant holds (stopping jobs included), and of that what runs guaranteed.
+    held: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    guaranteed_held: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # Running jobs already told to stop, and this cycle's victims.
+    leaving: set[int] = field(default_factory=set)
+    # The decisions so far.
+    placements: list[Place] = field(default_factory=list)
+    pending: list[Pending] = field(default_factory=list)
+    preemptions: list[Preempt] = field(default_factory=list)
+    reservations: list[Reservation] = field(default_factory=list)
+    # Jobs the guaranteed pass settled (placed, reclaiming or waiting): the borrowing pass skips them.
+    handled: set[int] = field(default_factory=set)
+    searches: int = 0  # placement searches made (bounded by config.max_placement_searches)
+    reclaims: int = 0  # reclaim searches made (bounded by config.max_reclaims)
+    # The one gang hold of the cycle: (job, node names, ETA) and the nodes held.
+    holder: tuple[JobRequest, tuple[str, ...], float | None] | None = None
+    reserved_nodes: list[NodeSlot] = field(default_factory=list)
+    borrowing_tenants: set[str] = field(default_factory=set)  # tenants that borrowed this cycle
+    # Smallest guaranteed request in each tenant's queue: the guaranteed pass skips a tenant whose
+    # remaining guarantee is smaller.
+    smallest_guaranteed_ask: dict[str, int] = field(default_factory=dict)
+    # Job arrays: jobs running (stopping ones too), their expected ends, and how many wait at the cap.
+    array_running: defaultdict[int, int] = field(default_factory=lambda: defaultdict(int))
+    array_ends: defaultdict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    array_blocked: defaultdict[int, int] = field(default_factory=lambda: defaultdict(int))
+    # Bumped by every change to capacity (a placement) or to the hold: what ``Memo.now`` answers
+    # were computed at.
+    version: int = 0
+
+
+class Memo:
+    """The cycle's cached answers, under one rule:
+
+    * an answer about the inventory or about a request (its shape, whether some node could ever
+      hold it, a reason's wording) lasts the whole cycle;
+    * a failed search lasts too (``failed``): capacity only shrinks within a cycle, so a request
+      needing at least as much as a failed one fails again;
+    * an answer about what is free now (``now``) lasts until ``CycleState.version`` moves.
+    """
+
+    def __init__(self):
+        self.failed = FailureMemo()
+        # Lasting.
+        self.shapes: dict[tuple, tuple] = {}  # request key -> (Shape, inventory reason or None)
+        self.reasons: dict[tuple, object] = {}  # (constructor, *args) -> PendingReason, built once
+        self.ceiling_waits: dict[tuple, dict] = {}  # (tenant, held) -> {need: (reason, eta)}
+        self.started_room: dict = {}  # shape -> would it have fitted before this cycle's placements
+        self.timelines: dict = {}  # tenant -> ReleaseTimeline of its running jobs
+        self.fits_one_node: dict = {}  # shape -> does some node have room for the whole gang
+        self.fits_reserved: dict = {}  # (class, shape) -> would it fit on the held nodes
+        self.not_on_reserved = FailureMemo()
+        # Until the version moves.
+        self._now: dict[tuple, object] = {}
+        self._now_at = 0
+
+    def now(self, version: int) -> dict[tuple, object]:
+        """Answers about what is free, valid at ``version`` (emptied when it has moved)."""
+        if version != self._now_at:
+            self._now.clear()
+            self._now_at = version
+        return self._now
