@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 SECRET_NAMES = ("DJANGO_SECRET_KEY", "COLONY_AGENT_SECRET", "COLONY_AGENT_KEY", "POSTGRES_PASSWORD", "REDIS_URL",
-                "DATABASE_URL", "CELERY_BROKER_URL", "COLONY_CACHE_URL", "COLONY_REDIS_URL")
+                "DATABASE_URL", "CELERY_BROKER_URL", "COLONY_CACHE_URL", "COLONY_REDIS_URL",
+                "COLONY_OIDC_CLIENT_SECRET")
 
 
 def _environment(service: dict) -> dict:
