@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -16,7 +18,8 @@ class NodeStateField(serializers.CharField):
 
 
 class LiveGpuSerializer(serializers.Serializer):
-    """The GPU's latest sample as the agent sent it (absent when the node has not reported lately)."""
+    """The GPU's latest sample as the agent sent it (absent when the node has not reported lately):
+    ``monitoring.services.live.GpuReading``."""
 
     ts = serializers.FloatField(help_text="Unix time of the sample.")
     util_sm = serializers.FloatField(allow_null=True, help_text="SM utilisation, percent.")
@@ -38,9 +41,7 @@ class GpuSerializer(serializers.ModelSerializer):
     @extend_schema_field(LiveGpuSerializer(allow_null=True))
     def get_live(self, gpu) -> dict | None:
         reading = self.context.get("live", {}).get(f"{gpu.node.name}:{gpu.index}")
-        if reading is None:
-            return None
-        return {name: reading.get(name) for name in LiveGpuSerializer().fields}
+        return None if reading is None else asdict(reading)
 
 
 class NodeSerializer(serializers.ModelSerializer):

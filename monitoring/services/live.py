@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 
 import redis
 
@@ -49,7 +50,9 @@ def latest_nodes(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[st
 
 
 def latest_gpus(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[str, dict]:
-    """"node:index" -> that GPU's last reading (with the sample's ``ts``)."""
+    """"node:index" -> that GPU's last reading (with the sample's ``ts``), as the agent sent it.
+    Pages and the API read :func:`gpu_readings` (typed) instead; the metrics exporter and the
+    thermal alerts still read this."""
     return {
         f"{node}:{gpu['index']}": {**gpu, "ts": sample["ts"]}
         for node, sample in latest_nodes(client, max_age).items()
@@ -73,10 +76,38 @@ def prune_stale(client: redis.Redis, older_than: float = 600.0) -> int:
     return client.hdel(NODE_HASH, *stale) if stale else 0
 
 
-def live_gpus() -> dict[str, dict]:
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """What the pages and the API show of a GPU's latest sample (None: the GPU could not tell)."""
+
+    ts: float  # when its node took the sample (unix time)
+    util_sm: float | None
+    mem_used_mib: int | None
+    mem_total_mib: int | None
+    temperature_c: float | None
+    power_w: float | None
+
+    @classmethod
+    def from_sample(cls, gpu: dict, ts: float) -> GpuReading:
+        """From one GPU of a stored NodeSample (validated on ingest: absent readings are None)."""
+        return cls(ts=ts, util_sm=gpu.get("util_sm"), mem_used_mib=gpu.get("mem_used_mib"),
+                   mem_total_mib=gpu.get("mem_total_mib"), temperature_c=gpu.get("temperature_c"),
+                   power_w=gpu.get("power_w"))
+
+
+def gpu_readings(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[str, GpuReading]:
+    """"node:index" -> that GPU's latest reading, for GPUs whose node was heard from lately."""
+    return {
+        f"{node}:{gpu['index']}": GpuReading.from_sample(gpu, sample["ts"])
+        for node, sample in latest_nodes(client, max_age).items()
+        for gpu in sample["gpus"]
+    }
+
+
+def live_gpus() -> dict[str, GpuReading]:
     """Latest reading per "node:index"; empty (the page shows no live values) if Redis is down."""
     try:
-        return latest_gpus(get_redis())
+        return gpu_readings(get_redis())
     except (redis.RedisError, OSError) as exc:
         log.warning("live GPU values unavailable: %s", exc)
         return {}
@@ -84,10 +115,10 @@ def live_gpus() -> dict[str, dict]:
 
 def live_summary() -> dict:
     readings = list(live_gpus().values())
-    utils = [r["util_sm"] for r in readings if r.get("util_sm") is not None]
+    utils = [r.util_sm for r in readings if r.util_sm is not None]
     return {
         "gpus_reporting": len(readings),
         "util_mean": round(sum(utils) / len(utils), 1) if utils else None,
-        "mem_used_mib": sum(r.get("mem_used_mib") or 0 for r in readings),
-        "mem_total_mib": sum(r.get("mem_total_mib") or 0 for r in readings),
+        "mem_used_mib": sum(r.mem_used_mib or 0 for r in readings),
+        "mem_total_mib": sum(r.mem_total_mib or 0 for r in readings),
     }
