@@ -22,7 +22,7 @@ from django.utils import timezone
 from jobs.choices import TERMINAL_STATES, JobClass, JobState
 from jobs.models import Allocation, Job
 from jobs.scheduling import Decisions
-from jobs.scheduling.decisions import Place, Throttle
+from jobs.scheduling.decisions import Throttle
 from jobs.services import lifecycle
 from jobs.services.commands import send_duty_cycle, send_stop
 from jobs.services.launches import send_attempt
@@ -38,18 +38,15 @@ class Applied:
 def apply_decisions(decisions: Decisions) -> Applied:
     now = timezone.now()
     with transaction.atomic():
-        placed = sum(_place(place, now) for place in decisions.placements)
+        placed = lifecycle.place_many(list(decisions.placements), now, {
+            place.job_id: JobClass.OPPORTUNISTIC if place.job_class == "opportunistic" else JobClass.GUARANTEED
+            for place in decisions.placements})
         preempted = sum(lifecycle.begin_preempt(p.job_id, p.message) for p in decisions.preemptions)
         throttled = _throttle(decisions.throttles)
         queue = _queue()
         _store_reservations(decisions, {job_id for job_id, (_, reserved) in queue.items() if reserved})
         _store_pending_reasons(decisions, {job_id: text for job_id, (text, _) in queue.items()}, now.timestamp())
     return Applied(placed=placed, preempted=preempted, throttled=throttled)
-
-
-def _place(place: Place, now: datetime) -> bool:
-    job_class = JobClass.OPPORTUNISTIC if place.job_class == "opportunistic" else JobClass.GUARANTEED
-    return lifecycle.place(place, now, job_class)
 
 
 def _throttle(throttles: tuple[Throttle, ...]) -> int:

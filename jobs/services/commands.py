@@ -38,6 +38,22 @@ def _publish(node: str, command) -> None:
         log.error("could not send %s for job %s to node %s: %s", command.kind, command.job_id, node, exc)
 
 
+def publish_many(commands: list[tuple[str, object]]) -> None:
+    """Add each (node, command) to its node's stream in one round trip (a pipeline, not a
+    transaction: each XADD stands alone). A failure is logged, as in :func:`_publish`."""
+    if not commands:
+        return
+    try:
+        with get_redis().pipeline(transaction=False) as pipe:
+            for node, command in commands:
+                pipe.xadd(protocol.command_stream(node), command_fields(node, command),
+                          maxlen=protocol.STREAM_MAXLEN, approximate=True)
+            pipe.execute()
+    except redis.RedisError as exc:
+        log.error("could not send %d commands (first: %s for job %s to node %s): %s", len(commands),
+                  commands[0][1].kind, commands[0][1].job_id, commands[0][0], exc)
+
+
 def command_fields(node: str, command, now: float | None = None) -> dict[str, str]:
     """The stream fields of ``command`` for ``node``: stamped with the node and the time it is
     issued, and MACed with the node's key when there is a secret to derive it from."""
@@ -73,6 +89,18 @@ def send_launch(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int,
     """``spec``: the launch's other fields (workdir, image, venv, conda, stop_signal, array_id,
     array_index). ``code_id``: an archive the job starts in, staged for the node first; a launch
     that cannot be staged is not sent (the scheduling loop re-sends unstarted launches)."""
+    for command in launch_commands(node, job_id, argv, gpu_indices, attempt=attempt, env=env,
+                                   gpu_memory_limit_mib=gpu_memory_limit_mib, duty_cycle=duty_cycle, tenant=tenant,
+                                   max_runtime_s=max_runtime_s, code_id=code_id, **spec):
+        _publish(node, command)
+
+
+def launch_commands(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int, ...], *, attempt: int = 0,
+                    env: dict[str, str] | None = None, gpu_memory_limit_mib: int | None = None,
+                    duty_cycle: float = 1.0, tenant: str | None = None, max_runtime_s: int | None = None,
+                    code_id: int | None = None, **spec) -> list:
+    """The commands that launch an attempt on ``node`` (see :func:`send_launch`); none when its
+    code cannot be staged."""
     # One command id per attempt: a re-sent launch of this attempt is recognised by the agent, a
     # requeued job's next attempt is not mistaken for it. The tenant picks the agent's run-as account.
     # A job suspended before it started (duty cycle 0) is launched throttled and suspended at once.
@@ -83,15 +111,16 @@ def send_launch(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int,
             spec["code"] = code.stage(get_redis(), node, code_id)
         except redis.RedisError as exc:
             log.error("could not stage the code of job %s for node %s: %s", job_id, node, exc)
-            return
-    _publish(node, protocol.LaunchJob(
+            return []
+    commands = [protocol.LaunchJob(
         command_id=launch_id(job_id, attempt), attempt=attempt, job_id=job_id, argv=argv,
         gpu_indices=list(gpu_indices), env=env or {}, gpu_memory_limit_mib=gpu_memory_limit_mib,
         duty_cycle=duty_cycle if duty_cycle > 0 else SUSPENDED_LAUNCH_DUTY_CYCLE, tenant=tenant,
         max_runtime_s=max_runtime_s, stop_grace_s=settings.COLONY_STOP_GRACE_SECONDS, **spec,
-    ))
+    )]
     if duty_cycle <= 0:
-        _publish(node, protocol.SuspendJob(command_id=_command_id("suspend", job_id), job_id=job_id))
+        commands.append(protocol.SuspendJob(command_id=_command_id("suspend", job_id), job_id=job_id))
+    return commands
 
 
 def send_stop(node: str, job_id: int, launch_id: str | None = None, *, preempt_grace_s: float | None = None) -> None:

@@ -1,6 +1,6 @@
 """What a node is told to start for one attempt of a job: its GPU slices, environment and limits.
 
-Shared by the first launch of an attempt (:func:`jobs.services.lifecycle.place`) and its re-sends
+Shared by the first launch of an attempt (:func:`jobs.services.lifecycle.place_many`) and its re-sends
 (:func:`jobs.services.apply.resend_unstarted_launches`), so a re-sent launch is byte-for-byte the
 same command as the one it replaces: same command id, same gang rendezvous, same limits.
 """

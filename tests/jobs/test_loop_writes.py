@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from agents import protocol
 from jobs.choices import JobClass, JobState
 from jobs.models import Allocation, Job
-from jobs.scheduling.decisions import Decisions, Pending, Throttle, ThrottleReason
+from jobs.scheduling.decisions import Decisions, NodeSlice, Pending, Place, Throttle, ThrottleReason
 from jobs.scheduling.reasons import PendingReason, ReasonCode
 from jobs.services import apply
 from jobs.services.apply import apply_decisions
@@ -95,6 +95,31 @@ def test_reasons_are_written_in_the_same_few_statements_however_many_jobs_wait(d
     assert {j.pk: j.pending_reason["message"] for j in Job.objects.filter(state=JobState.PENDING)} == {
         j.pk: f"Waiting, job {j.pk}." for j in jobs}
     assert Job.objects.get(pk=jobs_elsewhere.pk).pending_reason is None  # not pending: not written
+
+
+@pytest.mark.parametrize("count", [1, 12])
+def test_placements_take_the_same_few_statements_however_many_and_each_node_gets_its_launches(
+        db, redis_client, live_redis, count, django_capture_on_commit_callbacks):
+    nodes = [NodeFactory(name=f"p{n}") for n in range(3)]
+    gpus = [GpuFactory(node=node, index=i) for node in nodes for i in range(4)]
+    jobs = [JobFactory() for _ in range(count)]
+    cancelled = JobFactory(state=JobState.CANCELLED)  # cancelled since the snapshot: skipped
+    decisions = Decisions(placements=tuple(
+        Place(job.pk, slices=(NodeSlice(gpu.node.name, (gpu.pk,), (gpu.index,)),))
+        for job, gpu in zip([*jobs, cancelled], gpus)))
+    with CaptureQueriesContext(connection) as captured, django_capture_on_commit_callbacks(execute=True):
+        applied = apply_decisions(decisions)
+    assert applied.placed == count
+    assert len(captured) <= 16  # as many for 12 jobs as for 1
+    assert set(Job.objects.filter(state=JobState.PLACED).values_list("pk", flat=True)) == {j.pk for j in jobs}
+    assert Allocation.objects.filter(job__in=jobs, attempt=1).count() == count
+    assert Job.objects.get(pk=cancelled.pk).state == JobState.CANCELLED and not cancelled.allocations.exists()
+    launched = {}
+    for node in nodes:
+        for _, fields in redis_client.xrange(protocol.command_stream(node.name)):
+            command = protocol.decode_command(fields)
+            launched[command.job_id] = (node.name, command.kind, command.attempt)
+    assert launched == {job.pk: (gpu.node.name, "launch", 1) for job, gpu in zip(jobs, gpus)}
 
 
 def test_throttles_take_a_bounded_number_of_queries_and_tell_each_node_once(node4, redis_client,
