@@ -43,7 +43,7 @@ its ``exit.json``. Only processes nobody supervises any more (their supervisor d
 of an agent from before supervisors) are stopped and reported for a requeue, as before, so a job
 never runs twice at once. A clean agent shutdown still stops every job (:meth:`JobRunner.stop_all`).
 
-Stop, throttling (:class:`agents.throttle.DutyCycler`, its own thread) and suspension signal the
+Stop, throttling (:class:`agents.duty_cycler.DutyCycler`, its own thread) and suspension signal the
 job's process group from the agent; every such signal first checks that the leader is the same,
 not yet reaped process (a pidfd held since launch or adoption), and the runner tells the cycler to
 forget a job before it reports the job's exit, so no signal can reach a reused process group id.
@@ -76,7 +76,7 @@ from agents.accounts import (
 from agents.backends.base import JobProcesses
 from agents.joblog import DEFAULT_MAX_LOG_BYTES
 from agents.protocol import OUTPUT_TAIL_BYTES, LaunchJob
-from agents.throttle import DEFAULT_PERIOD, DutyCycler
+from agents.duty_cycler import DEFAULT_PERIOD, DutyCycler
 
 log = logging.getLogger(__name__)
 

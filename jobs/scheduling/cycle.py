@@ -46,7 +46,7 @@ from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.reclaim import Reclaimer, memory_pressure_victims
 from jobs.scheduling.reservation import may_backfill
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass, JobRequest, TenantQuota
-from jobs.scheduling.throttle import throttles
+from jobs.scheduling.duty_cycles import throttles
 from jobs.scheduling.topology import rendezvous_of, slices_of
 from jobs.scheduling.usage import weighted_share
 from jobs.scheduling.waiting import Waiting

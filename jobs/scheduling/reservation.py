@@ -55,13 +55,13 @@ def _vacate_time(gpu: GpuSlot, now: float, leaving: set[int]) -> float:
     return latest
 
 
-def choose_nodes(capacity: Capacity, placer: Placer, shape: Shape, now: float,
+def nodes_to_hold(capacity: Capacity, placer: Placer, shape: Shape, now: float,
                  leaving: set[int]) -> tuple[list[NodeSlot], float | None] | None:
     """The nodes to hold and the estimated seconds until the gang fits on them: GPUs of one model,
     like the gang itself (fewest nodes first, then the soonest)."""
     best = None
     for model_pools in placer.pools_by_model(placer.pools_for(shape)):
-        found = _choose_nodes_of(capacity, model_pools, shape, now, leaving)
+        found = _nodes_to_hold_of(capacity, model_pools, shape, now, leaving)
         if found is not None and (best is None or (len(found[0]), _eta_key(found[1])) < (len(best[0]), _eta_key(best[1]))):
             best = found
     return best
@@ -71,7 +71,7 @@ def _eta_key(eta: float | None) -> float:
     return math.inf if eta is None else eta
 
 
-def _choose_nodes_of(capacity: Capacity, pools: list[int], shape: Shape, now: float,
+def _nodes_to_hold_of(capacity: Capacity, pools: list[int], shape: Shape, now: float,
                      leaving: set[int]) -> tuple[list[NodeSlot], float | None] | None:
     n = shape.gpus
     options = []

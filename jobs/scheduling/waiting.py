@@ -18,7 +18,7 @@ from jobs.scheduling.eta import ReleaseTimeline
 from jobs.scheduling.filters import host_resources
 from jobs.scheduling.placement import Shape
 from jobs.scheduling.reasons import PendingReason
-from jobs.scheduling.reservation import choose_nodes as reservation_nodes
+from jobs.scheduling.reservation import nodes_to_hold
 from jobs.scheduling.reservation import window
 from jobs.scheduling.snapshot import JobClass, JobRequest, TenantQuota
 
@@ -102,7 +102,7 @@ class Waiting:
         span = window(job, self.now, self.config.gang_reservation_max_s)
         if span is None or self.memo.failed.fails("hold", shape):
             return None
-        found = reservation_nodes(self.capacity, self.placer, shape, self.now, self.state.leaving)
+        found = nodes_to_hold(self.capacity, self.placer, shape, self.now, self.state.leaving)
         if found is None:
             self.memo.failed.record("hold", shape)
             return None

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from agents.runner import read_tail
-from agents.throttle import DutyCycler
+from agents.duty_cycler import DutyCycler
 
 from .helpers import launch, python, status, wait_for
 
