@@ -19,9 +19,11 @@ Nothing here knows about jobs: which job held a GPU when is added by ``jobs``.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone as dt_timezone
 
+from django.core.cache import cache
 from django.db import connection
 from django.db.models import Func, IntegerField, Max, Sum
 from django.utils import timezone
@@ -131,31 +133,88 @@ def gpu_heatmap(range_key: str, metric: str, now: datetime | None = None,
         return heatmap
 
     row_of = {row.gpu_id: n for n, row in enumerate(heatmap.rows)}
-    fill = _values_in_postgresql if connection.vendor == "postgresql" else _values_in_python
-    heatmap.values = fill(heatmap, span, start_epoch, row_of)
+    heatmap.values = _cached_matrix(Cells(metric, heatmap.rows, span, row_of), start_epoch, end_epoch,
+                                    int(now.timestamp()))
     return heatmap
 
 
-def _values_in_python(heatmap: Heatmap, span: Span, start_epoch: int, row_of: dict[int, int]):
+# Columns that ended this long ago no longer change: the samples an agent buffers while Redis is
+# away (up to 5 min) and the buckets the ingest holds open (15 s) have arrived. Their cells are
+# cached in blocks of BLOCK_COLUMNS columns aligned on the epoch, so consecutive requests (and
+# users) share them and only the newest block or two are read from the rollups each time.
+SETTLED_S = 600
+BLOCK_COLUMNS = 60
+
+
+@dataclass(frozen=True)
+class Cells:
+    """What a block of the matrix is computed from: the metric, the GPU rows (in matrix order),
+    the span (column width) and each GPU's row number."""
+
+    metric: str
+    rows: list[Row]
+    span: Span
+    row_of: dict[int, int]
+
+    def key(self, block_start: int) -> str:
+        gpus = hashlib.sha1(",".join(map(str, self.row_of)).encode()).hexdigest()[:16]
+        return f"colony:heatmap:{self.metric}:{self.span.column_s}:{gpus}:{block_start}"
+
+
+def _cached_matrix(cells: Cells, start_epoch: int, end_epoch: int, now_epoch: int) -> list[list[float | None]]:
+    """The matrix of columns [start, end): settled blocks from the cache (computing and caching the
+    missing ones in one read), the unsettled rest from the rollups."""
+    block_s = BLOCK_COLUMNS * cells.span.column_s
+    settled_until = (now_epoch - SETTLED_S) // block_s * block_s
+    blocks = list(range(start_epoch // block_s * block_s, min(settled_until, end_epoch), block_s))
+    found = cache.get_many([cells.key(b) for b in blocks]) if blocks else {}
+    missing = [b for b in blocks if cells.key(b) not in found]
+    if missing:
+        computed = _matrix(cells, missing[0], missing[-1] + block_s)
+        for block in missing:
+            offset = (block - missing[0]) // cells.span.column_s
+            found[cells.key(block)] = [row[offset: offset + BLOCK_COLUMNS] for row in computed]
+        cache.set_many({cells.key(b): found[cells.key(b)] for b in missing}, timeout=cells.span.seconds + block_s)
+    pieces = [(block, found[cells.key(block)]) for block in blocks]
+    tail_start = max(start_epoch, blocks[-1] + block_s) if blocks else start_epoch
+    if tail_start < end_epoch:
+        pieces.append((tail_start, _matrix(cells, tail_start, end_epoch)))
+    values: list[list[float | None]] = [[] for _ in cells.row_of]
+    for since, matrix in pieces:
+        skip = max(0, (start_epoch - since) // cells.span.column_s)
+        keep = (end_epoch - since) // cells.span.column_s
+        for row, part in zip(values, matrix):
+            row.extend(part[skip:keep])
+    return values
+
+
+def _matrix(cells: Cells, since_epoch: int, until_epoch: int) -> list[list[float | None]]:
+    """Columns [since, until) (both column boundaries), computed from the rollups."""
+    fill = _values_in_postgresql if connection.vendor == "postgresql" else _values_in_python
+    return fill(cells, since_epoch, until_epoch)
+
+
+def _values_in_python(cells: Cells, since_epoch: int, until_epoch: int):
     """The matrix from rollup cells read one by one (SQLite, and the reference the PostgreSQL path
     is tested against)."""
-    columns = heatmap.columns
-    if heatmap.metric == "util":
+    row_of = cells.row_of
+    columns = (until_epoch - since_epoch) // cells.span.column_s
+    if cells.metric == "util":
         util_sum = [[0.0] * columns for _ in row_of]
         util_n = [[0] * columns for _ in row_of]
-        for gpu_id, column, u_sum, u_n in _cells(heatmap, span, start_epoch, row_of, ("util_sum", "util_n")):
+        for gpu_id, column, u_sum, u_n in _cells(cells, since_epoch, until_epoch, ("util_sum", "util_n")):
             row = row_of[gpu_id]
             util_sum[row][column] += u_sum or 0.0
             util_n[row][column] += u_n or 0
         return [[round1(s / n) if n else None for s, n in zip(sums, counts)]
                 for sums, counts in zip(util_sum, util_n)]
     mem_max: list[list[float | None]] = [[None] * columns for _ in row_of]
-    for gpu_id, column, m_max in _cells(heatmap, span, start_epoch, row_of, ("mem_max",)):
+    for gpu_id, column, m_max in _cells(cells, since_epoch, until_epoch, ("mem_max",)):
         row = row_of[gpu_id]
         if m_max is not None and (mem_max[row][column] is None or m_max > mem_max[row][column]):
             mem_max[row][column] = m_max
     return [[round1(100.0 * m / row.memory_mib) if m is not None and row.memory_mib else None for m in maxima]
-            for row, maxima in zip(heatmap.rows, mem_max)]
+            for row, maxima in zip(cells.rows, mem_max)]
 
 
 def round1(value: float) -> float:
@@ -174,23 +233,24 @@ _CELL_SQL = {
 }
 
 
-def _values_in_postgresql(heatmap: Heatmap, span: Span, start_epoch: int, row_of: dict[int, int]):
+def _values_in_postgresql(cells: Cells, since_epoch: int, until_epoch: int):
     """The matrix computed by PostgreSQL: each cell's value there, one array of (column, value)
     per GPU back. Python only drops the arrays into rows: a 6 h x 512 GPU matrix is ~184k cells,
     and reading them one tuple at a time (then averaging and rounding each) cost more than the scan."""
-    columns = heatmap.columns
+    span, row_of = cells.span, cells.row_of
+    columns = (until_epoch - since_epoch) // span.column_s
     selects, params = [], []
-    for source, since, until in _sources(span, heatmap.start, heatmap.end):
+    for source, since, until in _sources(span, _dt(since_epoch), _dt(until_epoch)):
         grouped = source != span.column_s
         column = "((EXTRACT(EPOCH FROM r.bucket_start))::bigint - %s) / %s"
         selects.append(
-            f"SELECT r.gpu_id, {column} AS col, {_CELL_SQL[heatmap.metric, grouped]} AS v "
+            f"SELECT r.gpu_id, {column} AS col, {_CELL_SQL[cells.metric, grouped]} AS v "
             "FROM monitoring_gpurollup r JOIN monitoring_gpu g ON g.id = r.gpu_id "
             # The GPU list filters the few GPU rows, not each rollup row: `r.gpu_id = ANY(list)`
             # walked a 512-item array for each of 184k rows (0.9 s of a 1.4 s query).
             "WHERE g.id = ANY(%s) AND r.resolution = %s AND r.bucket_start >= %s AND r.bucket_start < %s"
             + (" GROUP BY r.gpu_id, col" if grouped else ""))
-        params += [start_epoch, span.column_s, list(row_of), int(source), since, until]
+        params += [since_epoch, span.column_s, list(row_of), int(source), since, until]
     sql = (f"SELECT gpu_id, array_agg(col), array_agg(v) FROM ({' UNION ALL '.join(selects)}) cells "
            "WHERE v IS NOT NULL GROUP BY gpu_id")
     values: list[list[float | None]] = [[None] * columns for _ in row_of]
@@ -207,7 +267,7 @@ def _values_in_postgresql(heatmap: Heatmap, span: Span, start_epoch: int, row_of
 _AGGREGATE = {"util_sum": Sum("util_sum"), "util_n": Sum("util_n"), "mem_max": Max("mem_max")}
 
 
-def _cells(heatmap: Heatmap, span: Span, start_epoch: int, row_of: dict[int, int], fields: tuple[str, ...]):
+def _cells(cells: Cells, since_epoch: int, until_epoch: int, fields: tuple[str, ...]):
     """(gpu_id, column, *fields) of every rollup cell in the range, from each source resolution.
 
     Where a column is exactly one rollup bucket wide (10 s columns from 10 s rollups, 1 min
@@ -216,11 +276,12 @@ def _cells(heatmap: Heatmap, span: Span, start_epoch: int, row_of: dict[int, int
     groups spilled to disk). Only the metric's own columns are read, and the column index is
     integer arithmetic on the epoch.
     """
-    columns = heatmap.columns
-    for source, since, until in _sources(span, heatmap.start, heatmap.end):
-        rows = GpuRollup.objects.filter(gpu_id__in=row_of, resolution=source, bucket_start__gte=since,
+    span = cells.span
+    columns = (until_epoch - since_epoch) // span.column_s
+    for source, since, until in _sources(span, _dt(since_epoch), _dt(until_epoch)):
+        rows = GpuRollup.objects.filter(gpu_id__in=cells.row_of, resolution=source, bucket_start__gte=since,
                                         bucket_start__lt=until)
-        column = ColumnIndex("bucket_start", start_epoch, span.column_s)
+        column = ColumnIndex("bucket_start", since_epoch, span.column_s)
         if source == span.column_s:
             query = rows.annotate(column=column).values_list("gpu_id", "column", *fields)
         else:
