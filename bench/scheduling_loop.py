@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+from collections import Counter
 import sys
 import time
 from dataclasses import dataclass, field
@@ -58,6 +59,8 @@ class Meter:
 
     redis_pid: int | None
     samples: dict[str, list[Sample]] = field(default_factory=dict)
+    # Per phase, statements by their first words (``--statements`` prints the commonest).
+    statements: dict[str, Counter] = field(default_factory=dict)
 
     def _backend_pid(self) -> int | None:
         from django.db import connection
@@ -72,10 +75,12 @@ class Meter:
         from django.db import connection
 
         counts = {"queries": 0, "rows": 0}
+        kinds = self.statements.setdefault(name, Counter())
 
         def count(execute, sql, params, many, context):
             result = execute(sql, params, many, context)
             counts["queries"] += 1
+            kinds[" ".join(sql.split()[:4])[:70]] += 1
             if sql.lstrip().upper().startswith("UPDATE") and '"jobs_job"' in sql.split("SET", 1)[0]:
                 counts["rows"] += max(context["cursor"].rowcount, 0)
             return result
@@ -176,6 +181,7 @@ def main() -> None:
     parser.add_argument("--finish", type=int, default=8, help="running jobs that end before each churn cycle")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--database", choices=["auto", "postgres", "sqlite"], default="auto")
+    parser.add_argument("--statements", action="store_true", help="print each phase's commonest statements")
     args = parser.parse_args()
 
     db_label, redis_server = setup(args.database, DATABASE)
@@ -236,6 +242,9 @@ def main() -> None:
     print(row(f"churn cycle ({args.finish} ended)", meter.median("churn"), core.cpu,
               f"; placed {statistics.median(r.placed for r in churn):.0f}, "
               f"throttled {statistics.median(r.throttled for r in churn):.0f}"))
+    if args.statements:
+        for phase, kinds in meter.statements.items():
+            print(f"  {phase}: " + "; ".join(f"{n} x {kind}" for kind, n in kinds.most_common(6)))
     redis_server.stop()
 
 

@@ -29,17 +29,26 @@ def launch_spec(job: Job) -> dict:
             "array_index": job.array_index, "code_id": job.code_id}
 
 
-def launch_envs(job_env: dict, slices: tuple[NodeSlice, ...], rendezvous: Rendezvous | None) -> dict[str, dict]:
-    """Per node: the job's own variables plus, for a gang, the torchrun rendezvous of that node."""
+def launch_envs(job_env: dict, slices: tuple[NodeSlice, ...], rendezvous: Rendezvous | None,
+                hosts: dict[str, str] | None = None) -> dict[str, dict]:
+    """Per node: the job's own variables plus, for a gang, the torchrun rendezvous of that node.
+    ``hosts``: node name -> hostname, when the caller read them for many jobs at once."""
     if rendezvous is None:
         return {s.node: dict(job_env) for s in slices}
-    hosts = dict(Node.objects.filter(name__in=[s.node for s in slices]).values_list("name", "hostname"))
+    if hosts is None:
+        hosts = master_hosts([rendezvous])
     envs = {}
     for node_slice in slices:
         env = {**job_env, **rendezvous.env(node_slice, local_rank=0)}
         env["MASTER_ADDR"] = hosts.get(rendezvous.master_node) or rendezvous.master_node
         envs[node_slice.node] = env
     return envs
+
+
+def master_hosts(rendezvous) -> dict[str, str]:
+    """Node name -> hostname of the master nodes of these rendezvous (one query)."""
+    return dict(Node.objects.filter(name__in={r.master_node for r in rendezvous if r is not None})
+                .values_list("name", "hostname"))
 
 
 def live_slices(job_id: int) -> tuple[tuple[NodeSlice, ...], dict[str, tuple[int | None, float]]]:

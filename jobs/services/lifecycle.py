@@ -45,7 +45,7 @@ from jobs.scheduling import reasons
 from jobs.scheduling.decisions import Place
 from jobs.scheduling.reasons import PendingReason
 from jobs.services.commands import launch_commands, launch_id, publish_many, send_stop
-from jobs.services.launches import LAUNCH_FIELDS, launch_envs, launch_spec
+from jobs.services.launches import LAUNCH_FIELDS, launch_envs, launch_spec, master_hosts
 from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)
@@ -163,8 +163,9 @@ def place_many(decisions: list[Place], now: datetime, run_class: dict[int, str])
         for decision, job in ordered
     ], batch_size=PLACE_BATCH_ROWS)
     launches = []
+    hosts = master_hosts([decision.rendezvous for decision, _ in ordered])
     for decision, job in ordered:
-        envs = launch_envs(job.env, decision.slices, decision.rendezvous)
+        envs = launch_envs(job.env, decision.slices, decision.rendezvous, hosts)
         launches.extend((node_slice.node, dict(
             job_id=job.pk, argv=job.command, gpu_indices=node_slice.gpu_indices, attempt=job.attempt,
             env=envs[node_slice.node], gpu_memory_limit_mib=decision.memory_limit_mib,
