@@ -7,8 +7,9 @@ Map: ``snapshot`` + ``config`` (inputs) -> ``cycle.decide`` (the passes, with wh
 ``cycle_state.CycleState`` and what they reuse in ``cycle_state.Memo``) using ``capacity`` (indexed
 working copy), ``filters`` (one module per constraint: GPU model and memory, gang width, container
 runtime, compute room, exclusivity, cordon, CPU and host memory), ``placement`` + ``topology``
-(where), ``reclaim`` (victims), ``reservation`` (gang starvation guard), ``duty_cycles`` (AIMD duty
-cycles), ``waiting``, ``eta``, ``explain`` + ``reasons`` (why pending) -> ``decisions`` (outputs).
+(where), ``reclaim`` (victims), ``reservation`` (gang starvation guard), ``user_limits`` (a lead's
+per-member caps), ``duty_cycles`` (AIMD duty cycles), ``waiting``, ``eta``, ``explain`` +
+``reasons`` (why pending) -> ``decisions`` (outputs).
 ``usage`` holds the fair-share decay the service keeps; ``policies`` the baselines the trace
 replay compares.
 """
@@ -37,6 +38,7 @@ from jobs.scheduling.snapshot import (
     NodeState,
     RunningJob,
     TenantQuota,
+    UserLimit,
 )
 from jobs.scheduling.usage import decay_usage
 
@@ -62,6 +64,7 @@ __all__ = [
     "TenantQuota",
     "Throttle",
     "ThrottleReason",
+    "UserLimit",
     "decay_usage",
     "decide",
 ]

@@ -49,6 +49,7 @@ from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass,
 from jobs.scheduling.duty_cycles import throttles
 from jobs.scheduling.topology import rendezvous_of, slices_of
 from jobs.scheduling.usage import weighted_share
+from jobs.scheduling.user_limits import UserLimits
 from jobs.scheduling.waiting import Waiting
 
 UNLIMITED_GPUS = 10**9
@@ -115,6 +116,7 @@ class Cycle(Waiting):
         self.reclaimer = Reclaimer(self.capacity, self.placer, config, now, borrowed, state.leaving)
         self.timeline = ReleaseTimeline([j for j in snapshot.running if j.id not in state.leaving], now)
         self.queue_eta = QueueEta(self.timeline, sum(self.capacity.start_total_empty) * WHOLE_GPU_MILLI)
+        self.users = UserLimits(snapshot, now)
 
     def quota(self, tenant: str) -> TenantQuota:
         quota = self.quotas.get(tenant)
@@ -206,6 +208,8 @@ class Cycle(Waiting):
             self.state.handled.add(job.id)  # placed, reclaiming or waiting: the borrowing pass skips it
             if job.array_limit is not None and self._array_full(job):
                 self._wait_for_array(job)
+            elif (capped := self.users.why_waiting(job)) is not None:
+                self._wait(job, *capped)
             else:
                 self._admit_guaranteed(job, shape)
             push_next(tenant)
@@ -255,6 +259,8 @@ class Cycle(Waiting):
                     continue
                 if job.array_limit is not None and self._array_full(job):
                     self._wait_for_array(job)
+                elif (capped := self.users.why_waiting(job)) is not None:
+                    self._wait(job, *capped)
                 elif held[tenant] + job.gpus * job.gpu_milli > ceiling:
                     self._all_at_ceiling([(job, shape)], quota)
                 elif self.state.searches >= limit:
@@ -353,6 +359,7 @@ class Cycle(Waiting):
             note=self._note(job, shape, slices, gpus)))
         self.state.handled.add(job.id)
         self.state.version += 1
+        self.users.placed(job)
         if job.array_id is not None:
             self.state.array_running[job.array_id] += 1
             if job.expected_runtime_s is not None:

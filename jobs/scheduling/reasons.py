@@ -30,6 +30,8 @@ class ReasonCode(StrEnum):
     # The researcher's own ordering: jobs it depends on have not ended, or its array is at its cap.
     WAITING_FOR_DEPENDENCY = "waiting_for_dependency"
     ARRAY_LIMIT = "array_limit"
+    # Its owner runs as many jobs, or holds as many GPUs, as a tenant lead allows them.
+    USER_LIMIT = "user_limit"
     # Quota.
     AT_MAX_GPUS = "at_max_gpus"
     # The job alone asks for more than its tenant's ceiling: no amount of waiting helps.
@@ -130,6 +132,20 @@ def array_limit(array_id: int, running: int, limit: int) -> PendingReason:
         f"when one of them ends.",
         {"array_id": array_id, "running": running, "max_running": limit},
     )
+
+
+def user_limit(name: str, tenant: str, running: int, max_running: int | None, held_gpus: float,
+               max_gpus: int | None, need_gpus: float, which: str) -> PendingReason:
+    """``which``: "jobs" (at ``max_running``) or "gpus" (this job would pass ``max_gpus``)."""
+    if which == "jobs":
+        message = (f"{name} has {running} job{'s' if running != 1 else ''} running in {tenant}, the most a tenant "
+                   f"lead allows them at once; this one starts when one of them ends.")
+    else:
+        message = (f"{name} holds {_gpus(held_gpus)} in {tenant} and this job needs {need_gpus:g} more; a tenant "
+                   f"lead allows them {_gpus(max_gpus)} at once. It starts when enough of theirs end.")
+    return PendingReason(ReasonCode.USER_LIMIT, message, {
+        "user": name, "tenant": tenant, "limit": which, "running": running, "max_running": max_running,
+        "held_gpus": held_gpus, "max_gpus": max_gpus, "needed_gpus": need_gpus})
 
 
 def duration(seconds: float) -> str:

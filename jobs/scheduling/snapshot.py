@@ -116,6 +116,8 @@ class JobRequest:
     # them in proportion to its GPUs on each (``filters.host_resources``). 0: asks for none.
     cpu_milli: int = 0
     host_memory_mb: int = 0
+    # Who submitted it (any stable key; ``UserLimit.user``): per-user limits count by it.
+    user: str = ""
 
     @property
     def fractional(self) -> bool:
@@ -159,6 +161,7 @@ class RunningJob:
     # What it asked for of its nodes' CPU (milli-cores) and host memory (MiB), whole job.
     cpu_milli: int = 0
     host_memory_mb: int = 0
+    user: str = ""
 
     @property
     def quota_milli(self) -> int:
@@ -191,8 +194,21 @@ class TenantQuota:
 
 
 @dataclass(frozen=True, slots=True)
+class UserLimit:
+    """What a tenant lead allows one member inside the tenant: at most ``max_gpus`` GPUs held and
+    ``max_running`` jobs running at once (None: no such limit). ``name`` is for reasons."""
+
+    tenant: str
+    user: str
+    name: str = ""
+    max_gpus: int | None = None
+    max_running: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     nodes: tuple[NodeState, ...]
     pending: tuple[JobRequest, ...]
     tenants: tuple[TenantQuota, ...] = field(default=())
     running: tuple[RunningJob, ...] = field(default=())
+    user_limits: tuple[UserLimit, ...] = field(default=())

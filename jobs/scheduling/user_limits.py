@@ -1,0 +1,61 @@
+"""Per-user limits inside a tenant (a tenant lead's lever): a member at the most jobs running or
+GPUs held that the lead allows waits, with the reason and when one of theirs should end.
+
+Counted like arrays: this cycle's placements count at once, jobs already told to stop still run.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from jobs.scheduling import reasons
+from jobs.scheduling.reasons import PendingReason
+from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobRequest
+
+
+class UserLimits:
+    def __init__(self, snapshot: ClusterSnapshot, now: float):
+        self.now = now
+        self.limits = {(limit.tenant, limit.user): limit for limit in snapshot.user_limits
+                       if limit.max_gpus is not None or limit.max_running is not None}
+        self.running: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.milli: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.ends: defaultdict[tuple[str, str], list[float]] = defaultdict(list)
+        self.blocked: defaultdict[tuple[str, str], int] = defaultdict(int)
+        if self.limits:
+            for job in snapshot.running:
+                key = (job.tenant, job.user)
+                if key in self.limits:
+                    self.running[key] += 1
+                    self.milli[key] += job.quota_milli
+                    if not job.preempting and job.expected_end is not None:
+                        self.ends[key].append(max(now, job.expected_end))
+
+    def why_waiting(self, job: JobRequest) -> tuple[PendingReason, float | None] | None:
+        """The reason and ETA when ``job``'s owner is at a limit; None when it may start."""
+        limit = self.limits.get((job.tenant, job.user)) if self.limits else None
+        if limit is None:
+            return None
+        key = (job.tenant, job.user)
+        running, milli = self.running[key], self.milli[key]
+        over_jobs = limit.max_running is not None and running >= limit.max_running
+        over_gpus = limit.max_gpus is not None and milli + job.quota_milli > limit.max_gpus * WHOLE_GPU_MILLI
+        if not (over_jobs or over_gpus):
+            return None
+        # The i-th waiting job of this member starts (at the earliest) once i + 1 of theirs ended.
+        position = self.blocked[key]
+        self.blocked[key] += 1
+        ends = sorted(self.ends.get(key, ()))
+        eta = max(0.0, ends[position] - self.now) if position < len(ends) else None
+        reason = reasons.user_limit(limit.name or job.user, job.tenant, running, limit.max_running,
+                                    milli / WHOLE_GPU_MILLI, limit.max_gpus, job.quota_milli / WHOLE_GPU_MILLI,
+                                    "jobs" if over_jobs else "gpus")
+        return reason, eta
+
+    def placed(self, job: JobRequest) -> None:
+        key = (job.tenant, job.user)
+        if key in self.limits:
+            self.running[key] += 1
+            self.milli[key] += job.quota_milli
+            if job.expected_runtime_s is not None:
+                self.ends[key].append(self.now + job.expected_runtime_s)
