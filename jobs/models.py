@@ -39,6 +39,11 @@ class Membership(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=20, choices=Role.choices, default=Role.RESEARCHER)
+    # Set by a lead of the tenant (or an operator): what this member may hold at once here.
+    max_gpus = models.PositiveIntegerField(null=True, blank=True,
+                                           help_text="Most GPUs this member's jobs hold at once in the tenant; empty: no limit.")
+    max_running_jobs = models.PositiveIntegerField(null=True, blank=True,
+                                                   help_text="Most jobs of this member running at once; empty: no limit.")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user_tenant")]
