@@ -35,6 +35,17 @@ class Tenant(models.Model):
         return self.slug
 
 
+class MembershipQuerySet(models.QuerySet):
+    def visible_to(self, user) -> "MembershipQuerySet":
+        """Operators see every membership, a tenant lead their tenants' members, anyone else their own."""
+        if not user.is_authenticated:
+            return self.none()
+        if user.is_staff:
+            return self
+        led = Membership.objects.filter(user=user, role=Role.LEAD).values("tenant_id")
+        return self.filter(models.Q(user=user) | models.Q(tenant_id__in=led))
+
+
 class Membership(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
@@ -44,6 +55,8 @@ class Membership(models.Model):
                                            help_text="Most GPUs this member's jobs hold at once in the tenant; empty: no limit.")
     max_running_jobs = models.PositiveIntegerField(null=True, blank=True,
                                                    help_text="Most jobs of this member running at once; empty: no limit.")
+
+    objects = MembershipQuerySet.as_manager()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user_tenant")]

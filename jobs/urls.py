@@ -10,6 +10,7 @@ urlpatterns = [
     path("<int:pk>/", views.JobDetailView.as_view(), name="detail"),
     path("<int:pk>/cancel/", views.cancel, name="cancel"),
     path("usage/", views.UsageView.as_view(), name="usage"),
+    path("members/<slug:slug>/", views.members, name="members"),
     path("usage.csv", views.usage_csv, name="usage-csv"),
     path("notifications/", notification_views.notification_settings, name="notifications"),
 ]

@@ -14,20 +14,21 @@ from datetime import timedelta
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.mixins import LoginRequiredMixin
-from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, redirect
+from django.http import Http404, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 from django.views.generic import DetailView, FormView, ListView, TemplateView
 
 from cluster_ui.api.throttles import SubmissionRateThrottle
+from jobs.services import roles
 from jobs.services.eta import eta_seconds
 from jobs.services.eta_accuracy import eta_accuracy
 from jobs.services.usage_report import MAX_REPORT_DAYS, usage_rows
-from jobs.choices import CANCELLABLE_STATES, JobState
+from jobs.choices import CANCELLABLE_STATES, JobState, Role
 from jobs.filtersets import JobFilter
 from jobs.forms import SubmitForm
-from jobs.models import Job, Tenant
+from jobs.models import Job, Membership, Tenant
 from jobs.services.submission import NotCancellable, TooManyWaiting, cancel_job, submit_array, submit_job, tenants_of
 from jobs.services.usage import queue_positions
 
@@ -162,7 +163,7 @@ class JobDetailView(LoginRequiredMixin, DetailView):
             # The current attempt's GPUs first, then each earlier attempt's.
             allocations=sorted(job.allocations.all(), key=lambda a: (-a.attempt, a.released_at is not None, a.rank,
                                                                      a.gpu.node.name, a.gpu.index)),
-            can_cancel=job.state in CANCELLABLE_STATES,
+            can_cancel=job.state in CANCELLABLE_STATES and roles.may_cancel(self.request.user, job),
             queue_position=positions.get(job.pk, (None, None)),
             eta_s=eta_seconds(job),
         )
@@ -172,7 +173,10 @@ class JobDetailView(LoginRequiredMixin, DetailView):
 @login_required
 @require_POST
 def cancel(request, pk: int):
-    job = get_object_or_404(Job.objects.visible_to(request.user), pk=pk)
+    job = get_object_or_404(Job.objects.visible_to(request.user).select_related("owner", "tenant"), pk=pk)
+    if not roles.may_cancel(request.user, job):
+        messages.error(request, f"Not cancelled: {roles.cancel_refused(job)}")
+        return redirect("jobs:detail", pk=job.pk)
     try:
         job = cancel_job(job)
     except NotCancellable as exc:
@@ -227,3 +231,28 @@ def usage_csv(request):
         writer.writerow([row["day"].isoformat(), row["tenant"], f"{row['guaranteed_gpu_hours']:.3f}",
                          f"{row['opportunistic_gpu_hours']:.3f}", f"{row['total_gpu_hours']:.3f}"])
     return response
+
+
+@login_required
+def members(request, slug: str):
+    """A tenant lead's page: the tenant's members, what they run, and the limits the lead sets."""
+    tenant = get_object_or_404(Tenant, slug=slug)
+    if not roles.leads(request.user, tenant.pk):
+        raise Http404("No such tenant, or you do not lead it.")
+    if request.method == "POST":
+        membership = get_object_or_404(Membership, tenant=tenant, user__username=request.POST.get("member", ""))
+        limits = {}
+        for field in ("max_gpus", "max_running_jobs"):
+            text = request.POST.get(field, "").strip()
+            if text and (not text.isdigit() or int(text) > 100_000):
+                messages.error(request, f"Not saved: {field.replace('_', ' ')} must be a whole number, or empty.")
+                return redirect("jobs:members", slug=slug)
+            limits[field] = int(text) if text else None
+        Membership.objects.filter(pk=membership.pk).update(**limits)
+        messages.success(request, f"Limits of {membership.user.get_username()} in {tenant.slug} saved.")
+        return redirect("jobs:members", slug=slug)
+    led = Tenant.objects.all() if request.user.is_staff else Tenant.objects.filter(
+        memberships__user=request.user, memberships__role=Role.LEAD)
+    return render(request, "jobs/members.html", {
+        "tenant": tenant, "led": list(led.order_by("slug")),
+        "members": roles.members_now(tenant, Membership.objects.all())})

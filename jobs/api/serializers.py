@@ -18,7 +18,7 @@ from agents import protocol
 from jobs.choices import TERMINAL_STATES, JobClass, JobEventKind, JobState
 from jobs.models import CodeArchive, Job
 from jobs.scheduling.reasons import ReasonCode
-from jobs.services import arrays
+from jobs.services import arrays, roles
 from jobs.services.eta import eta_seconds
 from jobs.services.submission import tenants_of
 from monitoring.services.registry import cluster_inventory
@@ -271,6 +271,7 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
                 raise serializers.ValidationError({"image": [
                     "No node of this cluster runs containers (no agent was started with --container-runtime); "
                     "use venv or conda, or ask an operator."]})
+        self._check_member_cap(attrs)
         self._check_dependencies(attrs)
         spec = attrs.pop("array", "").strip()
         if spec:
@@ -405,6 +406,18 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
                     f"No {max_nodes} node(s) together have {gpus} GPUs{' that fit the request' if total < inventory.total_gpus else ''}; "
                     f"the most is {widest}."
                 ]})
+
+    def _check_member_cap(self, attrs) -> None:
+        """A job bigger than a lead lets its submitter hold in the tenant would wait for ever."""
+        caps = self.context.setdefault("member_caps", {})  # a bulk submission asks once per tenant
+        tenant = attrs["tenant"]
+        if tenant.pk not in caps:
+            caps[tenant.pk] = roles.member_gpu_cap(self.context["request"].user, tenant)
+        cap, need_milli = caps[tenant.pk], attrs["gpus"] * attrs.get("gpu_milli", 1000)
+        if cap is not None and need_milli > cap * 1000:
+            raise serializers.ValidationError({"gpus": [
+                f"A lead of tenant {tenant.slug} lets you hold at most {cap} GPU{'s' if cap != 1 else ''} there at "
+                f"once; a job of {need_milli / 1000:g} could never start. Ask them to raise your limit."]})
 
     @staticmethod
     def _check_ceiling(attrs) -> None:

@@ -24,5 +24,6 @@ urlpatterns = [
     path("metrics/occupancy/", OccupancyView.as_view(), name="api-occupancy"),
     path("jobs/<int:pk>/metrics/", JobMetricsView.as_view(), name="api-job-metrics"),
     path("", include("jobs.api.notifications")),
+    path("", include("jobs.api.members")),
     path("", include(router.urls)),
 ]

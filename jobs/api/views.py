@@ -13,7 +13,7 @@ import re
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status
 from rest_framework.decorators import action
-from rest_framework.exceptions import Throttled, ValidationError
+from rest_framework.exceptions import PermissionDenied, Throttled, ValidationError
 from rest_framework.response import Response
 
 from agents import protocol
@@ -29,7 +29,7 @@ from jobs.api.serializers import (
 )
 from jobs.choices import TERMINAL_STATES
 from jobs.models import Job
-from jobs.services import job_logs
+from jobs.services import job_logs, roles
 from jobs.services.submission import (
     NotCancellable,
     TooManyWaiting,
@@ -127,10 +127,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
             jobs = submit_many(owner=request.user, specs=validated)
         return Response({"jobs": [job.pk for job in jobs]}, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses={200: JobSerializer, 409: None})
+    @extend_schema(request=None, responses={200: JobSerializer, 403: None, 409: None},
+                   description="Its owner, a lead of its tenant or an operator may cancel a job.")
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None, format=None):
         job = self.get_object()
+        if not roles.may_cancel(request.user, job):
+            raise PermissionDenied(roles.cancel_refused(job))
         try:
             job = cancel_job(job)
         except NotCancellable as exc:

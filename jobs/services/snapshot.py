@@ -10,13 +10,13 @@ import json
 from collections import defaultdict
 
 from django.db import connection
-from django.db.models import F, FloatField, Func, TextField
+from django.db.models import F, FloatField, Func, Q, TextField
 from django.db.models.functions import Cast, Coalesce
 
 from jobs.choices import JobClass as JobClassChoice
 from jobs.choices import TERMINAL_STATES, JobState
-from jobs.models import Allocation, Job, JobDependency, JobProfile, Tenant
-from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, NodeState, TenantQuota
+from jobs.models import Allocation, Job, JobDependency, JobProfile, Membership, Tenant
+from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, NodeState, TenantQuota, UserLimit
 from jobs.scheduling.snapshot import JobClass, JobProfile as CoreProfile, RunningJob
 from monitoring.models import Gpu, JobUsage, Node
 from monitoring.services import live
@@ -46,7 +46,19 @@ def build_snapshot(redis_client) -> ClusterSnapshot:
             for _, slug, guaranteed, ceiling, weight, decayed_usage in tenants
         ),
         running=_running(samples, gpu_nodes, gpu_memory, slugs),
+        user_limits=_user_limits(slugs),
     )
+
+
+def _user_limits(slugs: dict[int, str]) -> tuple[UserLimit, ...]:
+    """What tenant leads allow their members (users are keyed by id, as on the jobs)."""
+    return tuple(
+        UserLimit(tenant=slugs[tenant_id], user=str(user_id), name=username, max_gpus=max_gpus,
+                  max_running=max_running)
+        for tenant_id, user_id, username, max_gpus, max_running in Membership.objects.filter(
+            Q(max_gpus__isnull=False) | Q(max_running_jobs__isnull=False)).values_list(
+            "tenant_id", "user_id", "user__username", "max_gpus", "max_running_jobs")
+        if tenant_id in slugs)
 
 
 def _epoch(expression):
@@ -132,7 +144,8 @@ def _profiles(tenant_keys: set[tuple[int, str]]) -> dict[tuple[int, str], JobPro
 
 PENDING_FIELDS = ("id", "tenant_id", "gpus", "submitted_s", "gpu_memory_mib", "priority", "gpu_milli",
                   "gpu_models_text", "opportunistic_only", "shareable", "max_nodes", "max_runtime_s", "profile_key",
-                  "reserved_since_s", "image", "array_id", "array__max_running", "cpu_milli", "host_memory_mib")
+                  "reserved_since_s", "image", "array_id", "array__max_running", "cpu_milli", "host_memory_mib",
+                  "owner_id")
 
 
 # The pending requests of the last snapshot, per job: what each was built from and the request.
@@ -183,7 +196,7 @@ def _pending(largest_gpu_mib: int | None = None, slugs: dict[int, str] | None = 
 def _request(row: tuple, slugs: dict[int, str], core_profiles: dict, models: dict, waiting_for: tuple) -> JobRequest:
     (job_id, tenant_id, gpus, submitted_at, gpu_memory_mib, priority, gpu_milli, gpu_models, opportunistic_only,
      shareable, max_nodes, max_runtime_s, profile_key, reserved_since, image, array_id, array_limit, cpu_milli,
-     host_memory_mib) = row
+     host_memory_mib, owner_id) = row
     core_profile, profile = core_profiles.get((tenant_id, profile_key), (None, None)) if profile_key else (None, None)
     if gpu_models not in models:
         models[gpu_models] = frozenset(json.loads(gpu_models) or ())
@@ -195,7 +208,7 @@ def _request(row: tuple, slugs: dict[int, str], core_profiles: dict, models: dic
         expected_runtime_s=_expected_runtime(max_runtime_s, profile),
         reserved_since=_seconds(reserved_since),
         needs_runtime=bool(image), array_id=array_id, array_limit=array_limit,
-        waiting_for=waiting_for, cpu_milli=cpu_milli, host_memory_mb=host_memory_mib,
+        waiting_for=waiting_for, cpu_milli=cpu_milli, host_memory_mb=host_memory_mib, user=str(owner_id),
     )
 
 
@@ -226,7 +239,7 @@ def _bounded(peak_mib: int, largest_gpu_mib: int | None) -> int:
 RUNNING_FIELDS = ("job_id", "gpu_id", "duty_cycle", "memory_limit_mib", "job__tenant_id", "job__run_class",
                   "started_s", "job__gpu_memory_mib", "job__gpu_milli", "job__priority", "job__max_runtime_s",
                   "job__profile_key", "job__shareable", "job__state", "job__checkpoints", "job__array_id",
-                  "job__cpu_milli", "job__host_memory_mib")
+                  "job__cpu_milli", "job__host_memory_mib", "job__owner_id")
 LIVE_STATES = (JobState.PLACED, JobState.RUNNING)
 
 
@@ -253,7 +266,7 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str], gpu_memory: di
     running = []
     for job_id, (_, _, duty_cycle, memory_limit_mib, tenant_id, run_class, started_at, gpu_memory_mib, gpu_milli,
                  priority, max_runtime_s, profile_key, shareable, state, checkpoints, array_id, cpu_milli,
-                 host_memory_mib) in first.items():
+                 host_memory_mib, owner_id) in first.items():
         held = gpus_of[job_id]
         profile = profiles.get((tenant_id, profile_key)) if profile_key else None
         running.append(RunningJob(
@@ -274,6 +287,7 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str], gpu_memory: di
             array_id=array_id,
             cpu_milli=cpu_milli,
             host_memory_mb=host_memory_mib,
+            user=str(owner_id),
         ))
     return tuple(running)
 

@@ -60,12 +60,14 @@ ROUTES = api_routes()
 
 
 def serves_jobs(view) -> bool:
-    return issubclass(view, tenancy.RestrictedMixin) and not view.cluster_wide
+    """(Views of memberships are narrowed by the same base; tests/jobs/test_roles.py covers them.)"""
+    return (issubclass(view, tenancy.RestrictedMixin) and not view.cluster_wide
+            and getattr(view.queryset, "model", None) is Job)
 
 
 def url_for(route: str, *, job: Job, gpu_pk: int) -> str:
     """The route with its parameters filled in: alice's job, node a1, tenant vision, JSON format."""
-    values = {"pk": str(job.pk), "name": "a1", "slug": "vision", "format": "json"}
+    values = {"pk": str(job.pk), "name": "a1", "slug": "vision", "username": "alice", "format": "json"}
     if route.startswith("api/v1/^gpus/"):
         values["pk"] = str(gpu_pk)
     url = route.replace("^", "").replace("$", "").replace("\\.", ".").replace("/?", "/")

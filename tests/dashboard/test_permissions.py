@@ -44,11 +44,13 @@ def test_owner_and_teammate_read_outsider_gets_404(kind, path, job, alice, bob, 
 
 
 @pytest.mark.parametrize("kind, path", WRITES)
-def test_outsider_cannot_cancel_and_teammate_can(kind, path, job, bob, charlie, api, client):
+def test_outsider_cannot_cancel_nor_a_teammate_and_the_owner_can(kind, path, job, alice, bob, charlie, api, client):
     url = path.format(id=job.pk)
     assert fetch(kind, url, charlie, api, client, "post").status_code == 404
     assert Job.objects.get(pk=job.pk).state == JobState.PENDING
-    assert fetch(kind, url, bob, api, client, "post").status_code in (200, 302)
+    assert fetch(kind, url, bob, api, client, "post").status_code in (403, 302)  # sees it, may not cancel it
+    assert Job.objects.get(pk=job.pk).state == JobState.PENDING
+    assert fetch(kind, url, alice, api, client, "post").status_code in (200, 302)
     assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
 
 
