@@ -1,4 +1,8 @@
-"""Fixtures shared by every test: a private Redis per test session, flushed per test."""
+"""Fixtures shared by every test: a private Redis per test session (flushed per test), and the
+people of every permission test (healthchecks' alice/bob/charlie): alice owns the jobs, bob is her
+teammate in ``vision``, charlie an outsider in ``nlp``; ``operator`` is staff. ``api(user)`` and
+``web(user)`` are an API client and Django's test client signed in as ``user``; ``cluster`` two
+nodes of GPUs."""
 
 from __future__ import annotations
 
@@ -52,3 +56,84 @@ def live_redis(redis_url, settings):
     yield redis_url
     celery_app.conf.broker_url = previous
 
+
+
+# -- people and tenants --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def vision(db):
+    from tests.factories import TenantFactory
+
+    return TenantFactory(slug="vision")
+
+
+@pytest.fixture
+def nlp(db):
+    from tests.factories import TenantFactory
+
+    return TenantFactory(slug="nlp", guaranteed_gpus=2, max_gpus=6)
+
+
+@pytest.fixture
+def alice(vision):
+    from tests.factories import MembershipFactory, UserFactory
+
+    return MembershipFactory(user=UserFactory(username="alice"), tenant=vision).user
+
+
+@pytest.fixture
+def bob(vision):
+    from tests.factories import MembershipFactory, UserFactory
+
+    return MembershipFactory(user=UserFactory(username="bob"), tenant=vision).user
+
+
+@pytest.fixture
+def charlie(nlp):
+    from tests.factories import MembershipFactory, UserFactory
+
+    return MembershipFactory(user=UserFactory(username="charlie"), tenant=nlp).user
+
+
+@pytest.fixture
+def operator(db):
+    from tests.factories import UserFactory
+
+    return UserFactory(username="operator", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def api():
+    from rest_framework.test import APIClient
+
+    def client_for(user=None):
+        client = APIClient()
+        if user is not None:
+            client.force_authenticate(user)
+        return client
+
+    return client_for
+
+
+@pytest.fixture
+def web(client):
+    """Django's test client, logged in as the given user."""
+
+    def client_for(user):
+        client.force_login(user)
+        return client
+
+    return client_for
+
+
+@pytest.fixture
+def cluster(db):
+    """Two nodes: ``a1`` (rack r1) with 4 x A100-80GB, ``v1`` (rack r2) with 2 x V100-32GB."""
+    from tests.factories import GpuFactory, NodeFactory
+
+    a1, v1 = NodeFactory(name="a1", rack="r1"), NodeFactory(name="v1", rack="r2")
+    gpus = {f"a1/{i}": GpuFactory(node=a1, index=i, uuid=f"GPU-a1-{i}") for i in range(4)}
+    gpus |= {f"v1/{i}": GpuFactory(node=v1, index=i, uuid=f"GPU-v1-{i}", model="V100-32GB", memory_mib=32768)
+             for i in range(2)}
+    return gpus

@@ -1,11 +1,14 @@
-"""factory_boy factories for the Django models."""
+"""factory_boy factories for the Django models, and small builders of running jobs and rollups."""
+
+from datetime import datetime, timezone as dt_timezone
 
 import factory
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from jobs.models import Job, Membership, Tenant
-from monitoring.models import Gpu, Node
+from jobs.choices import JobClass, JobState
+from jobs.models import Allocation, Job, Membership, Tenant
+from monitoring.models import Gpu, GpuRollup, Node
 
 PASSWORD = "correct-horse-battery"
 
@@ -72,3 +75,23 @@ class GpuFactory(factory.django.DjangoModelFactory):
     uuid = factory.Sequence(lambda n: f"GPU-test-{n}")
     model = "A100-80GB"
     memory_mib = 81920
+
+
+def running_job(tenant, owner, gpus, *, run_class=JobClass.GUARANTEED, milli=1000, **fields):
+    job = JobFactory(tenant=tenant, owner=owner, state=JobState.RUNNING, run_class=run_class, gpus=len(gpus),
+                     gpu_milli=milli, **fields)
+    for gpu in gpus:
+        Allocation.objects.create(job=job, gpu=gpu, gpu_milli=milli)
+    return job
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=dt_timezone.utc)
+
+
+def rollup(gpu, start: datetime, util: float | None, mem: int | None = None, resolution: int = 10) -> GpuRollup:
+    return GpuRollup.objects.create(
+        gpu=gpu, resolution=resolution, bucket_start=start, samples=1,
+        util_sum=util or 0.0, util_n=0 if util is None else 1, util_max=util,
+        mem_sum=mem or 0, mem_n=0 if mem is None else 1, mem_max=mem,
+    )

@@ -1,5 +1,5 @@
 """Single sign-on in a real browser: the login page's "Sign in with ..." button, the person signs
-in at a real OpenID provider on loopback (tests/sso/provider.py), and lands on the queue of the
+in at a real OpenID provider on loopback (tests/cluster_ui/sso/provider.py), and lands on the queue of the
 tenant their IdP group maps to; someone whose groups map to nothing sees why they are not in."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from oidc_provider_mock import run_server_in_thread
 
 from tests.browser.conftest import VIEWPORT
 from tests.factories import JobFactory, TenantFactory, UserFactory
-from tests.sso.provider import CALLBACK_PATH, PROVIDER_NAME, Provider, configure
+from tests.cluster_ui.sso.provider import CALLBACK_PATH, PROVIDER_NAME, Provider, configure
 
 pytestmark = pytest.mark.e2e
 

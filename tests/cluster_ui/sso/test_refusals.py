@@ -14,8 +14,8 @@ from oidc_provider_mock import run_server_in_thread
 
 from cluster_ui.sso.models import OidcIdentity
 from tests.factories import TenantFactory
-from tests.sso.flow import params, sign_in, signed_in_user, start
-from tests.sso.provider import CALLBACK_PATH, Provider, configure
+from tests.cluster_ui.sso.flow import params, sign_in, signed_in_user, start
+from tests.cluster_ui.sso.provider import CALLBACK_PATH, Provider, configure
 
 pytestmark = pytest.mark.django_db
 REDIRECT = f"http://testserver{CALLBACK_PATH}"

@@ -8,7 +8,7 @@ import pytest
 
 from jobs.choices import JobClass, JobState
 from jobs.models import Job
-from tests.dashboard.conftest import running_job
+from tests.factories import running_job
 from tests.factories import JobFactory, UserFactory
 
 URL = "/api/v1/queue/"

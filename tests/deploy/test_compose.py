@@ -25,7 +25,7 @@ from cluster_ui.devstack.redis_server import free_port, redis_server_binary, red
 from monitoring.services.ingest import GROUP as INGEST_GROUP
 from monitoring.services.streams import ensure_group
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 OUR_SERVICES = {name: svc for name, svc in COMPOSE["services"].items() if "image" not in svc or "build" in svc}
 

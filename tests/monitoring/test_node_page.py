@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from jobs.models import Allocation
-from tests.dashboard.conftest import running_job
+from tests.factories import running_job
 
 
 def _holders(page: str, index: int) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from oidc_provider_mock import run_server_in_thread
 
-from tests.sso.provider import CALLBACK_PATH, Client, Provider, TokenSwap, configure
+from tests.cluster_ui.sso.provider import CALLBACK_PATH, Client, Provider, TokenSwap, configure
 
 
 @pytest.fixture(scope="session")

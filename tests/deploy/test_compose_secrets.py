@@ -18,7 +18,7 @@ from agents import protocol, signing
 from cluster_ui.devstack.credentials import write_credentials
 from cluster_ui.devstack.redis_server import free_port, redis_server_binary, redis_server_version
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 SECRET_NAMES = ("DJANGO_SECRET_KEY", "COLONY_AGENT_SECRET", "COLONY_AGENT_KEY", "POSTGRES_PASSWORD", "REDIS_URL",

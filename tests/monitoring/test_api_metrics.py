@@ -12,7 +12,7 @@ from monitoring.choices import Resolution
 from monitoring.models import JobRollup
 from monitoring.services import live
 from monitoring.services.heatmap import RANGES, gpu_heatmap
-from tests.dashboard.conftest import rollup, running_job
+from tests.factories import rollup, running_job
 
 
 def test_nodes_list_gpus_with_live_readings(cluster, alice, api, live_redis, redis_client):

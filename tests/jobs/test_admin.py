@@ -5,8 +5,13 @@ import pytest
 from jobs.choices import JobClass, JobState
 from jobs.models import Job, QuotaChange, Tenant
 from monitoring.models import Node
-from tests.dashboard.conftest import running_job
-from tests.factories import JobFactory
+from tests.factories import JobFactory, TenantFactory, running_job
+
+
+@pytest.fixture
+def vision(db):
+    """Guarantee 4 GPUs, ceiling 8: the figures below are read against these."""
+    return TenantFactory(slug="vision", guaranteed_gpus=4, max_gpus=8)
 
 
 @pytest.fixture

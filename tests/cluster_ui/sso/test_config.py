@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PRINT = ("import json, cluster_ui.settings as s; print(json.dumps({'enabled': s.COLONY_OIDC_ENABLED, "
          "'secret': s.OIDC_RP_CLIENT_SECRET, 'client': s.OIDC_RP_CLIENT_ID, 'basic': s.OIDC_TOKEN_USE_BASIC_AUTH, "
          "'claim': s.COLONY_OIDC_GROUPS_CLAIM, 'vision': s.COLONY_OIDC_GROUP_MAP.resolve(['v']).tenants}))")

@@ -2,14 +2,20 @@
 
 from datetime import timedelta
 
+import pytest
 from django.utils import timezone
 
 from jobs.choices import JobClass, JobState
 from jobs.models import Allocation, Job
 from monitoring.choices import NodeState
 from monitoring.models import Node
-from tests.dashboard.conftest import at, running_job
-from tests.factories import JobFactory
+from tests.factories import JobFactory, TenantFactory, at, running_job
+
+
+@pytest.fixture
+def vision(db):
+    """Guarantee 4 GPUs, ceiling 8: the figures below are read against these."""
+    return TenantFactory(slug="vision", guaranteed_gpus=4, max_gpus=8)
 
 
 def test_gpu_counts_busy_shared_idle_lost(cluster, alice, charlie, vision, nlp, api):

@@ -10,8 +10,8 @@ from cluster_ui.sso.models import OidcIdentity
 from jobs.choices import Role
 from jobs.models import Membership
 from tests.factories import PASSWORD, JobFactory, MembershipFactory, TenantFactory, UserFactory
-from tests.sso.flow import params, sign_in, signed_in_user, start
-from tests.sso.provider import PROVIDER_NAME
+from tests.cluster_ui.sso.flow import params, sign_in, signed_in_user, start
+from tests.cluster_ui.sso.provider import PROVIDER_NAME
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""A real OpenID Connect provider on loopback for the single sign-on tests (tests/sso and the
+"""A real OpenID Connect provider on loopback for the single sign-on tests (tests/cluster_ui/sso and the
 browser test).
 
 ``oidc-provider-mock`` is a small OpenID provider built on Authlib's server: discovery, dynamic
@@ -84,7 +84,7 @@ class Provider:
 
 
 def configure(settings, provider: Provider, client: Client, group_map=GROUP_MAP) -> None:
-    """What an operator's COLONY_OIDC_* environment makes of settings (tests/sso/test_config.py
+    """What an operator's COLONY_OIDC_* environment makes of settings (tests/cluster_ui/sso/test_config.py
     checks that reading)."""
     settings.COLONY_OIDC_ENABLED = True
     settings.COLONY_OIDC_ISSUER = provider.issuer

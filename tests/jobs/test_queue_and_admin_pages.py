@@ -6,11 +6,6 @@ from jobs.choices import JobState
 from tests.factories import GpuFactory, JobFactory, MembershipFactory, TenantFactory, UserFactory
 
 
-@pytest.fixture
-def alice(db):
-    return MembershipFactory(user=UserFactory(username="alice"), tenant=TenantFactory(slug="vision")).user
-
-
 def test_queue_requires_login(client):
     response = client.get("/jobs/")
     assert response.status_code == 302

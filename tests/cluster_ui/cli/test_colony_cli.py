@@ -18,7 +18,7 @@ from jobs.choices import JobState
 from jobs.models import Job
 from tests.factories import JobFactory, MembershipFactory, TenantFactory, UserFactory
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:

@@ -24,7 +24,7 @@ from jobs.choices import JobState
 from jobs.models import Job
 from monitoring.choices import AlertKind
 from monitoring.models import Alert
-from tests.dashboard.conftest import running_job
+from tests.factories import running_job
 from tests.factories import JobFactory
 
 SECRET_NAME = "alice-secret-sweep"

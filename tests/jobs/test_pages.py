@@ -12,7 +12,7 @@ from rest_framework.authtoken.models import Token
 from jobs.choices import JobState
 from jobs.forms import parse_duration_s, parse_size_mib
 from jobs.models import Allocation, Job
-from tests.dashboard.conftest import running_job
+from tests.factories import running_job
 from tests.factories import JobFactory, MembershipFactory, TenantFactory
 
 FORM = {"command": "python train.py --lr 3e-4", "gpus": "2", "gpu_milli": "1000", "run_as": "auto", "priority": "0"}
