@@ -1,28 +1,30 @@
-"""Benchmark: full-size trace replays, every policy side by side (issue "Trace replay").
+"""Benchmark: scheduling quality on the public traces, Colony beside named baselines, over seeds.
 
-    .venv/bin/python -m bench.replay                      # both presets below
-    .venv/bin/python -m bench.replay --preset philly --repeat 3
+    .venv/bin/python -m bench.replay                          # both presets, quick settings
+    .venv/bin/python -m bench.replay --preset fgd --seeds 10 --pods default,gpushare40,multigpu50
+    .venv/bin/python -m bench.replay --preset philly --seeds 3 --windows all
 
-Presets (each fits in a few minutes on one core):
+Presets:
 
-* ``philly``: 3,000 consecutive Philly jobs (from job 30,000, mid-October 2017) on 32 nodes x 8
-  GPUs, guarantees proportional to each virtual cluster's demand. Per-job utilisation and memory
-  are synthetic (Philly records neither; see ``loaders.USAGE_CLASSES``).
-* ``alibaba``: the fragmentation experiment of Weng et al. (ATC'23): every GPU pod of the openb
-  default list (and of the GPU-sharing-heavy gpushare40 list) that ran, arriving on the whole
-  1,213-node, 6,212-GPU cluster and never leaving (the list is replayed again until 130% of
-  the capacity was asked for); then 1,500 pods on the clock on an 8-node subset, where they
-  contend.
+* ``fgd``: FGD's protocol (Weng et al., ATC'23) on the Alibaba openb node list (1,213 nodes,
+  6,212 GPUs): every pod of the list (CPU-only and never-scheduled ones included), shuffled per
+  seed and resampled until 130% of the GPU capacity has arrived, nothing leaving. Colony's
+  policies beside Random, BestFit, GPU packing and FGD (placing by request, CPU and host memory
+  enforced) and exclusive FIFO, with FGD's published figures beside. Physical allocation (each
+  GPU capped at 1000 milli), fragmentation F(M), nodes over their CPU.
+* ``philly``: 1,000-job Philly windows (Oct-Dec 2017) on 16 x 8 GPUs, each with its offered
+  load; every policy at interference 0 and at the default; guarantees split evenly over
+  Philly's 15 virtual clusters (a rule that never looks at the window). Per-job utilisation and
+  memory are synthetic (Philly records neither): the seed redraws them.
 
-Prints each comparison table (every figure also as a ratio to FIFO-exclusive) and the median
-wall time of each policy's replay with its ratio to FIFO-exclusive's, measured in this process.
-Writes JSON and HTML under ``var/bench-replay/<preset>/``. Asserts nothing.
+Prints the tables (median [min-max] over seeds), the CPU seconds of each policy's runs, and the
+wall and CPU time of the whole bench. Writes JSON under ``var/bench-replay/``. Asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import json
 import sys
 import time
 from pathlib import Path
@@ -30,58 +32,65 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs.scheduling.config import SchedulerConfig  # noqa: E402
 from jobs.scheduling.policies import POLICIES  # noqa: E402
-from jobs.scheduling.simulate import loaders, replay, report  # noqa: E402
+from jobs.scheduling.simulate import loaders, protocol  # noqa: E402
+from jobs.scheduling.simulate.engine import DEFAULT_INTERFERENCE  # noqa: E402
 
-# (label, trace, measure the fill curve, replay on the clock)
-PRESETS = {
-    "philly": [("philly-3000-jobs-256-gpus", lambda: loaders.load_philly(nodes=32, skip=30000, first=3000), False, True)],
-    "alibaba": [
-        # The paper's experiment: every pod that ran, arriving on the whole cluster, never leaving.
-        ("alibaba-fill-whole-cluster", lambda: loaders.load_alibaba("default"), True, False),
-        ("alibaba-gpushare40-fill-whole-cluster", lambda: loaders.load_alibaba("gpushare40"), True, False),
-        # On the clock: the trace's pods arrive over months, so only a small subset of the nodes
-        # makes them contend: the first 1,500 pods on 8 nodes (30 GPUs).
-        ("alibaba-1500-pods-8-nodes", lambda: loaders.load_alibaba("default", nodes=8, first=1500), False, True),
-    ],
+FILL_POLICIES = ("fair_share", "packing_without_quotas", "random_fit", "best_fit", "gpu_packing", "fgd",
+                 "fifo_exclusive")
+WINDOW_POLICIES = ("fair_share", "packing_without_quotas", "fifo_exclusive", "least_attained_service")
+# (first submission, label); 1,000 jobs each. Offered load is printed with each.
+PHILLY_WINDOWS = {
+    "2017-10-03": "early Oct", "2017-10-17": "mid Oct (the busiest day)", "2017-11-01": "Nov 1",
+    "2017-11-15": "mid Nov", "2017-12-01": "Dec 1",
 }
+QUICK_WINDOWS = ("2017-10-17", "2017-12-01")
 
 
-def run(label: str, make_trace, fill: bool, timed: bool, repeat: int, out: Path) -> None:
-    trace = make_trace()
-    print(f"\n== {label}: {len(trace.jobs)} jobs, {trace.total_gpus} GPUs, {len(trace.nodes)} nodes; "
-          f"left out: {trace.skipped or 'none'}", flush=True)
-    comparison = report.compare(trace, POLICIES, SchedulerConfig(), fill=fill, timed=timed)
-    print(report.table(comparison))
-    # Wall time: the first run is in the comparison; repeat the replays alone for a median.
-    times = {}
-    for name, policy in POLICIES.items():
-        samples = [comparison["policies"][name]["replay_seconds"]]
-        for _ in range(repeat - 1 if timed else 0):
-            started = time.perf_counter()
-            replay(trace, policy, name=name)
-            samples.append(time.perf_counter() - started)
-        times[name] = statistics.median(samples)
-    base = times["fifo_exclusive"]
-    print(f"wall time per policy (median of {len(samples)}): "
-          + ", ".join(f"{n} {t:.1f} s (x{t / base:.2f})" for n, t in times.items()))
-    folder = out / label
-    folder.mkdir(parents=True, exist_ok=True)
-    report.write_json(comparison, folder / "replay.json")
-    report.write_html(comparison, folder / "replay.html")
-    print(f"wrote {folder}/replay.json and replay.html", flush=True)
+def fgd_preset(pod_lists: list[str], seeds: list[int], out: Path) -> None:
+    nodes = loaders.load_alibaba_nodes()
+    policies = {name: POLICIES[name] for name in FILL_POLICIES}
+    for pods_name in pod_lists:
+        pods = loaders.alibaba_pods(pods_name)
+        print(f"\n== FGD protocol, {pods_name}: {len(pods)} pods ({sum(1 for p in pods if not p.gpus)} CPU-only)",
+              flush=True)
+        document = protocol.fill_protocol(
+            pods_name, pods, nodes, policies, seeds,
+            progress=lambda name, run: print(f"  {name}: {run['cpu_s']:.1f} CPU s", flush=True))
+        print(protocol.fill_table(document), flush=True)
+        (out / f"fgd-{pods_name}.json").write_text(json.dumps(document, indent=1, default=float))
+
+
+def philly_preset(windows: list[str], seeds: list[int], out: Path) -> None:
+    policies = {name: POLICIES[name] for name in WINDOW_POLICIES}
+    made = [(f"Philly from {day} ({PHILLY_WINDOWS.get(day, '')})",
+             lambda seed, day=day: loaders.load_philly(nodes=16, since=day, first=1000, seed=seed))
+            for day in windows]
+    document = protocol.windows(
+        made, policies, seeds, (0.0, DEFAULT_INTERFERENCE),
+        progress=lambda label, i, name, row: print(f"  {label} i={i}: {name} {row['cpu_s']:.1f} CPU s", flush=True))
+    print(protocol.windows_table(document), flush=True)
+    (out / "philly-windows.json").write_text(json.dumps(document, indent=1, default=float))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=[*PRESETS, "all"], default="all")
-    parser.add_argument("--repeat", type=int, default=1, help="replays per policy for the median wall time")
+    parser.add_argument("--preset", choices=["fgd", "philly", "all"], default="all")
+    parser.add_argument("--seeds", type=int, default=2, help="seeds per comparison (FGD's protocol uses 10)")
+    parser.add_argument("--pods", default="default", help="fgd: comma-separated pod lists (default, gpushare40, multigpu50)")
+    parser.add_argument("--windows", default=",".join(QUICK_WINDOWS),
+                        help=f"philly: comma-separated first days, or 'all' ({', '.join(PHILLY_WINDOWS)})")
     parser.add_argument("--out", type=Path, default=Path("var/bench-replay"))
     args = parser.parse_args()
-    for name in PRESETS if args.preset == "all" else [args.preset]:
-        for label, make_trace, fill, timed in PRESETS[name]:
-            run(label, make_trace, fill, timed, args.repeat, args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    seeds = list(range(args.seeds))
+    wall, cpu = time.perf_counter(), time.process_time()
+    if args.preset in ("fgd", "all"):
+        fgd_preset(args.pods.split(","), seeds, args.out)
+    if args.preset in ("philly", "all"):
+        windows = list(PHILLY_WINDOWS) if args.windows == "all" else args.windows.split(",")
+        philly_preset(windows, seeds, args.out)
+    print(f"\nbench: {time.perf_counter() - wall:.0f} s wall, {time.process_time() - cpu:.0f} s CPU (one process)")
 
 
 if __name__ == "__main__":

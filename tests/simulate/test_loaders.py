@@ -18,8 +18,26 @@ def test_philly_slice_uses_the_virtual_cluster_as_tenant_and_starts_at_zero():
     assert trace.total_gpus == 32
 
 
-def test_philly_guarantees_follow_demand_and_add_up_to_the_cluster():
-    trace = load_philly(nodes=8, first=400)
+def test_philly_guarantees_split_evenly_over_every_virtual_cluster_by_default():
+    # 15 virtual clusters in the whole trace, whoever submits in the slice.
+    trace = load_philly(nodes=8, first=50)
+    assert len(trace.quotas) == 15 and sum(q.guaranteed_gpus for q in trace.quotas) == trace.total_gpus
+    assert max(q.guaranteed_gpus for q in trace.quotas) - min(q.guaranteed_gpus for q in trace.quotas) <= 1
+
+
+def test_alibaba_nodes_and_pods_carry_cpu_and_host_memory():
+    trace = load_alibaba(nodes=4, first=50)
+    assert all(n.cpu_milli > 0 and n.host_memory_mb > 0 for n in trace.nodes)
+    assert all(j.cpu_milli > 0 for j in trace.jobs)
+
+
+def test_a_pod_list_without_timestamps_is_untimed_and_has_no_made_up_duration():
+    trace = load_alibaba("multigpu50", nodes=4, first=20)
+    assert not trace.timed and all(j.duration_s == float("inf") for j in trace.jobs)
+
+
+def test_philly_guarantees_follow_demand_and_add_up_to_the_cluster_on_request():
+    trace = load_philly(nodes=8, first=400, quotas="demand")
     assert sum(q.guaranteed_gpus for q in trace.quotas) == trace.total_gpus
     demand = {}
     for job in trace.jobs:

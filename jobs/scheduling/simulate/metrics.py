@@ -2,17 +2,19 @@
 
 * Job completion time (submit -> finish) and queueing delay (time spent pending, requeues
   included): mean, median, p95.
-* GPU-time utilisation: busy SM time over capacity x makespan (a GPU's load counts up to 1);
-  GPU allocation: GPU-time with at least one job on the GPU; memory utilisation likewise. The
-  same figures over the arrival window (first to last submission), where the trace sets the
-  load rather than the tail of its longest jobs.
+* GPU-time utilisation: busy SM time over capacity x makespan (a GPU's load counts up to 1;
+  it rests on the per-job utilisation, synthetic for the public traces); GPU allocation: GPU-time
+  with at least one job on the GPU; physical allocation: requests placed with each GPU capped at
+  1000 milli-GPUs (FGD's allocation ratio; never above 1); memory utilisation likewise. Each
+  over the whole run and over the arrival window (first to last submission), where the trace
+  sets the load rather than the tail of its longest jobs.
 * Per tenant: GPU-hours held, the entitlement its guarantee gives over the makespan, and the
   mean slowdown of its jobs (JCT over solo runtime). Jain's fairness index is taken over the
   tenants' mean speed (solo runtime over JCT): 1 when every tenant's jobs fare alike.
 * Fragmentation ("Beware of Fragmentation", ATC'23): ``fill_curve`` lets jobs arrive and never
-  leave, and records what share of the cluster's GPU capacity is allocated (requests placed)
-  as the arrived demand grows; a packing policy that strands less capacity stays on the diagonal
-  longer.
+  leave, and records what share of the cluster's GPU capacity is allocated (physical, capped per
+  GPU) as the arrived demand grows; a packing policy that strands less capacity stays on the
+  diagonal longer. ``simulate.fill`` is FGD's full protocol (all pods, seeds, F(M)).
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ def summarise(result: ReplayResult) -> dict:
         "makespan_s": makespan,
         "gpu_utilisation": result.used_gpu_s / capacity_gpu_s,
         "gpu_allocation": result.busy_gpu_s / capacity_gpu_s,
+        "gpu_physical_allocation": result.physical_gpu_s / capacity_gpu_s,
         "gpu_memory_utilisation": result.memory_mib_s / capacity_memory if capacity_memory else 0.0,
         **_arrival_window(result),
         "preemptions": result.preemptions,
@@ -92,6 +95,9 @@ def summarise(result: ReplayResult) -> dict:
         "suspensions": result.suspensions,
         "cycles": result.cycles,
         "memory_violations": result.memory_violations,
+        "cpu_violations": result.cpu_violations,
+        "host_memory_violations": result.host_memory_violations,
+        "interference": result.interference,
         "jain_fairness": jain_index([t["mean_speed"] for t in tenants.values() if t["mean_speed"] is not None]),
         "tenants": tenants,
     }
@@ -102,12 +108,13 @@ def _arrival_window(result: ReplayResult) -> dict:
     span = (result.arrivals_end or result.start) - result.start
     if span <= 0:
         return {"window_s": 0.0, "window_gpu_utilisation": None, "window_gpu_allocation": None,
-                "window_gpu_memory_utilisation": None}
+                "window_gpu_physical_allocation": None, "window_gpu_memory_utilisation": None}
     nodes = result.trace.nodes
     return {
         "window_s": span,
         "window_gpu_utilisation": result.window_used_gpu_s / (result.trace.total_gpus * span),
         "window_gpu_allocation": result.window_busy_gpu_s / (result.trace.total_gpus * span),
+        "window_gpu_physical_allocation": result.window_physical_gpu_s / (result.trace.total_gpus * span),
         "window_gpu_memory_utilisation": result.window_memory_mib_s / (sum(n.gpus * n.memory_mib for n in nodes) * span),
     }
 
@@ -138,7 +145,8 @@ def utilisation_series(result: ReplayResult, points: int = 200) -> list[tuple[fl
 @dataclass(frozen=True, slots=True)
 class FillPoint:
     arrived: float  # requested GPU capacity that has arrived, as a share of the cluster
-    allocated: float  # requested GPU capacity placed, as a share of the cluster
+    allocated: float  # placed, each GPU capped at 1000 milli-GPUs, as a share of the cluster
+    requested: float = 0.0  # placed requests uncapped (a GPU counted once per resident)
 
 
 def fill_curve(trace: Trace, policy, config: SchedulerConfig = SchedulerConfig(), *, step: float = 0.02,
@@ -174,7 +182,7 @@ def fill_curve(trace: Trace, policy, config: SchedulerConfig = SchedulerConfig()
             decisions = engine.cycle(t)
             if engine.allocated == before and not decisions.preemptions:
                 break
-        points.append(FillPoint(arrived / capacity, engine.allocated / capacity))
+        points.append(FillPoint(arrived / capacity, engine.physical / capacity, engine.allocated / capacity))
     return points
 
 

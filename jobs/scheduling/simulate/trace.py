@@ -35,6 +35,13 @@ class TraceJob:
     utilisation: float = 1.0
     opportunistic_only: bool = False
     priority: int = 0
+    # Host resources for the whole job (all its GPUs; a gang spread over nodes splits them in
+    # proportion to its GPUs per node). 0 = asks for none. ``gpus == 0``: a CPU-only pod.
+    cpu_milli: int = 0
+    host_memory_mb: int = 0
+    # What the scheduler is told about the job's peak memory per GPU before it runs (a profile,
+    # a request); None = the true peak (perfect knowledge). See ``knowledge``.
+    seen_memory_mib: int | None = None
 
     @property
     def gpu_seconds(self) -> float:
@@ -49,6 +56,9 @@ class NodeSpec:
     memory_mib: int
     rack: str = ""
     intra_node_gb_per_s: float = 32.0
+    # Host CPU and memory; None = not tracked (unconstrained).
+    cpu_milli: int | None = None
+    host_memory_mb: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +69,12 @@ class Trace:
     quotas: tuple[TenantQuota, ...] = ()
     # Jobs the loader left out and why (e.g. "larger than the cluster": 3), for the report.
     skipped: dict[str, int] = field(default_factory=dict)
+    # False for a pod list without timestamps: every job arrives at 0 with no real duration, so
+    # only the fill protocol may be run on it and no JCT may be read from it.
+    timed: bool = True
+    # What the figures of this trace rest on that the trace itself does not record
+    # (e.g. "per-job utilisation and memory"), printed beside them.
+    synthetic: tuple[str, ...] = ()
 
     @property
     def total_gpus(self) -> int:
@@ -98,6 +114,20 @@ def fit_to_cluster(jobs: list[TraceJob], nodes: tuple[NodeSpec, ...]) -> tuple[l
             continue
         skipped[why] = skipped.get(why, 0) + 1
     return kept, skipped
+
+
+def equal_quotas(tenants, total_gpus: int, share_of_cluster: float = 1.0,
+                 borrow: bool = True) -> tuple[TenantQuota, ...]:
+    """The same guarantee for every tenant of the trace's population (not of the slice), summing
+    to ``share_of_cluster`` of the cluster: a rule that does not look at the replayed demand."""
+    names = sorted(set(tenants))
+    if not names:
+        return ()
+    budget = int(total_gpus * share_of_cluster)
+    base, extra = divmod(budget, len(names))
+    return tuple(TenantQuota(name, guaranteed_gpus=base + (i < extra),
+                             max_gpus=total_gpus if borrow else base + (i < extra))
+                 for i, name in enumerate(names))
 
 
 def proportional_quotas(jobs: list[TraceJob] | tuple[TraceJob, ...], total_gpus: int,
@@ -194,3 +224,14 @@ def read_quota_file(path: str | Path, trace: Trace) -> tuple[TenantQuota, ...]:
             raise TraceFormatError(f"{path}: tenant {quota.name}: GPUs must be >= 0 and weight > 0")
     others = tuple(TenantQuota(t, 0, trace.total_gpus) for t in trace.tenants if t not in named)
     return tuple(sorted((*named.values(), *others), key=lambda q: q.name))
+
+
+def offered_load(trace: Trace) -> float | None:
+    """GPU-time the jobs ask for over the cluster's GPU-time between the first and the last
+    arrival: above 1 the queue must grow, below 1 a work-conserving scheduler can keep up."""
+    if not trace.timed or len(trace.jobs) < 2:
+        return None
+    span = max(j.submit_s for j in trace.jobs) - min(j.submit_s for j in trace.jobs)
+    if span <= 0 or not trace.total_gpus:
+        return None
+    return sum(j.gpu_seconds for j in trace.jobs) / (trace.total_gpus * span)
