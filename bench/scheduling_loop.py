@@ -106,7 +106,7 @@ def populate(rng: random.Random, nodes: int, tenants: int, running: int, pending
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from jobs.choices import JobClass, JobState
+    from jobs.choices import RunClass, JobState
     from jobs.models import Allocation, Job, Tenant
     from monitoring.models import Gpu, Node
 
@@ -126,7 +126,7 @@ def populate(rng: random.Random, nodes: int, tenants: int, running: int, pending
     owner = get_user_model().objects.create_user("bench")
     running_jobs = Job.objects.bulk_create([
         Job(tenant=rng.choice(tenant_rows), owner=owner, name=f"r{i}", command=["true"], gpus=1,
-            state=JobState.RUNNING, run_class=JobClass.GUARANTEED, gpu_memory_mib=20000, placed_at=now,
+            state=JobState.RUNNING, run_class=RunClass.GUARANTEED, gpu_memory_mib=20000, placed_at=now,
             started_at=now, max_runtime_s=rng.choice([None, 3600, 7200]))
         for i in range(min(running, total))
     ])
@@ -189,9 +189,9 @@ def main() -> None:
 
     from agents.protocol import heartbeat_key
     from jobs.scheduling import decide
-    from jobs.services.config import scheduler_config
-    from jobs.services.cycle import run_scheduling_cycle
-    from jobs.services.snapshot import build_snapshot
+    from jobs.services.scheduler_config import scheduler_config
+    from jobs.services.scheduling_loop import run_scheduling_cycle
+    from jobs.services.snapshot_loader import build_snapshot
     from monitoring.services.health import MAX_HEARTBEAT_TTL_S
 
     rng = random.Random(7)

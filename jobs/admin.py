@@ -6,7 +6,7 @@ from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, Subquery, Sum
 from django.utils.html import format_html
 
-from jobs.choices import TERMINAL_STATES, JobClass, JobState
+from jobs.choices import TERMINAL_STATES, RunClass, JobState
 from jobs.models import Allocation, Job, JobProfile, Membership, QuotaChange, Tenant
 from jobs.services.submission import NotCancellable, NotRequeueable, cancel_job, requeue_job, submit_job
 from monitoring.admin import NodeAdmin
@@ -40,9 +40,9 @@ def _held_milli(*, opportunistic: bool) -> Subquery:
     """Milli-GPUs a tenant's jobs hold now, borrowed (opportunistic) or within the guarantee."""
     held = Allocation.objects.filter(job__tenant=OuterRef("pk"), released_at__isnull=True)
     if opportunistic:
-        held = held.filter(job__run_class=JobClass.OPPORTUNISTIC)
+        held = held.filter(job__run_class=RunClass.OPPORTUNISTIC)
     else:
-        held = held.exclude(job__run_class=JobClass.OPPORTUNISTIC)
+        held = held.exclude(job__run_class=RunClass.OPPORTUNISTIC)
     return Subquery(held.values("job__tenant").annotate(milli=Sum("gpu_milli")).values("milli")[:1])
 
 

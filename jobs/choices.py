@@ -26,7 +26,7 @@ class Role(models.TextChoices):
     LEAD = "lead", "Tenant lead"
 
 
-class JobClass(models.TextChoices):
+class RunClass(models.TextChoices):
     GUARANTEED = "guaranteed", "Guaranteed"  # inside the tenant's guarantee; never preempted
     OPPORTUNISTIC = "opportunistic", "Opportunistic"  # borrowing; may be throttled or preempted
 

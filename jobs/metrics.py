@@ -9,7 +9,7 @@ from jobs.choices import JobState
 from jobs.models import Allocation, Job, Notification
 from jobs.services.lifecycle import IGNORED_REPORTS_KEY
 from jobs.services import leadership
-from jobs.services.cycle import BACKOFF_KEY, STATS_KEY
+from jobs.services.scheduling_loop import BACKOFF_KEY, STATS_KEY
 from jobs.services.notifications import ERRORS_KEY as NOTIFICATION_ERRORS_KEY
 from monitoring.services.redis_client import get_redis
 

@@ -7,7 +7,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
-from jobs.choices import JobClass, JobEventKind, JobState, Role
+from jobs.choices import RunClass, JobEventKind, JobState, Role
 
 
 class Tenant(models.Model):
@@ -158,7 +158,7 @@ class Job(models.Model):
     array = models.ForeignKey(JobArray, on_delete=models.CASCADE, null=True, blank=True, related_name="tasks")
     array_index = models.PositiveIntegerField(null=True, blank=True)
 
-    run_class = models.CharField(max_length=16, choices=JobClass.choices, blank=True,
+    run_class = models.CharField(max_length=16, choices=RunClass.choices, blank=True,
                                  help_text="How it was admitted when placed.")
     reserved_since = models.DateTimeField(null=True, blank=True, help_text="When its gang reservation began.")
     preempt_count = models.PositiveSmallIntegerField(default=0)

@@ -7,7 +7,7 @@ from jobs.services import job_logs
 from jobs.services import node_health
 from jobs.services import notifications
 from jobs.services.agent_events import consume_events
-from jobs.services.cycle import run_scheduling_cycle
+from jobs.services.scheduling_loop import run_scheduling_cycle
 from monitoring.services.redis_client import get_redis
 
 

@@ -30,7 +30,7 @@ from jobs.filtersets import JobFilter
 from jobs.forms import SubmitForm
 from jobs.models import Job, Membership, Tenant
 from jobs.services.submission import NotCancellable, TooManyWaiting, cancel_job, submit_array, submit_job, tenants_of
-from jobs.services.usage import queue_positions
+from jobs.services.gpu_usage import queue_positions
 
 
 def visible_jobs(user):

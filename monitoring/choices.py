@@ -3,7 +3,7 @@
 from django.db import models
 
 
-class NodeState(models.TextChoices):
+class NodeHealth(models.TextChoices):
     UP = "UP", "Up"
     LOST = "LOST", "Lost"  # heartbeat expired; its jobs were requeued
 

@@ -7,7 +7,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agents import protocol
-from monitoring.choices import AlertKind, NodeState
+from monitoring.choices import AlertKind, NodeHealth
 from monitoring.models import Alert, Gpu, Node
 from monitoring.services import fanin, ingest, live
 from monitoring.services.dead_letters import dead_letter_count
@@ -28,7 +28,7 @@ class ClusterCollector(Collector):
         client = get_redis()
         nodes = GaugeMetricFamily("colony_nodes", "Nodes by state", labels=["state"])
         counts = dict(Node.objects.values_list("state").annotate(n=Count("id")))
-        for state in NodeState.values:
+        for state in NodeHealth.values:
             nodes.add_metric([state], counts.get(state, 0))
         yield nodes
 

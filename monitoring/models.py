@@ -5,7 +5,7 @@ Jobs are referred to by id only (``job_id``): this app never imports ``jobs``.
 
 from django.db import models
 
-from monitoring.choices import AlertKind, NodeState, Resolution
+from monitoring.choices import AlertKind, NodeHealth, Resolution
 
 
 class Node(models.Model):
@@ -13,7 +13,7 @@ class Node(models.Model):
     hostname = models.CharField(max_length=255, blank=True)
     backend = models.CharField(max_length=32, blank=True, help_text="nvml or simulated")
     agent_version = models.CharField(max_length=32, blank=True)
-    state = models.CharField(max_length=8, choices=NodeState.choices, default=NodeState.UP)
+    state = models.CharField(max_length=8, choices=NodeHealth.choices, default=NodeHealth.UP)
     state_changed_at = models.DateTimeField(null=True, blank=True)
     cordoned = models.BooleanField(default=False, help_text="Cordoned nodes get no new jobs.")
     rack = models.CharField(max_length=63, blank=True, help_text="Placement prefers gangs within one rack.")

@@ -6,7 +6,7 @@ import factory
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from jobs.choices import JobClass, JobState
+from jobs.choices import RunClass, JobState
 from jobs.models import Allocation, Job, Membership, Tenant
 from monitoring.models import Gpu, GpuRollup, Node
 
@@ -77,7 +77,7 @@ class GpuFactory(factory.django.DjangoModelFactory):
     memory_mib = 81920
 
 
-def running_job(tenant, owner, gpus, *, run_class=JobClass.GUARANTEED, milli=1000, **fields):
+def running_job(tenant, owner, gpus, *, run_class=RunClass.GUARANTEED, milli=1000, **fields):
     job = JobFactory(tenant=tenant, owner=owner, state=JobState.RUNNING, run_class=run_class, gpus=len(gpus),
                      gpu_milli=milli, **fields)
     for gpu in gpus:

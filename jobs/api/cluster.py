@@ -21,7 +21,7 @@ from rest_framework.response import Response
 from cluster_ui.api import tenancy
 from jobs.api.tenants import TenantSerializer
 from jobs.models import Job
-from jobs.services.usage import gpu_counts, occupants, queue_stats
+from jobs.services.gpu_usage import gpu_counts, occupants, queue_stats
 from jobs.services.usage_report import tenant_rows
 from jobs.services.visibility import OTHER_TENANT, open_alerts, visible_job_ids
 from monitoring.models import Gpu

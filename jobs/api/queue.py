@@ -14,12 +14,12 @@ from rest_framework.response import Response
 
 from cluster_ui.api import tenancy
 from jobs.api.serializers import PendingReasonSerializer
-from jobs.choices import JobClass, JobState
+from jobs.choices import RunClass, JobState
 from jobs.filtersets import JobFilter
 from jobs.models import Job
 from jobs.services.eta import eta_seconds
 from jobs.services.eta_accuracy import eta_accuracy
-from jobs.services.usage import queue_positions
+from jobs.services.gpu_usage import queue_positions
 
 
 JOB_FILTER_PARAMETERS = [
@@ -49,7 +49,7 @@ class QueueEntrySerializer(serializers.ModelSerializer):
     queue_position = serializers.SerializerMethodField(help_text="1 = next in its tenant's queue (pending only).")
     queue_length = serializers.SerializerMethodField(help_text="Pending jobs in its tenant's queue.")
     nodes = serializers.SerializerMethodField(help_text="Nodes it holds GPUs on now.")
-    run_class = serializers.ChoiceField(JobClass.choices, allow_blank=True, read_only=True,
+    run_class = serializers.ChoiceField(RunClass.choices, allow_blank=True, read_only=True,
                                         help_text="How it was admitted when placed; empty until then.")
 
     class Meta:
@@ -76,7 +76,7 @@ class QueueEntrySerializer(serializers.ModelSerializer):
 
 
 @extend_schema_view(get=extend_schema(parameters=JOB_FILTER_PARAMETERS))
-class QueueView(tenancy.ListAPIView):
+class QueueAPIView(tenancy.ListAPIView):
     """Jobs you may see, newest first, each with its place in the queue and why it waits."""
 
     queryset = Job.objects.all()

@@ -15,7 +15,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from agents import protocol
-from jobs.choices import TERMINAL_STATES, JobClass, JobEventKind, JobState
+from jobs.choices import TERMINAL_STATES, RunClass, JobEventKind, JobState
 from jobs.models import CodeArchive, Job
 from jobs.scheduling.reasons import ReasonCode
 from jobs.services import arrays, roles
@@ -101,7 +101,7 @@ class JobSerializer(serializers.ModelSerializer):
                                 help_text="The job's timeline, oldest first: each attempt placed, started, "
                                           "stopped and why, back in the queue, finished.")
     # Declared so the schema says what the model allows: blank until the job is placed.
-    run_class = serializers.ChoiceField(JobClass.choices, allow_blank=True, read_only=True,
+    run_class = serializers.ChoiceField(RunClass.choices, allow_blank=True, read_only=True,
                                         help_text="How it was admitted when placed; empty until then.")
     eta_s = serializers.SerializerMethodField(help_text="Pending: seconds until it is likely to start, when the "
                                                         "scheduler can tell.")

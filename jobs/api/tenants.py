@@ -13,7 +13,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from cluster_ui.api import tenancy
-from jobs.services.usage import TenantNow
+from jobs.services.gpu_usage import TenantNow
 from jobs.services.usage_report import MAX_REPORT_DAYS, tenant_rows, usage_rows
 
 
@@ -88,7 +88,7 @@ class UsageQuery(serializers.Serializer):
     tenant = serializers.CharField(required=False)
 
 
-class UsageView(tenancy.APIView):
+class UsageAPIView(tenancy.APIView):
     cluster_wide = True
 
     @extend_schema(

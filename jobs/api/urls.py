@@ -5,8 +5,8 @@ from rest_framework.routers import DefaultRouter
 
 from jobs.api.cluster import ClusterView, JobMetricsView, OccupancyView
 from jobs.api.code import CodeUploadView
-from jobs.api.queue import EtaAccuracyView, QueueView
-from jobs.api.tenants import TenantViewSet, UsageView
+from jobs.api.queue import EtaAccuracyView, QueueAPIView
+from jobs.api.tenants import TenantViewSet, UsageAPIView
 from jobs.api.views import JobViewSet
 
 # DefaultRouter for its ``.json`` format suffixes; the index at /api/v1/ is the project's.
@@ -17,10 +17,10 @@ router.register("tenants", TenantViewSet, basename="tenant")
 
 urlpatterns = [
     path("code/", CodeUploadView.as_view(), name="api-code"),
-    path("queue/", QueueView.as_view(), name="api-queue"),
+    path("queue/", QueueAPIView.as_view(), name="api-queue"),
     path("eta-accuracy/", EtaAccuracyView.as_view(), name="api-eta-accuracy"),
     path("cluster/", ClusterView.as_view(), name="api-cluster"),
-    path("usage/", UsageView.as_view(), name="api-usage"),
+    path("usage/", UsageAPIView.as_view(), name="api-usage"),
     path("metrics/occupancy/", OccupancyView.as_view(), name="api-occupancy"),
     path("jobs/<int:pk>/metrics/", JobMetricsView.as_view(), name="api-job-metrics"),
     path("", include("jobs.api.notifications")),

@@ -1,7 +1,7 @@
 """The pure scheduler core: a frozen cluster snapshot in, typed decisions out.
 
 No Django, no Redis, no clock: ``now`` is an argument. The production loop
-(``jobs.services.cycle``) and the trace-replay simulator drive the same functions.
+(``jobs.services.scheduling_loop``) and the trace-replay simulator drive the same functions.
 
 Map: ``snapshot`` + ``config`` (inputs) -> ``cycle.decide`` (the passes, with what they change in
 ``cycle_state.CycleState`` and what they reuse in ``cycle_state.Memo``) using ``capacity`` (indexed

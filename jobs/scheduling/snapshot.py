@@ -1,6 +1,6 @@
 """Frozen inputs of the scheduler core: what the cluster has, what runs on it, and what is waiting.
 
-The service layer (``jobs.services.snapshot``) fills these from the database and Redis; the
+The service layer (``jobs.services.snapshot_loader``) fills these from the database and Redis; the
 trace-replay simulator fills them from its virtual cluster. Nothing here computes anything beyond
 trivial derived properties, and nothing here may import Django, Redis or the clock.
 

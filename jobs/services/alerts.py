@@ -35,7 +35,7 @@ from jobs.choices import JobState
 from jobs.models import Allocation, Job, NotificationSettings
 from jobs.services import notifications
 from jobs.services.notifications import EMAIL, WEBHOOK, Message, Refused, TryAgain
-from monitoring.choices import AlertKind, NodeState, Resolution
+from monitoring.choices import AlertKind, NodeHealth, Resolution
 from monitoring.models import Alert, GpuRollup, JobUsage
 from monitoring.services import live
 from monitoring.services.alerts import alert_opened, alert_resolved, raise_alert, resolve, resolve_cooled
@@ -131,7 +131,7 @@ def _memory_over_request() -> int:
 
 def _resolve_nodes_back() -> int:
     # A lost node comes back by re-registering or heartbeating again; either way it is UP.
-    back = list(Alert.objects.filter(kind=AlertKind.NODE_LOST, resolved_at__isnull=True, node__state=NodeState.UP)
+    back = list(Alert.objects.filter(kind=AlertKind.NODE_LOST, resolved_at__isnull=True, node__state=NodeHealth.UP)
                 .values_list("pk", flat=True))
     return resolve(AlertKind.NODE_LOST, pk__in=back) if back else 0
 

@@ -19,7 +19,7 @@ from django.db.models import BooleanField, ExpressionWrapper, Q, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from jobs.choices import TERMINAL_STATES, JobClass, JobState
+from jobs.choices import TERMINAL_STATES, RunClass, JobState
 from jobs.models import Allocation, Job
 from jobs.scheduling import Decisions
 from jobs.scheduling.decisions import Throttle
@@ -39,7 +39,7 @@ def apply_decisions(decisions: Decisions) -> Applied:
     now = timezone.now()
     with transaction.atomic():
         placed = lifecycle.place_many(list(decisions.placements), now, {
-            place.job_id: JobClass.OPPORTUNISTIC if place.job_class == "opportunistic" else JobClass.GUARANTEED
+            place.job_id: RunClass.OPPORTUNISTIC if place.job_class == "opportunistic" else RunClass.GUARANTEED
             for place in decisions.placements})
         preempted = sum(lifecycle.begin_preempt(p.job_id, p.message) for p in decisions.preemptions)
         throttled = _throttle(decisions.throttles)

@@ -13,7 +13,7 @@ from jobs.models import Allocation, Job
 from jobs.scheduling.decisions import NodeSlice, Rendezvous
 from jobs.scheduling.topology import rendezvous_of
 from jobs.services.commands import send_launch
-from jobs.services.config import scheduler_config
+from jobs.services.scheduler_config import scheduler_config
 from monitoring.models import Node
 
 

@@ -1,5 +1,5 @@
 """Scheduler leadership: a lease row in the database with an epoch, and the fence every decision
-transaction passes through. Nothing here decides anything; :mod:`jobs.services.cycle` uses it.
+transaction passes through. Nothing here decides anything; :mod:`jobs.services.scheduling_loop` uses it.
 
 Why a lease row and not a PostgreSQL advisory lock: an advisory lock belongs to a database
 session, and a scheduler stopped by SIGSTOP, a long GC pause or a frozen VM keeps its session

@@ -39,7 +39,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs.choices import JobClass, JobEventKind, JobState
+from jobs.choices import RunClass, JobEventKind, JobState
 from jobs.models import Allocation, Job, JobDependency, JobEvent
 from jobs.scheduling import reasons
 from jobs.scheduling.decisions import Place
@@ -442,7 +442,7 @@ def begin_cancel(job_id: int) -> str:
 @transaction.atomic
 def begin_preempt(job_id: int, message: str) -> bool:
     """Stop an opportunistic job to make room; it returns to the queue once every node stopped it."""
-    if not Job.objects.filter(pk=job_id, state__in=LIVE, run_class=JobClass.OPPORTUNISTIC).update(
+    if not Job.objects.filter(pk=job_id, state__in=LIVE, run_class=RunClass.OPPORTUNISTIC).update(
         state=JobState.PREEMPTING, preempt_count=F("preempt_count") + 1, pending_reason=reasons.preempted(message).as_dict(),
     ):
         return False

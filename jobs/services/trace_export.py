@@ -16,7 +16,7 @@ from jobs.choices import TERMINAL_STATES
 from jobs.models import Job, Tenant
 from jobs.scheduling.simulate.trace import NodeSpec, Trace, TraceJob
 from jobs.scheduling.snapshot import TenantQuota
-from jobs.services.snapshot import intra_node_bandwidth
+from jobs.services.snapshot_loader import intra_node_bandwidth
 from monitoring.models import Gpu, JobUsage, Node
 
 

@@ -4,7 +4,7 @@ reader's), GPU-hours per tenant per UTC day."""
 from __future__ import annotations
 
 from jobs.services.submission import tenants_of
-from jobs.services.usage import TenantNow, gpu_hours_by_day, tenants_now
+from jobs.services.gpu_usage import TenantNow, gpu_hours_by_day, tenants_now
 
 MAX_REPORT_DAYS = 92
 

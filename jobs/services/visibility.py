@@ -8,7 +8,7 @@ overview's open alerts and on the node page's GPU holders.
 from __future__ import annotations
 
 from jobs.models import Job
-from jobs.services.usage import live_holders
+from jobs.services.gpu_usage import live_holders
 from monitoring.choices import AlertKind
 from monitoring.models import Alert
 from monitoring.services.gpu_holders import GpuHolder

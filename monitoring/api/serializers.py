@@ -7,11 +7,11 @@ from dataclasses import asdict
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from monitoring.choices import NodeState
+from monitoring.choices import NodeHealth
 from monitoring.models import Gpu, Node
 
 
-@extend_schema_field({"type": "string", "pattern": f"^({'|'.join(NodeState.values)})$", "readOnly": True})
+@extend_schema_field({"type": "string", "pattern": f"^({'|'.join(NodeHealth.values)})$", "readOnly": True})
 class NodeStateField(serializers.CharField):
     """A pattern, not an enum: drf-spectacular would name an enum ``StateEnum`` and collide with the
     job ``state`` enum (ENUM_NAME_OVERRIDES in SPECTACULAR_SETTINGS would be the other way)."""

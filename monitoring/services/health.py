@@ -17,7 +17,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from agents.protocol import heartbeat_key
-from monitoring.choices import NodeState
+from monitoring.choices import NodeHealth
 from monitoring.models import Node
 from monitoring.services.registry import inventory_changed
 
@@ -56,15 +56,15 @@ def silent_nodes(client: redis.Redis) -> list[Node]:
     """UP nodes whose heartbeat expired: candidates to be marked LOST. None while Redis is new."""
     if redis_seen_for(client) < settings.COLONY_REDIS_RESTART_GRACE_S:
         return []
-    candidates = list(Node.objects.filter(state=NodeState.UP, registered_at__lt=timezone.now() - _registration_grace()))
+    candidates = list(Node.objects.filter(state=NodeHealth.UP, registered_at__lt=timezone.now() - _registration_grace()))
     alive = live_node_names(client, [node.name for node in candidates])
     return [node for node in candidates if node.name not in alive]
 
 
 def mark_lost(node: Node) -> bool:
     """UP -> LOST; False if someone else already did (so the caller requeues only once)."""
-    lost = bool(Node.objects.filter(pk=node.pk, state=NodeState.UP).update(
-        state=NodeState.LOST, state_changed_at=timezone.now()
+    lost = bool(Node.objects.filter(pk=node.pk, state=NodeHealth.UP).update(
+        state=NodeHealth.LOST, state_changed_at=timezone.now()
     ))
     if lost:
         inventory_changed()  # its GPUs no longer count at submission
@@ -73,10 +73,10 @@ def mark_lost(node: Node) -> bool:
 
 def revive_heartbeating(client: redis.Redis) -> list[str]:
     """LOST nodes heartbeating again (a hung agent recovered without re-registering) -> UP."""
-    lost = list(Node.objects.filter(state=NodeState.LOST).values_list("name", flat=True))
+    lost = list(Node.objects.filter(state=NodeHealth.LOST).values_list("name", flat=True))
     back = sorted(live_node_names(client, lost))
     if back:
-        Node.objects.filter(name__in=back, state=NodeState.LOST).update(state=NodeState.UP,
+        Node.objects.filter(name__in=back, state=NodeHealth.LOST).update(state=NodeHealth.UP,
                                                                          state_changed_at=timezone.now())
         inventory_changed()  # submissions that need its GPUs are accepted again at once
     return back

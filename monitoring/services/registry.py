@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from agents import protocol, signing
 from agents.protocol import NodeRegistered
-from monitoring.choices import AlertKind, NodeState
+from monitoring.choices import AlertKind, NodeHealth
 from monitoring.models import Alert, Gpu, Node
 from monitoring.services.redis_client import get_redis
 
@@ -110,8 +110,8 @@ def register_node(message: NodeRegistered) -> Node:
             "registered_at": now,
         },
     )
-    if node.state != NodeState.UP:
-        Node.objects.filter(pk=node.pk).update(state=NodeState.UP, state_changed_at=now)
+    if node.state != NodeHealth.UP:
+        Node.objects.filter(pk=node.pk).update(state=NodeHealth.UP, state_changed_at=now)
         node.refresh_from_db()
     Gpu.objects.filter(node=node).exclude(uuid__in=reported).update(present=False)
     for uuid, info in reported.items():
@@ -218,7 +218,7 @@ def present_gpu_groups() -> list[tuple[int, str, int, int]]:
     """(node id, model, memory MiB, GPUs) of the present GPUs of online nodes: one row per group."""
     # order_by(): the default ordering (node name, GPU index) would join nodes and, in a DISTINCT
     # or GROUP BY, split the groups back into one row per GPU.
-    return list(Gpu.objects.filter(present=True).exclude(node__state=NodeState.LOST).order_by()
+    return list(Gpu.objects.filter(present=True).exclude(node__state=NodeHealth.LOST).order_by()
                 .values_list("node_id", "model", "memory_mib").annotate(gpus=Count("pk")))
 
 

@@ -12,7 +12,7 @@ import pytest
 from agents import protocol
 from jobs.services import lifecycle
 from jobs.services.agent_events import consume_events
-from jobs.services.cycle import run_scheduling_cycle
+from jobs.services.scheduling_loop import run_scheduling_cycle
 from jobs.services.submission import requeue_job, submit_job
 from tests.browser.conftest import VIEWPORT
 from tests.factories import PASSWORD, GpuFactory, MembershipFactory, NodeFactory, TenantFactory, UserFactory

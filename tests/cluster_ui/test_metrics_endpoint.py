@@ -83,7 +83,7 @@ def test_metrics_show_notifications_by_state_and_the_events_that_could_not_be_re
 
 
 def test_metrics_say_how_the_scheduling_loop_runs(client, db, live_redis):
-    from jobs.services.cycle import run_scheduling_cycle
+    from jobs.services.scheduling_loop import run_scheduling_cycle
 
     _, families = scrape(client)
     assert families["colony_scheduler_cycles"].samples[0].value == 0

@@ -9,7 +9,7 @@ import sys
 import pytest
 from rest_framework.test import APIClient
 
-from monitoring.choices import NodeState
+from monitoring.choices import NodeHealth
 from monitoring.models import GpuRollup, JobRollup, Node
 from tests.e2e.conftest import wait_for
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
@@ -63,7 +63,7 @@ def test_killed_node_is_lost_its_job_requeued_once_and_run_when_it_returns(stack
         os.killpg(pgid, signal.SIGKILL)
     doomed.wait()
 
-    wait_for(lambda: Node.objects.get(name="doomed").state == NodeState.LOST, timeout=30, what="LOST")
+    wait_for(lambda: Node.objects.get(name="doomed").state == NodeHealth.LOST, timeout=30, what="LOST")
     requeued = wait_for(lambda: (j := job(api, job_id))["state"] == "PENDING" and j, what="requeue")
     assert requeued["requeue_count"] == 1
     assert all(a["released_at"] for a in requeued["allocations"])
@@ -71,7 +71,7 @@ def test_killed_node_is_lost_its_job_requeued_once_and_run_when_it_returns(stack
     stack.start_agent("doomed", "1xT4-16GB")
     back = wait_for(lambda: (j := job(api, job_id))["state"] == "RUNNING" and j, timeout=40,
                     what="the job to run again when the node is back")
-    assert Node.objects.get(name="doomed").state == NodeState.UP
+    assert Node.objects.get(name="doomed").state == NodeHealth.UP
     assert back["requeue_count"] == 1
     assert api.post(f"/api/v1/jobs/{job_id}/cancel/").status_code == 200
     wait_for(lambda: job(api, job_id)["state"] == "CANCELLED", timeout=30, what="cancel")

@@ -41,7 +41,7 @@ def pause_when_armed() -> None:
     """In a scheduler process: the first cycle that places something after the file
     ``COLONY_TEST_PAUSE_ARM`` appears (whichever process claims it: unlinking is atomic) writes
     what it decided to ``COLONY_TEST_PAUSE_REPORT`` and stops itself at ``COLONY_TEST_PAUSE_AT``."""
-    from jobs.services import cycle
+    from jobs.services import scheduling_loop as cycle
 
     arm, report, point = (os.environ[f"COLONY_TEST_PAUSE_{name}"] for name in ("ARM", "REPORT", "AT"))
 

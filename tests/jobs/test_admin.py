@@ -2,7 +2,7 @@
 
 import pytest
 
-from jobs.choices import JobClass, JobState
+from jobs.choices import RunClass, JobState
 from jobs.models import Job, QuotaChange, Tenant
 from monitoring.models import Node
 from tests.factories import JobFactory, TenantFactory, running_job
@@ -51,7 +51,7 @@ def test_quota_edit_in_the_list_is_audited(admin, vision, nlp):
 
 def test_tenant_list_shows_usage_against_quota(admin, alice, vision, cluster):
     running_job(vision, alice, [cluster["a1/0"], cluster["a1/1"]])
-    running_job(vision, alice, [cluster["a1/2"]], milli=500, run_class=JobClass.OPPORTUNISTIC)
+    running_job(vision, alice, [cluster["a1/2"]], milli=500, run_class=RunClass.OPPORTUNISTIC)
     page = admin.get("/admin/jobs/tenant/").content.decode()
     assert "2 + 0.5 / 4 / 8 GPUs" in page
 

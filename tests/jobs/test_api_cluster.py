@@ -5,9 +5,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs.choices import JobClass, JobState
+from jobs.choices import RunClass, JobState
 from jobs.models import Allocation, Job
-from monitoring.choices import NodeState
+from monitoring.choices import NodeHealth
 from monitoring.models import Node
 from tests.factories import JobFactory, TenantFactory, at, running_job
 
@@ -20,16 +20,16 @@ def vision(db):
 
 def test_gpu_counts_busy_shared_idle_lost(cluster, alice, charlie, vision, nlp, api):
     running_job(vision, alice, [cluster["a1/0"], cluster["a1/1"]])
-    running_job(vision, alice, [cluster["a1/2"]], milli=500, run_class=JobClass.OPPORTUNISTIC)
-    running_job(nlp, charlie, [cluster["a1/2"]], milli=500, run_class=JobClass.OPPORTUNISTIC)
-    Node.objects.filter(name="v1").update(state=NodeState.LOST)
+    running_job(vision, alice, [cluster["a1/2"]], milli=500, run_class=RunClass.OPPORTUNISTIC)
+    running_job(nlp, charlie, [cluster["a1/2"]], milli=500, run_class=RunClass.OPPORTUNISTIC)
+    Node.objects.filter(name="v1").update(state=NodeHealth.LOST)
     gpus = api(charlie).get("/api/v1/cluster/").json()["gpus"]
     assert gpus == {"total": 6, "busy": 3, "shared": 1, "idle": 1, "lost": 2, "cordoned_idle": 0}
 
 
 def test_tenants_against_quota_are_visible_to_everyone(cluster, alice, charlie, vision, nlp, api):
     running_job(vision, alice, [cluster["a1/0"], cluster["a1/1"]])
-    running_job(vision, alice, [cluster["a1/2"]], milli=250, run_class=JobClass.OPPORTUNISTIC)
+    running_job(vision, alice, [cluster["a1/2"]], milli=250, run_class=RunClass.OPPORTUNISTIC)
     JobFactory(tenant=vision, owner=alice)
     tenants = {t["slug"]: t for t in api(charlie).get("/api/v1/tenants/").json()}
     assert tenants["vision"]["guaranteed_gpus"] == 4 and tenants["vision"]["max_gpus"] == 8
@@ -65,7 +65,7 @@ def test_usage_report_splits_classes_days_and_fractions(cluster, alice, charlie,
     day1 = timezone.now().date() - timedelta(days=2)  # day 2 is yesterday: wholly past
     evening = at(f"{day1.isoformat()}T23:00:00")
     guaranteed = running_job(vision, alice, [cluster["a1/0"], cluster["a1/1"]])
-    borrowed = running_job(nlp, charlie, [cluster["a1/2"]], milli=500, run_class=JobClass.OPPORTUNISTIC)
+    borrowed = running_job(nlp, charlie, [cluster["a1/2"]], milli=500, run_class=RunClass.OPPORTUNISTIC)
     # 2 GPUs from 23:00 to 01:00 (1 h each side of midnight); half a GPU from 22:00 to 01:00.
     Allocation.objects.filter(job=guaranteed).update(created_at=evening, released_at=evening + timedelta(hours=2))
     Allocation.objects.filter(job=borrowed).update(created_at=evening - timedelta(hours=1),

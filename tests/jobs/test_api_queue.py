@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from jobs.choices import JobClass, JobState
+from jobs.choices import RunClass, JobState
 from jobs.models import Job
 from tests.factories import running_job
 from tests.factories import JobFactory, UserFactory
@@ -32,7 +32,7 @@ def test_pending_jobs_carry_their_place_in_the_tenant_queue(alice, bob, vision, 
 
 
 def test_running_job_shows_class_and_nodes_and_no_position(cluster, alice, vision, api):
-    job = running_job(vision, alice, [cluster["a1/0"], cluster["v1/1"]], run_class=JobClass.OPPORTUNISTIC)
+    job = running_job(vision, alice, [cluster["a1/0"], cluster["v1/1"]], run_class=RunClass.OPPORTUNISTIC)
     entry = by_id(api(alice).get(URL))[job.pk]
     assert entry["run_class"] == "opportunistic"
     assert entry["nodes"] == ["a1", "v1"]

@@ -8,10 +8,10 @@ import pytest
 from django.utils import timezone
 
 from agents import protocol
-from jobs.choices import JobClass, JobState
+from jobs.choices import RunClass, JobState
 from jobs.models import Allocation, JobProfile
 from jobs.services.agent_events import consume_events
-from jobs.services.cycle import run_scheduling_cycle
+from jobs.services.scheduling_loop import run_scheduling_cycle
 from monitoring.models import JobUsage
 from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
 
@@ -51,7 +51,7 @@ def test_launch_carries_the_jobs_env_class_attempt_and_runtime_limit(node4, redi
     assert launch.command_id == f"launch-{job.pk}-1"  # the first placement is attempt 1
     assert launch.max_runtime_s == 90  # the node enforces it
     job.refresh_from_db()
-    assert job.run_class == JobClass.GUARANTEED and job.attempt == 1
+    assert job.run_class == RunClass.GUARANTEED and job.attempt == 1
 
 
 def test_over_guarantee_work_runs_opportunistic(node4, django_capture_on_commit_callbacks):
@@ -59,7 +59,7 @@ def test_over_guarantee_work_runs_opportunistic(node4, django_capture_on_commit_
     job = JobFactory(gpus=2, tenant=borrower)
     cycle(django_capture_on_commit_callbacks)
     job.refresh_from_db()
-    assert (job.state, job.run_class) == (JobState.PLACED, JobClass.OPPORTUNISTIC)
+    assert (job.state, job.run_class) == (JobState.PLACED, RunClass.OPPORTUNISTIC)
 
 
 def test_guaranteed_tenant_reclaims_from_a_borrower_who_is_requeued(node4, redis_client,
@@ -67,7 +67,7 @@ def test_guaranteed_tenant_reclaims_from_a_borrower_who_is_requeued(node4, redis
     borrower = JobFactory(gpus=4, tenant=TenantFactory(slug="nlp", guaranteed_gpus=0, max_gpus=4))
     cycle(django_capture_on_commit_callbacks)
     borrower.refresh_from_db()
-    assert borrower.run_class == JobClass.OPPORTUNISTIC
+    assert borrower.run_class == RunClass.OPPORTUNISTIC
     owed = JobFactory(gpus=4, tenant=TenantFactory(slug="vision", guaranteed_gpus=4, max_gpus=4))
     cycle(django_capture_on_commit_callbacks)
     borrower.refresh_from_db()
@@ -79,7 +79,7 @@ def test_guaranteed_tenant_reclaims_from_a_borrower_who_is_requeued(node4, redis
     assert borrower.state == JobState.PENDING
     cycle(django_capture_on_commit_callbacks)
     owed.refresh_from_db()
-    assert (owed.state, owed.run_class) == (JobState.PLACED, JobClass.GUARANTEED)
+    assert (owed.state, owed.run_class) == (JobState.PLACED, RunClass.GUARANTEED)
     relaunch = JobFactory._meta.model.objects.get(pk=borrower.pk)
     assert relaunch.state == JobState.PENDING
 
@@ -182,7 +182,7 @@ def test_a_throttle_to_zero_suspends_the_job_and_the_next_one_resumes_it(node4, 
     from jobs.scheduling.decisions import Decisions, Throttle, ThrottleReason
     from jobs.services.apply import apply_decisions
 
-    borrower = JobFactory(gpus=1, state=JobState.RUNNING, run_class=JobClass.OPPORTUNISTIC)
+    borrower = JobFactory(gpus=1, state=JobState.RUNNING, run_class=RunClass.OPPORTUNISTIC)
     Allocation.objects.create(job=borrower, gpu=node4.gpus.get(index=0), duty_cycle=0.1)
     for duty in (0.0, 0.1):
         with django_capture_on_commit_callbacks(execute=True):
@@ -217,7 +217,7 @@ def test_a_command_that_cannot_be_sent_does_not_stop_the_others(db, redis_client
 
 
 def test_live_job_figures_count_only_from_the_nodes_the_job_runs_on(node4, redis_client):
-    from jobs.services.snapshot import build_snapshot
+    from jobs.services.snapshot_loader import build_snapshot
     from monitoring.services import live
 
     job = JobFactory(gpus=1, state=JobState.RUNNING)

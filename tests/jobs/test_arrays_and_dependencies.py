@@ -10,7 +10,7 @@ from jobs.choices import JobState
 from jobs.models import Job, JobEvent, Notification, NotificationSettings
 from jobs.services.agent_events import consume_events
 from jobs.services.arrays import parse
-from jobs.services.cycle import run_scheduling_cycle
+from jobs.services.scheduling_loop import run_scheduling_cycle
 from jobs.services.submission import cancel_job
 from tests.factories import GpuFactory, JobFactory, NodeFactory
 

@@ -11,7 +11,7 @@ import pytest
 from agents import protocol
 from jobs.models import Job
 from jobs.services import code
-from jobs.services.cycle import run_scheduling_cycle
+from jobs.services.scheduling_loop import run_scheduling_cycle
 from monitoring.models import Node
 from tests.factories import GpuFactory, MembershipFactory, NodeFactory, TenantFactory, UserFactory
 

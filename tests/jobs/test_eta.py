@@ -8,7 +8,7 @@ from django.utils import timezone
 from agents import protocol
 from jobs.choices import JobState
 from jobs.models import Allocation
-from jobs.services.cycle import run_scheduling_cycle
+from jobs.services.scheduling_loop import run_scheduling_cycle
 from tests.factories import GpuFactory, JobFactory, MembershipFactory, NodeFactory, UserFactory
 
 

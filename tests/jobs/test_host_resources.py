@@ -8,7 +8,7 @@ import pytest
 from agents import protocol
 from agents.protocol import GpuInfo, NodeRegistered
 from jobs.models import Job
-from jobs.services.cycle import run_scheduling_cycle
+from jobs.services.scheduling_loop import run_scheduling_cycle
 from monitoring.models import Node
 from monitoring.services.registry import register_node
 

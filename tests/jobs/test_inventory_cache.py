@@ -14,7 +14,7 @@ from django.utils import timezone
 from agents.protocol import GpuInfo, NodeRegistered, heartbeat_key
 from jobs.models import Job
 from jobs.services import node_health
-from monitoring.choices import NodeState
+from monitoring.choices import NodeHealth
 from monitoring.models import Gpu, Node
 from monitoring.services import health, registry
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
@@ -100,7 +100,7 @@ def test_a_silent_writer_is_seen_within_the_maximum_age(transactional_db, live_r
     """QuerySet.update sends no signal (monitoring.services.health revives nodes that way): the
     inventory is reread at least every INVENTORY_MAX_AGE_S."""
     registry.register_node(registration("a", 4))
-    Node.objects.filter(name="a").update(state=NodeState.LOST)
+    Node.objects.filter(name="a").update(state=NodeHealth.LOST)
     assert registry.cluster_inventory().total_gpus in (0, 4)
     monkeypatch.setattr(registry, "INVENTORY_MAX_AGE_S", 0.0)
     assert registry.cluster_inventory().total_gpus == 0
@@ -109,7 +109,7 @@ def test_a_silent_writer_is_seen_within_the_maximum_age(transactional_db, live_r
 def test_a_redis_that_lost_the_version_makes_every_process_reload(transactional_db, live_redis, redis_client):
     registry.register_node(registration("a", 4))
     assert registry.cluster_inventory().total_gpus == 4
-    Node.objects.filter(name="a").update(state=NodeState.LOST)  # unannounced
+    Node.objects.filter(name="a").update(state=NodeHealth.LOST)  # unannounced
     redis_client.flushall()
     assert registry.cluster_inventory().total_gpus == 0
 
@@ -118,14 +118,14 @@ def test_without_redis_the_inventory_is_read_from_the_database(transactional_db,
     settings.REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens on the discard port
     registry.register_node(registration("a", 4))
     assert registry.cluster_inventory().total_gpus == 4
-    Node.objects.filter(name="a").update(state=NodeState.LOST)
+    Node.objects.filter(name="a").update(state=NodeHealth.LOST)
     assert registry.cluster_inventory().total_gpus == 0
 
 
 def test_inside_a_transaction_the_inventory_is_never_kept(db, live_redis):
     registry.register_node(registration("a", 4))
     assert registry.cluster_inventory().total_gpus == 4
-    Node.objects.filter(name="a").update(state=NodeState.LOST)
+    Node.objects.filter(name="a").update(state=NodeHealth.LOST)
     assert registry.cluster_inventory().total_gpus == 0
 
 

@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from agents import protocol
 from jobs.choices import JobState
 from jobs.models import Allocation, Job, SchedulerLease
-from jobs.services import cycle as cycle_module
+from jobs.services import scheduling_loop as cycle_module
 from jobs.services import leadership
-from jobs.services.cycle import STATS_KEY, run_scheduling_cycle
+from jobs.services.scheduling_loop import STATS_KEY, run_scheduling_cycle
 from tests.factories import GpuFactory, JobFactory, NodeFactory
 
 LEASE_S = 30.0
@@ -103,7 +103,7 @@ def test_while_another_process_holds_the_lease_this_one_places_nothing(online_no
 def test_an_expired_lease_is_taken_over_logged_and_counted(online_node, redis_client, caplog):
     other_holds(epoch=7, expires_in_s=-1)  # its holder stopped mid-cycle and never handed it back
     JobFactory(gpus=1)
-    with caplog.at_level(logging.WARNING, logger="jobs.services.cycle"):
+    with caplog.at_level(logging.WARNING, logger="jobs.services.scheduling_loop"):
         assert run_scheduling_cycle().placed == 1
     assert SchedulerLease.objects.get().epoch == 8
     assert "taken over from standby-host:4242:feedbeef" in caplog.text
@@ -125,7 +125,7 @@ def test_the_fence_refuses_a_cycle_whose_lease_was_taken_over_while_it_decided(
         return decisions
 
     monkeypatch.setattr(cycle_module, "decide", decide_then_stall)
-    with caplog.at_level(logging.WARNING, logger="jobs.services.cycle"), \
+    with caplog.at_level(logging.WARNING, logger="jobs.services.scheduling_loop"), \
             django_capture_on_commit_callbacks(execute=True) as callbacks:
         result = run_scheduling_cycle()
     assert (result.ran, result.fenced, result.placed) == (False, True, 0)

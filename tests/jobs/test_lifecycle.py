@@ -15,7 +15,7 @@ from jobs.choices import JobState
 from jobs.models import Allocation, Job
 from jobs.services import lifecycle
 from jobs.services.agent_events import consume_events
-from jobs.services.cycle import run_scheduling_cycle
+from jobs.services.scheduling_loop import run_scheduling_cycle
 from jobs.services.node_health import check_node_health
 from jobs.services.submission import NotCancellable, cancel_job, requeue_job
 from monitoring.models import Node

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Job, JobArray, JobDependency, JobProfile, Tenant
-from jobs.services import snapshot
-from jobs.services.snapshot import build_snapshot
+from jobs.services import snapshot_loader as snapshot
+from jobs.services.snapshot_loader import build_snapshot
 from monitoring.models import Gpu
 from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
 

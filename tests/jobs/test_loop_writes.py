@@ -9,13 +9,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from agents import protocol
-from jobs.choices import JobClass, JobState
+from jobs.choices import RunClass, JobState
 from jobs.models import Allocation, Job
 from jobs.scheduling.decisions import Decisions, NodeSlice, Pending, Place, Throttle, ThrottleReason
 from jobs.scheduling.reasons import PendingReason, ReasonCode
 from jobs.services import apply
 from jobs.services.apply import apply_decisions
-from jobs.services.cycle import run_scheduling_cycle
+from jobs.services.scheduling_loop import run_scheduling_cycle
 from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
 
 
@@ -126,12 +126,12 @@ def test_throttles_take_a_bounded_number_of_queries_and_tell_each_node_once(node
                                                                             django_capture_on_commit_callbacks):
     borrowers = []
     for i in range(4):
-        job = JobFactory(state=JobState.RUNNING, run_class=JobClass.OPPORTUNISTIC)
+        job = JobFactory(state=JobState.RUNNING, run_class=RunClass.OPPORTUNISTIC)
         Allocation.objects.create(job=job, gpu=node4.gpus.get(index=i), duty_cycle=1.0 if i else 0.0)
         borrowers.append(job)
     already = borrowers[3]
     Allocation.objects.filter(job=already).update(duty_cycle=0.5)
-    ended = JobFactory(state=JobState.SUCCEEDED, run_class=JobClass.OPPORTUNISTIC)
+    ended = JobFactory(state=JobState.SUCCEEDED, run_class=RunClass.OPPORTUNISTIC)
     throttles = tuple(Throttle(j.pk, 0.5, ThrottleReason.GPU_SATURATED) for j in [*borrowers, ended])
     with CaptureQueriesContext(connection) as captured, django_capture_on_commit_callbacks(execute=True):
         applied = apply_decisions(Decisions(throttles=throttles))

@@ -11,7 +11,7 @@ from jobs.choices import JobState
 from jobs.models import Allocation
 from jobs.services.agent_events import consume_events
 from jobs.services.node_health import check_node_health
-from monitoring.choices import AlertKind, NodeState
+from monitoring.choices import AlertKind, NodeHealth
 from monitoring.models import Alert, Node
 from monitoring.services import live
 from tests.factories import GpuFactory, JobFactory, NodeFactory
@@ -40,7 +40,7 @@ def test_silent_node_is_lost_and_its_job_requeued_once(running_on_n1, redis_clie
     assert running_on_n1.pending_reason["code"] == "node_lost"
     assert "node n1 stopped responding" in running_on_n1.pending_reason["message"]
     assert not Allocation.objects.filter(job=running_on_n1, released_at__isnull=True).exists()
-    assert Node.objects.get(name="n1").state == NodeState.LOST
+    assert Node.objects.get(name="n1").state == NodeHealth.LOST
     assert Alert.objects.filter(kind=AlertKind.NODE_LOST, resolved_at__isnull=True).count() == 1
 
 
@@ -80,7 +80,7 @@ def test_returning_node_stops_the_stale_process_and_its_exit_does_not_touch_the_
         node="n1", gpus=gpus, backend="simulated", agent_version="0.1.0", hostname="h",
         running_jobs=[running_on_n1.pk])))
     consume_events(redis_client)
-    assert Node.objects.get(name="n1").state == NodeState.UP
+    assert Node.objects.get(name="n1").state == NodeHealth.UP
     assert [c.job_id for c in stop_commands(redis_client)] == [running_on_n1.pk]
     # The old process's exit report must not finish the requeued job.
     redis_client.xadd(protocol.EVENTS_STREAM, protocol.encode(protocol.JobExited(
@@ -104,7 +104,7 @@ def test_lost_node_that_heartbeats_again_is_revived(running_on_n1, redis_client)
     check_node_health(redis_client)
     redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=10)
     assert check_node_health(redis_client)["revived"] == ["n1"]
-    assert Node.objects.get(name="n1").state == NodeState.UP
+    assert Node.objects.get(name="n1").state == NodeHealth.UP
 
 
 def test_a_node_that_reports_no_attempts_has_a_job_it_stops_reporting_requeued_after_the_grace(

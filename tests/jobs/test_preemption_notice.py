@@ -11,7 +11,7 @@ from agents import protocol
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from jobs.services.agent_events import consume_events
-from jobs.services.cycle import run_scheduling_cycle
+from jobs.services.scheduling_loop import run_scheduling_cycle
 from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
 
 

@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from agents import protocol
 from jobs.choices import JobState, Role
 from jobs.models import Job, Membership
-from jobs.services.cycle import run_scheduling_cycle
+from jobs.services.scheduling_loop import run_scheduling_cycle
 from tests.factories import GpuFactory, JobFactory, MembershipFactory, NodeFactory, UserFactory
 
 JOB = {"command": ["python", "train.py"], "gpus": 1}

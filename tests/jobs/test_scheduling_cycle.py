@@ -6,7 +6,7 @@ import pytest
 from agents import protocol
 from jobs.choices import JobState
 from jobs.models import Allocation
-from jobs.services.cycle import LOCK_KEY, run_scheduling_cycle
+from jobs.services.scheduling_loop import LOCK_KEY, run_scheduling_cycle
 from tests.factories import GpuFactory, JobFactory, NodeFactory
 
 
@@ -90,7 +90,7 @@ def test_cancelled_job_is_not_placed(online_node):
 def test_database_outage_pauses_the_loop_with_a_doubling_backoff_then_resumes(online_node, redis_client, monkeypatch):
     from django.db import OperationalError
 
-    from jobs.services import cycle as cycle_module
+    from jobs.services import scheduling_loop as cycle_module
 
     def unreachable(client):
         raise OperationalError("could not connect to server")

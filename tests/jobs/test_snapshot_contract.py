@@ -5,9 +5,9 @@ number of queries however long the queue."""
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs.choices import JobClass, JobState
+from jobs.choices import RunClass, JobState
 from jobs.models import Allocation, JobArray, JobDependency
-from jobs.services.snapshot import build_snapshot
+from jobs.services.snapshot_loader import build_snapshot
 from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
 
 
@@ -46,7 +46,7 @@ def test_nodes_carry_their_runtimes_and_running_jobs_checkpoints_and_array(db, r
     array = JobArray.objects.create(tenant=tenant, owner=JobFactory(tenant=tenant).owner, name="sweep", spec="0-1",
                                     size=2)
     job = JobFactory(tenant=tenant, state=JobState.RUNNING, checkpoints=True, array=array, array_index=0,
-                     run_class=JobClass.OPPORTUNISTIC)
+                     run_class=RunClass.OPPORTUNISTIC)
     Allocation.objects.create(job=job, gpu=gpu)
 
     snapshot = build_snapshot(redis_client)

@@ -6,7 +6,7 @@ models and memory, than ``max_nodes`` nodes hold, or more memory than the wanted
 import pytest
 
 from jobs.models import Job
-from monitoring.choices import NodeState
+from monitoring.choices import NodeHealth
 from monitoring.models import Node
 from tests.factories import GpuFactory, NodeFactory
 
@@ -85,7 +85,7 @@ def test_max_nodes_counts_only_gpus_that_fit(api, alice, inventory):
 
 
 def test_a_lost_node_does_not_count(api, alice, inventory):
-    Node.objects.filter(name="small").update(state=NodeState.LOST)
+    Node.objects.filter(name="small").update(state=NodeHealth.LOST)
     message = refused(api(alice).post(URL, {**JOB, "gpus": 9}, format="json"), "gpus")
     assert message == "The cluster has 8 GPUs; 9 can never be granted."
     refused(api(alice).post(URL, {**JOB, "gpus": 1, "gpu_models": ["V100-32GB"]}, format="json"), "gpu_models")

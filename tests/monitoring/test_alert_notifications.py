@@ -17,7 +17,7 @@ from agents import protocol
 from jobs.models import NotificationSettings
 from jobs.services import alerts as job_alerts
 from jobs.services import notifications
-from monitoring.choices import AlertKind, NodeState
+from monitoring.choices import AlertKind, NodeHealth
 from monitoring.models import Alert, Gpu
 from monitoring.services import alerts
 from monitoring.services.dead_letters import dead_letter
@@ -160,13 +160,13 @@ def test_evaluation_resolves_a_lost_node_that_is_back(operator, node_n1, telling
     subscribe(operator, events=["alert:node_lost"])
     monkeypatch.setattr(job_alerts, "resolve_cooled", lambda *a: 0)  # no live GPU readings here
     telling(alerts.node_lost, node_n1)
-    node_n1.state = NodeState.LOST
+    node_n1.state = NodeHealth.LOST
     node_n1.save(update_fields=["state"])
 
     telling(job_alerts.evaluate)
     assert len(mail.outbox) == 1  # still lost
 
-    node_n1.state = NodeState.UP
+    node_n1.state = NodeHealth.UP
     node_n1.save(update_fields=["state"])
     telling(job_alerts.evaluate)
 

@@ -80,19 +80,19 @@ def populate_cluster(redis_client) -> None:
     from jobs.choices import JobState
     from jobs.models import Notification
     from jobs.services import lifecycle, notifications
-    from monitoring.choices import NodeState
+    from monitoring.choices import NodeHealth
     from monitoring.services import fanin
     from monitoring.services.ingest import Ingestor
     from tests.factories import GpuFactory, JobFactory, NodeFactory
     from tests.monitoring.conftest import place_job
 
-    from jobs.services.cycle import run_scheduling_cycle
+    from jobs.services.scheduling_loop import run_scheduling_cycle
 
     run_scheduling_cycle()  # the loop's series exist once a cycle ran
     node = NodeFactory(name="n1")
     for index in (0, 1):
         GpuFactory(node=node, index=index, uuid=f"GPU-n1-{index}", model="A100-80GB")
-    NodeFactory(name="n2", state=NodeState.LOST)
+    NodeFactory(name="n2", state=NodeHealth.LOST)
     # An id far above the sequence: JobFactory below must not be handed the same one (PostgreSQL
     # sequences do not roll back with a test, so a small id collided once other tests had run).
     running = place_job(RUNNING_JOB, "n1", 0)

@@ -13,9 +13,9 @@ from agents import protocol, signing
 from jobs.choices import JobState
 from jobs.models import Allocation, Job, JobProfile
 from jobs.services.agent_events import consume_events
-from jobs.services.cycle import run_scheduling_cycle
+from jobs.services.scheduling_loop import run_scheduling_cycle
 from jobs.services.profiles import record_profile
-from jobs.services.snapshot import build_snapshot
+from jobs.services.snapshot_loader import build_snapshot
 from monitoring.models import JobUsage
 from monitoring.services.ingest import Ingestor
 from tests.factories import GpuFactory, JobFactory, NodeFactory

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.authtoken.models import Token
 
-from jobs.choices import JobClass, JobState
+from jobs.choices import RunClass, JobState
 from jobs.models import Allocation
 from tests.factories import GpuFactory, JobFactory, MembershipFactory, NodeFactory, TenantFactory, UserFactory
 
@@ -19,7 +19,7 @@ def researcher(db):
     charlie = MembershipFactory(user=UserFactory(username="charlie"), tenant=nlp).user
     node = NodeFactory(name="a1", rack="r1")
     gpus = [GpuFactory(node=node, index=i, uuid=f"GPU-a1-{i}") for i in range(2)]
-    running = JobFactory(tenant=vision, owner=alice, state=JobState.RUNNING, run_class=JobClass.GUARANTEED)
+    running = JobFactory(tenant=vision, owner=alice, state=JobState.RUNNING, run_class=RunClass.GUARANTEED)
     Allocation.objects.create(job=running, gpu=gpus[0], gpu_milli=1000)
     JobFactory(tenant=vision, owner=alice)
     JobFactory(tenant=nlp, owner=charlie)

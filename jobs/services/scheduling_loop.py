@@ -24,9 +24,9 @@ from django.utils import timezone
 from jobs.scheduling import Decisions, decide
 from jobs.services import leadership
 from jobs.services.apply import apply_decisions, resend_stops, resend_unstarted_launches
-from jobs.services.config import scheduler_config
+from jobs.services.scheduler_config import scheduler_config
 from jobs.services.fair_share import advance_usage
-from jobs.services.snapshot import build_snapshot
+from jobs.services.snapshot_loader import build_snapshot
 from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from django.db import connection
 from django.db.models import F, FloatField, Func, Q, TextField
 from django.db.models.functions import Cast, Coalesce
 
-from jobs.choices import JobClass as JobClassChoice
+from jobs.choices import RunClass
 from jobs.choices import TERMINAL_STATES, JobState
 from jobs.models import Allocation, Job, JobDependency, JobProfile, Membership, Tenant
 from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, NodeState, TenantQuota, UserLimit
@@ -271,7 +271,7 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str], gpu_memory: di
         profile = profiles.get((tenant_id, profile_key)) if profile_key else None
         running.append(RunningJob(
             id=job_id, tenant=slugs[tenant_id],
-            job_class=JobClass.OPPORTUNISTIC if run_class == JobClassChoice.OPPORTUNISTIC else JobClass.GUARANTEED,
+            job_class=JobClass.OPPORTUNISTIC if run_class == RunClass.OPPORTUNISTIC else JobClass.GUARANTEED,
             gpu_ids=tuple(held),
             started_at=_seconds(started_at),
             memory_mib=_memory_estimate(peaks.get(job_id), memory_limit_mib, gpu_memory_mib, profile,

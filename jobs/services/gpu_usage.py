@@ -20,9 +20,9 @@ from datetime import date, datetime, time, timedelta, timezone as dt_timezone
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from jobs.choices import JobClass, JobState
+from jobs.choices import RunClass, JobState
 from jobs.models import Allocation, Job, Tenant
-from monitoring.choices import NodeState
+from monitoring.choices import NodeHealth
 from monitoring.models import Gpu
 
 WHOLE_GPU_MILLI = 1000
@@ -53,7 +53,7 @@ def gpu_counts() -> GpuCounts:
         "id", "node__state", "node__cordoned"
     ):
         total += 1
-        if node_state == NodeState.LOST:
+        if node_state == NodeHealth.LOST:
             lost += 1
         elif holders[gpu_id]:
             busy += 1
@@ -88,7 +88,7 @@ def tenants_now() -> list[TenantNow]:
         row = rows.get(tenant_id)
         if row is None:
             continue
-        if run_class == JobClass.OPPORTUNISTIC:
+        if run_class == RunClass.OPPORTUNISTIC:
             row.opportunistic_gpus_used += milli / WHOLE_GPU_MILLI
         else:
             row.guaranteed_gpus_used += milli / WHOLE_GPU_MILLI
@@ -188,7 +188,7 @@ def gpu_hours_by_day(days: int, now: datetime | None = None, tenant_slugs: list[
             row = table.get((day, slug))
             if row is None:
                 continue
-            if run_class == JobClass.OPPORTUNISTIC:
+            if run_class == RunClass.OPPORTUNISTIC:
                 row.opportunistic_gpu_hours += seconds / 3600 * share
             else:
                 row.guaranteed_gpu_hours += seconds / 3600 * share
