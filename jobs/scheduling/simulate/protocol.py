@@ -132,7 +132,7 @@ def windows_table(document: dict, baseline: str = "fifo_exclusive") -> str:
         for interference, level in entry["levels"].items():
             lines.append(f"  interference {float(interference):.2f} per co-resident")
             lines.append(f"  {'policy':24s}" + "".join(f"{label:>22s}" for label, _, _ in WINDOW_FIGURES)
-                         + f"{'JCT / ' + baseline:>18s}")
+                         + f"{'avg JCT / ' + baseline:>28s}")
             base = level.get(baseline, {}).get("avg JCT (h)", {}).get("median")
             for name, figures in level.items():
                 cells = []
@@ -142,7 +142,7 @@ def windows_table(document: dict, baseline: str = "fifo_exclusive") -> str:
                     cells.append(f"{_cell(spread, scale, digits):>22s}")
                 mine = figures["avg JCT (h)"]["median"]
                 ratio = f"x{mine / base:.3f}" if base and mine is not None else "-"
-                lines.append(f"  {name:24s}" + "".join(cells) + f"{ratio:>18s}")
+                lines.append(f"  {name:24s}" + "".join(cells) + f"{ratio:>28s}")
         if entry["synthetic"]:
             lines.append(f"  JCT, queueing and fairness of sharing policies rest on synthetic {'; '.join(entry['synthetic'])}"
                          " and on the interference level; exclusive policies' do not")
