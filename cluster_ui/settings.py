@@ -252,6 +252,8 @@ COLONY_REDIS_RESTART_GRACE_S = env_float("COLONY_REDIS_RESTART_GRACE_S", 30.0)
 COLONY_ALERT_TEMPERATURE_C = env_float("COLONY_ALERT_TEMPERATURE_C", 85.0)
 COLONY_IDLE_GPU_MINUTES = env_float("COLONY_IDLE_GPU_MINUTES", 30.0)
 COLONY_IDLE_GPU_UTIL_PERCENT = env_float("COLONY_IDLE_GPU_UTIL_PERCENT", 5.0)
+# How often tenants' idle-GPU policies are applied (jobs/services/idle_reclaim.py): steps are minutes apart.
+COLONY_IDLE_RECLAIM_INTERVAL_S = env_float("COLONY_IDLE_RECLAIM_INTERVAL_S", 60.0)
 COLONY_ROLLUP_RETENTION_10S_HOURS = env_float("COLONY_ROLLUP_RETENTION_10S_HOURS", 24.0)
 COLONY_ROLLUP_RETENTION_1M_DAYS = env_float("COLONY_ROLLUP_RETENTION_1M_DAYS", 30.0)
 # Bearer token Prometheus must send to /metrics; empty means /metrics is open (bind it privately).
@@ -279,6 +281,11 @@ CELERY_BEAT_SCHEDULE.update({
     "compact-rollups": {"task": "monitoring.tasks.compact_rollups", "schedule": 60.0, "options": {"expires": 55}},
     "prune-rollups": {"task": "monitoring.tasks.prune_rollups", "schedule": 600.0, "options": {"expires": 590}},
     "evaluate-alerts": {"task": "jobs.tasks.evaluate_alerts", "schedule": 30.0, "options": {"expires": 28}},
+    "reclaim-idle-gpus": {
+        "task": "jobs.tasks.reclaim_idle_gpus",
+        "schedule": COLONY_IDLE_RECLAIM_INTERVAL_S,
+        "options": {"expires": COLONY_IDLE_RECLAIM_INTERVAL_S * 0.9},
+    },
 })
 
 # ---------------------------------------------------------------- notifications (jobs/services/notifications.py)

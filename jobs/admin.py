@@ -74,6 +74,11 @@ class TenantAdmin(admin.ModelAdmin):
         ("Quota", {"fields": ("guaranteed_gpus", "max_gpus", "weight"),
                    "description": "Changes are recorded in the audit trail below."}),
         ("Usage", {"fields": ("usage", "decayed_usage", "usage_updated_at")}),
+        ("Idle GPUs", {"fields": ("idle_notify_minutes", "idle_opportunistic_minutes", "idle_suspend_minutes",
+                                  "idle_requeue_minutes", "idle_util_percent"),
+                       "description": "Minutes a running job's GPUs have all been idle before each step; empty "
+                                      "turns a step off (all empty: no policy). A suspended job keeps its GPU "
+                                      "memory until it is requeued."}),
     )
     inlines = [MembershipInline, QuotaChangeInline]
 

@@ -40,3 +40,4 @@ class JobEventKind(models.TextChoices):
     STOPPING = "stopping", "Stopping"  # told to stop: cancel, preemption, operator requeue, time out
     REQUEUED = "requeued", "Back in the queue"
     FINISHED = "finished", "Finished"
+    IDLE = "idle", "Idle"  # a step of its tenant's idle-GPU policy: warned, made opportunistic, suspended

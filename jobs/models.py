@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
@@ -19,6 +20,25 @@ class Tenant(models.Model):
     max_gpus = models.PositiveIntegerField(default=0, help_text="Borrowing ceiling, guaranteed included.")
     weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.01)],
                                help_text="Share of spare capacity relative to other tenants.")
+    # Idle-GPU reclaim (jobs/services/idle_reclaim.py), like Run:ai's idle-GPU timeout: minutes a
+    # running job's GPUs have all been idle before each step; empty turns that step off.
+    idle_notify_minutes = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Idle this long: its owner is warned. Empty: no warning.")
+    idle_opportunistic_minutes = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Idle this long: a guaranteed job becomes opportunistic (keeps running, may be packed or "
+                  "preempted; the tenant's guarantee frees). Empty: never.")
+    idle_suspend_minutes = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Idle this long: its processes are stopped (SIGSTOP); its GPU memory stays held. "
+                  "Needs a later requeue step. Empty: never.")
+    idle_requeue_minutes = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Idle this long: it is stopped and put back in the queue (its GPUs freed). Empty: never.")
+    idle_util_percent = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(100.0)],
+        help_text="A GPU under this utilisation is idle. Empty: COLONY_IDLE_GPU_UTIL_PERCENT.")
     # GPU-seconds of recent use, decayed with a half-life: the fair-share order of borrowers.
     decayed_usage = models.FloatField(default=0.0)
     usage_updated_at = models.DateTimeField(null=True, blank=True)
@@ -33,6 +53,13 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    def clean(self) -> None:
+        from jobs.services.idle_reclaim import policy_problems  # the policy's rules live with the policy
+
+        problems = policy_problems(self)
+        if problems:
+            raise ValidationError(problems)
 
 
 class MembershipQuerySet(models.QuerySet):

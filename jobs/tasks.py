@@ -76,3 +76,12 @@ def purge_unused_code() -> int:
     from jobs.services import code
 
     return code.purge_unused()
+
+
+# One beat at a time is enough; a second worker running it at once takes no step twice (the
+# lifecycle's idle steps lock the job's row and check the step was not taken in this spell).
+@shared_task(ignore_result=True)
+def reclaim_idle_gpus() -> dict:
+    from jobs.services import idle_reclaim
+
+    return idle_reclaim.reclaim()

@@ -167,6 +167,10 @@ class JobDetailView(LoginRequiredMixin, DetailView):
             queue_position=positions.get(job.pk, (None, None)),
             eta_s=eta_seconds(job),
         )
+        from jobs.services import idle_reclaim  # only the job page and API ask
+
+        idle = idle_reclaim.idle_state(job)
+        context.update(idle=idle, idle_text=idle_reclaim.describe(idle) if idle else "")
         return context
 
 

@@ -111,6 +111,9 @@ class JobSerializer(serializers.ModelSerializer):
     dependencies = serializers.SerializerMethodField(help_text='Jobs it waits for: [{"job": 41, "kind": "ok"}].')
     preemptions = serializers.IntegerField(source="preempt_count", read_only=True)
     cpus = serializers.SerializerMethodField(help_text="CPU cores it asked for (whole job).")
+    idle = serializers.SerializerMethodField(
+        help_text="Running with all its GPUs idle under its tenant's idle policy: {since, minutes, done, next_step, "
+                  "next_at, upcoming: [{step, minutes, at}]}; null otherwise.")
 
     class Meta:
         model = Job
@@ -123,7 +126,7 @@ class JobSerializer(serializers.ModelSerializer):
             "state", "run_class", "pending_reason", "allocations", "events", "attempt", "requeue_count",
             "preempt_count",
             "peak_gpu_memory_mib", "exit_code", "error", "output_tail", "submitted_at", "placed_at",
-            "started_at", "finished_at",
+            "started_at", "finished_at", "idle",
         ]
         read_only_fields = fields
 
@@ -141,6 +144,13 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_eta_s(self, job) -> float | None:
         return eta_seconds(job)
+
+    @extend_schema_field({"type": "object", "nullable": True})
+    def get_idle(self, job) -> dict | None:
+        from jobs.services import idle_reclaim
+
+        idle = idle_reclaim.idle_state(job)
+        return None if idle is None else idle.as_dict()
 
     def get_dependencies(self, job) -> list[dict]:
         return [{"job": d.on_id, "kind": d.kind} for d in job.dependencies.all()]

@@ -528,3 +528,81 @@ def requeue_now(job_ids, reason: PendingReason, *, only_running: bool = False) -
         transaction.on_commit(lambda node=node, job_id=job_id, attempt=attempt:
                               send_stop(node, job_id, launch_id(job_id, attempt)))
     return requeued
+
+
+# ---------------------------------------------------------------- idle-GPU reclaim (jobs/services/idle_reclaim.py)
+
+# How each idle step's timeline entry begins: the reclaim service reads them back to take each
+# step once per idle spell.
+IDLE_STEP_WORDS = {"notify": "Warned: ", "opportunistic": "Made opportunistic: ", "suspend": "Suspended: "}
+
+
+def _idle_running(job_id: int, attempt: int):
+    """The job's row, locked, when it still runs ``attempt``; else None."""
+    return Job.objects.select_for_update().filter(pk=job_id, state=JobState.RUNNING, attempt=attempt).first()
+
+
+def _idle_step_taken(job_id: int, attempt: int, step: str, since: datetime) -> bool:
+    return JobEvent.objects.filter(job_id=job_id, attempt=attempt, kind=JobEventKind.IDLE, at__gte=since,
+                                   message__startswith=IDLE_STEP_WORDS[step]).exists()
+
+
+@transaction.atomic
+def idle_warn(job_id: int, attempt: int, since: datetime, figures: str, at: datetime) -> bool:
+    """Idle policy, first step: nothing changes but the owner is warned, once per idle spell
+    (``since``: when it began; ``at``: when it was judged, the timeline's time)."""
+    if _idle_running(job_id, attempt) is None or _idle_step_taken(job_id, attempt, "notify", since):
+        return False
+    _record(job_id, JobEventKind.IDLE, IDLE_STEP_WORDS["notify"] + figures, attempt=attempt, at=at)
+    _notify(job_id, "idle_warned")
+    return True
+
+
+@transaction.atomic
+def mark_opportunistic(job_id: int, attempt: int, since: datetime, figures: str, at: datetime) -> bool:
+    """Idle policy: a running guaranteed job becomes opportunistic (it keeps running and its GPUs;
+    it may now be packed next to, throttled or preempted, and its tenant's guarantee frees)."""
+    if _idle_running(job_id, attempt) is None:
+        return False
+    if not Job.objects.filter(pk=job_id, state=JobState.RUNNING, attempt=attempt,
+                              run_class=RunClass.GUARANTEED).update(run_class=RunClass.OPPORTUNISTIC):
+        return False
+    _record(job_id, JobEventKind.IDLE, IDLE_STEP_WORDS["opportunistic"] + figures
+            + " It keeps running, but may now be preempted.", attempt=attempt, at=at)
+    _notify(job_id, "idle_demoted")
+    return True
+
+
+@transaction.atomic
+def suspend_idle(job_id: int, attempt: int, since: datetime, figures: str, at: datetime) -> bool:
+    """Idle policy: stop a running job's processes (SIGSTOP, by a SuspendJob to each of its nodes),
+    once per idle spell. Its state and GPUs stay as they are: its GPU memory is still held. The
+    scheduler's allocations keep their duty cycle, so no throttle decision resumes it; the idle
+    policy's requeue (or a cancel) ends it."""
+    if _idle_running(job_id, attempt) is None or _idle_step_taken(job_id, attempt, "suspend", since):
+        return False
+    from jobs.services.commands import send_duty_cycle  # duty cycle 0 is the SuspendJob command
+
+    _record(job_id, JobEventKind.IDLE, IDLE_STEP_WORDS["suspend"] + figures
+            + " Its processes are stopped; its GPU memory stays held until it is requeued or cancelled.",
+            attempt=attempt, at=at)
+    for node in sorted(live_nodes(job_id)):
+        transaction.on_commit(lambda node=node: send_duty_cycle(node, job_id, 0.0))
+    _notify(job_id, "idle_suspended")
+    return True
+
+
+@transaction.atomic
+def requeue_idle(job_id: int, attempt: int, figures: str, at: datetime, *, idle_minutes: int) -> bool:
+    """Idle policy, last step: the running job is stopped (with its preemption notice) and goes
+    back to the queue, its GPUs freed once its nodes confirm."""
+    reason = PendingReason(reasons.ReasonCode.PREEMPTED, f"Requeued by its tenant's idle-GPU policy: {figures}",
+                           {"idle_minutes": idle_minutes})
+    if not Job.objects.filter(pk=job_id, state=JobState.RUNNING, attempt=attempt).update(
+        state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1, pending_reason=reason.as_dict(),
+    ):
+        return False
+    _record(job_id, JobEventKind.STOPPING, f"Requeued: {figures} Its nodes were told to stop it.", attempt=attempt, at=at)
+    _stop_on(job_id, live_nodes(job_id), notice=True)
+    _notify(job_id, "idle_requeued")
+    return True

@@ -54,11 +54,18 @@ SUCCEEDED, FAILED, PREEMPTED, TIMEOUT, CANCELLED, LONG_WAIT = (
 # What a user opts in to, for each event the lifecycle reports: a time-out is a failure to them.
 # Cancelled is missing on purpose: the user asked for it, there is nothing to tell.
 OPT_IN = {SUCCEEDED: SUCCEEDED, FAILED: FAILED, TIMEOUT: FAILED, PREEMPTED: PREEMPTED, LONG_WAIT: LONG_WAIT}
+# The steps of a tenant's idle-GPU policy (jobs/services/idle_reclaim.py), one opt-in for all; each
+# step is its own message (see _record's dedupe key).
+IDLE = "idle"
+IDLE_WARNED, IDLE_DEMOTED, IDLE_SUSPENDED, IDLE_REQUEUED = "idle_warned", "idle_demoted", "idle_suspended", "idle_requeued"
+IDLE_EVENTS = (IDLE_WARNED, IDLE_DEMOTED, IDLE_SUSPENDED, IDLE_REQUEUED)
+OPT_IN |= dict.fromkeys(IDLE_EVENTS, IDLE)
 EVENT_CHOICES = [
     (SUCCEEDED, "Job succeeded"),
     (FAILED, "Job failed or timed out"),
     (PREEMPTED, "Job preempted (stopped and put back in the queue)"),
     (LONG_WAIT, "Job waiting longer than my limit"),
+    (IDLE, "Job's GPUs idle (warned, made opportunistic, suspended or requeued by the tenant's policy)"),
 ]
 # Operators only. Dead letters are no Alert row (those need a node); jobs.services.alerts watches them.
 ALERT_PREFIX = "alert:"
@@ -188,7 +195,7 @@ def _record(job_id: int, event: str) -> list[int]:
     for channel in channels:
         # Keyed on the opt-in, not the event: a failed-then-timed-out attempt is one message.
         notification, made = Notification.objects.get_or_create(
-            dedupe_key=f"{job_id}:{row['attempt']}:{opt_in}:{channel}",
+            dedupe_key=f"{job_id}:{row['attempt']}:{event if opt_in == IDLE else opt_in}:{channel}",
             defaults={"user_id": row["owner_id"], "job_id": job_id, "event": event, "channel": channel},
         )
         if made:
@@ -472,7 +479,7 @@ def render(job: Job, event: str, since: datetime | None = None) -> Message:
         details.append(f"Exit code: {job.exit_code}")
     if job.error:
         details.append(f"Error: {job.error[:300]}")
-    if event in (LONG_WAIT, PREEMPTED) and job.pending_reason:
+    if event in (LONG_WAIT, PREEMPTED, IDLE_REQUEUED) and job.pending_reason:
         details.append(f"Waiting because: {job.pending_reason.get('message', '')}")
     output = _short_output(job.output_tail) if event != LONG_WAIT else ""
     return Message(title=f"job {job.pk} {name} {_headline(job, event, since)}",
@@ -488,6 +495,10 @@ def _headline(job: Job, event: str, since: datetime | None) -> str:
         return f"timed out (limit {job.max_runtime_s} s)" if job.max_runtime_s else "timed out"
     if event == PREEMPTED:
         return "was preempted and is back in the queue"
+    if event in IDLE_EVENTS:
+        return {IDLE_WARNED: "has left its GPUs idle", IDLE_DEMOTED: "left its GPUs idle and is now opportunistic",
+                IDLE_SUSPENDED: "left its GPUs idle and was suspended",
+                IDLE_REQUEUED: "left its GPUs idle and was put back in the queue"}[event]
     waited = (since or timezone.now()) - _waiting_since(job)
     return f"has waited {max(1, int(waited.total_seconds() // 60))} min in the queue"
 
