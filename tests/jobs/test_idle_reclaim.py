@@ -4,18 +4,27 @@ what comes next before it happens."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
+import psutil
 import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from agents import protocol, signing
+from agents.accounts import RunAsPolicy
+from agents.agent import Agent
+from agents.backends.simulated import SimulatedBackend
+from agents.runner import JobRunner
 from jobs.choices import JobEventKind, JobState, RunClass
 from jobs.models import Job, JobEvent, Notification, NotificationSettings
 from jobs.services import idle_reclaim
+from jobs.services.agent_events import consume_events
+from jobs.services.commands import send_launch
 from jobs.tasks import reclaim_idle_gpus
 from monitoring.models import GpuRollup
+from tests.agents.helpers import events, python, status, wait_for
 from tests.factories import running_job
 
 SECRET = "i" * 40
@@ -210,3 +219,38 @@ def test_a_policy_out_of_order_is_refused(vision, policy, field):
 def test_operators_set_the_policy_in_the_admin(vision, operator, web):
     page = web(operator).get(f"/admin/jobs/tenant/{vision.pk}/change/").content.decode()
     assert "Idle GPUs" in page and 'name="idle_suspend_minutes"' in page
+
+
+def test_a_real_agent_suspends_then_requeues_the_idle_job(idle_job, redis_client, redis_url, tmp_path,
+                                                          django_capture_on_commit_callbacks):
+    """End to end with a real agent holding a1's key: the suspend stops the job's process (SIGSTOP),
+    the requeue ends it, and its exit puts the job back in the queue."""
+    job, idle_from = idle_job
+    runner = JobRunner(tmp_path / "agent", duty_period=0.5, run_as=RunAsPolicy(allow_root=True))
+    agent = Agent("a1", SimulatedBackend("2xT4-16GB", "a1"), redis_url, runner, interval=0.1, heartbeat_ttl=5,
+                  shutdown_grace=1, key=signing.node_key(SECRET, "a1"))
+    halt = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(halt,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: events(redis_client, "node_registered"))
+        send_launch("a1", job.pk, python("import time\nwhile True: time.sleep(0.05)"), (0, 1), attempt=1)
+        [started] = wait_for(lambda: [e for e in events(redis_client, "job_started") if e.job_id == job.pk])
+
+        reclaim_at(django_capture_on_commit_callbacks, idle_from + timedelta(minutes=31))
+        wait_for(lambda: status(started.pid) == psutil.STATUS_STOPPED)
+        assert runner.duty_cycle(job.pk) == 0.0
+
+        reclaim_at(django_capture_on_commit_callbacks, idle_from + timedelta(minutes=61))
+        [exited] = wait_for(lambda: [e for e in events(redis_client, "job_exited") if e.job_id == job.pk], timeout=15)
+        assert exited.stopped and exited.launch_id == f"launch-{job.pk}-1"
+        assert redis_client.xlen(protocol.DEAD_LETTER_STREAM) == 0
+        with django_capture_on_commit_callbacks(execute=True):
+            consume_events(redis_client)
+    finally:
+        halt.set()
+        thread.join(10)
+        runner.close()
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and job.allocations.filter(released_at__isnull=True).count() == 0
+    assert job.events.filter(kind=JobEventKind.REQUEUED).exists()
