@@ -27,7 +27,7 @@ from jobs.scheduling import (  # noqa: E402
     ClusterSnapshot,
     GpuState,
     JobClass,
-    JobProfile,
+    RecordedProfile,
     JobRequest,
     NodeState,
     RunningJob,
@@ -136,7 +136,7 @@ def build_pending(rng: random.Random, count: int, tenants: list[TenantQuota]) ->
             memory = rng.choice([4 * GIB, 8 * GIB, 12 * GIB])
         profile = None
         if memory and rng.random() < 0.25:
-            profile = JobProfile(peak_memory_mib=int(memory * rng.uniform(0.3, 0.8)),
+            profile = RecordedProfile(peak_memory_mib=int(memory * rng.uniform(0.3, 0.8)),
                                  mean_utilisation=round(rng.uniform(0.1, 0.9), 2))
         models = rng.choices([frozenset(), frozenset({"V100M16", "V100M32"}), frozenset({"A100-80GB"})],
                              weights=[75, 15, 10])[0]

@@ -65,7 +65,7 @@ class NodeState:
 
 
 @dataclass(frozen=True, slots=True)
-class JobProfile:
+class RecordedProfile:
     """What a job with the same ``profile_key`` did when it ran before (after Nimble).
 
     Used instead of the request for packing: requests are usually inflated.
@@ -93,7 +93,7 @@ class JobRequest:
     opportunistic_only: bool = False
     # A guaranteed job that accepts another guaranteed job on its GPU.
     shareable: bool = False
-    profile: JobProfile | None = None
+    profile: RecordedProfile | None = None
     expected_runtime_s: float | None = None
     # 1 = single node only; None = as many as needed (fewest first).
     max_nodes: int | None = None

@@ -17,7 +17,7 @@ from jobs.choices import RunClass
 from jobs.choices import TERMINAL_STATES, JobState
 from jobs.models import Allocation, Job, JobDependency, JobProfile, Membership, Tenant
 from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, NodeState, TenantQuota, UserLimit
-from jobs.scheduling.snapshot import JobClass, JobProfile as CoreProfile, RunningJob
+from jobs.scheduling.snapshot import JobClass, RecordedProfile, RunningJob
 from monitoring.models import Gpu, JobUsage, Node
 from monitoring.services import live
 from monitoring.services.health import live_node_names
@@ -167,7 +167,7 @@ def _pending(largest_gpu_mib: int | None = None, slugs: dict[int, str] | None = 
         slugs = dict(Tenant.objects.values_list("id", "slug"))
     profiles = _profiles({(row[1], row[12]) for row in rows if row[12]})
     core_profiles = {
-        key: (CoreProfile(peak_memory_mib=_bounded(profile.peak_gpu_memory_mib, largest_gpu_mib),
+        key: (RecordedProfile(peak_memory_mib=_bounded(profile.peak_gpu_memory_mib, largest_gpu_mib),
                           mean_utilisation=profile.mean_util if profile.mean_util is not None else 1.0), profile)
         for key, profile in profiles.items()
     }
