@@ -203,13 +203,28 @@ class Reclaimer:
         if n == 1 or shape.max_nodes == 1:
             return None
         by_key = {o[1]: o for _, options in per_node for o in options}
-        candidates = [(node, [o[2] for o in options][: self._host_allows(node, shape, options)])
-                      for node, options in per_node]
-        candidates = [(node, gpus) for node, gpus in candidates if gpus]
-        choice = choose_nodes(candidates, n, shape.allreduce_bytes, self.config)
-        if choice is None or (shape.max_nodes is not None and len(choice) > shape.max_nodes):
-            return None
-        return [(gpu, by_key[gpu.key][3]) for _, gpus in choice for gpu in gpus]
+        # Spread over nodes, a gang still runs on GPUs of one model (see Placer._gang): each model
+        # is tried on its own, fewest nodes then least progress lost. A choice that evicts nobody
+        # and waits for nothing stopping is no reclaim: plain placement already said no to it.
+        best = None
+        for model_pools in self.placer.pools_by_model(self.placer.pools_for(shape)):
+            candidates = []
+            for node, options in per_node:
+                mine = [o for o in options if o[2].pool in model_pools]
+                mine = mine[: self._host_allows(node, shape, mine)]
+                if mine:
+                    candidates.append((node, [o[2] for o in mine]))
+            choice = choose_nodes(candidates, n, shape.allreduce_bytes, self.config)
+            if choice is None or (shape.max_nodes is not None and len(choice) > shape.max_nodes):
+                continue
+            picked = [by_key[gpu.key] for _, gpus in choice for gpu in gpus]
+            if not any(o[3] for o in picked) and not self._stopping(picked):
+                continue
+            lost = _total(self._progress(v) for v in {v.id: v for o in picked for v in o[3]}.values())
+            key = (len(choice), lost)
+            if best is None or key < best[0]:
+                best = (key, picked)
+        return None if best is None else [(o[2], o[3]) for o in best[1]]
 
     @staticmethod
     def _host_allows(node: NodeSlot, shape: Shape, options) -> int:

@@ -124,3 +124,21 @@ def test_borrower_is_reclaimed_then_the_owner_runs_next_cycle():
     second = cluster(node("a", gpus=2), tenants=OWNER_AND_BORROWER,
                      pending=[job(1, tenant="owner", gpus=2), job(2, tenant="borrower", gpus=2), job(9, tenant="borrower")])
     assert placed(decide(second, now=101)) == {1: "a"}
+
+
+def test_a_spread_gang_reclaims_gpus_of_one_model_and_never_waits_on_a_reclaim_of_nobody():
+    # The first gang takes two of n2's three Bs. The second must take the two As (evicting the
+    # borrower on n1), never "reclaim" the free A and the last free B, which it cannot use
+    # together (a gang runs on one model) and which no eviction would ever give it.
+    snapshot = cluster(node("n0", gpus=1, model="A", mem_gib=16, rack="r0"),
+                       node("n1", gpus=1, model="A", mem_gib=16, rack="r1"),
+                       node("n2", gpus=3, model="B", mem_gib=16, rack="r0"),
+                       tenants=[tenant("owner", guaranteed=4, max_gpus=4), tenant("borrower")],
+                       running=[running(9, on="n1", gpus=[0], tenant="borrower", opportunistic=True, mem_gib=16,
+                                        duty=0.1, started_at=500.0)],
+                       pending=[job(1, tenant="owner", gpus=2, submitted_at=1.0),
+                                job(2, tenant="owner", gpus=2, submitted_at=2.0)])
+    decisions = decide(snapshot, now=1002.0)
+    assert placed(decisions) == {1: "n2"}
+    assert preempted(decisions) == [9]
+    assert pending_of(decisions, 2).reason.details == {"needed_gpus": 2, "victims": 1}
