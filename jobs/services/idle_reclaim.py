@@ -191,7 +191,9 @@ def describe(idle: Idle) -> str:
     if idle.suspended:
         text += " and suspended (its processes are stopped; its GPU memory stays held)"
     if idle.upcoming:
-        text += "; " + ", ".join(f"at {step.minutes} min {step.will}" for step, _ in idle.upcoming)
+        # A step already due is taken by the next beat (within COLONY_IDLE_RECLAIM_INTERVAL_S).
+        text += "; " + ", ".join(f"at {step.minutes} min {step.will}" + (" (due now)" if step.minutes <= idle.minutes else "")
+                                 for step, _ in idle.upcoming)
     return text + "."
 
 

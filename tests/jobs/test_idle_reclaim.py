@@ -5,7 +5,7 @@ what comes next before it happens."""
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import psutil
 import pytest
@@ -182,17 +182,23 @@ def test_the_beat_task_does_nothing_without_a_policy(vision, alice, cluster, now
 
 def test_the_page_and_api_show_the_upcoming_steps(idle_job, alice, bob, charlie, web, api, now):
     job, idle_from = idle_job
-    # Idle 22 min by now: warned already (steps taken are not needed for the forecast).
+    # Idle 22 min by now, and the beat has not run yet: the steps already due say so.
     GpuRollup.objects.filter(bucket_start__lt=now - timedelta(minutes=22)).update(util_max=90.0)
-
     page = web(alice).get(f"/jobs/{job.pk}/").content.decode()
-    assert ("Idle for 22 min; at 10 min its owner is warned, at 20 min it becomes opportunistic (preemptible), "
-            "at 30 min it is suspended (GPU memory stays held), at 60 min it is requeued.") in page
+    assert ("Idle for 22 min; at 10 min its owner is warned (due now), at 20 min it becomes opportunistic "
+            "(preemptible) (due now), at 30 min it is suspended (GPU memory stays held), at 60 min it is requeued."
+            ) in page
 
-    body = api(bob).get(f"/api/v1/jobs/{job.pk}/").json()
-    idle = body["idle"]
-    assert idle["next_step"] == "notify" and idle["minutes"] == pytest.approx(22, abs=0.5)
-    assert [u["step"] for u in idle["upcoming"]] == ["notify", "opportunistic", "suspend", "requeue"]
+    reclaim_idle_gpus()  # the beat: warned and made opportunistic
+    page = web(alice).get(f"/jobs/{job.pk}/").content.decode()
+    assert ("Idle for 22 min; at 30 min it is suspended (GPU memory stays held), at 60 min it is requeued.") in page
+
+    idle = api(bob).get(f"/api/v1/jobs/{job.pk}/").json()["idle"]
+    assert idle["next_step"] == "suspend" and idle["minutes"] == pytest.approx(22, abs=0.5)
+    assert idle["done"] == ["notify", "opportunistic"]
+    assert [(u["step"], u["minutes"]) for u in idle["upcoming"]] == [("suspend", 30), ("requeue", 60)]
+    next_at = datetime.fromisoformat(idle["next_at"].replace("Z", "+00:00"))
+    assert abs(next_at - (now + timedelta(minutes=8))) <= timedelta(seconds=10)  # 30 min into a spell 22 min old
     assert api(charlie).get(f"/api/v1/jobs/{job.pk}/").status_code == 404
 
 
