@@ -192,8 +192,8 @@ def describe(idle: Idle) -> str:
         text += " and suspended (its processes are stopped; its GPU memory stays held)"
     if idle.upcoming:
         # A step already due is taken by the next beat (within COLONY_IDLE_RECLAIM_INTERVAL_S).
-        text += "; " + ", ".join(f"at {step.minutes} min {step.will}" + (" (due now)" if step.minutes <= idle.minutes else "")
-                                 for step, _ in idle.upcoming)
+        text += "; " + ", ".join(f"at {step.minutes} min {step.will}"
+                                 + (" (due now)" if step.minutes <= idle.minutes else "") for step, _ in idle.upcoming)
     return text + "."
 
 

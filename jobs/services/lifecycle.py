@@ -602,7 +602,8 @@ def requeue_idle(job_id: int, attempt: int, figures: str, at: datetime, *, idle_
         state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1, pending_reason=reason.as_dict(),
     ):
         return False
-    _record(job_id, JobEventKind.STOPPING, f"Requeued: {figures} Its nodes were told to stop it.", attempt=attempt, at=at)
+    _record(job_id, JobEventKind.STOPPING, f"Requeued: {figures} Its nodes were told to stop it.", attempt=attempt,
+            at=at)
     _stop_on(job_id, live_nodes(job_id), notice=True)
     _notify(job_id, "idle_requeued")
     return True

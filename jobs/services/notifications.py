@@ -57,7 +57,8 @@ OPT_IN = {SUCCEEDED: SUCCEEDED, FAILED: FAILED, TIMEOUT: FAILED, PREEMPTED: PREE
 # The steps of a tenant's idle-GPU policy (jobs/services/idle_reclaim.py), one opt-in for all; each
 # step is its own message (see _record's dedupe key).
 IDLE = "idle"
-IDLE_WARNED, IDLE_DEMOTED, IDLE_SUSPENDED, IDLE_REQUEUED = "idle_warned", "idle_demoted", "idle_suspended", "idle_requeued"
+IDLE_WARNED, IDLE_DEMOTED, IDLE_SUSPENDED, IDLE_REQUEUED = (
+    "idle_warned", "idle_demoted", "idle_suspended", "idle_requeued")
 IDLE_EVENTS = (IDLE_WARNED, IDLE_DEMOTED, IDLE_SUSPENDED, IDLE_REQUEUED)
 OPT_IN |= dict.fromkeys(IDLE_EVENTS, IDLE)
 EVENT_CHOICES = [

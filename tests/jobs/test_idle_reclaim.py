@@ -18,7 +18,7 @@ from agents.agent import Agent
 from agents.backends.simulated import SimulatedBackend
 from agents.runner import JobRunner
 from jobs.choices import JobEventKind, JobState, RunClass
-from jobs.models import Job, JobEvent, Notification, NotificationSettings
+from jobs.models import JobEvent, Notification, NotificationSettings
 from jobs.services import idle_reclaim
 from jobs.services.agent_events import consume_events
 from jobs.services.commands import send_launch
@@ -42,7 +42,8 @@ def fill(gpus, start, end, util):
 
 
 def commands(redis_client, node):
-    return [(fields, protocol.decode_command(fields)) for _id, fields in redis_client.xrange(protocol.command_stream(node))]
+    return [(fields, protocol.decode_command(fields))
+            for _id, fields in redis_client.xrange(protocol.command_stream(node))]
 
 
 @pytest.fixture
