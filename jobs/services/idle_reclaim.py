@@ -10,8 +10,10 @@ The steps, each optional (a tenant with none set is never looked at), in this or
 
 - ``notify``: the owner is warned (timeline + notification), nothing else changes;
 - ``opportunistic``: a guaranteed job becomes opportunistic: it keeps running, but may now be
-  packed next to, throttled or preempted, and its tenant's guarantee is free for other jobs. It
-  stays opportunistic for the rest of this attempt, even once busy again;
+  packed next to and throttled, its tenant's guarantee is free for the tenant's other jobs, and
+  it is among the first the scheduler reclaims from whenever its tenant holds more than its
+  guarantee (the core takes only from borrowers, youngest first). It stays opportunistic for the
+  rest of this attempt, even once busy again;
 - ``suspend``: its processes are stopped (SIGSTOP by its agent, as throttling does). Its GPU
   memory stays allocated: the GPUs are not free, but their compute is, for packed work. A stopped
   process cannot show it is busy again, so a suspended job stays suspended until the ``requeue``

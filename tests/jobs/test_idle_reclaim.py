@@ -18,14 +18,15 @@ from agents.agent import Agent
 from agents.backends.simulated import SimulatedBackend
 from agents.runner import JobRunner
 from jobs.choices import JobEventKind, JobState, RunClass
-from jobs.models import JobEvent, Notification, NotificationSettings
+from jobs.models import Job, JobEvent, Notification, NotificationSettings
 from jobs.services import idle_reclaim
 from jobs.services.agent_events import consume_events
 from jobs.services.commands import send_launch
+from jobs.services.scheduling_loop import run_scheduling_cycle
 from jobs.tasks import reclaim_idle_gpus
 from monitoring.models import GpuRollup
 from tests.agents.helpers import events, python, status, wait_for
-from tests.factories import running_job
+from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory, UserFactory, running_job
 
 SECRET = "i" * 40
 POLICY = dict(idle_notify_minutes=10, idle_opportunistic_minutes=20, idle_suspend_minutes=30, idle_requeue_minutes=60)
@@ -261,3 +262,34 @@ def test_a_real_agent_suspends_then_requeues_the_idle_job(idle_job, redis_client
     job.refresh_from_db()
     assert job.state == JobState.PENDING and job.allocations.filter(released_at__isnull=True).count() == 0
     assert job.events.filter(kind=JobEventKind.REQUEUED).exists()
+
+
+@pytest.mark.parametrize("policy, preempted", [({}, "busy"), (dict(idle_opportunistic_minutes=20), "idle")])
+def test_an_idle_job_made_opportunistic_is_what_the_scheduler_reclaims(
+        policy, preempted, db, redis_client, live_redis, django_capture_on_commit_callbacks):
+    """Through the real scheduling loop. ``borrowers`` (owed 2 GPUs) holds 4 of n1's: a guaranteed
+    job idle for 40 min and an opportunistic one busy for 3 h. ``owed`` needs 2 GPUs of its own
+    guarantee: the scheduler reclaims them from the borrower's opportunistic work. Without a policy
+    that is the busy job (the only one it may take); once the policy made the idle job
+    opportunistic, it is the idle one (youngest, least work lost), and the busy job runs on."""
+    capture = django_capture_on_commit_callbacks
+    node = NodeFactory(name="n1")
+    gpus = [GpuFactory(node=node, index=i) for i in range(4)]
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=60)
+    now = timezone.now()
+    borrowers = TenantFactory(slug="borrowers", guaranteed_gpus=2, max_gpus=4, **policy)
+    owner = UserFactory(username="dana")
+    jobs = {"idle": running_job(borrowers, owner, gpus[:2], started_at=now - timedelta(minutes=40)),
+            "busy": running_job(borrowers, owner, gpus[2:], run_class=RunClass.OPPORTUNISTIC,
+                                started_at=now - timedelta(hours=3))}
+    fill(gpus[:2], now - timedelta(minutes=40), now, 0.0)
+    fill(gpus[2:], now - timedelta(minutes=40), now, 95.0)
+    owed = JobFactory(gpus=2, tenant=TenantFactory(slug="owed", guaranteed_gpus=2, max_gpus=2))
+
+    with capture(execute=True):
+        reclaim_idle_gpus()
+        run_scheduling_cycle()
+    states = {name: Job.objects.get(pk=job.pk).state for name, job in jobs.items()}
+    assert states == {name: JobState.PREEMPTING if name == preempted else JobState.RUNNING for name in jobs}
+    owed.refresh_from_db()
+    assert owed.state == JobState.PENDING and owed.pending_reason["code"] == "reclaiming"
