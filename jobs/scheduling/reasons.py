@@ -57,6 +57,7 @@ class ReasonCode(StrEnum):
     VANISHED_FROM_NODE = "vanished_from_node"
     AGENT_RESTARTED = "agent_restarted"
     REQUEUED_BY_OPERATOR = "requeued_by_operator"
+    IDLE_REQUEUED = "idle_requeued"  # its tenant's idle-GPU policy sent it back
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,6 +378,11 @@ def vanished_from_node(node: str, asked: bool) -> PendingReason:
 def agent_restarted(node: str) -> PendingReason:
     return PendingReason(ReasonCode.AGENT_RESTARTED,
                          f"Requeued: the agent on node {node} restarted or stopped while this job ran.", {"node": node})
+
+
+def idle_requeued(figures: str, idle_minutes: int) -> PendingReason:
+    return PendingReason(ReasonCode.IDLE_REQUEUED, f"Requeued by its tenant's idle-GPU policy: {figures}",
+                         {"idle_minutes": idle_minutes})
 
 
 def requeued_by_operator(by: str) -> PendingReason:

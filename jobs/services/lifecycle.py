@@ -596,8 +596,7 @@ def suspend_idle(job_id: int, attempt: int, since: datetime, figures: str, at: d
 def requeue_idle(job_id: int, attempt: int, figures: str, at: datetime, *, idle_minutes: int) -> bool:
     """Idle policy, last step: the running job is stopped (with its preemption notice) and goes
     back to the queue, its GPUs freed once its nodes confirm."""
-    reason = PendingReason(reasons.ReasonCode.PREEMPTED, f"Requeued by its tenant's idle-GPU policy: {figures}",
-                           {"idle_minutes": idle_minutes})
+    reason = reasons.idle_requeued(figures, idle_minutes)
     if not Job.objects.filter(pk=job_id, state=JobState.RUNNING, attempt=attempt).update(
         state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1, pending_reason=reason.as_dict(),
     ):

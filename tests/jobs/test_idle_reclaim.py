@@ -112,7 +112,7 @@ def test_each_step_fires_at_its_time_and_once(idle_job, alice, redis_client, dja
         taken = reclaim_at(django_capture_on_commit_callbacks, minutes(61))
     job.refresh_from_db()
     assert job.state == JobState.PREEMPTING and job.requeue_count == 1
-    assert job.pending_reason["code"] == "preempted"
+    assert job.pending_reason["code"] == "idle_requeued"
     assert job.pending_reason["message"].startswith("Requeued by its tenant's idle-GPU policy: idle 61 min")
     assert taken == dict.fromkeys(idle_reclaim.ORDER, 0)  # the second run found nothing to do
     stops = [c for _f, c in commands(redis_client, "a1") if isinstance(c, protocol.StopJob)]

@@ -12,22 +12,26 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _hand_built_reasons(path: Path) -> list[int]:
-    """Lines of dict literals shaped like a reason ({"code": ..., "message": ...})."""
+    """Lines of dict literals shaped like a reason ({"code": ..., "message": ...}) and of
+    ``PendingReason(...)`` built outside the constructors."""
     lines = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Dict):
             keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
             if {"code", "message"} <= keys:
                 lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "PendingReason":
+            lines.append(node.lineno)
     return lines
 
 
 def test_no_module_outside_the_reasons_module_builds_a_reason_by_hand():
     found = {}
     # Where job state is written (the API's error bodies share the keys but are not reasons).
+    # (The trace replay's baseline policies word their own reasons: nobody reads them but the replay.)
     for folder in ("jobs/services", "jobs/scheduling", "monitoring/services"):
         for path in (REPO / folder).rglob("*.py"):
-            if path.name == "reasons.py":
+            if path.name == "reasons.py" or "policies" in path.parts:
                 continue
             if lines := _hand_built_reasons(path):
                 found[str(path.relative_to(REPO))] = lines
