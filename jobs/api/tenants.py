@@ -32,7 +32,17 @@ class TenantSerializer(serializers.Serializer):
     max_gpus = serializers.IntegerField(source="tenant.max_gpus")
     weight = serializers.FloatField(source="tenant.weight")
     member = serializers.SerializerMethodField(help_text="Whether you belong to this tenant.")
+    idle_policy = serializers.SerializerMethodField(
+        help_text="Minutes a job's GPUs may sit idle before each step (null: that step is off), and the "
+                  "utilisation under which a GPU counts as idle (null: the cluster's default).")
     usage = serializers.SerializerMethodField()
+
+    @extend_schema_field(serializers.DictField(child=serializers.FloatField(allow_null=True)))
+    def get_idle_policy(self, row: TenantNow) -> dict:
+        tenant = row.tenant
+        return {"notify_minutes": tenant.idle_notify_minutes, "opportunistic_minutes": tenant.idle_opportunistic_minutes,
+                "suspend_minutes": tenant.idle_suspend_minutes, "requeue_minutes": tenant.idle_requeue_minutes,
+                "util_percent": tenant.idle_util_percent}
 
     def get_member(self, row: TenantNow) -> bool:
         return row.tenant.pk in self.context.get("mine", set())

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.choices import RunClass, JobState
-from jobs.models import Allocation, Job
+from jobs.models import Allocation, Job, Tenant
 from monitoring.choices import NodeHealth
 from monitoring.models import Node
 from tests.factories import JobFactory, TenantFactory, at, running_job
@@ -37,6 +37,15 @@ def test_tenants_against_quota_are_visible_to_everyone(cluster, alice, charlie, 
                                           "gpus_used": 2.25, "running_jobs": 2, "pending_jobs": 1}
     assert (tenants["vision"]["member"], tenants["nlp"]["member"]) == (False, True)
     assert api(charlie).get("/api/v1/tenants/vision/").json()["usage"]["gpus_used"] == 2.25
+
+
+def test_a_tenants_idle_gpu_policy_is_public(vision, alice, api):
+    assert api(alice).get("/api/v1/tenants/vision/").json()["idle_policy"] == {
+        "notify_minutes": None, "opportunistic_minutes": None, "suspend_minutes": None, "requeue_minutes": None,
+        "util_percent": None}
+    Tenant.objects.filter(pk=vision.pk).update(idle_notify_minutes=15, idle_requeue_minutes=60, idle_util_percent=3)
+    policy = api(alice).get("/api/v1/tenants/vision/").json()["idle_policy"]
+    assert (policy["notify_minutes"], policy["requeue_minutes"], policy["util_percent"]) == (15, 60, 3)
 
 
 def test_tenants_are_read_only_and_unknown_ones_404(alice, api):
