@@ -6,8 +6,8 @@ import pytest
 from jobs.scheduling.policies import POLICIES, PACKING_BASELINES
 from jobs.scheduling.policies.fragmentation import Workload
 from jobs.scheduling.simulate import fill, replay
-from jobs.scheduling.simulate.engine import Knowledge
-from jobs.scheduling.simulate.metrics import fill_curve, fill_summary, summarise
+from jobs.scheduling.simulate.engine import Knowledge, Replay
+from jobs.scheduling.simulate.metrics import fill_curve, summarise
 from jobs.scheduling.simulate.trace import NodeSpec, Trace, TraceJob, equal_quotas, offered_load
 from tests.simulate.builders import tjob, trace
 
@@ -92,7 +92,6 @@ def test_memory_the_scheduler_is_told_may_be_wrong_and_overflows_are_counted():
 
 def test_delayed_usage_is_what_the_scheduler_reads():
     cluster = trace([tjob(1, util=0.6, duration=1000)])
-    from jobs.scheduling.simulate.engine import Replay
     engine = Replay(cluster, POLICIES["fair_share"], knowledge=Knowledge(usage_delay_s=60.0))
     engine.enqueue(cluster.jobs[0], 0.0)
     engine.now = 2.0

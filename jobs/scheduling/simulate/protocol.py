@@ -57,12 +57,12 @@ def fill_table(document: dict) -> str:
     lines = [f"FGD fill protocol, pod list {document['pods']}: {document['nodes']} nodes, {document['gpus']} GPUs, "
              f"{len(document['seeds'])} seed(s) {document['seeds']}; median [min-max] over seeds, % of GPU capacity",
              f"{'policy':24s}{'phys@80':>18s}{'phys@90':>18s}{'phys@100':>18s}{'phys@130':>18s}"
-             f"{'req.@130':>18s}{'frag@100':>16s}{'frag/unalloc@100':>20s}{'CPU>cap nodes@100':>20s}"]
+             f"{'req.@130':>18s}{'frag@100':>18s}{'frag/unalloc@100':>20s}{'CPU>cap nodes@100':>20s}"]
     for name, run in runs.items():
         levels = run["levels"]
         get = lambda level, figure: levels.get(level, {}).get(figure)  # noqa: E731
         lines.append(f"{name:24s}" + "".join(f"{_cell(get(lv, 'physical')):>18s}" for lv in ("80", "90", "100", "130"))
-                     + f"{_cell(get('130', 'requested')):>18s}{_cell(get('100', 'fragmentation')):>16s}"
+                     + f"{_cell(get('130', 'requested')):>18s}{_cell(get('100', 'fragmentation')):>18s}"
                      f"{_cell(get('100', 'frag_of_unallocated')):>20s}{_cell(get('100', 'cpu_over_nodes'), 1, 0):>20s}")
     published = document.get("published_at_100") or {}
     if published:
