@@ -35,7 +35,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from agents import __version__, code, protocol, signing
+from agents import __version__, code, protocol, signing, streams
 from agents.backends.base import GpuBackend
 from agents.host import HostOffer
 from agents.runner import FinishedJob, JobRunner, LaunchError, read_output
@@ -357,11 +357,7 @@ class Agent:
         log.info("registered with %d GPU(s), %d running job(s)", len(gpus), len(message.running_jobs))
 
     def _ensure_group(self) -> None:
-        try:
-            self._redis.xgroup_create(self.stream, protocol.AGENT_COMMAND_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        streams.ensure_group(self._redis, self.stream, protocol.AGENT_COMMAND_GROUP)
 
     def _xadd(self, stream: str, fields: dict) -> None:
         self._redis.xadd(stream, fields, maxlen=protocol.STREAM_MAXLEN, approximate=True)

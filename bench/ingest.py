@@ -291,7 +291,7 @@ def main() -> None:
     measured = time.time() - measuring_from
     capacity, drained = drain_rate(client, ingestor, protocol.METRICS_STREAM, 10_000, args.nodes, signer, cpu)
     backlog = client.xinfo_groups(protocol.METRICS_STREAM)[0]
-    from monitoring.services.dead_letters import dead_letter_count
+    from agents.streams import dead_letter_count
 
     rejected = dead_letter_count(client)
     lags.sort()

@@ -10,7 +10,7 @@ from agents import protocol
 from monitoring.choices import AlertKind, NodeHealth
 from monitoring.models import Alert, Gpu, Node
 from monitoring.services import fanin, ingest, live
-from monitoring.services.dead_letters import dead_letter_count
+from agents.streams import dead_letter_count
 from monitoring.services.redis_client import get_redis
 
 GPU_GAUGES = [

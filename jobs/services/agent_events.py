@@ -17,15 +17,14 @@ import redis
 from django.db import transaction
 
 from agents import protocol
+from agents.streams import dead_letter, drain
 from jobs.services import lifecycle
 from jobs.services.node_health import resend_duty_cycles, stop_strays
 from jobs.services.nudge import nudge_scheduler
-from monitoring.services.dead_letters import dead_letter
 from monitoring.services.fanin import fan_in
 from monitoring.services.poison import PoisonCounter, parse_or_dead_letter
 from monitoring.services.redis_client import get_redis
 from monitoring.services.registry import ForeignGpus, agent_auth_required, register_node
-from monitoring.services.streams import drain
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from monitoring.choices import AlertKind, NodeHealth, Resolution
 from monitoring.models import Alert, GpuRollup, JobUsage
 from monitoring.services import live
 from monitoring.services.alerts import alert_opened, alert_resolved, raise_alert, resolve, resolve_cooled
-from monitoring.services.dead_letters import dead_letter_count
+from agents.streams import dead_letter_count
 from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)

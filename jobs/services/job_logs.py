@@ -26,13 +26,12 @@ from dataclasses import dataclass
 import redis
 
 from agents import protocol
+from agents.streams import dead_letter, drain
 from monitoring.services import placements
-from monitoring.services.dead_letters import dead_letter
 from monitoring.services.fanin import fan_in
 from monitoring.services.poison import parse_or_dead_letter
 from monitoring.services.redis_client import get_redis
 from monitoring.services.registry import agent_auth_required
-from monitoring.services.streams import drain
 
 log = logging.getLogger(__name__)
 

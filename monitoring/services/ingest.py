@@ -45,7 +45,7 @@ from monitoring.services.fanin import fan_in
 from monitoring.services.poison import PoisonCounter, apply_isolating, parse_or_dead_letter, reason_of
 from monitoring.services.registry import agent_auth_required
 from monitoring.services.rollups import LIVE_RESOLUTION, Accumulator, OpenBuckets, flush
-from monitoring.services.streams import claim_stale, consumer_name, ensure_group, read_new
+from agents.streams import claim_stale, consumer_name, ensure_group, read_new
 
 log = logging.getLogger(__name__)
 

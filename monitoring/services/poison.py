@@ -26,7 +26,7 @@ from typing import Callable, Sequence, TypeVar
 import redis
 from django.db import InterfaceError, OperationalError
 
-from monitoring.services.dead_letters import dead_letter
+from agents.streams import dead_letter
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from agents import protocol
 from cluster_ui.devstack.credentials import write_credentials
 from cluster_ui.devstack.redis_server import free_port, redis_server_binary, redis_server_version
 from monitoring.services.ingest import GROUP as INGEST_GROUP
-from monitoring.services.streams import ensure_group
+from agents.streams import ensure_group
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -12,7 +12,7 @@ import pytest
 from agents import protocol, signing
 from monitoring.models import Alert, GpuRollup, JobRollup, JobUsage
 from monitoring.services import live
-from monitoring.services.dead_letters import dead_letter_count
+from agents.streams import dead_letter_count
 from monitoring.services.ingest import GROUP, Ingestor, ingest_stats
 from tests.factories import GpuFactory, NodeFactory
 from tests.monitoring.conftest import place_job

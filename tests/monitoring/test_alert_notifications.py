@@ -20,7 +20,7 @@ from jobs.services import notifications
 from monitoring.choices import AlertKind, NodeHealth
 from monitoring.models import Alert, Gpu
 from monitoring.services import alerts
-from monitoring.services.dead_letters import dead_letter
+from agents.streams import dead_letter
 from monitoring.services.redis_client import get_redis
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 from tests.jobs.notification_helpers import eager_celery, webhook  # noqa: F401 (fixtures)

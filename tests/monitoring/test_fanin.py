@@ -15,7 +15,7 @@ from jobs.choices import JobState
 from jobs.models import Allocation
 from jobs.services.agent_events import consume_events
 from monitoring.services import fanin
-from monitoring.services.dead_letters import dead_letter_count
+from agents.streams import dead_letter_count
 from tests.factories import GpuFactory, JobFactory, NodeFactory
 
 SECRET = "fan-in-test-secret-0123456789abcdef"

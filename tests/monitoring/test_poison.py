@@ -12,7 +12,7 @@ from agents import protocol
 from monitoring.choices import Resolution
 from monitoring.models import GpuRollup
 from monitoring.services import ingest, poison
-from monitoring.services.dead_letters import dead_letter_count
+from agents.streams import dead_letter_count
 from monitoring.services.ingest import GROUP, Ingestor
 from monitoring.services.poison import PoisonCounter
 from tests.monitoring.conftest import place_job

@@ -1,11 +1,25 @@
-"""Consumer-group plumbing shared by the stream readers (agent events, metrics)."""
+"""Redis stream plumbing, once, for both ends: consumer groups (create, read, claim what a dead
+reader left), and the dead-letter stream where a reader puts what it cannot apply, with the reason.
+
+Django-free: the node agent reads its command stream through it and the control plane its event,
+metric and log streams. Works on Redis 6.2 and 7 (their XAUTOCLAIM replies differ). Readers never
+crash on garbage and never half-apply it: they dead-letter, count, and ack.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
 import redis
+
+from agents import protocol
+
+log = logging.getLogger(__name__)
+
+# Of an entry that could not be read, this much of its raw message is kept in the dead letter.
+RAW_BYTES_KEPT = 1024
 
 
 def consumer_name() -> str:
@@ -53,3 +67,22 @@ def drain(client: redis.Redis, stream: str, group: str, handle, *, batch: int, m
             break
         handled += handle(client, entries)
     return handled
+
+
+def dead_letter(client: redis.Redis, source: str, entry_id, fields: dict | None, reason: str) -> None:
+    raw = (fields or {}).get(b"m", (fields or {}).get("m", b""))
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "replace")
+    log.warning("dead-lettered %s entry %s: %s", source, entry_id, reason)
+    pipe = client.pipeline()
+    pipe.xadd(
+        protocol.DEAD_LETTER_STREAM,
+        {"source": source, "id": entry_id, "reason": reason[:500], "raw": raw[:RAW_BYTES_KEPT]},
+        maxlen=10_000, approximate=True,
+    )
+    pipe.incr(protocol.DEAD_LETTER_COUNT_KEY)
+    pipe.execute()
+
+
+def dead_letter_count(client: redis.Redis) -> int:
+    return int(client.get(protocol.DEAD_LETTER_COUNT_KEY) or 0)
