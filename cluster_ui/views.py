@@ -35,7 +35,7 @@ def prometheus_metrics(request):
 
 @login_required
 def overview(request):
-    return render(request, "cluster/overview.html")
+    return render(request, "cluster_ui/overview.html")
 
 
 @login_required
@@ -54,7 +54,7 @@ def api_tokens(request):
             messages.success(request, "API token revoked." if deleted else "You had no API token.")
             return redirect("api-tokens")
     token = Token.objects.filter(user=request.user).first()
-    return render(request, "cluster/tokens.html", {
+    return render(request, "cluster_ui/tokens.html", {
         "token": token, "new_key": new_key,
         "api_url": request.build_absolute_uri("/"),
     })
@@ -83,4 +83,4 @@ def api_docs(request):
         for method, operation in operations.items()
         if method in ("get", "post", "put", "patch", "delete")
     ]
-    return render(request, "cluster/api_docs.html", {"endpoints": endpoints, "version": schema["info"]["version"]})
+    return render(request, "cluster_ui/api_docs.html", {"endpoints": endpoints, "version": schema["info"]["version"]})
