@@ -104,12 +104,13 @@ def _rebase(jobs: list[TraceJob]) -> list[TraceJob]:
             for i, j in enumerate(sorted(jobs, key=lambda j: (j.submit_s, j.id)))]
 
 
-def seen_memory(key: str, true_mib: int | None, error: float, seed: int) -> int | None:
-    """The memory the scheduler is told: the truth times a seeded log-normal error (None: exact)."""
+def seen_memory(key: str, true_mib: int | None, error: float, seed: int, gpu_memory_mib: int) -> int | None:
+    """The memory the scheduler is told: the truth times a seeded log-normal error (None: exact),
+    at most the GPU's (a larger request is refused at submission)."""
     if not error or true_mib is None:
         return None
     factor = random.Random(f"memory:{seed}:{key}").lognormvariate(0.0, error)
-    return max(256, int(true_mib * factor))
+    return min(gpu_memory_mib, max(256, int(true_mib * factor)))
 
 
 def _quotas(rule: str, jobs, population, total_gpus: int):
@@ -145,7 +146,7 @@ def load_philly(path: str | Path | None = None, *, nodes: int = 64, gpus_per_nod
         jobs.append(TraceJob(
             id=number, tenant=row["cluster"], submit_s=submitted, duration_s=max(1.0, float(row["duration"])),
             gpus=max(1, int(row["num_gpus"])), memory_mib=memory, utilisation=utilisation,
-            seen_memory_mib=seen_memory(key, memory, memory_error, seed),
+            seen_memory_mib=seen_memory(key, memory, memory_error, seed, gpu_memory_mib),
         ))
     cluster = uniform_nodes(nodes, gpus_per_node, gpu_model, gpu_memory_mib)
     kept, skipped = fit_to_cluster(_rebase(jobs), cluster)
@@ -200,7 +201,7 @@ def _pod_job(row: dict, number: int, created: float, duration: float, tenants: i
         gpu_models=frozenset(m for m in spec.split("|") if m), memory_mib=memory, utilisation=utilisation,
         opportunistic_only=row.get("qos") == "BE", cpu_milli=int(row.get("cpu_milli") or 0),
         host_memory_mb=int(row.get("memory_mib") or 0),
-        seen_memory_mib=seen_memory(f"alibaba:{row['name']}", memory, memory_error, seed),
+        seen_memory_mib=seen_memory(f"alibaba:{row['name']}", memory, memory_error, seed, typical_memory),
     )
 
 
