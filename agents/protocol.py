@@ -150,12 +150,37 @@ class _NodeMessage(_Message):
 # ---------------------------------------------------------------- agent -> control plane events
 
 
+# How jobs that share one device are kept from hurting each other (``agents.isolation``):
+# ``mps``: a CUDA MPS server per GPU pins each client's memory and compute share; ``memory_limit``:
+# the driver enforces a hard memory limit per job; ``mig``: the device is a MIG instance, fenced in
+# hardware from the rest of its GPU (one job per instance); ``unfenced``: nothing enforces a share,
+# so only jobs that accept it are packed together.
+Isolation = Literal["mps", "memory_limit", "mig", "unfenced"]
+ISOLATION_MODES: tuple[str, ...] = ("mps", "memory_limit", "mig", "unfenced")
+MIG_PROFILE_RE = r"^[1-9][0-9]?(?:c\.[1-9][0-9]?)?g\.[0-9]{1,4}gb(?:\+[a-z]{1,8})?$"  # 1g.10gb, 1c.2g.20gb, 1g.10gb+me
+
+
 class GpuInfo(BaseModel):
+    """One schedulable device: a whole GPU, or one MIG instance of a GPU in MIG mode."""
+
     model_config = _WIRE_CONFIG
     index: GpuIndex
     uuid: str = Field(min_length=1, max_length=128)
     model: str = Field(min_length=1, max_length=64)
     memory_mib: int = Field(gt=0, le=MEMORY_MIB_MAX)
+    # An agent that says nothing enforces nothing.
+    isolation: Isolation = "unfenced"
+    # MIG instances only: the GPU instance profile (``1g.10gb``) and the NVML index of the GPU it
+    # lives on; ``uuid`` is then the instance's ``MIG-...`` UUID, which CUDA_VISIBLE_DEVICES takes.
+    mig_profile: str | None = Field(default=None, pattern=MIG_PROFILE_RE)
+    parent_index: GpuIndex | None = None
+
+    @model_validator(mode="after")
+    def _mig_fields_together(self) -> "GpuInfo":
+        is_mig = self.isolation == "mig"
+        if is_mig != (self.mig_profile is not None) or is_mig != (self.parent_index is not None):
+            raise ValueError("a MIG instance has isolation 'mig', a mig_profile and a parent_index; other GPUs none")
+        return self
 
 
 class GpuLink(BaseModel):
@@ -374,6 +399,9 @@ class LaunchJob(_Command):
     env: dict[str, str] = Field(default_factory=dict)
     gpu_memory_limit_mib: int | None = Field(default=None, gt=0)
     duty_cycle: float = Field(default=1.0, gt=0, le=1)
+    # The share of each GPU's compute the job is entitled to (its milli-GPUs / 1000); an MPS GPU
+    # caps the job's SMs at it (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE). None: the whole GPU.
+    compute_share: float | None = Field(default=None, gt=0, le=1)
     tenant: str | None = Field(default=None, pattern=r"^[-a-zA-Z0-9_]{1,50}$")
     # Wall-clock limit of this attempt, counted by the node from the process start; the node
     # ends the job past it (its ``stop_signal``, then SIGKILL after ``stop_grace_s``) and reports ``timed_out``.
