@@ -27,7 +27,8 @@ from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.filters import host_resources
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass, RunningJob
 
-Pool = tuple[str, int, float, bool]  # (model, memory_mib, intra-node GB/s, has a container runtime)
+# (model, memory_mib, intra-node GB/s, has a container runtime, MIG profile or "" for a whole GPU)
+Pool = tuple[str, int, float, bool, str]
 ROOM_STEP = 100
 ROOM_BUCKETS = WHOLE_GPU_MILLI // ROOM_STEP + 1  # bucket 10 holds exactly one whole GPU of room
 
@@ -39,7 +40,8 @@ def room_bucket(room_milli: int) -> int:
 class GpuSlot:
     __slots__ = ("key", "id", "index", "model", "node", "pool", "capacity_mib", "used_mib", "load_milli",
                  "live_load", "live_used_mib", "guaranteed_milli", "guaranteed_count", "exclusive", "occupants", "blocked",
-                 "promised", "residents", "opp_entry", "guar_entry", "placed_guaranteed")
+                 "promised", "residents", "opp_entry", "guar_entry", "placed_guaranteed", "isolation",
+                 "unfenced_refusals")
 
     def __init__(self, key: int, gpu, node: "NodeSlot", pool: int):
         self.key, self.id, self.index, self.model = key, gpu.id, gpu.index, gpu.model
@@ -59,6 +61,13 @@ class GpuSlot:
         self.opp_entry: tuple[int, tuple[int, int]] | None = None  # (room bucket, (free, key))
         self.guar_entry: tuple[int, tuple[int, int]] | None = None
         self.placed_guaranteed = False  # a guaranteed job landed here this cycle
+        self.isolation = gpu.isolation
+        self.unfenced_refusals = 0  # residents that refuse to share an unfenced GPU
+
+    @property
+    def joinable(self) -> bool:
+        """Whether anything may join its residents at all (``filters.isolation``)."""
+        return self.isolation != "mig" and not (self.isolation == "unfenced" and self.unfenced_refusals)
 
     @property
     def free_mib(self) -> int:
@@ -111,7 +120,7 @@ class Capacity:
             slot = NodeSlot(len(self.nodes), node, node.schedulable)
             self.nodes.append(slot)
             for gpu in sorted(node.gpus, key=lambda g: g.index):
-                pool_key = (gpu.model, gpu.memory_mib, node.intra_node_gb_per_s, bool(node.runtimes))
+                pool_key = (gpu.model, gpu.memory_mib, node.intra_node_gb_per_s, bool(node.runtimes), gpu.mig_profile or "")
                 pool = pool_ids.setdefault(pool_key, len(pool_ids))
                 if pool == len(self.pools):
                     self.pools.append(pool_key)
@@ -159,6 +168,8 @@ class Capacity:
                 gpu.residents.append(job)
                 gpu.occupants += 1
                 gpu.load_milli += load
+                if not job.accepts_unfenced:
+                    gpu.unfenced_refusals += 1
                 if job.job_class is JobClass.GUARANTEED:
                     gpu.guaranteed_milli += job.gpu_milli
                     gpu.guaranteed_count += 1
@@ -188,7 +199,7 @@ class Capacity:
             self.buckets[node.pool][len(node.empty)].pop(node.key, None)
 
     def _index(self, gpu: GpuSlot) -> None:
-        if gpu.blocked or gpu.occupants == 0 or not gpu.node.indexed:
+        if gpu.blocked or gpu.occupants == 0 or not gpu.node.indexed or not gpu.joinable:
             return
         free = gpu.free_mib
         if free <= self.headroom:
@@ -231,7 +242,8 @@ class Capacity:
     # -- mutation ----------------------------------------------------------------------------
 
     def take(self, gpus: list[GpuSlot], job_class: JobClass, memory_mib: list[int], demand_milli: int,
-             gpu_milli: int, shareable: bool, cpu_per_gpu: int = 0, host_mb_per_gpu: int = 0) -> None:
+             gpu_milli: int, shareable: bool, cpu_per_gpu: int = 0, host_mb_per_gpu: int = 0,
+             accepts_unfenced: bool = True) -> None:
         """Commit a placement: each GPU in ``gpus`` gets the job's memory and compute, its node
         the job's CPU and host memory for that GPU."""
         nodes = {g.node.key: g.node for g in gpus}
@@ -246,6 +258,8 @@ class Capacity:
             gpu.occupants += 1
             gpu.used_mib += memory
             gpu.load_milli += demand_milli
+            if not accepts_unfenced:
+                gpu.unfenced_refusals += 1
             if job_class is JobClass.GUARANTEED:
                 gpu.guaranteed_milli += gpu_milli
                 gpu.guaranteed_count += 1

@@ -68,7 +68,9 @@ def _request_key(job: JobRequest) -> tuple:
     profile = job.profile
     return (job.gpus, job.gpu_milli, job.gpu_memory_mib, job.gpu_models, job.max_nodes, job.shareable,
             job.allreduce_bytes, profile and profile.peak_memory_mib, profile and profile.mean_utilisation,
-            job.needs_runtime, job.cpu_milli, job.host_memory_mb)
+            job.needs_runtime, job.cpu_milli, job.host_memory_mb, job.mig_profile, job.accepts_unfenced)
+
+
 GUARANTEED, OPPORTUNISTIC = JobClass.GUARANTEED, JobClass.OPPORTUNISTIC
 
 
@@ -345,7 +347,7 @@ class Cycle(Waiting):
         gpus = [gpu for _, node_gpus in choice.slices for gpu in node_gpus]
         next_to_guarantee = any(gpu.guaranteed_count for gpu in gpus)
         self.capacity.take(gpus, job_class, choice.memory_mib, shape.demand_milli, shape.gpu_milli, shape.shareable,
-                           shape.cpu_per_gpu, shape.host_mb_per_gpu)
+                           shape.cpu_per_gpu, shape.host_mb_per_gpu, shape.accepts_unfenced)
         self._count(job, job_class)
         biggest = max(choice.memory_mib)
         capacity = min(gpu.capacity_mib for gpu in gpus)

@@ -44,7 +44,12 @@ class InventoryCheck:
         # that the cordon, not the request, is what keeps it waiting.
         self.cordoned = [n for n in capacity.nodes if n.cordoned] if nodes is None else []
         self._with_cordoned: InventoryCheck | None = None
-        self.online_models = sorted({g.model for n in self.schedulable for g in n.gpus})
+        # MIG instances serve only requests for their profile, so they never make a model "online".
+        gpus = [g for n in self.schedulable for g in n.gpus]
+        profiles = [capacity.pools[g.pool][4] for g in gpus]
+        self.online_models = sorted({g.model for g, profile in zip(gpus, profiles) if not profile})
+        self.online_mig_models = sorted({g.model for g, profile in zip(gpus, profiles) if profile})
+        self.online_mig_profiles = sorted(set(profiles) - {""})
         self.largest_mib: dict[str, int] = {}
         for node in self.schedulable:
             for gpu in node.gpus:
@@ -57,7 +62,7 @@ class InventoryCheck:
     def reason(self, shape: Shape) -> PendingReason | None:
         # What matters is which pools the request can use, not its exact numbers.
         pools = tuple(self.placer.pools_for(shape))
-        key = (pools, shape.models, shape.gpus, shape.max_nodes,
+        key = (pools, shape.models, shape.mig_profile, shape.gpus, shape.max_nodes,
                None if pools and not shape.needs_runtime else shape.memory_mib, shape.needs_runtime,
                shape.cpu_per_gpu, shape.host_mb_per_gpu)
         if key not in self._memo:

@@ -52,6 +52,8 @@ class Shape:
     # Per GPU, of the node that hosts it (``filters.host_resources``); 0: none asked.
     cpu_per_gpu: int = 0
     host_mb_per_gpu: int = 0
+    mig_profile: str | None = None
+    accepts_unfenced: bool = True
 
     @property
     def needs_host(self) -> bool:
@@ -75,7 +77,8 @@ def shape_of(job: JobRequest, config: SchedulerConfig) -> Shape:
                  allreduce_bytes=job.allreduce_bytes or config.default_allreduce_bytes,
                  needs_runtime=job.needs_runtime,
                  cpu_per_gpu=host_resources.per_gpu(job.cpu_milli, job.gpus),
-                 host_mb_per_gpu=host_resources.per_gpu(job.host_memory_mb, job.gpus))
+                 host_mb_per_gpu=host_resources.per_gpu(job.host_memory_mb, job.gpus),
+                 mig_profile=job.mig_profile, accepts_unfenced=job.accepts_unfenced)
 
 
 class FailureMemo:
@@ -92,7 +95,7 @@ class FailureMemo:
         if found is None:
             found = self._split[shape] = (
                 (shape.gpus, shape.models, shape.max_nodes, shape.shareable, shape.memory_mib is None,
-                 shape.needs_runtime),
+                 shape.needs_runtime, shape.mig_profile, shape.accepts_unfenced),
                 (shape.memory_mib or 0, shape.demand_milli, shape.gpu_milli, shape.cpu_per_gpu,
                  shape.host_mb_per_gpu),
             )
@@ -301,7 +304,7 @@ class Placer:
         best_node: NodeSlot | None = None
         n = shape.gpus
         for pool in pools:
-            _, memory, gb_per_s, _ = self.capacity.pools[pool]
+            _, memory, gb_per_s, _, _ = self.capacity.pools[pool]
             buckets = self.capacity.buckets[pool]
             cost = allreduce_seconds(n, shape.allreduce_bytes, gb_per_s)
             for k in range(n, len(buckets)):

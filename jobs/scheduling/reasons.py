@@ -18,6 +18,8 @@ class ReasonCode(StrEnum):
     NO_NODES_ONLINE = "no_nodes_online"
     INVALID_REQUEST = "invalid_request"
     GPU_MODEL_UNAVAILABLE = "gpu_model_unavailable"
+    # It asks for a MIG profile that no schedulable node has an instance of.
+    NO_MIG_PROFILE = "no_mig_profile"
     NO_GPU_WITH_ENOUGH_MEMORY = "no_gpu_with_enough_memory"
     GANG_LARGER_THAN_ANY_NODE = "gang_larger_than_any_node"
     GANG_LARGER_THAN_CLUSTER = "gang_larger_than_cluster"
@@ -58,6 +60,8 @@ class ReasonCode(StrEnum):
     AGENT_RESTARTED = "agent_restarted"
     REQUEUED_BY_OPERATOR = "requeued_by_operator"
     IDLE_REQUEUED = "idle_requeued"  # its tenant's idle-GPU policy sent it back
+    # A fault in one job took down every job sharing its GPU's MPS server, this one included.
+    GPU_SHARING_FAULT = "gpu_sharing_fault"
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +186,24 @@ def model_unavailable(wanted: frozenset[str], online: list[str]) -> PendingReaso
         ReasonCode.GPU_MODEL_UNAVAILABLE,
         f"Needs a {wanted_text} GPU; no such GPU is online (online models: {online_text}).",
         {"wanted_models": sorted(wanted), "online_models": online},
+    )
+
+
+def no_mig_profile(wanted: str, online: list[str]) -> PendingReason:
+    online_text = ", ".join(online) if online else "none"
+    return PendingReason(
+        ReasonCode.NO_MIG_PROFILE,
+        f"Needs a MIG instance of profile {wanted}; no online node has one (online MIG profiles: {online_text}).",
+        {"wanted_profile": wanted, "online_profiles": online},
+    )
+
+
+def only_mig_instances(profiles: list[str]) -> PendingReason:
+    return PendingReason(
+        ReasonCode.GPU_MODEL_UNAVAILABLE,
+        f"Needs a whole GPU; only MIG instances are online (profiles: {', '.join(profiles)}). "
+        "Ask for one of those profiles to run on them.",
+        {"wanted_models": [], "online_models": [], "online_profiles": profiles},
     )
 
 
@@ -383,6 +405,14 @@ def agent_restarted(node: str) -> PendingReason:
 def idle_requeued(figures: str, idle_minutes: int) -> PendingReason:
     return PendingReason(ReasonCode.IDLE_REQUEUED, f"Requeued by its tenant's idle-GPU policy: {figures}",
                          {"idle_minutes": idle_minutes})
+
+
+def gpu_sharing_fault(node: str, gpu_index: int) -> PendingReason:
+    return PendingReason(
+        ReasonCode.GPU_SHARING_FAULT,
+        f"Requeued: a fault in a job sharing GPU {gpu_index} of node {node} through MPS stopped every job on that GPU.",
+        {"node": node, "gpu_index": gpu_index},
+    )
 
 
 def requeued_by_operator(by: str) -> PendingReason:

@@ -37,6 +37,12 @@ class GpuState:
     # Live readings from the node agent; None when not (yet) known.
     utilisation: float | None = None
     memory_used_mib: int | None = None
+    # How co-located jobs are fenced from each other (``agents.protocol.Isolation``): "mps",
+    # "memory_limit" (the simulator's default: it kills the job that overflows), "mig" or
+    # "unfenced" (``filters.isolation``).
+    isolation: str = "memory_limit"
+    # A MIG instance's GPU instance profile ("1g.10gb"); None for a whole GPU.
+    mig_profile: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +124,10 @@ class JobRequest:
     host_memory_mb: int = 0
     # Who submitted it (any stable key; ``UserLimit.user``): per-user limits count by it.
     user: str = ""
+    # Runs only on a MIG instance of this profile ("1g.10gb"); None: whole GPUs or fractions.
+    mig_profile: str | None = None
+    # May share an "unfenced" GPU (nothing enforces memory shares there) with other jobs.
+    accepts_unfenced: bool = True
 
     @property
     def fractional(self) -> bool:
@@ -162,6 +172,7 @@ class RunningJob:
     cpu_milli: int = 0
     host_memory_mb: int = 0
     user: str = ""
+    accepts_unfenced: bool = True
 
     @property
     def quota_milli(self) -> int:

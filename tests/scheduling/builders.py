@@ -31,9 +31,11 @@ GIB = 1024
 def node(name: str, gpus: int = 8, mem_gib: int = 80, model: str = "A100-80GB", busy: int = 0,
          online: bool = True, cordoned: bool = False, rack: str = "r1", gb_per_s: float = 32.0,
          util: float | dict[int, float] | None = None, runtimes: tuple[str, ...] = (), cpus: float | None = None,
-         ram_gib: float | None = None) -> NodeState:
+         ram_gib: float | None = None, isolation: str = "memory_limit", mig: tuple[str, ...] = ()) -> NodeState:
     """A node whose first ``busy`` GPUs are taken by something unknown; ``util`` is live GPU use;
-    ``cpus``/``ram_gib``: CPU cores and host memory it offers (None: not tracked)."""
+    ``cpus``/``ram_gib``: CPU cores and host memory it offers (None: not tracked); ``isolation``:
+    every GPU's mode; ``mig``: one MIG instance per profile named (its memory from the name),
+    listed after the ``gpus`` whole GPUs."""
     def utilisation(i: int) -> float | None:
         return util.get(i) if isinstance(util, dict) else util
 
@@ -41,8 +43,12 @@ def node(name: str, gpus: int = 8, mem_gib: int = 80, model: str = "A100-80GB", 
         name=name,
         gpus=tuple(
             GpuState(id=next(_ids), index=i, model=model, memory_mib=mem_gib * GIB, busy=i < busy,
-                     utilisation=utilisation(i))
+                     utilisation=utilisation(i), isolation=isolation)
             for i in range(gpus)
+        ) + tuple(
+            GpuState(id=next(_ids), index=gpus + i, model=model, isolation="mig", mig_profile=profile,
+                     memory_mib=int(profile.split(".")[-1].removesuffix("gb")) * GIB)
+            for i, profile in enumerate(mig)
         ),
         online=online, cordoned=cordoned, rack=rack, intra_node_gb_per_s=gb_per_s, runtimes=frozenset(runtimes),
         cpu_milli=None if cpus is None else int(cpus * 1000),
@@ -67,7 +73,7 @@ def job(id: int, gpus: int = 1, mem_gib: float | None = None, submitted_at: floa
         shareable: bool = False, profile: tuple[float, float] | None = None, runtime: float | None = None,
         max_nodes: int | None = None, reserved_since: float | None = None, array: tuple[int, int] | None = None,
         waiting_for: tuple[tuple[int, str], ...] = (), image: bool = False, cpus: float = 0,
-        ram_gib: float = 0) -> JobRequest:
+        ram_gib: float = 0, mig: str | None = None, unfenced: bool = True) -> JobRequest:
     """``profile=(peak_gib, mean_utilisation)`` attaches a recorded profile; ``array=(id, limit)``;
     ``cpus``/``ram_gib``: the whole job's CPU cores and host memory."""
     return JobRequest(
@@ -78,6 +84,7 @@ def job(id: int, gpus: int = 1, mem_gib: float | None = None, submitted_at: floa
         expected_runtime_s=runtime, max_nodes=max_nodes, reserved_since=reserved_since,
         array_id=array[0] if array else None, array_limit=array[1] if array else None, waiting_for=waiting_for,
         needs_runtime=image, cpu_milli=int(cpus * 1000), host_memory_mb=int(ram_gib * GIB),
+        mig_profile=mig, accepts_unfenced=unfenced,
     )
 
 
@@ -93,13 +100,13 @@ def running(id: int, on: str = "a", gpus=(0,), tenant: str = "vision", opportuni
             mem_gib: float | None = None, started_at: float = 0.0, runtime: float | None = None,
             util: float | None = None, solo: float | None = None, duty: float = 1.0, milli: int = 1000,
             shareable: bool = False, preempting: bool = False, attained: float = 0.0, checkpoints: bool = False,
-            array: int | None = None, cpus: float = 0, ram_gib: float = 0) -> RunningSpec:
+            array: int | None = None, cpus: float = 0, ram_gib: float = 0, unfenced: bool = True) -> RunningSpec:
     return RunningSpec(id, on, tuple(gpus), dict(
         tenant=tenant, job_class=JobClass.OPPORTUNISTIC if opportunistic else JobClass.GUARANTEED,
         started_at=started_at, memory_mib=int(mem_gib * GIB) if mem_gib else None, expected_runtime_s=runtime,
         utilisation=util, solo_utilisation=solo, duty_cycle=duty, gpu_milli=milli, shareable=shareable,
         preempting=preempting, attained_gpu_s=attained, checkpoints=checkpoints, array_id=array,
-        cpu_milli=int(cpus * 1000), host_memory_mb=int(ram_gib * GIB)))
+        cpu_milli=int(cpus * 1000), host_memory_mb=int(ram_gib * GIB), accepts_unfenced=unfenced))
 
 
 def cluster(*node_states: NodeState, pending=(), running=(), tenants=()) -> ClusterSnapshot:

@@ -24,21 +24,22 @@ from jobs.scheduling.filters import (
     gpu_memory,
     gpu_model,
     host_resources,
+    isolation,
 )
 
 # Inventory reasons, in the order a researcher should hear them: what is missing everywhere first,
 # then what only some nodes lack.
-NEVER = (gpu_model.never, gpu_memory.never, gang_width.never, container_runtime.never, host_resources.never)
+NEVER = (isolation.never, gpu_model.never, gpu_memory.never, gang_width.never, container_runtime.never, host_resources.never)
 
 
 def pool_key(shape) -> tuple:
     """Everything ``admits_pool`` reads of a request: equal keys admit the same pools."""
-    return (shape.models, shape.memory_mib, shape.gpu_milli, shape.needs_runtime)
+    return (shape.models, shape.memory_mib, shape.gpu_milli, shape.needs_runtime, shape.mig_profile)
 
 
 def admits_pool(pool, shape) -> bool:
     return gpu_model.admits_pool(pool, shape) and gpu_memory.admits_pool(pool, shape) \
-        and container_runtime.admits_pool(pool, shape)
+        and container_runtime.admits_pool(pool, shape) and isolation.admits_pool(pool, shape)
 
 
 def admits_shared_gpu(gpu, shape, job_class, config) -> bool:
@@ -46,7 +47,8 @@ def admits_shared_gpu(gpu, shape, job_class, config) -> bool:
             and gpu_memory.admits_shared_gpu(gpu, shape, config.share_memory_headroom_mib)
             and compute_room.admits_shared_gpu(gpu, shape, job_class, config.max_shared_load_milli,
                                                config.min_shared_room_milli)
-            and exclusivity.admits_shared_gpu(gpu, shape, job_class))
+            and exclusivity.admits_shared_gpu(gpu, shape, job_class)
+            and isolation.admits_shared_gpu(gpu, shape))
 
 
 def gpus_on(node, shape) -> int:

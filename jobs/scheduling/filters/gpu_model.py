@@ -10,6 +10,7 @@ def admits_pool(pool, shape) -> bool:
 
 
 def never(check, shape):
-    if shape.models and not shape.models.intersection(check.online_models):
-        return reasons.model_unavailable(shape.models, check.online_models)
+    online = check.online_mig_models if shape.mig_profile else check.online_models
+    if shape.models and not shape.models.intersection(online):
+        return reasons.model_unavailable(shape.models, online)
     return None
