@@ -3,8 +3,10 @@
 Jobs are referred to by id only (``job_id``): this app never imports ``jobs``.
 """
 
+from django.core.validators import RegexValidator
 from django.db import models
 
+from agents.protocol import ISOLATION_MODES, MIG_PROFILE_RE
 from monitoring.choices import AlertKind, NodeHealth, Resolution
 
 
@@ -33,12 +35,30 @@ class Node(models.Model):
         return self.name
 
 
+# What each isolation mode means to someone reading the node page.
+ISOLATION_LABELS = {
+    "mps": "MPS (memory and compute limits per job)",
+    "memory_limit": "Driver memory limit per job",
+    "mig": "MIG instance (one job, fenced in hardware)",
+    "unfenced": "Unfenced (no limits: shared only by jobs that accept it)",
+}
+
+
 class Gpu(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField(help_text="Index on the node (CUDA_VISIBLE_DEVICES).")
     uuid = models.CharField(max_length=128, unique=True)
     model = models.CharField(max_length=64)
     memory_mib = models.PositiveIntegerField()
+    # How co-located jobs are kept apart on it, as its agent reported (agents.protocol.GpuInfo):
+    # the scheduler packs an "unfenced" GPU only with jobs that accept it, and a "mig" instance
+    # takes one job at a time, of its own profile. An agent that says nothing enforces nothing.
+    isolation = models.CharField(max_length=16, choices=[(mode, ISOLATION_LABELS[mode]) for mode in ISOLATION_MODES],
+                                 default="unfenced", help_text="mps, memory_limit, mig or unfenced.")
+    mig_profile = models.CharField(max_length=32, null=True, blank=True, validators=[RegexValidator(MIG_PROFILE_RE)],
+                                   help_text="MIG instances: the GPU instance profile, e.g. 1g.10gb.")
+    parent_index = models.PositiveSmallIntegerField(null=True, blank=True,
+                                                    help_text="MIG instances: index of the GPU it is carved from.")
     # A GPU missing from the node's latest registration is kept (allocations point at it) but
     # never offered to the scheduler.
     present = models.BooleanField(default=True)

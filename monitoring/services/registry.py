@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 import redis
 from django.db import connection, transaction
-from django.db.models import Count
+from django.db.models import Count, Max
 from django.db.models.signals import post_delete, post_migrate, post_save
 from django.utils import timezone
 
@@ -118,7 +118,8 @@ def register_node(message: NodeRegistered) -> Node:
         Gpu.objects.update_or_create(
             uuid=uuid,
             defaults={"node": node, "index": info.index, "model": info.model,
-                      "memory_mib": info.memory_mib, "present": True},
+                      "memory_mib": info.memory_mib, "present": True, "isolation": info.isolation,
+                      "mig_profile": info.mig_profile, "parent_index": info.parent_index},
         )
     inventory_changed()
     return node
@@ -139,7 +140,10 @@ class Inventory:
     node_kinds: tuple[tuple[tuple[tuple[str, int, int], ...], int], ...] = ()
     # Container runtimes some node with GPUs runs image jobs with.
     runtimes: frozenset[str] = frozenset()
-    # CPU (milli-cores) and host memory (MiB) the nodes with GPUs offer: the largest on one node and
+    # MIG instances are not in ``node_kinds`` (only a job asking for its profile may run on one):
+    # each profile some online node has, with the memory of its largest instance, by profile.
+    mig_profiles: tuple[tuple[str, int], ...] = ()
+    # CPU (milli-cores) and host memory (MiB) the nodes with GPUs (or MIG instances) offer: the largest on one node and
     # the sum; None while some node does not report it (it is then unlimited there).
     largest_cpu_milli: int | None = None
     total_cpu_milli: int | None = None
@@ -159,6 +163,15 @@ class Inventory:
         object.__setattr__(self, "largest_gpu_mib", max((mib for kind, _ in self.node_kinds for _, mib, _ in kind),
                                                         default=0))
         object.__setattr__(self, "models", frozenset(model for kind, _ in self.node_kinds for model, _, _ in kind))
+
+    @property
+    def registered(self) -> bool:
+        """Some device is present: until then nothing is refused on size (the job waits)."""
+        return bool(self.total_gpus or self.mig_profiles)
+
+    def largest_mig_mib(self, profile: str) -> int | None:
+        """Memory of the largest present MIG instance of ``profile``; None when no node has one."""
+        return dict(self.mig_profiles).get(profile)
 
     @property
     def most_gpus_on_a_node(self) -> int:
@@ -215,11 +228,23 @@ _warned_uncached = threading.Event()
 
 
 def present_gpu_groups() -> list[tuple[int, str, int, int]]:
-    """(node id, model, memory MiB, GPUs) of the present GPUs of online nodes: one row per group."""
+    """(node id, model, memory MiB, GPUs) of the present whole GPUs (not MIG instances) of online
+    nodes: one row per group."""
     # order_by(): the default ordering (node name, GPU index) would join nodes and, in a DISTINCT
     # or GROUP BY, split the groups back into one row per GPU.
-    return list(Gpu.objects.filter(present=True).exclude(node__state=NodeHealth.LOST).order_by()
+    return list(_present_devices().filter(mig_profile__isnull=True)
                 .values_list("node_id", "model", "memory_mib").annotate(gpus=Count("pk")))
+
+
+def present_mig_groups() -> list[tuple[int, str, int]]:
+    """(node id, profile, memory MiB of its largest instance there) of the MIG instances present on
+    online nodes: one row per node and profile."""
+    return list(_present_devices().filter(mig_profile__isnull=False)
+                .values_list("node_id", "mig_profile").annotate(largest=Max("memory_mib")))
+
+
+def _present_devices():
+    return Gpu.objects.filter(present=True).exclude(node__state=NodeHealth.LOST).order_by()
 
 
 def load_inventory() -> Inventory:
@@ -228,13 +253,18 @@ def load_inventory() -> Inventory:
     for node_id, model, memory, gpus in present_gpu_groups():
         by_node.setdefault(node_id, []).append((model, memory, gpus))
     kinds = Counter(tuple(sorted(groups)) for groups in by_node.values())
+    mig: dict[str, int] = {}
+    mig_nodes = set()
+    for node_id, profile, memory in present_mig_groups():
+        mig[profile] = max(memory, mig.get(profile, 0))
+        mig_nodes.add(node_id)
     nodes = [row for row in Node.objects.order_by().values_list("pk", "runtimes", "cpu_milli", "host_memory_mib")
-             if row[0] in by_node]
+             if row[0] in by_node or row[0] in mig_nodes]
     runtimes = frozenset(runtime for _, listed, _, _ in nodes for runtime in (listed or []))
     cpus = [cpu for _, _, cpu, _ in nodes]
     memories = [mib for _, _, _, mib in nodes]
     reported = lambda values: bool(values) and None not in values  # noqa: E731
-    return Inventory(node_kinds=tuple(sorted(kinds.items())), runtimes=runtimes,
+    return Inventory(node_kinds=tuple(sorted(kinds.items())), runtimes=runtimes, mig_profiles=tuple(sorted(mig.items())),
                      largest_cpu_milli=max(cpus) if reported(cpus) else None,
                      total_cpu_milli=sum(cpus) if reported(cpus) else None,
                      largest_host_memory_mib=max(memories) if reported(memories) else None,
