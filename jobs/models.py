@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import F, Q
 
+from agents import protocol
 from jobs.choices import RunClass, JobEventKind, JobState, Role
 
 
@@ -39,6 +40,15 @@ class Tenant(models.Model):
     idle_util_percent = models.FloatField(
         null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(100.0)],
         help_text="A GPU under this utilisation is idle. Empty: COLONY_IDLE_GPU_UTIL_PERCENT.")
+    # Consent to share a GPU nothing fences (no MPS, driver memory limit or MIG: isolation
+    # "unfenced"): there a neighbour that allocates past its share can make this tenant's job fail
+    # with CUDA out-of-memory. On by default, today's behaviour, with the scheduler's
+    # memory-pressure preemption as the only guard; off, its jobs never join or receive neighbours
+    # on such a GPU (a job's own accepts_unfenced overrides this).
+    unfenced_sharing = models.BooleanField(
+        default=True,
+        help_text="Its jobs may share GPUs that enforce no memory or compute limits (isolation 'unfenced'), "
+                  "guarded only by memory-pressure preemption. A job's own setting overrides it.")
     # GPU-seconds of recent use, decayed with a half-life: the fair-share order of borrowers.
     decayed_usage = models.FloatField(default=0.0)
     usage_updated_at = models.DateTimeField(null=True, blank=True)
@@ -159,6 +169,15 @@ class Job(models.Model):
         help_text="Share of one GPU in thousandths (below 1000 only with 1 GPU); fractional jobs share GPUs.",
     )
     gpu_models = models.JSONField(default=list, blank=True, help_text="Allowed GPU models; empty means any.")
+    # Runs only on a MIG instance of exactly this profile, alone there (one GPU, whole).
+    mig_profile = models.CharField(max_length=32, null=True, blank=True,
+                                   validators=[RegexValidator(protocol.MIG_PROFILE_RE,
+                                                              "Not a MIG profile, e.g. 1g.10gb.")],
+                                   help_text="MIG instance profile to run on, e.g. 1g.10gb; empty: a whole GPU or a share.")
+    # May share a GPU that fences nothing ("unfenced") with other jobs; None: its tenant's setting.
+    accepts_unfenced = models.BooleanField(
+        null=True, blank=True,
+        help_text="May share GPUs that enforce no limits (isolation 'unfenced'); empty: the tenant's setting.")
     priority = models.SmallIntegerField(default=0)
     opportunistic_only = models.BooleanField(default=False, help_text="Never run as guaranteed (cheap, preemptible).")
     shareable = models.BooleanField(default=False, help_text="A guaranteed job that accepts GPU neighbours.")
@@ -221,6 +240,8 @@ class Job(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive"),
             models.CheckConstraint(condition=Q(gpu_milli=1000) | Q(gpus=1), name="job_fraction_only_single_gpu"),
+            models.CheckConstraint(condition=Q(mig_profile__isnull=True) | Q(gpus=1, gpu_milli=1000),
+                                   name="job_mig_one_whole_instance"),
         ]
 
     def __str__(self) -> str:

@@ -19,14 +19,20 @@ from monitoring.models import Node
 
 # Job fields a launch is built from (for ``.only()``); ``launch_spec`` turns them into its fields.
 LAUNCH_FIELDS = ("command", "env", "attempt", "max_runtime_s", "tenant__slug", "workdir", "code_id", "image", "venv",
-                 "conda", "stop_signal", "array_id", "array_index")
+                 "conda", "stop_signal", "array_id", "array_index", "gpu_milli")
 
 
 def launch_spec(job: Job) -> dict:
-    """The launch's fields that come from the job spec as submitted (where and in what it runs)."""
+    """The launch's fields that come from the job spec as submitted (where and in what it runs, and
+    the compute share an MPS GPU caps a fractional job at)."""
     return {"workdir": job.workdir or None, "image": job.image or None, "venv": job.venv or None,
             "conda": job.conda or None, "stop_signal": job.stop_signal, "array_id": job.array_id,
-            "array_index": job.array_index, "code_id": job.code_id}
+            "array_index": job.array_index, "code_id": job.code_id, "compute_share": compute_share(job.gpu_milli)}
+
+
+def compute_share(gpu_milli: int) -> float | None:
+    """A fractional job's share of its GPU's compute (its milli-GPUs / 1000); None: the whole GPU."""
+    return gpu_milli / 1000 if gpu_milli < 1000 else None
 
 
 def launch_envs(job_env: dict, slices: tuple[NodeSlice, ...], rendezvous: Rendezvous | None,

@@ -35,17 +35,19 @@ def build_snapshot(redis_client) -> ClusterSnapshot:
     node_states = _nodes(nodes, online, samples)
     gpu_nodes = {gpu.id: node.name for node in node_states for gpu in node.gpus}
     gpu_memory = {gpu.id: gpu.memory_mib for node in node_states for gpu in node.gpus}
-    tenants = list(Tenant.objects.values_list("id", "slug", "guaranteed_gpus", "max_gpus", "weight", "decayed_usage"))
+    tenants = list(Tenant.objects.values_list("id", "slug", "guaranteed_gpus", "max_gpus", "weight", "decayed_usage",
+                                              "unfenced_sharing"))
     slugs = {tenant_id: slug for tenant_id, slug, *_ in tenants}
+    unfenced = {tenant_id: consent for tenant_id, *_, consent in tenants}
     return ClusterSnapshot(
         nodes=node_states,
-        pending=_pending(max(gpu_memory.values(), default=None), slugs),
+        pending=_pending(max(gpu_memory.values(), default=None), slugs, unfenced),
         tenants=tuple(
             TenantQuota(name=slug, guaranteed_gpus=guaranteed, max_gpus=ceiling, weight=weight,
                         decayed_usage=decayed_usage)
-            for _, slug, guaranteed, ceiling, weight, decayed_usage in tenants
+            for _, slug, guaranteed, ceiling, weight, decayed_usage, _ in tenants
         ),
-        running=_running(samples, gpu_nodes, gpu_memory, slugs),
+        running=_running(samples, gpu_nodes, gpu_memory, slugs, unfenced),
         user_limits=_user_limits(slugs),
     )
 
@@ -101,7 +103,7 @@ NODE_FIELDS = ("id", "name", "cordoned", "rack", "topology", "runtimes", "cpu_mi
 def _nodes(nodes: list[tuple], online: set[str], samples: dict[str, dict]) -> tuple[NodeState, ...]:
     gpus_by_node: dict[int, list[tuple]] = defaultdict(list)
     for node_id, *gpu in Gpu.objects.filter(present=True).order_by("index").values_list(
-            "node_id", "id", "index", "model", "memory_mib"):
+            "node_id", "id", "index", "model", "memory_mib", "isolation", "mig_profile"):
         gpus_by_node[node_id].append(gpu)
     states = []
     for node_id, name, cordoned, rack, topology, runtimes, cpu_milli, host_memory_mib in nodes:
@@ -113,8 +115,9 @@ def _nodes(nodes: list[tuple], online: set[str], samples: dict[str, dict]) -> tu
                     id=gpu_id, index=index, model=model, memory_mib=memory_mib,
                     utilisation=_fraction(readings.get(index, {}).get("util_sm")),
                     memory_used_mib=readings.get(index, {}).get("mem_used_mib"),
+                    isolation=isolation, mig_profile=mig_profile,
                 )
-                for gpu_id, index, model, memory_mib in gpus_by_node[node_id]
+                for gpu_id, index, model, memory_mib, isolation, mig_profile in gpus_by_node[node_id]
             ),
             online=name in online,
             cordoned=cordoned,
@@ -145,19 +148,20 @@ def _profiles(tenant_keys: set[tuple[int, str]]) -> dict[tuple[int, str], JobPro
 PENDING_FIELDS = ("id", "tenant_id", "gpus", "submitted_s", "gpu_memory_mib", "priority", "gpu_milli",
                   "gpu_models_text", "opportunistic_only", "shareable", "max_nodes", "max_runtime_s", "profile_key",
                   "reserved_since_s", "image", "array_id", "array__max_running", "cpu_milli", "host_memory_mib",
-                  "owner_id")
+                  "owner_id", "mig_profile", "accepts_unfenced")
 
 
 # The pending requests of the last snapshot, per job: what each was built from and the request.
 # A job whose row, unfinished dependencies and profile did not change keeps its (immutable)
 # request: constructing 50,000 frozen dataclasses was most of the snapshot's Python time. Replaced
 # by this snapshot's jobs every time, so it never outgrows the queue; dropped when the tenants'
-# names or the largest GPU change (what every request is also built from).
+# names, their unfenced-sharing consent or the largest GPU change (what every request is also built from).
 _built: dict[int, tuple[tuple, tuple, JobRequest]] = {}
 _built_for: tuple = ()
 
 
-def _pending(largest_gpu_mib: int | None = None, slugs: dict[int, str] | None = None) -> tuple[JobRequest, ...]:
+def _pending(largest_gpu_mib: int | None = None, slugs: dict[int, str] | None = None,
+             unfenced: dict[int, bool] | None = None) -> tuple[JobRequest, ...]:
     global _built, _built_for
     rows = _rows(Job.objects.filter(state=JobState.PENDING)
                  .annotate(submitted_s=_epoch("submitted_at"), reserved_since_s=_epoch("reserved_since"),
@@ -165,6 +169,8 @@ def _pending(largest_gpu_mib: int | None = None, slugs: dict[int, str] | None = 
                  .values_list(*PENDING_FIELDS))
     if slugs is None:
         slugs = dict(Tenant.objects.values_list("id", "slug"))
+    if unfenced is None:
+        unfenced = dict(Tenant.objects.values_list("id", "unfenced_sharing"))
     profiles = _profiles({(row[1], row[12]) for row in rows if row[12]})
     core_profiles = {
         key: (RecordedProfile(peak_memory_mib=_bounded(profile.peak_gpu_memory_mib, largest_gpu_mib),
@@ -173,7 +179,7 @@ def _pending(largest_gpu_mib: int | None = None, slugs: dict[int, str] | None = 
     }
     profile_inputs = {key: (p.peak_gpu_memory_mib, p.mean_util, p.mean_runtime_s) for key, p in profiles.items()}
     waiting_for = _unfinished_dependencies()
-    context = (largest_gpu_mib, sorted(slugs.items()))
+    context = (largest_gpu_mib, sorted(slugs.items()), sorted(unfenced.items()))
     previous = _built if _built_for == context else {}
     built: dict[int, tuple[tuple, tuple, JobRequest]] = {}
     requests = []
@@ -186,17 +192,18 @@ def _pending(largest_gpu_mib: int | None = None, slugs: dict[int, str] | None = 
         if cached is not None and cached[0] == row and cached[1] == inputs:
             request = cached[2]
         else:
-            request = _request(row, slugs, core_profiles, models, inputs[0])
+            request = _request(row, slugs, unfenced, core_profiles, models, inputs[0])
         built[job_id] = (row, inputs, request)
         requests.append(request)
     _built, _built_for = built, context
     return tuple(requests)
 
 
-def _request(row: tuple, slugs: dict[int, str], core_profiles: dict, models: dict, waiting_for: tuple) -> JobRequest:
+def _request(row: tuple, slugs: dict[int, str], unfenced: dict[int, bool], core_profiles: dict, models: dict,
+             waiting_for: tuple) -> JobRequest:
     (job_id, tenant_id, gpus, submitted_at, gpu_memory_mib, priority, gpu_milli, gpu_models, opportunistic_only,
      shareable, max_nodes, max_runtime_s, profile_key, reserved_since, image, array_id, array_limit, cpu_milli,
-     host_memory_mib, owner_id) = row
+     host_memory_mib, owner_id, mig_profile, accepts_unfenced) = row
     core_profile, profile = core_profiles.get((tenant_id, profile_key), (None, None)) if profile_key else (None, None)
     if gpu_models not in models:
         models[gpu_models] = frozenset(json.loads(gpu_models) or ())
@@ -209,7 +216,13 @@ def _request(row: tuple, slugs: dict[int, str], core_profiles: dict, models: dic
         reserved_since=_seconds(reserved_since),
         needs_runtime=bool(image), array_id=array_id, array_limit=array_limit,
         waiting_for=waiting_for, cpu_milli=cpu_milli, host_memory_mb=host_memory_mib, user=str(owner_id),
+        mig_profile=mig_profile or None, accepts_unfenced=_accepts_unfenced(accepts_unfenced, tenant_id, unfenced),
     )
+
+
+def _accepts_unfenced(job_setting: bool | None, tenant_id: int, unfenced: dict[int, bool]) -> bool:
+    """The job's own consent to share an unfenced GPU, else its tenant's (on when unknown: today's behaviour)."""
+    return job_setting if job_setting is not None else unfenced.get(tenant_id, True)
 
 
 def _unfinished_dependencies() -> dict[int, tuple[tuple[int, str], ...]]:
@@ -239,15 +252,17 @@ def _bounded(peak_mib: int, largest_gpu_mib: int | None) -> int:
 RUNNING_FIELDS = ("job_id", "gpu_id", "duty_cycle", "memory_limit_mib", "job__tenant_id", "job__run_class",
                   "started_s", "job__gpu_memory_mib", "job__gpu_milli", "job__priority", "job__max_runtime_s",
                   "job__profile_key", "job__shareable", "job__state", "job__checkpoints", "job__array_id",
-                  "job__cpu_milli", "job__host_memory_mib", "job__owner_id")
+                  "job__cpu_milli", "job__host_memory_mib", "job__owner_id", "job__accepts_unfenced")
 LIVE_STATES = (JobState.PLACED, JobState.RUNNING)
 
 
 def _running(samples: dict[str, dict], gpu_nodes: dict[int, str], gpu_memory: dict[int, int] | None = None,
-             slugs: dict[int, str] | None = None) -> tuple[RunningJob, ...]:
+             slugs: dict[int, str] | None = None, unfenced: dict[int, bool] | None = None) -> tuple[RunningJob, ...]:
     gpu_memory = gpu_memory or {}
     if slugs is None:
         slugs = dict(Tenant.objects.values_list("id", "slug"))
+    if unfenced is None:
+        unfenced = dict(Tenant.objects.values_list("id", "unfenced_sharing"))
     # Every live allocation holds its GPU, whatever the job's state: a job settled while its
     # node may still run it (timed out by the control plane) keeps its GPUs until the exit.
     # Per job: its first allocation (by rank, then GPU index) as a row, and the GPUs it holds.
@@ -266,7 +281,7 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str], gpu_memory: di
     running = []
     for job_id, (_, _, duty_cycle, memory_limit_mib, tenant_id, run_class, started_at, gpu_memory_mib, gpu_milli,
                  priority, max_runtime_s, profile_key, shareable, state, checkpoints, array_id, cpu_milli,
-                 host_memory_mib, owner_id) in first.items():
+                 host_memory_mib, owner_id, accepts_unfenced) in first.items():
         held = gpus_of[job_id]
         profile = profiles.get((tenant_id, profile_key)) if profile_key else None
         running.append(RunningJob(
@@ -288,6 +303,7 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str], gpu_memory: di
             cpu_milli=cpu_milli,
             host_memory_mb=host_memory_mib,
             user=str(owner_id),
+            accepts_unfenced=_accepts_unfenced(accepts_unfenced, tenant_id, unfenced),
         ))
     return tuple(running)
 
