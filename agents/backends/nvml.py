@@ -8,6 +8,19 @@ failure (``NVMLError`` including NOT_SUPPORTED on a GPU model, or a pynvml too o
 function) into ``None``, "unknown" on the wire, and logs each distinct failure once. A GPU whose
 name or UUID cannot be read is still reported, with a placeholder; one whose memory cannot be
 read is left out of the inventory, because the scheduler would pack against a made-up number.
+
+MIG: a GPU whose current MIG mode is enabled is listed as its MIG devices instead of itself, one
+:class:`GpuInfo` per MIG device (isolation ``mig``, its ``MIG-...`` UUID, its own memory, the GPU
+instance profile, ``parent_index`` = the GPU's NVML index). A GPU's devices are numbered from
+``max(next free number, its NVML index)``: without MIG every GPU keeps its NVML index exactly as
+before, and a whole GPU after a MIG GPU is pushed up, so on a node with MIG devices the number is
+not what ``CUDA_VISIBLE_DEVICES`` counts: jobs must be pointed at devices by UUID. A MIG device
+answers its memory and its processes; utilisation and power are read per GPU and NVML does not
+split them per instance (utilisation is NOT_SUPPORTED in MIG mode), so they are unknown, while
+temperature, clocks and ECC are facts of the board and are reported for each of its instances. An
+XID on a GPU is reported on every device of that GPU. Two instances of one GPU are linked
+``same_board``; a MIG GPU has no peer-to-peer (NVLink or PCIe) with other GPUs, so links from its
+instances are the PCIe level of the two GPUs, never ``nvlink``.
 """
 
 from __future__ import annotations
@@ -15,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from agents.backends.base import BackendSample, BackendUnavailable, JobProcesses
@@ -29,8 +43,12 @@ MIB = 1024 * 1024
 # NVML ABI values (nvml.h). pynvml exports the same numbers under these names; spelling them out
 # here keeps this module working with old or partial bindings.
 NVML_SUCCESS = 0
+NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_DEVICE_MIG_ENABLE = 1
+NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12  # profile indices to scan when the binding has no by-id lookup
 NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
@@ -56,6 +74,21 @@ NVLINK_GBPS_PER_LINK = 200.0
 MAX_EVENTS_PER_SAMPLE = 256
 
 _BUS_ID_RE = re.compile(r"([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)")
+_MIG_PROFILE_RE = re.compile(protocol.MIG_PROFILE_RE)
+
+
+@dataclass(frozen=True)
+class _Device:
+    """What one schedulable device is in NVML: a whole GPU, or a MIG device on a GPU."""
+
+    nvml_index: int  # the GPU's; for a MIG device, the GPU it lives on
+    gpu: Any
+    mig: Any = None
+
+    @property
+    def handle(self):
+        """The handle per-device readings (memory, processes) go through."""
+        return self.gpu if self.mig is None else self.mig
 
 
 def _text(value) -> str:
@@ -104,7 +137,9 @@ class NvmlBackend:
         self._nvml = pynvml
         self._node = node
         self._open = True
-        self._handles: dict[int, Any] = {}
+        self._handles: dict[int, _Device] = {}
+        self._profiles: dict[tuple[int, int], Any] = {}  # (GPU, profile id) -> profile info
+        self._empty_mig_logged: set[int] = set()
         self._failures: set[tuple[str, int | None, str]] = set()
         self._event_set = None
         self._events_tried = False
@@ -142,41 +177,186 @@ class NvmlBackend:
         if count is None:
             return []
         gpus = []
-        handles = {}
-        for index in range(count):
-            read = self._read_gpu(index)
-            if read is not None:
-                gpus.append(read[0])
-                handles[index] = read[1]
-        self._handles = handles
+        devices: dict[int, _Device] = {}
+        next_free = 0
+        for nvml_index in range(count):
+            for info, device in self._read_gpu(nvml_index, max(next_free, nvml_index)):
+                gpus.append(info)
+                devices[info.index] = device
+                next_free = info.index + 1
+        self._handles = devices
         return gpus
 
-    def _read_gpu(self, index: int) -> tuple[GpuInfo, Any] | None:
+    def _read_gpu(self, index: int, first: int) -> list[tuple[GpuInfo, _Device]]:
+        """The schedulable devices of NVML's GPU ``index``, numbered from ``first``: the GPU
+        itself, or its MIG devices when MIG mode is on."""
         nvml = self._nvml
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception as exc:
+            log.warning("GPU %d left out of the inventory: cannot read its memory: %s", index, exc)
+            return []
+        model = self._read("name", index, nvml.nvmlDeviceGetName, handle)
+        model = (_text(model)[:64] if model is not None else "") or "unknown"
+        if self._mig_enabled(index, handle):
+            return self._read_mig_devices(index, handle, model, first)
+        try:
             memory_mib = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // MIB
         except Exception as exc:
             log.warning("GPU %d left out of the inventory: cannot read its memory: %s", index, exc)
-            return None
+            return []
         if memory_mib <= 0:
             log.warning("GPU %d left out of the inventory: NVML reports %d MiB", index, memory_mib)
-            return None
+            return []
+        if first >= protocol.MAX_GPUS:
+            log.warning("GPU %d left out of the inventory: a node reports at most %d devices", index, protocol.MAX_GPUS)
+            return []
         uuid = self._read("UUID", index, nvml.nvmlDeviceGetUUID, handle)
-        model = self._read("name", index, nvml.nvmlDeviceGetName, handle)
         info = GpuInfo(
-            index=index,
+            index=first,
             # Unique per node at least, so the control plane can still tell the GPUs apart.
             uuid=(_text(uuid)[:128] if uuid is not None else "") or f"GPU-unknown-{self._node}-{index}",
-            model=(_text(model)[:64] if model is not None else "") or "unknown",
+            model=model,
             memory_mib=memory_mib,
         )
-        return info, handle
+        return [(info, _Device(index, handle))]
 
-    def _devices(self) -> dict[int, Any]:
+    def _devices(self) -> dict[int, _Device]:
         if not self._handles:
             self.inventory()
         return self._handles
+
+    # ------------------------------------------------------------------ MIG
+
+    def _mig_enabled(self, index: int, handle) -> bool:
+        """Whether the GPU's *current* MIG mode is on (a pending change needs a GPU reset first)."""
+        get_mode = getattr(self._nvml, "nvmlDeviceGetMigMode", None)
+        if get_mode is None:
+            return False  # a pynvml from before MIG
+        try:
+            current = get_mode(handle)[0]
+        except Exception as exc:
+            # NOT_SUPPORTED: a GPU without MIG (before Ampere, consumer boards); FUNCTION_NOT_FOUND:
+            # a driver from before MIG. Both are the common case, not worth a warning.
+            if getattr(exc, "value", None) not in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+                self._failed("MIG mode (listed as a whole GPU)", index, exc)
+            return False
+        return current == NVML_DEVICE_MIG_ENABLE
+
+    def _read_mig_devices(self, index: int, gpu, model: str, first: int) -> list[tuple[GpuInfo, _Device]]:
+        nvml = self._nvml
+        slots = self._read("MIG device count", index, nvml.nvmlDeviceGetMaxMigDeviceCount, gpu)
+        found = []
+        for slot in range(int(slots or 0)):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
+            except Exception as exc:
+                if getattr(exc, "value", None) != NVML_ERROR_NOT_FOUND:  # NOT_FOUND: an empty slot
+                    self._failed(f"MIG device {slot}", index, exc)
+                continue
+            number = first + len(found)
+            if number >= protocol.MAX_GPUS:
+                log.warning("GPU %d: MIG device %d left out: a node reports at most %d devices",
+                            index, slot, protocol.MAX_GPUS)
+                break
+            info = self._read_mig_device(index, slot, gpu, mig, model, number)
+            if info is not None:
+                found.append((info, _Device(index, gpu, mig)))
+        if not found and index not in self._empty_mig_logged:
+            self._empty_mig_logged.add(index)
+            log.warning("GPU %d is in MIG mode but has no MIG device to run jobs on; it offers nothing "
+                        "until instances are created (nvidia-smi mig -cgi PROFILES -C)", index)
+        return found
+
+    def _read_mig_device(self, index: int, slot: int, gpu, mig, model: str, number: int) -> GpuInfo | None:
+        """One MIG device, or ``None`` (logged) when what makes it usable cannot be read: its
+        memory (the scheduler packs against it), its UUID (the only way CUDA finds it) or its
+        profile (what jobs ask for)."""
+        nvml = self._nvml
+        where = f"GPU {index}: MIG device {slot} left out of the inventory"
+        try:
+            memory_mib = int(nvml.nvmlDeviceGetMemoryInfo(mig).total) // MIB
+        except Exception as exc:
+            log.warning("%s: cannot read its memory: %s", where, exc)
+            return None
+        uuid = self._read(f"MIG device {slot} UUID", index, nvml.nvmlDeviceGetUUID, mig)
+        uuid = _text(uuid)[:128] if uuid is not None else ""
+        profile = self._mig_profile(index, gpu, mig)
+        if memory_mib <= 0 or not uuid.startswith("MIG-") or profile is None:
+            log.warning("%s: memory %d MiB, UUID %r, profile %r", where, memory_mib, uuid, profile)
+            return None
+        return GpuInfo(
+            index=number, uuid=uuid, model=model, memory_mib=memory_mib,
+            isolation="mig", mig_profile=profile, parent_index=index,
+        )
+
+    def _mig_profile(self, index: int, gpu, mig) -> str | None:
+        """``1g.10gb`` as nvidia-smi names it; ``1c.3g.40gb`` when the compute instance holds
+        fewer slices than its GPU instance."""
+        nvml = self._nvml
+        attributes = None
+        if hasattr(nvml, "nvmlDeviceGetAttributes"):
+            attributes = self._read("MIG device attributes", index, nvml.nvmlDeviceGetAttributes, mig)
+        gpu_slices = _count(getattr(attributes, "gpuInstanceSliceCount", None))
+        compute_slices = _count(getattr(attributes, "computeInstanceSliceCount", None))
+        profile = self._gpu_instance_profile(index, gpu, mig)
+        if profile is None and attributes is not None:
+            profile = _built_profile(gpu_slices, getattr(attributes, "memorySizeMB", None))
+        if profile is None:
+            return None
+        if compute_slices and gpu_slices and compute_slices < gpu_slices:
+            profile = f"{compute_slices}c.{profile}"
+        return profile if _MIG_PROFILE_RE.match(profile) else None
+
+    def _gpu_instance_profile(self, index: int, gpu, mig) -> str | None:
+        """The profile of the GPU instance the MIG device belongs to: its NVML name where the
+        binding has one (the v2 profile info), else built from its slices and memory.
+
+        GPU instance handles need a privileged user on some drivers: the failure is logged once
+        per GPU, not per device, and the caller falls back on the device's attributes."""
+        nvml = self._nvml
+        try:
+            instance_id = nvml.nvmlDeviceGetGpuInstanceId(mig)
+            instance = nvml.nvmlDeviceGetGpuInstanceById(gpu, instance_id)
+            profile_id = int(nvml.nvmlGpuInstanceGetInfo(instance).profileId)
+        except Exception as exc:
+            self._failed("MIG GPU instance profiles", index, exc)
+            return None
+        info = self._profile_info(index, gpu, profile_id)
+        if info is None:
+            return None
+        return _profile_name(getattr(info, "name", None)) or _built_profile(
+            _count(getattr(info, "sliceCount", None)), getattr(info, "memorySizeMB", None)
+        )
+
+    def _profile_info(self, index: int, gpu, profile_id: int):
+        """NVML's description of GPU instance profile ``profile_id``, cached (it never changes)."""
+        key = (index, profile_id)
+        if key in self._profiles:
+            return self._profiles[key]
+        nvml = self._nvml
+        info = None
+        by_id = getattr(nvml, "nvmlDeviceGetGpuInstanceProfileInfoById", None)
+        if by_id is not None:
+            info = self._read("GPU instance profile", index, by_id, gpu, profile_id)
+        if info is None:
+            # Older bindings and drivers: look the id up among the profile indices. Most
+            # indices are profiles this GPU does not offer, which NVML refuses: not an error.
+            by_index = (getattr(nvml, "nvmlDeviceGetGpuInstanceProfileInfoV", None)
+                        or nvml.nvmlDeviceGetGpuInstanceProfileInfo)
+            profiles = int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", NVML_GPU_INSTANCE_PROFILE_COUNT))
+            for profile_index in range(profiles):
+                try:
+                    candidate = by_index(gpu, profile_index)
+                except Exception:
+                    continue
+                if getattr(candidate, "id", None) == profile_id:
+                    info = candidate
+                    break
+            else:
+                log.warning("GPU %d: GPU instance profile %d is not among the profiles NVML lists", index, profile_id)
+        self._profiles[key] = info
+        return info
 
     # ------------------------------------------------------------------ topology
 
@@ -187,31 +367,48 @@ class NvmlBackend:
             return list(self._topology)
         nvml = self._nvml
         devices = self._devices()
-        direct, switched = self._nvlinks(devices)
+        # NVLinks are counted between whole GPUs only: MIG mode turns peer-to-peer off.
+        mig_gpus = {d.nvml_index: d.gpu for d in devices.values() if d.mig is not None}
+        direct, switched = self._nvlinks({i: d.gpu for i, d in devices.items() if d.mig is None}, mig_gpus)
+        levels: dict[tuple[int, int], str] = {}  # per pair of NVML GPUs, read once
         links = []
         indices = sorted(devices)
         for position, a in enumerate(indices):
             for b in indices[position + 1:]:
+                first, second = devices[a], devices[b]
+                if first.nvml_index == second.nvml_index:  # two MIG devices of one GPU
+                    links.append(GpuLink(a=a, b=b, kind="same_board"))
+                    continue
                 count = direct.get((a, b), 0) or min(switched.get(a, 0), switched.get(b, 0))
                 if count:
                     links.append(GpuLink(a=a, b=b, kind="nvlink", bandwidth_gbps=count * NVLINK_GBPS_PER_LINK))
                     continue
-                level = self._read(
-                    "topology", a, nvml.nvmlDeviceGetTopologyCommonAncestor, devices[a], devices[b]
-                )
-                kind = TOPOLOGY_KINDS.get(int(level), "unknown") if level is not None else "unknown"
-                links.append(GpuLink(a=a, b=b, kind=kind))
+                pair = (first.nvml_index, second.nvml_index)
+                if pair not in levels:
+                    level = self._read(
+                        "topology", a, nvml.nvmlDeviceGetTopologyCommonAncestor, first.gpu, second.gpu
+                    )
+                    levels[pair] = TOPOLOGY_KINDS.get(int(level), "unknown") if level is not None else "unknown"
+                links.append(GpuLink(a=a, b=b, kind=levels[pair]))
         self._topology = links
         return list(links)
 
-    def _nvlinks(self, devices: dict[int, Any]) -> tuple[dict[tuple[int, int], int], dict[int, int]]:
+    def _nvlinks(
+        self, devices: dict[int, Any], mig_gpus: Mapping[int, Any] | None = None
+    ) -> tuple[dict[tuple[int, int], int], dict[int, int]]:
         """Active NVLinks: per GPU pair (a < b) joined directly, and per GPU into an NVSwitch.
 
         A link whose far end is not one of this node's GPUs is counted as going into a switch
         (NVSwitch systems; on IBM POWER it could be the CPU's NPU, which we do not tell apart).
+        A link into a GPU in MIG mode (``mig_gpus``, by NVML index) carries no peer traffic and
+        is not counted at all.
         """
         nvml = self._nvml
-        by_bus = {}
+        by_bus: dict[tuple[int, int, int], int | None] = {}
+        for index, handle in (mig_gpus or {}).items():
+            key = _bus_key(self._read("PCI info", index, nvml.nvmlDeviceGetPciInfo, handle))
+            if key is not None:
+                by_bus[key] = None
         for index, handle in devices.items():
             key = _bus_key(self._read("PCI info", index, nvml.nvmlDeviceGetPciInfo, handle))
             if key is not None:
@@ -234,6 +431,8 @@ class NvmlBackend:
                 remote = _bus_key(self._read("NVLink peer", index, nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link))
                 if remote is None:
                     continue
+                if remote in by_bus and by_bus[remote] is None:
+                    continue  # into a MIG GPU
                 peer = by_bus.get(remote)
                 if peer is None:
                     switched[index] = switched.get(index, 0) + 1
@@ -250,12 +449,18 @@ class NvmlBackend:
         gpus = []
         job_samples = []
         unattributed: dict[int, int] = {}
-        for index, handle in devices.items():
-            gpus.append(self._gpu_sample(index, handle, xids.get(index, [])))
-            processes = self._processes(index, handle)
+        boards: dict[int, dict] = {}  # per MIG GPU, its board readings, read once per sample
+        for index, device in devices.items():
+            device_xids = xids.get(device.nvml_index, [])
+            if device.mig is None:
+                gpus.append(self._gpu_sample(index, device.gpu, device_xids))
+            else:
+                gpus.append(self._mig_sample(index, device, device_xids, boards))
+            processes = self._processes(index, device.handle, graphics=device.mig is None)
             if processes is None:
                 continue  # unknown: neither per-job nor unattributed figures for this GPU
-            util = self._process_util(index, handle)
+            # Per-process utilisation is not kept per MIG device: unknown, not zero.
+            util = self._process_util(index, device.handle) if device.mig is None else None
             unattributed[index] = 0
             per_job: dict[int, list] = {}  # job id -> [known MiB or None, util or None]
             for pid, memory_mib in processes.items():
@@ -285,8 +490,37 @@ class NvmlBackend:
         nvml = self._nvml
         rates = self._read("utilisation", index, nvml.nvmlDeviceGetUtilizationRates, handle)
         memory = self._read("memory", index, nvml.nvmlDeviceGetMemoryInfo, handle)
-        temperature = self._read("temperature", index, nvml.nvmlDeviceGetTemperature, handle, NVML_TEMPERATURE_GPU)
         power_mw = self._read("power", index, nvml.nvmlDeviceGetPowerUsage, handle)
+        return GpuSample(
+            index=index,
+            util_sm=_percent(getattr(rates, "gpu", None)),
+            util_mem=_percent(getattr(rates, "memory", None)),
+            mem_used_mib=_count(getattr(memory, "used", None), MIB, protocol.MEMORY_MIB_MAX),
+            mem_total_mib=_count(getattr(memory, "total", None), MIB, protocol.MEMORY_MIB_MAX),
+            power_w=None if _number(power_mw, 0, protocol.POWER_W_MAX * 1000) is None else round(power_mw / 1000.0, 1),
+            xid_events=xids[:64],
+            **self._board_readings(index, handle),
+        )
+
+    def _mig_sample(self, index: int, device: _Device, xids: list[int], boards: dict[int, dict]) -> GpuSample:
+        """A MIG device's own memory; its GPU's temperature, clocks and ECC count (one board, one
+        clock domain); utilisation and power unknown (NVML does not split them per instance)."""
+        nvml = self._nvml
+        memory = self._read("memory", index, nvml.nvmlDeviceGetMemoryInfo, device.mig)
+        board = boards.get(device.nvml_index)
+        if board is None:
+            board = boards[device.nvml_index] = self._board_readings(index, device.gpu)
+        return GpuSample(
+            index=index,
+            mem_used_mib=_count(getattr(memory, "used", None), MIB, protocol.MEMORY_MIB_MAX),
+            mem_total_mib=_count(getattr(memory, "total", None), MIB, protocol.MEMORY_MIB_MAX),
+            xid_events=xids[:64],
+            **board,
+        )
+
+    def _board_readings(self, index: int, handle) -> dict:
+        nvml = self._nvml
+        temperature = self._read("temperature", index, nvml.nvmlDeviceGetTemperature, handle, NVML_TEMPERATURE_GPU)
         sm_clock = self._read("SM clock", index, nvml.nvmlDeviceGetClockInfo, handle, NVML_CLOCK_SM)
         mem_clock = self._read("memory clock", index, nvml.nvmlDeviceGetClockInfo, handle, NVML_CLOCK_MEM)
         ecc = self._read(
@@ -297,29 +531,31 @@ class NvmlBackend:
             NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
             NVML_VOLATILE_ECC,
         )
-        return GpuSample(
-            index=index,
-            util_sm=_percent(getattr(rates, "gpu", None)),
-            util_mem=_percent(getattr(rates, "memory", None)),
-            mem_used_mib=_count(getattr(memory, "used", None), MIB, protocol.MEMORY_MIB_MAX),
-            mem_total_mib=_count(getattr(memory, "total", None), MIB, protocol.MEMORY_MIB_MAX),
-            temperature_c=_number(temperature, protocol.TEMPERATURE_C_MIN, protocol.TEMPERATURE_C_MAX),
-            power_w=None if _number(power_mw, 0, protocol.POWER_W_MAX * 1000) is None else round(power_mw / 1000.0, 1),
-            sm_clock_mhz=_count(sm_clock, high=protocol.CLOCK_MHZ_MAX),
-            mem_clock_mhz=_count(mem_clock, high=protocol.CLOCK_MHZ_MAX),
-            ecc_uncorrected=_count(ecc),
-            xid_events=xids[:64],
-        )
+        return {
+            "temperature_c": _number(temperature, protocol.TEMPERATURE_C_MIN, protocol.TEMPERATURE_C_MAX),
+            "sm_clock_mhz": _count(sm_clock, high=protocol.CLOCK_MHZ_MAX),
+            "mem_clock_mhz": _count(mem_clock, high=protocol.CLOCK_MHZ_MAX),
+            "ecc_uncorrected": _count(ecc),
+        }
 
-    def _processes(self, index: int, handle) -> dict[int, int | None] | None:
-        """pid -> GPU memory in MiB (``None`` when NVML hides it); ``None`` if neither list reads."""
+    def _processes(self, index: int, handle, graphics: bool = True) -> dict[int, int | None] | None:
+        """pid -> GPU memory in MiB (``None`` when NVML hides it); ``None`` if neither list reads.
+
+        ``graphics=False`` for MIG devices, which run no graphics contexts (and would only log
+        NOT_SUPPORTED)."""
         nvml = self._nvml
         compute = self._read("compute processes", index, nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+        if not graphics:
+            return None if compute is None else self._memory_by_pid(compute)
         graphics = self._read("graphics processes", index, nvml.nvmlDeviceGetGraphicsRunningProcesses, handle)
         if compute is None and graphics is None:
             return None
+        return self._memory_by_pid(list(compute or []) + list(graphics or []))
+
+    @staticmethod
+    def _memory_by_pid(listed) -> dict[int, int | None]:
         processes: dict[int, int | None] = {}
-        for process in list(compute or []) + list(graphics or []):
+        for process in listed:
             pid = getattr(process, "pid", None)
             if not isinstance(pid, int) or pid <= 0:
                 continue
@@ -370,7 +606,9 @@ class NvmlBackend:
         if event_set is None:
             return None
         registered = 0
-        for index, handle in self._devices().items():
+        # Events are the GPU's (a MIG GPU's XID concerns all its instances): register each once.
+        gpus = {device.nvml_index: device.gpu for device in self._devices().values()}
+        for index, handle in gpus.items():
             try:
                 nvml.nvmlDeviceRegisterEvents(handle, NVML_EVENT_TYPE_XID_CRITICAL_ERROR, event_set)
                 registered += 1
@@ -383,7 +621,7 @@ class NvmlBackend:
         return event_set
 
     def _drain_xids(self) -> dict[int, list[int]]:
-        """XID codes per GPU index since the previous call, without blocking (timeout 0)."""
+        """XID codes per NVML GPU index since the previous call, without blocking (timeout 0)."""
         event_set = self._events()
         if event_set is None:
             return {}
@@ -410,9 +648,9 @@ class NvmlBackend:
         index = self._read("index of an event's GPU", None, self._nvml.nvmlDeviceGetIndex, device)
         if index is not None:
             return int(index)
-        for known, handle in self._handles.items():
-            if handle is device or handle == device:
-                return known
+        for known in self._handles.values():
+            if known.gpu is device or known.gpu == device:
+                return known.nvml_index
         return None
 
     def close(self) -> None:
@@ -449,6 +687,26 @@ def _count(value, unit: int = 1, high: int = protocol.COUNTER_MAX) -> int | None
         return None
     count = int(number) // unit
     return count if count <= high else None
+
+
+def _profile_name(name) -> str | None:
+    """``b"MIG 1g.10gb"`` (the v2 profile info's name) -> ``"1g.10gb"``; ``None`` if it is not
+    one our wire schema takes (a newer spelling), so the caller builds one instead."""
+    if not name:
+        return None
+    text = _text(name).strip().lower()
+    text = text[len("mig "):] if text.startswith("mig ") else text
+    return text if _MIG_PROFILE_RE.match(text) else None
+
+
+def _built_profile(slices: int | None, memory_mib) -> str | None:
+    """``<slices>g.<GB>gb`` from a profile's slice count and memorySizeMB (MiB): NVML's names
+    round the memory up to whole GiB on A100 and H100 (9.5 GiB is ``1g.10gb``, 79.25 ``7g.80gb``).
+    Larger boards name theirs in other ways (H200's ``1g.18gb``), which is why the name wins."""
+    memory = _count(memory_mib)
+    if not slices or not memory:
+        return None
+    return f"{slices}g.{math.ceil(memory / 1024)}gb"
 
 
 def _bus_key(pci) -> tuple[int, int, int] | None:
