@@ -64,7 +64,7 @@ def record_quota_changes(request, tenant: Tenant, form) -> list[QuotaChange]:
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("slug", "name", "guaranteed_gpus", "max_gpus", "weight", "usage", "members")
+    list_display = ("slug", "name", "guaranteed_gpus", "max_gpus", "weight", "unfenced_sharing", "usage", "members")
     list_editable = ("guaranteed_gpus", "max_gpus", "weight")
     search_fields = ("slug", "name")
     prepopulated_fields = {"slug": ("name",)}
@@ -73,6 +73,12 @@ class TenantAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "slug")}),
         ("Quota", {"fields": ("guaranteed_gpus", "max_gpus", "weight"),
                    "description": "Changes are recorded in the audit trail below."}),
+        ("GPU sharing", {"fields": ("unfenced_sharing",),
+                         "description": "Whether its jobs may share a GPU whose node enforces no memory or compute "
+                                        "limits (isolation 'unfenced': no MPS, driver memory limit or MIG). There a "
+                                        "neighbour that allocates past its share can make a job run out of memory; "
+                                        "the scheduler's memory-pressure preemption is the only guard. A job's own "
+                                        "accepts_unfenced overrides this."}),
         ("Usage", {"fields": ("usage", "decayed_usage", "usage_updated_at")}),
         ("Idle GPUs", {"fields": ("idle_notify_minutes", "idle_opportunistic_minutes", "idle_suspend_minutes",
                                   "idle_requeue_minutes", "idle_util_percent"),
@@ -158,7 +164,7 @@ class AllocationInline(admin.TabularInline):
 
 
 SPEC_FIELDS = ("gpu_milli", "gpu_memory_mib", "gpu_models", "priority", "opportunistic_only", "shareable",
-               "max_nodes", "max_runtime_s", "profile_key")
+               "max_nodes", "max_runtime_s", "profile_key", "mig_profile", "accepts_unfenced")
 
 
 @admin.register(Job)

@@ -24,6 +24,11 @@ GPU_SHARES = [
     ("250", "1/4 of one GPU"),
     ("125", "1/8 of one GPU"),
 ]
+UNFENCED = [
+    ("", "As my tenant says"),
+    ("yes", "Yes: may share them"),
+    ("no", "No: only GPUs that enforce limits"),
+]
 RUN_AS = [
     ("auto", "Auto: guaranteed within quota, borrow beyond"),
     ("opportunistic", "Spare capacity only (preemptible)"),
@@ -60,6 +65,14 @@ class LooseMultipleChoiceField(forms.MultipleChoiceField):
         return True
 
 
+class LooseChoiceField(forms.ChoiceField):
+    """A select whose value the serializer judges (a MIG profile gone since the page was drawn reads
+    as the API says)."""
+
+    def valid_value(self, value) -> bool:
+        return True
+
+
 class SubmitForm(forms.Form):
     tenant = forms.ChoiceField(required=False, help_text="The tenant whose quota the job uses.")
     name = forms.CharField(required=False, max_length=400,
@@ -82,6 +95,11 @@ class SubmitForm(forms.Form):
                                   help_text="RAM for the whole job.")
     gpu_models = LooseMultipleChoiceField(required=False, label="GPU models", widget=forms.CheckboxSelectMultiple,
                                           help_text="None ticked: any model.")
+    mig_profile = LooseChoiceField(required=False, label="MIG instance",
+                                    help_text="Run alone on a MIG instance of this profile (1 GPU, whole).")
+    accepts_unfenced = forms.ChoiceField(
+        choices=UNFENCED, required=False, label="Share unfenced GPUs",
+        help_text="GPUs that enforce no memory limits: a neighbour there can make a job run out of memory.")
     run_as = forms.ChoiceField(choices=RUN_AS, initial="auto", label="Class")
     shareable = forms.BooleanField(required=False, label="Let other jobs share my GPUs")
     priority = forms.CharField(initial="0", required=False, widget=forms.NumberInput(attrs={"min": -10, "max": 10}),
@@ -125,7 +143,10 @@ class SubmitForm(forms.Form):
         self.fields["tenant"].choices = [(slug, f"{slug} ({name})") for slug, name in mine]
         if len(mine) == 1:
             self.fields["tenant"].initial = mine[0][0]
-        self.fields["gpu_models"].choices = [(m, m) for m in sorted(cluster_inventory().models)]
+        inventory = cluster_inventory()
+        self.fields["gpu_models"].choices = [(m, m) for m in sorted(inventory.models)]
+        profiles = [(name, f"{name} ({mib // 1024} GiB)") for name, mib in inventory.mig_profiles]
+        self.fields["mig_profile"].choices = [("", "None: a whole GPU or a share")] + profiles if profiles else []
         self.validated: dict | None = None
 
     def payload(self) -> dict:
@@ -164,6 +185,10 @@ class SubmitForm(forms.Form):
                 payload["max_runtime_s"] = seconds
         if data.get("gpu_models"):
             payload["gpu_models"] = list(data["gpu_models"])
+        if data.get("mig_profile"):
+            payload["mig_profile"] = data["mig_profile"]
+        if data.get("accepts_unfenced") in ("yes", "no"):
+            payload["accepts_unfenced"] = data["accepts_unfenced"] == "yes"
         payload["opportunistic_only"] = data.get("run_as") == "opportunistic"
         payload["shareable"] = bool(data.get("shareable"))
         for name in ("workdir", "image", "venv", "conda", "array"):

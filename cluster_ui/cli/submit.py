@@ -30,6 +30,10 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
     submit.add_argument("--cpus", metavar="N", help="CPU cores for the whole job, e.g. 8 (default: the cluster's per-GPU default)")
     submit.add_argument("--host-memory", metavar="SIZE", help="host memory (RAM) for the whole job, e.g. 64GiB")
     submit.add_argument("--gpu-model", action="append", metavar="MODEL", help="allowed GPU model (repeatable)")
+    submit.add_argument("--mig-profile", metavar="PROFILE",
+                        help="run alone on a MIG instance of this profile, e.g. 1g.10gb (one GPU)")
+    submit.add_argument("--no-unfenced", dest="accepts_unfenced", action="store_false", default=None,
+                        help="never share a GPU that enforces no memory limits (default: your tenant's setting)")
     submit.add_argument("--tenant", help="tenant to charge (needed if you belong to several)")
     submit.add_argument("--name", help="job name (default: the program)")
     submit.add_argument("--priority", type=int, help="-10..10, order within your tenant")
@@ -102,7 +106,10 @@ def job_body(args) -> dict:
             body["preempt_grace_s"] = units.duration_s(args.preempt_grace)
     except ValueError as exc:
         raise Usage(str(exc)) from None
-    for field in ("tenant", "priority", "max_nodes", "profile_key", "image", "venv", "conda", "array"):
+    if args.mig_profile is not None and (args.gpu_fraction is not None or (args.gpus_given and args.gpus != 1)):
+        raise Usage("--mig-profile runs the job on one MIG instance, whole; leave out --gpus and --gpu-fraction")
+    for field in ("tenant", "priority", "max_nodes", "profile_key", "image", "venv", "conda", "array", "mig_profile",
+                  "accepts_unfenced"):
         if getattr(args, field) is not None:
             body[field] = getattr(args, field)
     if args.workdir is not None:

@@ -120,7 +120,7 @@ class JobSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "tenant", "owner", "command", "env", "eta_s", "gpus", "gpu_milli", "gpu_memory_mib", "gpu_models",
             "cpus", "host_memory_mib", "priority", "opportunistic_only", "shareable", "max_nodes", "max_runtime_s",
-            "profile_key",
+            "profile_key", "mig_profile", "accepts_unfenced",
             "workdir", "code", "image", "venv", "conda", "preempt_grace_s", "stop_signal", "checkpoints",
             "array_id", "array_index", "dependencies", "preemptions", "lost_work_s",
             "state", "run_class", "pending_reason", "allocations", "events", "attempt", "requeue_count",
@@ -185,6 +185,15 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         help_text="Host memory (RAM) for the whole job, in MiB. Default: the cluster's per-GPU default.")
     gpu_models = serializers.ListField(child=StrictCharField(max_length=64), required=False, max_length=16,
                                        help_text='Allowed GPU models, e.g. ["V100-32GB"]; empty means any.')
+    mig_profile = StrictCharField(
+        max_length=32, required=False, allow_null=True, allow_blank=True,
+        help_text="Run on a MIG instance of this profile, e.g. 1g.10gb (gpus=1, whole): it has the instance to "
+                  "itself, fenced in hardware. Empty: a whole GPU or a share of one.")
+    accepts_unfenced = serializers.BooleanField(
+        required=False, allow_null=True, default=None,
+        help_text="May share a GPU that enforces no memory or compute limits (isolation 'unfenced'), where a "
+                  "neighbour's allocation can make it run out of memory. Null: the tenant's setting "
+                  "(unfenced_sharing).")
     priority = serializers.IntegerField(min_value=-10, max_value=10, required=False, default=0,
                                         help_text="Order within your tenant; higher runs first.")
     opportunistic_only = serializers.BooleanField(required=False, default=False,
@@ -269,12 +278,20 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
             attrs["tenant"] = mine[0]
         if attrs.get("gpu_milli", 1000) < 1000 and attrs["gpus"] != 1:
             raise serializers.ValidationError({"gpu_milli": ["A GPU fraction is only possible with gpus=1."]})
+        self._check_mig_request(attrs)
         self._check_launch_size(attrs["command"], attrs.get("env") or {})
         self._host_request(attrs)
         self._check_where_and_what(attrs)
         inventory = self.context["inventory"] if "inventory" in self.context else cluster_inventory()
-        if inventory.total_gpus:  # before any node registers, nothing is refused on size: the job waits
-            self._check_inventory(attrs, inventory)
+        if inventory.registered:  # before any node registers, nothing is refused on size: the job waits
+            if attrs.get("mig_profile"):
+                self._check_mig_inventory(attrs, inventory)
+            elif not inventory.total_gpus:
+                raise serializers.ValidationError({"mig_profile": [
+                    "Every GPU of this cluster is split into MIG instances, which run only jobs that ask for one: "
+                    f"give mig_profile (one of {', '.join(name for name, _ in inventory.mig_profiles)})."]})
+            else:
+                self._check_inventory(attrs, inventory)
             self._check_host(attrs, inventory)
             self._check_ceiling(attrs)
             if attrs.get("image") and not inventory.runtimes:
@@ -375,6 +392,37 @@ class JobSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
             if not one_node and total is not None and need > total:
                 raise serializers.ValidationError({field: [
                     f"The whole cluster offers {total / scale:g} {unit}; {need / scale:g} can never be granted."]})
+
+    @staticmethod
+    def _check_mig_request(attrs) -> None:
+        """A MIG instance is one device taken whole: one instance per job, no fraction of it."""
+        profile = attrs.pop("mig_profile", None) or None
+        if profile is None:
+            return
+        if not re.match(protocol.MIG_PROFILE_RE, profile):
+            raise serializers.ValidationError({"mig_profile": [
+                f"'{profile}' is not a MIG profile; give one such as 1g.10gb or 3g.40gb."]})
+        if attrs["gpus"] != 1:
+            raise serializers.ValidationError({"mig_profile": [
+                f"A job with a MIG profile runs on one MIG instance: ask for gpus=1, not {attrs['gpus']}."]})
+        if attrs.get("gpu_milli", 1000) < 1000:
+            raise serializers.ValidationError({"gpu_milli": [
+                "A MIG instance is not shared: leave gpu_milli at 1000 with mig_profile (a smaller profile is "
+                "the smaller share)."]})
+        attrs["mig_profile"] = profile
+
+    @staticmethod
+    def _check_mig_inventory(attrs, inventory) -> None:
+        """Refuse a MIG profile no online node has, or more memory than its instances hold."""
+        profile, memory = attrs["mig_profile"], attrs.get("gpu_memory_mib")
+        largest = inventory.largest_mig_mib(profile)
+        if largest is None:
+            offered = ", ".join(name for name, _ in inventory.mig_profiles) or "none (no GPU is in MIG mode)"
+            raise serializers.ValidationError({"mig_profile": [
+                f"No node has a MIG instance of profile {profile}; the cluster's MIG profiles: {offered}."]})
+        if memory and memory > largest:
+            raise serializers.ValidationError({"gpu_memory_mib": [
+                f"No MIG instance of profile {profile} has {memory} MiB; the largest has {largest} MiB."]})
 
     @staticmethod
     def _check_inventory(attrs, inventory) -> None:

@@ -2,7 +2,7 @@
 
 These are cluster-wide totals, visible to every signed-in user (that is how a researcher sees
 whether the cluster is busy and who is borrowing). They are read-only: operators change quotas
-in the admin, which records who changed what. No job detail appears here.
+(and the unfenced-sharing consent) in the admin, which records who changed what. No job detail appears here.
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ class TenantSerializer(serializers.Serializer):
     guaranteed_gpus = serializers.IntegerField(source="tenant.guaranteed_gpus")
     max_gpus = serializers.IntegerField(source="tenant.max_gpus")
     weight = serializers.FloatField(source="tenant.weight")
+    unfenced_sharing = serializers.BooleanField(
+        source="tenant.unfenced_sharing",
+        help_text="Whether its jobs may share GPUs that enforce no memory or compute limits (isolation 'unfenced'), "
+                  "guarded only by memory-pressure preemption; a job's accepts_unfenced overrides it. Operators "
+                  "set it in the admin.")
     member = serializers.SerializerMethodField(help_text="Whether you belong to this tenant.")
     idle_policy = serializers.SerializerMethodField(
         help_text="Minutes a job's GPUs may sit idle before each step (null: that step is off), and the "

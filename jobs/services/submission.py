@@ -41,9 +41,11 @@ def make_room(owner, adding: int) -> None:
 def submit_job(*, owner, tenant: Tenant, name: str, command: list[str], gpus: int, after_ok=(), after_any=(),
                **spec) -> Job:
     """Create a pending job; ``spec`` holds the optional Job fields (gpu_milli, gpu_memory_mib,
-    gpu_models, priority, opportunistic_only, shareable, max_nodes, max_runtime_s, profile_key,
-    workdir, code, image, venv, conda, preempt_grace_s, stop_signal, checkpoints). ``after_ok`` and
-    ``after_any``: ids of jobs (checked by the caller) it waits for."""
+    gpu_models, mig_profile, accepts_unfenced, priority, opportunistic_only, shareable, max_nodes,
+    max_runtime_s, profile_key, workdir, code, image, venv, conda, preempt_grace_s, stop_signal,
+    checkpoints), checked by the caller (``JobSubmitSerializer``: a MIG profile only with one whole
+    GPU, and one some online node has). ``after_ok`` and ``after_any``: ids of jobs (checked by the
+    caller) it waits for."""
     make_room(owner, 1)
     job = Job.objects.create(owner=owner, tenant=tenant, name=name, command=command, gpus=gpus, **spec)
     _depend(job, after_ok, after_any)
