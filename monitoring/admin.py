@@ -10,7 +10,7 @@ from monitoring.models import Alert, Gpu, JobUsage, Node
 class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
-    fields = ("index", "model", "memory_mib", "uuid", "present")
+    fields = ("index", "model", "memory_mib", "isolation", "mig_profile", "parent_index", "uuid", "present")
     readonly_fields = fields
     can_delete = False
 
@@ -59,8 +59,8 @@ class NodeAdmin(admin.ModelAdmin):
 
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "model", "memory_mib", "uuid", "present")
-    list_filter = ("model", "present", "node")
+    list_display = ("__str__", "model", "memory_mib", "isolation", "mig_profile", "uuid", "present")
+    list_filter = ("model", "isolation", "present", "node")
     search_fields = ("uuid", "node__name")
     list_select_related = ("node",)
 

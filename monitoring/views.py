@@ -6,6 +6,8 @@ fills in (only it can tell whom a job may be named to). Charts and live numbers 
 the page's script from the API.
 """
 
+from collections import Counter
+
 from django.contrib.auth.decorators import login_required
 from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404, render
@@ -31,7 +33,10 @@ def heatmap(request):
 
 @login_required
 def nodes(request):
-    rows = Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.filter(present=True)))
+    rows = list(Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.filter(present=True))))
+    for node in rows:
+        # "8 mps", "7 mig, 1 unfenced": what sharing on each node risks, at a glance.
+        node.isolation_counts = sorted(Counter(gpu.isolation for gpu in node.gpus.all()).items())
     return render(request, "monitoring/nodes.html", {"nodes": rows})
 
 

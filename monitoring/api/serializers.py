@@ -7,6 +7,7 @@ from dataclasses import asdict
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from agents.protocol import ISOLATION_MODES
 from monitoring.choices import NodeHealth
 from monitoring.models import Gpu, Node
 
@@ -30,12 +31,19 @@ class LiveGpuSerializer(serializers.Serializer):
 
 
 class GpuSerializer(serializers.ModelSerializer):
+    """One schedulable device: a whole GPU, or a MIG instance (``mig_profile``, ``parent_index``)."""
+
     node = serializers.CharField(source="node.name", read_only=True)
+    isolation = serializers.ChoiceField(
+        [(mode, mode) for mode in ISOLATION_MODES], read_only=True,
+        help_text="How jobs sharing it are fenced: mps (CUDA MPS memory and compute limits), memory_limit (the "
+                  "driver's per-job memory limit), mig (a MIG instance, one job at a time) or unfenced (nothing "
+                  "enforced: only jobs that accept it share it).")
     live = serializers.SerializerMethodField()
 
     class Meta:
         model = Gpu
-        fields = ["id", "node", "index", "model", "memory_mib", "uuid", "live"]
+        fields = ["id", "node", "index", "model", "memory_mib", "uuid", "isolation", "mig_profile", "parent_index", "live"]
         read_only_fields = fields
 
     @extend_schema_field(LiveGpuSerializer(allow_null=True))
