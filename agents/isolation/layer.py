@@ -1,0 +1,236 @@
+"""What the runner and the agent ask of the isolation layer, once the modes are chosen.
+
+:class:`IsolationLayer` holds each GPU's mode (:mod:`agents.isolation.choose` picks them) and the
+machinery behind them: the per-GPU MPS daemons (:mod:`agents.isolation.mps`), the job cgroups
+(:mod:`agents.isolation.cgroups`) and the driver's memory limits
+(:mod:`agents.isolation.memory_limits`). For each launch it returns a :class:`JobFence` (the
+variables Colony sets after the job's own, and the cgroup the job is born in) or refuses it: a
+GPU advertised as fenced never runs a job unfenced. A backend that enforces a mode itself (the
+simulated one) needs none of this: its GPUs are reported with its mode and fences are empty.
+
+Memory limits, in one rule: hard = the launch's ``gpu_memory_limit_mib`` always; soft = hard for a
+whole-GPU job (``compute_share`` None, which is how a guaranteed job is launched), soft 0 for a
+shared one (the driver may reclaim under pressure from it first). A launch without a memory
+limit gets no cgroup and no limit. MIG instances need nothing but their ``MIG-...`` UUID in
+``CUDA_VISIBLE_DEVICES`` (:meth:`IsolationLayer.cuda_visible_devices`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agents.isolation.cgroups import JobCgroups
+from agents.isolation.memory_limits import DriverMemoryLimits, MemoryLimitError
+from agents.isolation.mps import MPS_JOB_VARIABLES, MpsDaemons, MpsError, thread_percentage
+from agents.protocol import GpuInfo, LaunchJob
+
+log = logging.getLogger(__name__)
+
+# How often the MPS daemons are asked whether they (and their servers) still run.
+MPS_CHECK_INTERVAL_S = 5.0
+# What CUDA frameworks print when an allocation fails (PyTorch, the CUDA runtime and driver, XLA).
+ALLOCATION_FAILURE = re.compile(
+    r"CUDA out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|OutOfMemoryError"
+    r"|RESOURCE_EXHAUSTED: Out of memory")
+FENCED = ("mps", "memory_limit")
+_ENFORCED_BY = {"mps": "its GPU's MPS server", "memory_limit": "the driver"}
+
+
+class IsolationError(RuntimeError):
+    """The launch cannot be fenced as its GPUs are advertised; the message says why."""
+
+
+@dataclass(frozen=True)
+class JobFence:
+    """What a launch gets: ``env`` set after the job's own variables (``None``: removed, so the
+    job cannot set it either), and the ``cgroup`` its supervisor joins before starting it."""
+
+    env: dict[str, str | None] = field(default_factory=dict)
+    cgroup: Path | None = None
+
+
+@dataclass(frozen=True)
+class MpsFault:
+    """The MPS service of a GPU failed: its clients (``job_ids``) are broken and must be requeued."""
+
+    gpu_index: int
+    reason: str
+    job_ids: tuple[int, ...]
+
+
+class IsolationLayer:
+    """Per-GPU isolation of one node. ``modes``: GPU index -> mode, for the GPUs that are not MIG
+    instances; ``native``: the backend enforces the modes itself."""
+
+    def __init__(self, gpus: list[GpuInfo], modes: dict[int, str], *, mps: MpsDaemons | None = None,
+                 cgroups: JobCgroups | None = None, limits: DriverMemoryLimits | None = None,
+                 native: bool = False, mps_check_interval: float = MPS_CHECK_INTERVAL_S):
+        self.gpus = {gpu.index: gpu for gpu in gpus}
+        self.modes = {gpu.index: "mig" if gpu.isolation == "mig" else modes.get(gpu.index, "unfenced")
+                      for gpu in gpus}
+        self.native = native
+        self.mps, self.cgroups, self.limits = mps, cgroups, limits
+        self.mps_check_interval = mps_check_interval
+        self._next_check = 0.0
+        self._closed = False
+        self._mps_clients: dict[int, int] = {}  # job id -> the GPU whose MPS daemon it talks to
+        self._unreleased: set[int] = set()  # ended jobs whose cgroup was not empty yet
+
+    @classmethod
+    def unfenced(cls, gpus: list[GpuInfo] = ()) -> IsolationLayer:
+        return cls(list(gpus), {})
+
+    # ------------------------------------------------------------------ inventory
+
+    def mode(self, index: int) -> str:
+        return self.modes.get(index, "unfenced")
+
+    def annotate(self, gpus: list[GpuInfo]) -> list[GpuInfo]:
+        """The backend's inventory with each GPU's mode set (MIG instances stay as reported); the
+        layer learns the inventory (a MIG instance's UUID) from it."""
+        for gpu in gpus:
+            self.gpus[gpu.index] = gpu
+            if gpu.isolation == "mig":
+                self.modes[gpu.index] = "mig"
+        return [gpu if gpu.isolation == "mig" else gpu.model_copy(update={"isolation": self.mode(gpu.index)})
+                for gpu in gpus]
+
+    def cuda_visible_devices(self, indices) -> str:
+        """``CUDA_VISIBLE_DEVICES`` for the job's GPUs: a MIG instance by its ``MIG-...`` UUID (CUDA
+        numbers instances differently from NVML), a whole GPU by its index."""
+        return ",".join(self.gpus[i].uuid if i in self.gpus and self.gpus[i].isolation == "mig" else str(i)
+                        for i in indices)
+
+    # ------------------------------------------------------------------ launches
+
+    def fence(self, cmd: LaunchJob) -> JobFence:
+        """The launch's fence; IsolationError when a fenced GPU cannot fence it now."""
+        if self.native:
+            return JobFence()
+        env: dict[str, str | None] = {name: None for name in MPS_JOB_VARIABLES}
+        indices = list(cmd.gpu_indices)
+        if len(indices) == 1 and self.mode(indices[0]) == "mps":
+            env.update(self._mps_env(cmd, indices[0]))
+        limited = [i for i in indices if self.mode(i) == "memory_limit"]
+        cgroup = self._limit(cmd, limited) if limited and cmd.gpu_memory_limit_mib else None
+        if len(indices) == 1 and self.mode(indices[0]) == "mps":
+            self._mps_clients[cmd.job_id] = indices[0]
+        return JobFence(env, cgroup)
+
+    def _mps_env(self, cmd: LaunchJob, index: int) -> dict[str, str | None]:
+        if self.mps is None or not self.mps.is_running(index):
+            raise IsolationError(f"the MPS control daemon of GPU {index} is not running (the agent restarts it); "
+                                 "the job was not started unfenced on a GPU shared through MPS")
+        env: dict[str, str | None] = dict(self.mps.env_for(index))
+        if cmd.gpu_memory_limit_mib:
+            # Device 0: the job sees only its own GPU.
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={cmd.gpu_memory_limit_mib}M"
+        percentage = thread_percentage(cmd.compute_share)
+        if percentage is not None:
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(percentage)
+        return env
+
+    def _limit(self, cmd: LaunchJob, indices: list[int]) -> Path:
+        if self.cgroups is None or self.limits is None:
+            raise IsolationError("driver memory limits are not set up on this node")
+        hard = cmd.gpu_memory_limit_mib
+        soft = hard if cmd.compute_share is None else 0
+        try:
+            cgroup = self.cgroups.create(cmd.job_id)
+        except OSError as exc:
+            raise IsolationError(f"cannot create the job's cgroup {self.cgroups.path(cmd.job_id)}: "
+                                 f"{exc.strerror or exc}") from None
+        for index in indices:
+            try:
+                self.limits.set(self.gpus[index].uuid, cgroup, soft, hard)
+            except MemoryLimitError as exc:
+                self.release(cmd.job_id)
+                raise IsolationError(f"the driver refused a memory limit of {hard} MiB on GPU {index} for "
+                                     f"{cgroup}: {exc}; the job was not started unfenced") from None
+        log.info("job %d: GPU memory limited to %d MiB (soft %d MiB) on GPU(s) %s in %s",
+                 cmd.job_id, hard, soft, indices, cgroup)
+        return cgroup
+
+    def release(self, job_id: int) -> None:
+        """The job ended (or never started): forget its MPS link, remove its cgroup (which clears
+        its limits); a cgroup not yet empty is removed by a later :meth:`retry_releases`."""
+        self._mps_clients.pop(job_id, None)
+        if self.cgroups is None:
+            return
+        if self.cgroups.remove(job_id):
+            self._unreleased.discard(job_id)
+        else:
+            self._unreleased.add(job_id)
+
+    def adopt(self, cmd: LaunchJob) -> None:
+        """A job an earlier agent started: a client of its GPU's MPS daemon as if launched here
+        (its cgroup, if any, is removed by :meth:`release` when it ends)."""
+        indices = list(cmd.gpu_indices)
+        if not self.native and len(indices) == 1 and self.mode(indices[0]) == "mps":
+            self._mps_clients[cmd.job_id] = indices[0]
+
+    def retry_releases(self) -> None:
+        for job_id in sorted(self._unreleased):
+            self.release(job_id)
+
+    # ------------------------------------------------------------------ faults and exits
+
+    def mps_faults(self, now: float | None = None) -> list[MpsFault]:
+        """MPS daemons and servers that failed since the last look (at most every
+        ``mps_check_interval``); a daemon that is gone is restarted."""
+        now = time.monotonic() if now is None else now
+        if self.mps is None or now < self._next_check:
+            return []
+        self._next_check = now + self.mps_check_interval
+        faults = []
+        for index, daemon in sorted(self.mps.daemons.items()):
+            clients = tuple(sorted(job for job, gpu in self._mps_clients.items() if gpu == index))
+            reason = self.mps.check(index, in_use=bool(clients))
+            if reason is not None:
+                log.error("GPU %d: %s; requeueing its MPS jobs %s", index, reason, list(clients))
+                faults.append(MpsFault(index, reason, clients))
+                for job_id in clients:
+                    self._mps_clients.pop(job_id, None)
+            if not self.mps.is_running(index):
+                self._restart(index)
+        return faults
+
+    def _restart(self, index: int) -> None:
+        self.mps.stop(index)  # whatever is left of it (a daemon that stopped answering)
+        try:
+            self.mps.start(index, self.gpus[index].uuid)
+            log.info("GPU %d: MPS control daemon restarted", index)
+        except MpsError as exc:
+            log.error("GPU %d: cannot restart the MPS control daemon: %s; launches there are refused "
+                      "until it runs again", index, exc)
+
+    def memory_pressure_error(self, job_id: int, output_tail: str, gpu_indices, limit_mib: int | None,
+                              used_mib: dict[int, int]) -> str | None:
+        """The exit's error when the job died of an allocation failure on a GPU that held it to
+        ``limit_mib`` (None when it did not): which GPU, the limit, what enforced it, and what it
+        held at the last sample where known (``used_mib``: GPU index -> MiB)."""
+        if not limit_mib or not ALLOCATION_FAILURE.search(output_tail or ""):
+            return None
+        indices = list(gpu_indices)
+        fenced = [i for i in indices if self.mode(i) == "memory_limit" or (self.mode(i) == "mps" and len(indices) == 1)]
+        if not fenced:
+            return None
+        index = max(fenced, key=lambda i: used_mib.get(i, -1))
+        used = used_mib.get(index)
+        held = f"; it held {used} MiB at the last sample" if used is not None else ""
+        return (f"CUDA out of memory on GPU {index}: job {job_id} hit its limit of {limit_mib} MiB, "
+                f"enforced by {_ENFORCED_BY[self.mode(index)]}{held}")
+
+    def close(self) -> None:
+        """Stop the MPS daemons and let go of NVML. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.mps is not None:
+            self.mps.stop_all()
+        if self.limits is not None:
+            self.limits.close()
