@@ -201,6 +201,24 @@ def test_a_mig_job_runs_on_an_instance_of_its_profile_alone(db, online, redis_cl
     assert (launch.job_id, launch.gpu_indices) == (small.pk, [0])
 
 
+def test_a_tenant_changing_its_consent_reaches_its_waiting_and_running_jobs_next_cycle(db, redis_client, alice,
+                                                                                        vision):
+    from jobs.services.snapshot_loader import build_snapshot
+
+    waiting = JobFactory(tenant=vision, owner=alice)
+    own_mind = JobFactory(tenant=vision, owner=alice, accepts_unfenced=True)
+    running = running_job(vision, alice, [GpuFactory(isolation="unfenced")])
+
+    def consent(snapshot):
+        return ({job.id: job.accepts_unfenced for job in snapshot.pending},
+                {job.id: job.accepts_unfenced for job in snapshot.running})
+
+    assert consent(build_snapshot(redis_client)) == ({waiting.pk: True, own_mind.pk: True}, {running.pk: True})
+    vision.unfenced_sharing = False
+    vision.save()
+    assert consent(build_snapshot(redis_client)) == ({waiting.pk: False, own_mind.pk: True}, {running.pk: False})
+
+
 @pytest.fixture
 def unfenced_gpu_with_a_guaranteed_job(db, online):
     """Node ``u``: one unfenced GPU where vision's guaranteed job runs (half of it, 20 GiB)."""
