@@ -62,6 +62,12 @@ class GpuBackend(Protocol):
 
     Implementations must be cheap to call every interval and must not raise on a single
     misbehaving GPU: report what can be read and degrade the rest to ``None`` ("unknown").
+
+    Optional, and so not part of the protocol's check: ``native_isolation``, the isolation mode
+    (``agents.protocol.Isolation``) the backend itself enforces on whole GPUs, which its inventory
+    already reports (the simulated backend's ``"memory_limit"``). Absent or ``None``: the backend
+    enforces nothing, and whole GPUs are ``"unfenced"`` until the agent's isolation layer says
+    otherwise. MIG instances are ``"mig"`` on any backend.
     """
 
     #: Short name reported to the control plane in ``NodeRegistered.backend`` (<= 32 chars).
