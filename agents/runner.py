@@ -74,6 +74,7 @@ from agents.accounts import (
     job_environment,
 )
 from agents.backends.base import JobProcesses
+from agents.isolation.layer import IsolationError, IsolationLayer, JobFence
 from agents.joblog import DEFAULT_MAX_LOG_BYTES
 from agents.protocol import OUTPUT_TAIL_BYTES, LaunchJob
 from agents.duty_cycler import DEFAULT_PERIOD, DutyCycler
@@ -115,6 +116,9 @@ class FinishedJob:
     launch_id: str | None = None
     #: The node ended it for running past the launch's ``max_runtime_s`` (SIGTERM, grace, SIGKILL).
     timed_out: bool = False
+    #: The launch's GPUs and memory limit (the agent words an allocation failure with them).
+    gpu_indices: tuple[int, ...] = ()
+    gpu_memory_limit_mib: int | None = None
 
 
 class _Leader:
@@ -238,14 +242,17 @@ class JobRunner:
         pass_env: tuple[str, ...] = DEFAULT_PASS_ENV,
         container_runtime: containers.ContainerRuntime | None = None,
         node: str | None = None,
+        isolation: IsolationLayer | None = None,
     ):
         """``run_as`` picks each job's account; the default one refuses every launch when the
         agent is root. ``max_log_bytes`` bounds each job's ``output.log``; ``pass_env`` names the
         agent's variables (``NCCL_*`` patterns allowed) that jobs inherit. ``container_runtime``
-        runs ``image`` jobs (None: they are refused). ``node`` names the node in launch errors."""
+        runs ``image`` jobs (None: they are refused). ``node`` names the node in launch errors.
+        ``isolation`` fences jobs on shared GPUs (:mod:`agents.isolation`; None: nothing is fenced)."""
         self.workdir = Path(workdir)
         self.container_runtime = container_runtime
         self.node = node  # the agent sets it when None
+        self.isolation = isolation if isolation is not None else IsolationLayer.unfenced()
         self.run_as = run_as if run_as is not None else RunAsPolicy()
         self.max_log_bytes = max_log_bytes
         self.pass_env = tuple(pass_env)
@@ -309,7 +316,19 @@ class JobRunner:
             supervise.write_json_atomically(job_dir / LAUNCH_RECORD, json.loads(cmd.model_dump_json()), mode=0o600)
         except OSError as exc:
             raise LaunchError(f"cannot prepare job directory {job_dir}: {exc.strerror or exc}") from exc
-        start_dir, argv, env, cleanup = self._start(cmd, account, work_dir, code_archive)
+        try:
+            fence = self.isolation.fence(cmd)
+        except IsolationError as exc:
+            raise LaunchError(str(exc)) from None
+        try:
+            return self._launch_fenced(cmd, account, job_dir, work_dir, code_archive, fence)
+        except BaseException:
+            self.isolation.release(cmd.job_id)  # its cgroup, and with it the limits set there
+            raise
+
+    def _launch_fenced(self, cmd: LaunchJob, account: Account | None, job_dir: Path, work_dir: Path,
+                       code_archive: bytes | None, fence: JobFence) -> int:
+        start_dir, argv, env, cleanup = self._start(cmd, account, work_dir, code_archive, fence)
         try:
             supervisor_log = os.open(job_dir / supervise.SUPERVISOR_LOG,
                                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -326,6 +345,7 @@ class JobRunner:
             "extra_groups": list(account.groups) if account else [],
             "max_runtime_s": cmd.max_runtime_s, "stop_grace_s": cmd.stop_grace_s,
             "stop_signal": int(_stop_signal(cmd)), "container_cleanup": cleanup,
+            "cgroup": str(fence.cgroup) if fence.cgroup is not None else None,
         }
         try:
             process = subprocess.Popen(
@@ -359,7 +379,8 @@ class JobRunner:
             self.set_duty_cycle(cmd.job_id, cmd.duty_cycle)
         return leader.pid
 
-    def _start(self, cmd: LaunchJob, account: Account | None, work_dir: Path, code_archive: bytes | None):
+    def _start(self, cmd: LaunchJob, account: Account | None, work_dir: Path, code_archive: bytes | None,
+               fence: JobFence = JobFence()):
         """Where the job starts, what the supervisor runs, with which environment, and how to
         remove its container afterwards: ``(start_dir, argv, env, cleanup)``."""
         if cmd.workdir is not None:
@@ -375,7 +396,7 @@ class JobRunner:
                                   f"{exc.strerror or exc}") from None
         else:
             start_dir = work_dir
-        env = self._job_env(cmd, account, start_dir)
+        env = self._job_env(cmd, account, start_dir, fence)
         if cmd.image is None:
             return start_dir, list(cmd.argv), env, None
         try:
@@ -410,7 +431,8 @@ class JobRunner:
         os.chown(work_dir, account.uid, account.gid, follow_symlinks=False)
         os.chmod(work_dir, 0o700)
 
-    def _job_env(self, cmd: LaunchJob, account: Account | None, start_dir: Path) -> dict[str, str]:
+    def _job_env(self, cmd: LaunchJob, account: Account | None, start_dir: Path,
+                 fence: JobFence = JobFence()) -> dict[str, str]:
         env = job_environment(
             os.environ, cmd.env, identity_environment(account, str(start_dir)), pass_env=self.pass_env
         )
@@ -418,7 +440,13 @@ class JobRunner:
         # Set last so a job cannot pick GPUs it was not given. CUDA numbers devices fastest-first
         # unless told otherwise; PCI bus order is the order NVML (and so our indices) uses.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in cmd.gpu_indices)
+        # A MIG instance by its MIG-... UUID, a whole GPU by its index.
+        env["CUDA_VISIBLE_DEVICES"] = self.isolation.cuda_visible_devices(cmd.gpu_indices)
+        for name, value in fence.env.items():  # the GPU's MPS daemon and the job's share of it
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
         env["COLONY_JOB_ID"] = str(cmd.job_id)
         env["COLONY_PREEMPT_FILE"] = str(self.preempt_file(cmd.job_id))
         for name, value in (("COLONY_ARRAY_ID", cmd.array_id), ("COLONY_ARRAY_INDEX", cmd.array_index)):
@@ -428,7 +456,8 @@ class JobRunner:
                 env[name] = str(value)
         return env
 
-    def stop(self, job_id: int, grace_seconds: float, *, requeue: bool = False, preempt: bool = False) -> None:
+    def stop(self, job_id: int, grace_seconds: float, *, requeue: bool = False, preempt: bool = False,
+             error: str | None = None) -> None:
         """Send the launch's stop signal (SIGTERM unless it chose another) to the job's process
         group; :meth:`poll` sends SIGKILL once the grace is over.
 
@@ -436,7 +465,7 @@ class JobRunner:
         ``requeue``: the node ends it for reasons of its own (the agent shutting down); its
         supervisor records an exit other than 0 as one to requeue. ``preempt``: first write the
         SIGKILL deadline to the job's ``COLONY_PREEMPT_FILE``, so it knows how long it has to
-        checkpoint when the signal arrives.
+        checkpoint when the signal arrives. ``error``: why the node requeues it, reported with the exit.
         """
         job = self._jobs.get(job_id)
         if job is None:
@@ -453,7 +482,7 @@ class JobRunner:
         if preempt or self.preempt_file(job_id).exists():
             self._write_notice(job, kill_at)  # a notice already given must not promise more time
         # Recorded for the supervisor's exit.json and for an agent that adopts the job meanwhile.
-        self._write_stop(job, "shutdown" if requeue else "stop", None, kill_at)
+        self._write_stop(job, "shutdown" if requeue else "stop", error if requeue else None, kill_at)
         # No more slicing; a stopped (throttled or suspended) group only acts on the signal once
         # it is continued, so SIGCONT follows. SIGKILL needs no help.
         self._cycler.forget(job_id)
@@ -584,6 +613,7 @@ class JobRunner:
         supervisor ends them), and return the jobs that finished since the last call."""
         now = time.monotonic()
         self._exiting = [process for process in self._exiting if process.poll() is None]
+        self.isolation.retry_releases()  # cgroups of jobs whose supervisor was still on its way out
         finished = []
         for job in list(self._jobs.values()):
             if job.kill_deadline is not None and now >= job.kill_deadline and not job.killed:
@@ -615,6 +645,7 @@ class JobRunner:
         """The job's exit from its supervisor's ``result`` (None: the supervisor died). Its records
         stay until :meth:`release_reported` when ``keep_records``, else they are removed now."""
         job_dir = self.job_dir(job.job_id)
+        self.isolation.release(job.job_id)
         if keep_records:
             self._reported[job.job_id] = job.command.command_id
         else:
@@ -625,10 +656,12 @@ class JobRunner:
                 finished_at=time.time(), launch_id=job.command.command_id,
                 output_tail=read_tail(job_dir / "output.log"),
                 error="the job's supervisor process died; the job's processes were killed",
+                gpu_indices=tuple(job.command.gpu_indices), gpu_memory_limit_mib=job.command.gpu_memory_limit_mib,
             )
         else:
             exit_code = result.get("exit_code")
             oom = job.oom_error is not None or bool(result.get("oom"))
+            requeue = bool(result.get("requeue"))
             done = FinishedJob(
                 job_id=job.job_id,
                 exit_code=exit_code if isinstance(exit_code, int) else None,
@@ -636,10 +669,11 @@ class JobRunner:
                 output_tail=read_tail(job_dir / "output.log"),
                 finished_at=float(result.get("finished_at") or time.time()),
                 oom=oom,
-                error=job.oom_error or (result.get("error") if oom else None),
+                error=job.oom_error or (result.get("error") if oom or requeue else None),
                 launch_id=job.command.command_id,
                 timed_out=bool(result.get("timed_out")),
-                requeue=bool(result.get("requeue")),
+                requeue=requeue,
+                gpu_indices=tuple(job.command.gpu_indices), gpu_memory_limit_mib=job.command.gpu_memory_limit_mib,
             )
         log.info("job %d exited with %s%s%s", job.job_id, done.exit_code,
                  " (stopped)" if done.stopped else " (out of memory)" if done.oom
@@ -733,6 +767,7 @@ class JobRunner:
             # duty cycle again once it registers.
             job.leader.signal_group(signal.SIGCONT, job_id)
             self._jobs[job_id] = job
+            self.isolation.adopt(command)
             log.info("job %d: adopted from an earlier agent (pid %d, supervisor %d)", job_id, job.pid, supervisor.pid)
         return finished + self._stop_unsupervised(grace_seconds)
 

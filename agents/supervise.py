@@ -5,6 +5,8 @@ starts it in a fresh interpreter (:func:`command`), in a session of its own (so 
 death, a ``killpg`` of the agent's process group nor a terminal's Ctrl-C reaches it; it sets no
 parent-death signal), and writes the job's spec to its stdin as JSON. The supervisor then
 
+0. with a ``cgroup`` in the spec (a job on a GPU whose memory the driver limits per cgroup, see
+   :mod:`agents.isolation`), moves itself into that cgroup, so the job is born there;
 1. starts the job's argv as the leader of its own session and process group, under the account the
    spec names (``Popen`` drops to its uid, gid and supplementary groups before exec), in the job's
    working directory, with the spec's environment and nothing of its own;
@@ -126,6 +128,16 @@ class _Answer:
 def supervise(spec: dict) -> int:
     job_dir = Path(spec["job_dir"])
     answer = _Answer()
+    if spec.get("cgroup"):
+        # Joined before the job exists, so the job is born in its cgroup (the driver's memory
+        # limits for it are already set there) and cannot reach CUDA outside it. The supervisor
+        # stays in it until it exits; the agent removes the cgroup once it is empty.
+        try:
+            _join_cgroup(Path(spec["cgroup"]))
+        except OSError as exc:
+            answer.send({"error": f"cannot join the job's cgroup {spec['cgroup']}: {exc.strerror or exc}; "
+                                  "the job was not started unfenced"})
+            return 0
     try:
         output, write_fd = BoundedLog.open(
             Path(spec["log_path"]), int(spec["max_log_bytes"]), group=spec.get("log_group"),
@@ -199,6 +211,14 @@ def supervise(spec: dict) -> int:
     write_json_atomically(job_dir / EXIT_RECORD, result)
     log.info("job %s exited with %s%s", spec["job_id"], exit_code, " (timed out)" if timed_out else "")
     return 0
+
+
+def _join_cgroup(cgroup: Path) -> None:
+    fd = os.open(cgroup / "cgroup.procs", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.write(fd, f"{os.getpid()}\n".encode())  # one write: the kernel takes one pid per write
+    finally:
+        os.close(fd)
 
 
 def _remove_container(argv: list[str], env: dict, identity: dict) -> None:

@@ -1,0 +1,154 @@
+"""Jobs on fenced GPUs through the real runner: the MPS env, driver memory limits in a cgroup of
+the job's own, refusals rather than unfenced runs, and MIG instances by their UUID."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agents.accounts import RunAsPolicy
+from agents.isolation import choose, configure
+from agents.protocol import GpuInfo
+from agents.runner import JobRunner, LaunchError
+
+from .fake_isolation import MIB, FakeCgroups, FakeMps, cgroup_root, fake_nvml, members
+from .helpers import launch, python, wait_for
+
+GPUS = [
+    GpuInfo(index=0, uuid="GPU-aaaa", model="H100-80GB", memory_mib=81559),
+    GpuInfo(index=1, uuid="GPU-bbbb", model="H100-80GB", memory_mib=81559),
+]
+PRINT_ENV = python(
+    "import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
+    "if k.startswith('CUDA_')}))"
+)
+
+
+@pytest.fixture(autouse=True)
+def fake_cgroups(monkeypatch):
+    monkeypatch.setattr(choose, "JobCgroups", FakeCgroups)
+
+
+@pytest.fixture
+def mps(tmp_path):
+    fake = FakeMps(tmp_path)
+    yield fake
+    fake.kill_all(tmp_path)
+
+
+def make_runner(tmp_path, flag, *, nvml=None, mps=None, gpus=GPUS):
+    layer = configure(flag, list(gpus), run_as=RunAsPolicy(allow_root=True), state_dir=tmp_path / "state",
+                      mps_control=mps.path if mps else tmp_path / "none", cgroup_root=cgroup_root(tmp_path),
+                      nvml=nvml or fake_nvml("not_supported"), base_env=mps.env if mps else {})
+    return JobRunner(tmp_path / "agent", run_as=RunAsPolicy(allow_root=True), isolation=layer)
+
+
+@pytest.fixture
+def runners():
+    made = []
+    yield made
+    for runner in made:
+        runner.stop_all(0)
+        runner.close()
+        runner.isolation.close()
+
+
+def finished_env(runner, job_id):
+    [done] = wait_for(runner.poll)
+    assert done.job_id == job_id and done.exit_code == 0, done
+    return json.loads(done.output_tail)
+
+
+def test_a_shared_job_on_an_mps_gpu_gets_its_gpus_daemon_pinned_memory_and_thread_share(tmp_path, mps, runners):
+    runners.append(runner := make_runner(tmp_path, "mps", mps=mps))
+    cmd = launch(PRINT_ENV, gpus=[1], gpu_memory_limit_mib=4096, compute_share=0.25, env={
+        # A job cannot give itself more, nor talk to another daemon.
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80000M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
+        "CUDA_MPS_PIPE_DIRECTORY": "/tmp/elsewhere",
+    })
+    runner.launch(cmd)
+    env = finished_env(runner, cmd.job_id)
+    assert env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "state" / "mps" / "1" / "pipe")
+    assert env["CUDA_MPS_LOG_DIRECTORY"] == str(tmp_path / "state" / "mps" / "1" / "log")
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+
+
+def test_a_whole_gpu_job_on_mps_keeps_all_sms_and_a_multi_gpu_job_runs_without_mps(tmp_path, mps, runners):
+    runners.append(runner := make_runner(tmp_path, "mps", mps=mps))
+    whole = launch(PRINT_ENV, gpus=[0], gpu_memory_limit_mib=81559,
+                   env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10"})
+    runner.launch(whole)
+    env = finished_env(runner, whole.job_id)
+    assert env["CUDA_MPS_PIPE_DIRECTORY"].endswith("/mps/0/pipe")
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
+    gang = launch(PRINT_ENV, gpus=[0, 1], env={"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "state" / "mps" / "0" / "pipe")})
+    runner.launch(gang)
+    env = finished_env(runner, gang.job_id)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert not any(name.startswith("CUDA_MPS_") for name in env)
+
+
+def test_a_launch_on_an_mps_gpu_whose_daemon_is_down_is_refused_not_run_unfenced(tmp_path, mps, runners):
+    runners.append(runner := make_runner(tmp_path, "mps", mps=mps))
+    runner.isolation.mps.daemons[0].running = False  # what a failed check leaves until the restart works
+    with pytest.raises(LaunchError, match="MPS control daemon of GPU 0 is not running"):
+        runner.launch(launch(PRINT_ENV, gpus=[0], compute_share=0.5))
+    assert runner.running() == set()
+
+
+def test_driver_limits_are_set_on_the_jobs_own_cgroup_before_it_starts_and_cleared_after(tmp_path, runners):
+    nvml = fake_nvml("yes")
+    runners.append(runner := make_runner(tmp_path, "memory-limit", nvml=nvml))
+    shared = launch(python("import time; time.sleep(0.3)"), gpus=[0, 1], gpu_memory_limit_mib=4096,
+                    compute_share=0.5)
+    runner.launch(shared)
+    cgroup = tmp_path / "cgroup" / f"colony-job-{shared.job_id}"
+    supervisor = runner._jobs[shared.job_id].supervisor.pid
+    assert members(cgroup) == [supervisor]  # joined before the job was started: the job is born there
+    # Hard limit: the reservation; soft 0 for a shared job (the driver reclaims from it first).
+    assert nvml.set_calls == [("GPU-aaaa", str(cgroup), 0, 4096 * MIB), ("GPU-bbbb", str(cgroup), 0, 4096 * MIB)]
+    [done] = wait_for(runner.poll)
+    assert done.exit_code == 0
+    wait_for(lambda: runner.poll() == [] and not cgroup.exists())  # removed once its supervisor is gone
+
+    whole = launch(python("pass"), gpus=[1], gpu_memory_limit_mib=81559)
+    runner.launch(whole)
+    assert nvml.set_calls[-1] == ("GPU-bbbb", str(tmp_path / "cgroup" / f"colony-job-{whole.job_id}"),
+                                  81559 * MIB, 81559 * MIB)  # whole GPU: soft = hard
+    wait_for(runner.poll)
+
+
+def test_a_job_without_a_memory_limit_gets_no_cgroup(tmp_path, runners):
+    nvml = fake_nvml("yes")
+    runners.append(runner := make_runner(tmp_path, "memory-limit", nvml=nvml))
+    cmd = launch(python("pass"), gpus=[0])
+    runner.launch(cmd)
+    wait_for(runner.poll)
+    assert nvml.set_calls == [] and not (tmp_path / "cgroup" / f"colony-job-{cmd.job_id}").exists()
+
+
+def test_a_limit_the_driver_refuses_fails_the_launch_and_leaves_no_cgroup(tmp_path, runners):
+    nvml = fake_nvml("yes", refuse_set=("GPU-bbbb",))
+    runners.append(runner := make_runner(tmp_path, "memory-limit", nvml=nvml))
+    cmd = launch(python("print('ran')"), gpus=[0, 1], gpu_memory_limit_mib=2048, compute_share=0.5)
+    with pytest.raises(LaunchError, match="refused a memory limit of 2048 MiB on GPU 1") as refused:
+        runner.launch(cmd)
+    assert "not started unfenced" in str(refused.value)
+    assert runner.running() == set()
+    assert not (tmp_path / "cgroup" / f"colony-job-{cmd.job_id}").exists()
+    assert not (runner.job_dir(cmd.job_id) / "output.log").exists()
+
+
+def test_mig_instances_are_visible_by_their_uuid_and_whole_gpus_by_index(tmp_path, runners):
+    mig = GpuInfo(index=2, uuid="MIG-1234abcd-0000-1111-2222-333344445555", model="A100-80GB", memory_mib=9856,
+                  isolation="mig", mig_profile="1g.10gb", parent_index=1)
+    runners.append(runner := make_runner(tmp_path, "none", gpus=[GPUS[0], mig]))
+    cmd = launch(PRINT_ENV, gpus=[2])
+    runner.launch(cmd)
+    assert finished_env(runner, cmd.job_id)["CUDA_VISIBLE_DEVICES"] == mig.uuid
+    whole = launch(PRINT_ENV, gpus=[0])
+    runner.launch(whole)
+    assert finished_env(runner, whole.job_id)["CUDA_VISIBLE_DEVICES"] == "0"
