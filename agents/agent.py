@@ -12,6 +12,9 @@ running and reports the ones that ended meanwhile (:meth:`agents.runner.JobRunne
 clean shutdown (SIGTERM) still stops every job and reports it for a requeue.
 Given its node key, it signs every message it writes (:mod:`agents.signing`); the control plane
 rejects messages whose signature is not that of the node they name.
+Shared GPUs are fenced by the runner's isolation layer (:mod:`agents.isolation`): the agent reports
+each GPU's mode when it registers, ends and requeues the jobs of a GPU whose MPS service failed
+(their CUDA contexts went with it), and words an allocation failure under a limit with its figures.
 
 What must not live here: process handling (:mod:`agents.runner`), GPU probing
 (:mod:`agents.backends`), message shapes (:mod:`agents.protocol`).
@@ -177,6 +180,8 @@ class Agent:
         self._output: dict[int, _OutputCursor] = {}  # job id -> how far its output was shipped
         self._next_output = 0.0
         self.shipped_output_bytes = 0
+        # job id -> GPU index -> the most GPU memory a sample saw it hold (for memory-pressure exits).
+        self._peak_mib: dict[int, dict[int, int]] = {}
 
     @property
     def connected(self) -> bool:
@@ -217,6 +222,7 @@ class Agent:
         if self._redis is None and time.monotonic() >= self._next_connect:
             self._connect()
         self._report_exits()
+        self._requeue_mps_faults()
         if time.monotonic() >= self._next_sample:
             self._take_sample()
         if self._redis is None:
@@ -248,6 +254,7 @@ class Agent:
             ended_by_stop = finished.exit_code != 0 and not finished.oom and not finished.timed_out
             self._publish(self._exited(dataclasses.replace(finished, requeue=ended_by_stop)))
         self.runner.close()
+        self.runner.isolation.close()  # the MPS daemons stop once no job of ours uses them
         if self._redis is None and self._outbox:
             self._connect(register=False)
         if self._redis is not None:
@@ -329,7 +336,7 @@ class Agent:
         self._backoff = min(BACKOFF_MAX, self._backoff * 2)
 
     def _register(self) -> None:
-        gpus = self.backend.inventory()
+        gpus = self.runner.isolation.annotate(self.backend.inventory())
         self._gpu_indices = {gpu.index for gpu in gpus}
         try:
             topology = self.backend.topology()
@@ -405,6 +412,9 @@ class Agent:
             return
         for oom in reading.out_of_memory:
             self.runner.kill_out_of_memory(oom.job_id, oom.error)
+        for usage in reading.jobs:
+            peaks = self._peak_mib.setdefault(usage.job_id, {})
+            peaks[usage.gpu_index] = max(peaks.get(usage.gpu_index, 0), usage.mem_used_mib)
         try:
             sample = protocol.NodeSample(
                 node=self.node,
@@ -498,7 +508,21 @@ class Agent:
             {(m.job_id, m.launch_id) for m in list(self._outbox) if isinstance(m, protocol.JobExited)}
         )
 
+    def _requeue_mps_faults(self) -> None:
+        """A GPU whose MPS daemon or server failed took its clients' CUDA contexts with it: end
+        them (stop signal, then SIGKILL after the shutdown grace) and report them for a requeue."""
+        for fault in self.runner.isolation.mps_faults():
+            for job_id in fault.job_ids:
+                self.runner.stop(job_id, self.shutdown_grace, requeue=True,
+                                 error=f"{fault.reason}; the job was stopped to run again")
+
     def _exited(self, finished: FinishedJob) -> protocol.JobExited:
+        peaks = self._peak_mib.pop(finished.job_id, {})
+        if not finished.oom and not finished.stopped and finished.exit_code not in (0, None):
+            pressure = self.runner.isolation.memory_pressure_error(
+                finished.job_id, finished.output_tail, finished.gpu_indices, finished.gpu_memory_limit_mib, peaks)
+            if pressure is not None:
+                finished = dataclasses.replace(finished, oom=True, error=pressure)
         return protocol.JobExited(
             node=self.node,
             job_id=finished.job_id,

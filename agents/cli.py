@@ -24,6 +24,12 @@ the size bound of each job's output log (``--max-log-bytes``).
 (:mod:`agents.containers`); the agent refuses to start when that runtime's client is not on its
 PATH, and advertises the runtime when it registers, so the scheduler places image jobs only here.
 
+``--isolation auto|mps|memory-limit|none`` chooses how jobs sharing a GPU are fenced, per GPU
+(:mod:`agents.isolation`): auto picks driver memory limits where the driver has them and jobs get
+a cgroup of their own, else CUDA MPS where ``nvidia-cuda-mps-control`` is there and jobs do not
+run under per-tenant accounts, else nothing ("unfenced"); MIG instances are fenced by the hardware.
+A mode named explicitly that the node cannot give stops the agent from starting (status 1).
+
 Exit status: 0 after a clean shutdown on SIGTERM/SIGINT, 2 for bad arguments, 1 when the chosen
 GPU backend cannot run here.
 """
@@ -47,6 +53,7 @@ from agents.backends.base import BackendUnavailable, GpuBackend
 from agents.backends.simulated import SimulatedBackend
 from agents.containers import RUNTIMES, find_runtime
 from agents.hardening import make_non_dumpable
+from agents.isolation import FLAGS as ISOLATION_FLAGS, IsolationUnavailable, configure as configure_isolation
 from agents.joblog import DEFAULT_MAX_LOG_BYTES, MIN_MAX_LOG_BYTES
 from agents.runner import JobRunner
 
@@ -284,6 +291,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="run jobs that name an image with this runtime (its client must be on PATH); without it, "
         "image jobs are refused; default $COLONY_AGENT_CONTAINER_RUNTIME",
     )
+    fencing = parser.add_argument_group("isolation of jobs that share a GPU")
+    fencing.add_argument(
+        "--isolation",
+        choices=ISOLATION_FLAGS,
+        default=os.environ.get("COLONY_AGENT_ISOLATION") or "auto",
+        help="auto (default): per GPU, driver memory limits if the driver has them, else CUDA MPS if "
+        "nvidia-cuda-mps-control is there and jobs do not run under per-tenant accounts, else none; "
+        "mps / memory-limit: that mode on every GPU or refuse to start; none: nothing enforced. "
+        "Default $COLONY_AGENT_ISOLATION",
+    )
+    fencing.add_argument(
+        "--mps-control",
+        type=Path,
+        metavar="PATH",
+        default=os.environ.get("COLONY_AGENT_MPS_CONTROL") or None,
+        help="the nvidia-cuda-mps-control binary (default: found on PATH); default $COLONY_AGENT_MPS_CONTROL",
+    )
+    fencing.add_argument(
+        "--cgroup-root",
+        type=Path,
+        metavar="PATH",
+        default=os.environ.get("COLONY_AGENT_CGROUP_ROOT") or None,
+        help="cgroup v2 directory, delegated to the agent, that jobs' cgroups are made in (default: the "
+        "agent's own cgroup, e.g. with Delegate=yes in its systemd unit); default $COLONY_AGENT_CGROUP_ROOT",
+    )
     parser.add_argument("--version", action="version", version=f"colony-agent {__version__}")
     return parser
 
@@ -372,6 +404,15 @@ def main(argv: list[str] | None = None) -> int:
     except BackendUnavailable as exc:
         log.error("%s", exc)
         return 1
+    try:
+        isolation = configure_isolation(
+            args.isolation, backend.inventory(), backend=backend, run_as=args.run_as_policy,
+            state_dir=args.workdir / "isolation", mps_control=args.mps_control, cgroup_root=args.cgroup_root,
+        )
+    except IsolationUnavailable as exc:
+        log.error("%s", exc)
+        backend.close()
+        return 1
     policy: RunAsPolicy = args.run_as_policy
     if policy.switches_users and policy.default is None and not policy.tenants and not policy.allow_root:
         log.warning("%s", policy.describe())
@@ -414,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass_env=args.pass_env,
                 container_runtime=args.runtime,
                 node=args.node,
+                isolation=isolation,
             ),
             interval=args.interval,
             heartbeat_ttl=args.heartbeat_ttl,
@@ -423,5 +465,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         agent.run(stop)
     finally:
+        isolation.close()  # after a crash too: no MPS daemon outlives its agent
         backend.close()
     return 0

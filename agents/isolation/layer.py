@@ -211,8 +211,8 @@ class IsolationLayer:
     def memory_pressure_error(self, job_id: int, output_tail: str, gpu_indices, limit_mib: int | None,
                               used_mib: dict[int, int]) -> str | None:
         """The exit's error when the job died of an allocation failure on a GPU that held it to
-        ``limit_mib`` (None when it did not): which GPU, the limit, what enforced it, and what it
-        held at the last sample where known (``used_mib``: GPU index -> MiB)."""
+        ``limit_mib`` (None when it did not): which GPU, the limit, what enforced it, and the most it
+        was seen holding where known (``used_mib``: GPU index -> MiB)."""
         if not limit_mib or not ALLOCATION_FAILURE.search(output_tail or ""):
             return None
         indices = list(gpu_indices)
@@ -221,7 +221,7 @@ class IsolationLayer:
             return None
         index = max(fenced, key=lambda i: used_mib.get(i, -1))
         used = used_mib.get(index)
-        held = f"; it held {used} MiB at the last sample" if used is not None else ""
+        held = f"; it held up to {used} MiB in the node's samples" if used is not None else ""
         return (f"CUDA out of memory on GPU {index}: job {job_id} hit its limit of {limit_mib} MiB, "
                 f"enforced by {_ENFORCED_BY[self.mode(index)]}{held}")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -151,3 +153,12 @@ def test_explicit_mps_whose_daemon_fails_refuses_to_start_and_stops_the_others(t
     started = [call for call in mps.calls() if call["argv"] == ["-d"]][0]
     assert mps.daemon_pid(started["env"]["CUDA_MPS_PIPE_DIRECTORY"]) is None
 
+
+def test_the_agent_refuses_to_start_with_a_mode_it_cannot_honour(tmp_path):
+    agent = subprocess.run(
+        [sys.executable, "-m", "agents", "--node", "n1", "--simulate", "1xT4-16GB", "--workdir", str(tmp_path),
+         "--isolation", "mps", "--mps-control", str(tmp_path / "missing"), "--redis", "redis://127.0.0.1:1/0"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert agent.returncode == 1
+    assert "--isolation mps: " in agent.stderr and "is not an executable" in agent.stderr
