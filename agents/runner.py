@@ -321,10 +321,27 @@ class JobRunner:
         except IsolationError as exc:
             raise LaunchError(str(exc)) from None
         try:
+            self._check_container_fence(cmd, fence)
             return self._launch_fenced(cmd, account, job_dir, work_dir, code_archive, fence)
         except BaseException:
             self.isolation.release(cmd.job_id)  # its cgroup, and with it the limits set there
             raise
+
+    def _check_container_fence(self, cmd: LaunchJob, fence: JobFence) -> None:
+        """An image job must not run unfenced on a fenced GPU: a container reaches no MPS daemon
+        (its pipes and the host's IPC are not in it), and a container that a daemon starts (docker,
+        podman) is born in the daemon's cgroup, not the job's. Apptainer runs the container's
+        processes as the job's own children, so they stay in its cgroup."""
+        if cmd.image is None:
+            return
+        if fence.env.get("CUDA_MPS_PIPE_DIRECTORY"):
+            raise LaunchError(f"image jobs cannot share GPU {cmd.gpu_indices[0]} through MPS on this node "
+                              "(the container cannot reach its MPS daemon); run it without an image or "
+                              "on a GPU of its own")
+        if fence.cgroup is not None and self.container_runtime.name != "apptainer":
+            raise LaunchError(f"{self.container_runtime.name} starts containers outside the job's cgroup, so "
+                              "the driver's GPU memory limit would not hold; use apptainer on this node, or "
+                              "run it without an image")
 
     def _launch_fenced(self, cmd: LaunchJob, account: Account | None, job_dir: Path, work_dir: Path,
                        code_archive: bytes | None, fence: JobFence) -> int:

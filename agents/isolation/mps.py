@@ -184,8 +184,15 @@ class MpsDaemons:
             daemon.running = False
             return f"the MPS control daemon of GPU {index} is gone ({why})"
         servers = {int(word) for word in done.stdout.decode("utf-8", "replace").split() if word.isdigit()}
-        lost = {pid for pid in daemon.servers - servers if not psutil.pid_exists(pid)}
+        lost = {pid for pid in daemon.servers - servers if not _alive(pid)}
         daemon.servers = servers
         if lost and in_use:
             return f"the MPS server of GPU {index} (pid {min(lost)}) died, taking every client on that GPU with it"
         return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

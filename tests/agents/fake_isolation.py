@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -130,7 +131,15 @@ class FakeMps:
 
     def kill_all(self, state_dir: Path) -> None:
         """Never leak a fake daemon from a failing test."""
-        for pid_file in Path(state_dir).rglob("fake-daemon.pid"):
-            pid = self.daemon_pid(pid_file.parent)
-            if pid is not None:
-                os.kill(pid, signal.SIGKILL)
+        for pid_file in [*Path(state_dir).rglob("fake-daemon.pid"), *Path(state_dir).rglob("fake-server.pid")]:
+            try:
+                pid = int(pid_file.read_text())
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, ValueError, psutil.Error):
+                pass
+
+    def tell(self, pipe_dir: str | Path, command: str) -> None:
+        """``echo COMMAND | nvidia-cuda-mps-control`` for the daemon of ``pipe_dir``."""
+        subprocess.run([str(self.path)], input=command + "\n", text=True, check=True, timeout=10,
+                       env={**self.env, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)})

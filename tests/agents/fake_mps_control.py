@@ -3,11 +3,11 @@
 
 - ``fake_mps_control.py -d`` starts a "daemon" (this script with ``--serve``, in a session of its
   own) for the pipe directory in ``$CUDA_MPS_PIPE_DIRECTORY``: it writes ``fake-daemon.pid`` and the
-  ``control`` pipe's stand-in there, and runs until told to quit. It plays the MPS server too:
-  ``get_server_list`` prints its pid.
+  ``control`` pipe's stand-in there, and runs until told to quit.
 - With no argument it reads commands on stdin, as the real one does: ``quit`` (stop the daemon),
-  ``get_server_list`` (its server pids; exit 1 when no daemon runs), and, for tests, ``die``
-  (SIGKILL the daemon, as a crash would: its files stay).
+  ``get_server_list`` (its server's pid; exit 1 when no daemon runs), and, for tests, ``die``
+  (SIGKILL the daemon, as a crash would: its files stay), ``start_server`` (start a stand-in MPS
+  server, as a first client would) and ``kill_server`` (SIGKILL it, as a client's fatal fault would).
 
 Every invocation appends one JSON line to ``$NVIDIA_FAKE_MPS_LOG`` (when set): ``argv``, the MPS
 variables (``CUDA_VISIBLE_DEVICES``, ``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY``) and
@@ -37,6 +37,14 @@ def _pipe_dir() -> Path:
 def _daemon_pid() -> int | None:
     try:
         pid = int((_pipe_dir() / "fake-daemon.pid").read_text())
+        return pid if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE else None
+    except (OSError, ValueError, psutil.Error):
+        return None
+
+
+def _server_pid() -> int | None:
+    try:
+        pid = int((_pipe_dir() / "fake-server.pid").read_text())
         return pid if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE else None
     except (OSError, ValueError, psutil.Error):
         return None
@@ -85,8 +93,23 @@ def _control(commands: str) -> int:
             print("Cannot find MPS control daemon process")
             return 1
         if command == "get_server_list":
-            print(pid)
+            server = _server_pid()
+            if server is not None:
+                print(server)
+        elif command == "start_server":  # what a first client makes the real daemon do
+            server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"],
+                                      start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, close_fds=True)
+            (_pipe_dir() / "fake-server.pid").write_text(str(server.pid))
+        elif command == "kill_server":  # a fatal fault in a client takes its server down
+            os.kill(_server_pid(), signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while _server_pid() is not None and time.monotonic() < deadline:
+                time.sleep(0.01)
         elif command in ("quit", "die"):
+            server = _server_pid()
+            if server is not None:  # quit shuts its servers down; a dying daemon takes them along
+                os.kill(server, signal.SIGKILL)
             os.kill(pid, signal.SIGTERM if command == "quit" else signal.SIGKILL)
             deadline = time.monotonic() + 5
             while _daemon_pid() == pid and time.monotonic() < deadline:

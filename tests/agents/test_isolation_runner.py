@@ -152,3 +152,38 @@ def test_mig_instances_are_visible_by_their_uuid_and_whole_gpus_by_index(tmp_pat
     whole = launch(PRINT_ENV, gpus=[0])
     runner.launch(whole)
     assert finished_env(runner, whole.job_id)["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_a_dead_mps_server_breaks_only_its_gpus_clients_and_leaves_the_daemon(tmp_path, mps, runners):
+    runners.append(runner := make_runner(tmp_path, "mps", mps=mps))
+    layer = runner.isolation
+    sleeper = python("import time; time.sleep(60)")
+    on_0, whole_pair, on_1 = (launch(sleeper, gpus=[0], compute_share=0.5), launch(sleeper, gpus=[0, 1]),
+                              launch(sleeper, gpus=[1], compute_share=0.5))
+    for cmd in (on_0, whole_pair, on_1):
+        runner.launch(cmd)
+    pipe_0 = tmp_path / "state" / "mps" / "0" / "pipe"
+    mps.tell(pipe_0, "start_server")
+    assert layer.mps_faults(now=1.0) == []  # the server is seen
+    mps.tell(pipe_0, "kill_server")
+    [fault] = layer.mps_faults(now=100.0)
+    assert fault.gpu_index == 0 and fault.job_ids == (on_0.job_id,)  # the multi-GPU job is no MPS client
+    assert fault.reason.startswith("the MPS server of GPU 0 (pid ") and "every client on that GPU" in fault.reason
+    assert [c["argv"] for c in mps.calls()].count(["-d"]) == 2  # the daemon lives on: no restart
+    assert layer.mps_faults(now=200.0) == []  # reported once
+
+
+def test_an_image_job_is_refused_rather_than_run_unfenced_in_a_container(tmp_path, mps, runners):
+    from agents.containers import ContainerRuntime
+
+    runners.append(runner := make_runner(tmp_path, "mps", mps=mps))
+    runner.container_runtime = ContainerRuntime("docker", "/usr/bin/docker")
+    with pytest.raises(LaunchError, match="cannot share GPU 0 through MPS"):
+        runner.launch(launch(["train"], gpus=[0], compute_share=0.5, image="pytorch/pytorch:2.4.0"))
+    (tmp_path / "b").mkdir()
+    runners.append(limited := make_runner(tmp_path / "b", "memory-limit", nvml=fake_nvml("yes")))
+    limited.container_runtime = ContainerRuntime("docker", "/usr/bin/docker")
+    cmd = launch(["train"], gpus=[1], gpu_memory_limit_mib=4096, compute_share=0.5, image="pytorch/pytorch:2.4.0")
+    with pytest.raises(LaunchError, match="docker starts containers outside the job's cgroup"):
+        limited.launch(cmd)
+    assert not (tmp_path / "b" / "cgroup" / f"colony-job-{cmd.job_id}").exists()
