@@ -361,6 +361,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     except ValueError as exc:
         parser.error(str(exc) if str(exc).startswith("--") else f"--run-as-tenant: {exc}")
+    if args.isolation not in ISOLATION_FLAGS:  # from $COLONY_AGENT_ISOLATION, which argparse does not check
+        parser.error(f"--isolation: expected one of {', '.join(ISOLATION_FLAGS)}, got {args.isolation!r}")
     args.runtime = None
     if args.container_runtime:
         try:

@@ -162,3 +162,12 @@ def test_the_agent_refuses_to_start_with_a_mode_it_cannot_honour(tmp_path):
     )
     assert agent.returncode == 1
     assert "--isolation mps: " in agent.stderr and "is not an executable" in agent.stderr
+
+
+def test_an_isolation_mode_from_the_environment_is_checked_like_the_flag(monkeypatch):
+    from agents import cli
+
+    monkeypatch.setenv("COLONY_AGENT_ISOLATION", "strict")
+    with pytest.raises(SystemExit) as exited:
+        cli.parse_args(["--node", "n1", "--simulate", "1xT4-16GB"])
+    assert exited.value.code == 2

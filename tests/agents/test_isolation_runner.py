@@ -84,7 +84,8 @@ def test_a_whole_gpu_job_on_mps_keeps_all_sms_and_a_multi_gpu_job_runs_without_m
     env = finished_env(runner, whole.job_id)
     assert env["CUDA_MPS_PIPE_DIRECTORY"].endswith("/mps/0/pipe")
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
-    gang = launch(PRINT_ENV, gpus=[0, 1], env={"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "state" / "mps" / "0" / "pipe")})
+    pipe_0 = str(tmp_path / "state" / "mps" / "0" / "pipe")
+    gang = launch(PRINT_ENV, gpus=[0, 1], env={"CUDA_MPS_PIPE_DIRECTORY": pipe_0})  # not the job's to choose
     runner.launch(gang)
     env = finished_env(runner, gang.job_id)
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
