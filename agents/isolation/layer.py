@@ -64,7 +64,9 @@ class MpsFault:
 
 class IsolationLayer:
     """Per-GPU isolation of one node. ``modes``: GPU index -> mode, for the GPUs that are not MIG
-    instances; ``native``: the backend enforces the modes itself."""
+    instances; ``native``: the backend enforces the modes itself. A GPU the layer was given no
+    mode for (a runner built without :func:`agents.isolation.configure`) keeps the mode its backend
+    reports, as the backend's own doing (:meth:`annotate`)."""
 
     def __init__(self, gpus: list[GpuInfo], modes: dict[int, str], *, mps: MpsDaemons | None = None,
                  cgroups: JobCgroups | None = None, limits: DriverMemoryLimits | None = None,
@@ -72,7 +74,8 @@ class IsolationLayer:
         self.gpus = {gpu.index: gpu for gpu in gpus}
         self.modes = {gpu.index: "mig" if gpu.isolation == "mig" else modes.get(gpu.index, "unfenced")
                       for gpu in gpus}
-        self.native = native
+        # GPUs whose mode the backend enforces itself: nothing to do here for them.
+        self._native = {gpu.index for gpu in gpus if gpu.isolation != "mig"} if native else set()
         self.mps, self.cgroups, self.limits = mps, cgroups, limits
         self.mps_check_interval = mps_check_interval
         self._next_check = 0.0
@@ -86,18 +89,31 @@ class IsolationLayer:
 
     # ------------------------------------------------------------------ inventory
 
+    @property
+    def native(self) -> bool:
+        return bool(self._native)
+
     def mode(self, index: int) -> str:
         return self.modes.get(index, "unfenced")
+
+    def _enforced_here(self, index: int) -> str:
+        """The mode this layer enforces on the GPU ("unfenced" where the backend does it)."""
+        return "unfenced" if index in self._native else self.mode(index)
 
     def annotate(self, gpus: list[GpuInfo]) -> list[GpuInfo]:
         """The backend's inventory with each GPU's mode set (MIG instances stay as reported); the
         layer learns the inventory (a MIG instance's UUID) from it."""
+        annotated = []
         for gpu in gpus:
             self.gpus[gpu.index] = gpu
-            if gpu.isolation == "mig":
-                self.modes[gpu.index] = "mig"
-        return [gpu if gpu.isolation == "mig" else gpu.model_copy(update={"isolation": self.mode(gpu.index)})
-                for gpu in gpus]
+            if gpu.isolation == "mig" or gpu.index not in self.modes:
+                self.modes[gpu.index] = gpu.isolation
+                if gpu.isolation != "mig":
+                    self._native.add(gpu.index)
+                annotated.append(gpu)
+            else:
+                annotated.append(gpu.model_copy(update={"isolation": self.modes[gpu.index]}))
+        return annotated
 
     def cuda_visible_devices(self, indices) -> str:
         """``CUDA_VISIBLE_DEVICES`` for the job's GPUs: a MIG instance by its ``MIG-...`` UUID (CUDA
@@ -109,15 +125,18 @@ class IsolationLayer:
 
     def fence(self, cmd: LaunchJob) -> JobFence:
         """The launch's fence; IsolationError when a fenced GPU cannot fence it now."""
-        if self.native:
-            return JobFence()
-        env: dict[str, str | None] = {name: None for name in MPS_JOB_VARIABLES}
         indices = list(cmd.gpu_indices)
-        if len(indices) == 1 and self.mode(indices[0]) == "mps":
+        if indices and all(i in self._native for i in indices):
+            return JobFence()
+        env: dict[str, str | None] = {}
+        if any(self._enforced_here(i) == "mps" for i in indices):
+            # Removed unless set below: a job on an MPS GPU must not pick its daemon or its share.
+            env = {name: None for name in MPS_JOB_VARIABLES}
+        if len(indices) == 1 and self._enforced_here(indices[0]) == "mps":
             env.update(self._mps_env(cmd, indices[0]))
-        limited = [i for i in indices if self.mode(i) == "memory_limit"]
+        limited = [i for i in indices if self._enforced_here(i) == "memory_limit"]
         cgroup = self._limit(cmd, limited) if limited and cmd.gpu_memory_limit_mib else None
-        if len(indices) == 1 and self.mode(indices[0]) == "mps":
+        if len(indices) == 1 and self._enforced_here(indices[0]) == "mps":
             self._mps_clients[cmd.job_id] = indices[0]
         return JobFence(env, cgroup)
 
@@ -170,7 +189,7 @@ class IsolationLayer:
         """A job an earlier agent started: a client of its GPU's MPS daemon as if launched here
         (its cgroup, if any, is removed by :meth:`release` when it ends)."""
         indices = list(cmd.gpu_indices)
-        if not self.native and len(indices) == 1 and self.mode(indices[0]) == "mps":
+        if len(indices) == 1 and self._enforced_here(indices[0]) == "mps":
             self._mps_clients[cmd.job_id] = indices[0]
 
     def retry_releases(self) -> None:
@@ -216,7 +235,8 @@ class IsolationLayer:
         if not limit_mib or not ALLOCATION_FAILURE.search(output_tail or ""):
             return None
         indices = list(gpu_indices)
-        fenced = [i for i in indices if self.mode(i) == "memory_limit" or (self.mode(i) == "mps" and len(indices) == 1)]
+        fenced = [i for i in indices if self._enforced_here(i) == "memory_limit"
+                  or (self._enforced_here(i) == "mps" and len(indices) == 1)]
         if not fenced:
             return None
         index = max(fenced, key=lambda i: used_mib.get(i, -1))

@@ -188,3 +188,19 @@ def test_an_image_job_is_refused_rather_than_run_unfenced_in_a_container(tmp_pat
     with pytest.raises(LaunchError, match="docker starts containers outside the job's cgroup"):
         limited.launch(cmd)
     assert not (tmp_path / "b" / "cgroup" / f"colony-job-{cmd.job_id}").exists()
+
+
+def test_a_runner_without_a_configured_layer_keeps_what_the_backend_enforces_itself(tmp_path):
+    from agents.backends.simulated import SimulatedBackend
+
+    runner = JobRunner(tmp_path / "agent", run_as=RunAsPolicy(allow_root=True))
+    inventory = SimulatedBackend("2xT4-16GB", "n1").inventory()
+    assert [gpu.isolation for gpu in runner.isolation.annotate(inventory)] == [gpu.isolation for gpu in inventory]
+    cmd = launch(PRINT_ENV, gpus=[1], gpu_memory_limit_mib=4096, compute_share=0.5,
+                 env={"CUDA_MPS_PIPE_DIRECTORY": "/tmp/own-mps"})  # no MPS here: the job's own business
+    runner.launch(cmd)
+    try:
+        env = finished_env(runner, cmd.job_id)
+    finally:
+        runner.close()
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/own-mps"
