@@ -41,7 +41,7 @@ class GpuSlot:
     __slots__ = ("key", "id", "index", "model", "node", "pool", "capacity_mib", "used_mib", "load_milli",
                  "live_load", "live_used_mib", "guaranteed_milli", "guaranteed_count", "exclusive", "occupants", "blocked",
                  "promised", "residents", "opp_entry", "guar_entry", "placed_guaranteed", "isolation",
-                 "unfenced_refusals")
+                 "unfenced_refusals", "margin_mib")
 
     def __init__(self, key: int, gpu, node: "NodeSlot", pool: int):
         self.key, self.id, self.index, self.model = key, gpu.id, gpu.index, gpu.model
@@ -63,6 +63,9 @@ class GpuSlot:
         self.placed_guaranteed = False  # a guaranteed job landed here this cycle
         self.isolation = gpu.isolation
         self.unfenced_refusals = 0  # residents that refuse to share an unfenced GPU
+        # Memory kept free for residents whose use may still grow (``needs_headroom``); a newcomer
+        # must leave it, and memory pressure is judged against it.
+        self.margin_mib = 0
 
     @property
     def joinable(self) -> bool:
@@ -95,6 +98,13 @@ class NodeSlot:
     @property
     def indexed(self) -> bool:
         return self.schedulable and not self.reserved
+
+
+def needs_headroom(job: RunningJob, capacity_mib: int) -> bool:
+    """False for a fraction held to its share of the GPU: that share is also its enforced limit
+    (``placement.shape_of``), so nothing of it grows past what was planned."""
+    share = -(-capacity_mib * job.gpu_milli // WHOLE_GPU_MILLI)
+    return not (job.gpu_milli < WHOLE_GPU_MILLI and job.memory_mib is not None and job.memory_mib <= share)
 
 
 def resident_load_milli(job: RunningJob) -> int:
@@ -170,6 +180,8 @@ class Capacity:
                 gpu.load_milli += load
                 if not job.accepts_unfenced:
                     gpu.unfenced_refusals += 1
+                if needs_headroom(job, gpu.capacity_mib):
+                    gpu.margin_mib = self.headroom
                 if job.job_class is JobClass.GUARANTEED:
                     gpu.guaranteed_milli += job.gpu_milli
                     gpu.guaranteed_count += 1
@@ -243,7 +255,7 @@ class Capacity:
 
     def take(self, gpus: list[GpuSlot], job_class: JobClass, memory_mib: list[int], demand_milli: int,
              gpu_milli: int, shareable: bool, cpu_per_gpu: int = 0, host_mb_per_gpu: int = 0,
-             accepts_unfenced: bool = True) -> None:
+             accepts_unfenced: bool = True, headroom_mib: int = 0) -> None:
         """Commit a placement: each GPU in ``gpus`` gets the job's memory and compute, its node
         the job's CPU and host memory for that GPU."""
         nodes = {g.node.key: g.node for g in gpus}
@@ -260,6 +272,7 @@ class Capacity:
             gpu.load_milli += demand_milli
             if not accepts_unfenced:
                 gpu.unfenced_refusals += 1
+            gpu.margin_mib = max(gpu.margin_mib, headroom_mib)
             if job_class is JobClass.GUARANTEED:
                 gpu.guaranteed_milli += gpu_milli
                 gpu.guaranteed_count += 1

@@ -347,12 +347,12 @@ class Cycle(Waiting):
         gpus = [gpu for _, node_gpus in choice.slices for gpu in node_gpus]
         next_to_guarantee = any(gpu.guaranteed_count for gpu in gpus)
         self.capacity.take(gpus, job_class, choice.memory_mib, shape.demand_milli, shape.gpu_milli, shape.shareable,
-                           shape.cpu_per_gpu, shape.host_mb_per_gpu, shape.accepts_unfenced)
+                           shape.cpu_per_gpu, shape.host_mb_per_gpu, shape.accepts_unfenced, shape.headroom_mib)
         self._count(job, job_class)
         biggest = max(choice.memory_mib)
         capacity = min(gpu.capacity_mib for gpu in gpus)
         protected = job_class is GUARANTEED and not shape.shareable
-        limit = None if protected or biggest >= capacity else min(capacity, biggest + self.config.share_memory_headroom_mib)
+        limit = None if protected or biggest >= capacity else min(capacity, biggest + shape.headroom_mib)
         duty = self.config.shared_start_duty_cycle if job_class is OPPORTUNISTIC and next_to_guarantee else 1.0
         slices = slices_of(choice.slices)
         self.state.placements.append(Place(

@@ -6,7 +6,8 @@ Rules (DESIGN.md "Packing" and "Gang + topology"):
   request, else the GPU's memory in proportion to ``gpu_milli`` (a whole GPU for whole requests).
 * Only one-GPU jobs share a GPU. A gang takes empty GPUs: in a ring all-reduce the slowest rank
   paces every other one, so one shared GPU slows the whole gang.
-* Opportunistic work joins a GPU when memory + headroom fits and the residents' load leaves
+* Opportunistic work joins a GPU when memory + headroom fits (none for a fraction whose memory
+  is just its share: that share is also its limit) and the residents' load leaves
   spare compute for its demand (or at least ``min_shared_room_milli``: it runs on what is spare,
   throttled if a guaranteed neighbour suffers); tightest memory fit first, else an empty GPU on
   the fullest node.
@@ -54,6 +55,10 @@ class Shape:
     host_mb_per_gpu: int = 0
     mig_profile: str | None = None
     accepts_unfenced: bool = True
+    # Margin kept free next to the request on a shared GPU, for memory that grows past what was
+    # planned. None for a fraction that gave no memory: its memory is its share of the GPU, which
+    # is also its enforced limit, so two halves fit one GPU exactly.
+    headroom_mib: int = 0
 
     @property
     def needs_host(self) -> bool:
@@ -78,7 +83,8 @@ def shape_of(job: JobRequest, config: SchedulerConfig) -> Shape:
                  needs_runtime=job.needs_runtime,
                  cpu_per_gpu=host_resources.per_gpu(job.cpu_milli, job.gpus),
                  host_mb_per_gpu=host_resources.per_gpu(job.host_memory_mb, job.gpus),
-                 mig_profile=job.mig_profile, accepts_unfenced=job.accepts_unfenced)
+                 mig_profile=job.mig_profile, accepts_unfenced=job.accepts_unfenced,
+                 headroom_mib=0 if memory is None and job.fractional else config.share_memory_headroom_mib)
 
 
 class FailureMemo:
@@ -131,7 +137,6 @@ class Placer:
     def __init__(self, capacity: Capacity, config: SchedulerConfig):
         self.capacity = capacity
         self.config = config
-        self.headroom = config.share_memory_headroom_mib
         self._pools: dict[tuple, list[int]] = {}
         self._pools_by_shape: dict[Shape, list[int]] = {}
 
@@ -210,7 +215,7 @@ class Placer:
         # briefly, after the others, when a fit to beat is already known.
         whole = -(-room // ROOM_STEP)
         for pool in pools:
-            need = shape.memory_on(self.capacity.pools[pool][1]) + self.headroom
+            need = shape.memory_on(self.capacity.pools[pool][1]) + shape.headroom_mib
             buckets = indexes[pool]
             for bucket_no in [*range(whole, ROOM_BUCKETS), *([whole - 1] if whole else [])]:
                 bucket = buckets[bucket_no]
@@ -230,7 +235,7 @@ class Placer:
         for node in backfill:
             for gpu in node.gpus:
                 if gpu.occupants and self.fits_gpu(gpu, shape, job_class, pools):
-                    slack = gpu.free_mib - shape.memory_on(gpu.capacity_mib) - self.headroom
+                    slack = gpu.free_mib - shape.memory_on(gpu.capacity_mib) - shape.headroom_mib
                     if best is None or (slack, gpu.key) < best:
                         best = (slack, gpu.key)
         return None if best is None else gpus[best[1]]

@@ -107,7 +107,7 @@ class Reclaimer:
         staying = gpu.occupants - len(leaving) - len(evictable)
         need = shape.memory_on(gpu.capacity_mib)
         free = gpu.free_mib + sum(_memory(j, gpu) for j in leaving)
-        whole = shape.gpus > 1 or need + self.config.share_memory_headroom_mib > gpu.capacity_mib
+        whole = shape.gpus > 1 or need + shape.headroom_mib > gpu.capacity_mib  # it fills the GPU: nothing stays
         if whole:
             if staying:
                 return None
@@ -115,7 +115,7 @@ class Reclaimer:
         if gpu.guaranteed_count and not (shape.shareable and gpu.guaranteed_milli + shape.gpu_milli <= WHOLE_GPU_MILLI):
             return None
         victims: list[RunningJob] = []
-        headroom = self.config.share_memory_headroom_mib
+        headroom = max(shape.headroom_mib, gpu.margin_mib)
         for job in evictable:
             remaining = staying + len(evictable) - len(victims)
             if free >= need + (headroom if remaining else 0):
@@ -265,9 +265,13 @@ def memory_pressure_victims(capacity: Capacity, config: SchedulerConfig, leaving
     Returns (victim, gpu id) pairs, youngest first per GPU; marks them leaving.
     """
     victims: list[tuple[RunningJob, int]] = []
-    headroom = config.share_memory_headroom_mib
     for gpu in capacity.gpus:
-        if not gpu.guaranteed_count or gpu.used_mib + headroom <= gpu.capacity_mib:
+        if not gpu.guaranteed_count:
+            continue
+        # The margin placement kept when it let the residents in: squeezing must be judged by the
+        # same rule, or a GPU filled exactly by shares is emptied and refilled every cycle.
+        headroom = gpu.margin_mib
+        if gpu.used_mib + headroom <= gpu.capacity_mib:
             continue
         used = gpu.used_mib - sum(_memory(j, gpu) for j in gpu.residents if j.id in leaving)
         borrowers = _youngest_first([j for j in gpu.residents
@@ -279,3 +283,4 @@ def memory_pressure_victims(capacity: Capacity, config: SchedulerConfig, leaving
             leaving.add(job.id)
             used -= _memory(job, gpu)
     return victims
+

@@ -143,5 +143,5 @@ class Waiting:
             return True
         if shape.gpus > 1:
             return shape.max_nodes != 1 and sum(capacity.start_total_empty[p] for p in pools) >= shape.gpus
-        headroom = self.config.share_memory_headroom_mib
-        return any(capacity.start_max_opp_free[p] >= shape.memory_on(capacity.pools[p][1]) + headroom for p in pools)
+        return any(capacity.start_max_opp_free[p] >= shape.memory_on(capacity.pools[p][1]) + shape.headroom_mib
+                   for p in pools)

@@ -108,4 +108,5 @@ def test_every_request_field_that_shapes_placement_is_in_the_request_key():
             assert _request_key(variant) != _request_key(base), field.name
     assert {f.name for f in fields(shape_of(base, config))} - {"demand_milli"} <= {
         "gpus", "gpu_milli", "memory_mib", "models", "max_nodes", "shareable", "allreduce_bytes", "needs_runtime",
-        "cpu_per_gpu", "host_mb_per_gpu", "mig_profile", "accepts_unfenced"}, "a new Shape field needs a line above"
+        "cpu_per_gpu", "host_mb_per_gpu", "mig_profile", "accepts_unfenced", "headroom_mib"}, \
+        "a new Shape field needs a line above"

@@ -26,13 +26,7 @@ def pod(id, milli=1000, gpus=1, cpu=0, tenant="t"):
                     memory_mib=None, utilisation=milli / 1000, cpu_milli=cpu)
 
 
-# The core adds share_memory_headroom_mib (1 GiB) on top of a fraction's proportional memory, so
-# two halves never fit one GPU (issue 18); the fix belongs to the core's placement.
-CORE_HEADROOM = pytest.mark.xfail(strict=True, reason="core headroom on fractional shares (issue 18)")
-
-
-@pytest.mark.parametrize("policy", [pytest.param("fair_share", marks=CORE_HEADROOM),
-                                    pytest.param("packing_without_quotas", marks=CORE_HEADROOM), *PACKING_BASELINES])
+@pytest.mark.parametrize("policy", ["fair_share", "packing_without_quotas", *PACKING_BASELINES])
 def test_two_half_gpu_pods_share_one_16_gib_gpu(policy):
     # Each asks for 500 milli and so half the GPU's memory: together exactly one GPU.
     cluster = host_trace([pod(1, 500), pod(2, 500)], [("a", 1, 64000, 16)])

@@ -44,7 +44,7 @@ def admits_pool(pool, shape) -> bool:
 
 def admits_shared_gpu(gpu, shape, job_class, config) -> bool:
     return (gang_width.admits_shared_gpu(shape)
-            and gpu_memory.admits_shared_gpu(gpu, shape, config.share_memory_headroom_mib)
+            and gpu_memory.admits_shared_gpu(gpu, shape)
             and compute_room.admits_shared_gpu(gpu, shape, job_class, config.max_shared_load_milli,
                                                config.min_shared_room_milli)
             and exclusivity.admits_shared_gpu(gpu, shape, job_class)

@@ -1,5 +1,6 @@
 """Filter: GPU memory. An empty GPU must hold the request; a GPU with residents must hold it plus
-``share_memory_headroom_mib`` next to what they use (their observed peak or their request)."""
+a margin next to what they use (their observed peak or their request): ``share_memory_headroom_mib``
+unless the newcomer and every resident are fractions held to their share of the GPU."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ def admits_pool(pool, shape) -> bool:
     return shape.memory_on(pool[1]) <= pool[1]
 
 
-def admits_shared_gpu(gpu, shape, headroom: int) -> bool:
-    return gpu.free_mib >= shape.memory_on(gpu.capacity_mib) + headroom
+def admits_shared_gpu(gpu, shape) -> bool:
+    return gpu.free_mib >= shape.memory_on(gpu.capacity_mib) + max(shape.headroom_mib, gpu.margin_mib)
 
 
 def never(check, shape):
