@@ -16,7 +16,10 @@ from agents import protocol
 # One valid message of each kind an agent sends, as the JSON object on the wire.
 REGISTERED = {
     "v": 1, "kind": "node_registered", "node": "n1", "backend": "nvml", "agent_version": "0.1", "hostname": "h",
-    "gpus": [{"index": 0, "uuid": "GPU-0", "model": "H100-80GB", "memory_mib": 81559}],
+    # A MIG instance first (its numbers are the ones poisoned), then a whole GPU.
+    "gpus": [{"index": 0, "uuid": "MIG-0", "model": "H100-80GB", "memory_mib": 9984, "isolation": "mig",
+              "mig_profile": "1g.10gb", "parent_index": 0},
+             {"index": 1, "uuid": "GPU-1", "model": "H100-80GB", "memory_mib": 81559, "isolation": "mps"}],
     "topology": [{"a": 0, "b": 1, "kind": "nvlink", "bandwidth_gbps": 900.0}],
     "running_jobs": [7], "cpu_milli": 64000, "host_memory_mib": 512 * 1024,
 }
@@ -37,6 +40,7 @@ KEY = ("[key]",)  # a path ending in KEY puts the value in the place of that dic
 FIELDS = [
     (REGISTERED, protocol.decode_event, ("gpus", 0, "index")),
     (REGISTERED, protocol.decode_event, ("gpus", 0, "memory_mib")),
+    (REGISTERED, protocol.decode_event, ("gpus", 0, "parent_index")),
     (REGISTERED, protocol.decode_event, ("topology", 0, "a")),
     (REGISTERED, protocol.decode_event, ("topology", 0, "b")),
     (REGISTERED, protocol.decode_event, ("topology", 0, "bandwidth_gbps")),
