@@ -182,6 +182,7 @@ class Agent:
         self.shipped_output_bytes = 0
         # job id -> GPU index -> the most GPU memory a sample saw it hold (for memory-pressure exits).
         self._peak_mib: dict[int, dict[int, int]] = {}
+        self._sharing_faults: set[int] = set()  # jobs being stopped because their MPS GPU failed
 
     @property
     def connected(self) -> bool:
@@ -513,6 +514,7 @@ class Agent:
         them (stop signal, then SIGKILL after the shutdown grace) and report them for a requeue."""
         for fault in self.runner.isolation.mps_faults():
             for job_id in fault.job_ids:
+                self._sharing_faults.add(job_id)
                 self.runner.stop(job_id, self.shutdown_grace, requeue=True,
                                  error=f"{fault.reason}; the job was stopped to run again")
 
@@ -523,6 +525,8 @@ class Agent:
                 finished.job_id, finished.output_tail, finished.gpu_indices, finished.gpu_memory_limit_mib, peaks)
             if pressure is not None:
                 finished = dataclasses.replace(finished, oom=True, error=pressure)
+        sharing_fault = finished.job_id in self._sharing_faults
+        self._sharing_faults.discard(finished.job_id)
         return protocol.JobExited(
             node=self.node,
             job_id=finished.job_id,
@@ -531,6 +535,7 @@ class Agent:
             oom=finished.oom,
             timed_out=finished.timed_out,
             requeue=finished.requeue,
+            requeue_cause="gpu_sharing_fault" if sharing_fault and finished.requeue else None,
             launch_id=finished.launch_id,
             error=finished.error[:2000] if finished.error else None,
             output_tail=finished.output_tail,

@@ -241,6 +241,9 @@ class JobExited(_NodeMessage):
     # The node ended the job for reasons of its own (its agent restarted or shut down), not the
     # job: the control plane puts it back in the queue instead of failing it.
     requeue: bool = False
+    # Why, when it was not the agent stopping: ``gpu_sharing_fault``, a fault in a job sharing its
+    # GPU's MPS server took every client down (``error`` words it).
+    requeue_cause: Literal["gpu_sharing_fault"] | None = None
     # Answer to a stop for a job this node does not run (its launch was lost, or it already
     # ended): settles a job the control plane is stopping, and is ignored for any other (a stale
     # stop must not end a later attempt of the job placed here since).

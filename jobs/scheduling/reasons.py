@@ -407,11 +407,12 @@ def idle_requeued(figures: str, idle_minutes: int) -> PendingReason:
                          {"idle_minutes": idle_minutes})
 
 
-def gpu_sharing_fault(node: str, gpu_index: int) -> PendingReason:
+def gpu_sharing_fault(node: str, what: str) -> PendingReason:
+    """``what``: the node's words (which GPU, which MPS process died)."""
     return PendingReason(
         ReasonCode.GPU_SHARING_FAULT,
-        f"Requeued: a fault in a job sharing GPU {gpu_index} of node {node} through MPS stopped every job on that GPU.",
-        {"node": node, "gpu_index": gpu_index},
+        f"Requeued: on node {node}, {what}. A fault in one job sharing a GPU through MPS stops every job on it.",
+        {"node": node, "what": what},
     )
 
 

@@ -78,6 +78,7 @@ class Exit:
     oom: bool = False
     timed_out: bool = False
     requeue: bool = False  # its node ended it (agent restart/shutdown): run it again
+    requeue_cause: str | None = None  # why, when not its agent stopping (``JobExited.requeue_cause``)
     absent: bool = False  # answer to a stop for a job the node does not run
 
 
@@ -262,7 +263,10 @@ def finish(job_id: int, exit: Exit) -> bool:
                     at=exit.finished_at)
             _ended(job_id, JobState.CANCELLED)
     elif state in LIVE and exit.requeue:
-        reason = reasons.agent_restarted(exit.node)
+        if exit.requeue_cause == "gpu_sharing_fault":
+            reason = reasons.gpu_sharing_fault(exit.node, exit.error or "its GPU's MPS server failed")
+        else:
+            reason = reasons.agent_restarted(exit.node)
         if Job.objects.filter(pk=job_id, state__in=LIVE).update(
             state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1, pending_reason=reason.as_dict(),
         ):

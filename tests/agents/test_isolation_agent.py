@@ -85,7 +85,7 @@ def test_a_dead_mps_daemon_requeues_every_job_on_its_gpu_with_the_reason_and_is_
 
     for cmd in on_0:
         [done] = wait_for(lambda: exited(redis_client, cmd.job_id))
-        assert done.requeue and done.stopped and not done.oom
+        assert done.requeue and done.stopped and not done.oom and done.requeue_cause == "gpu_sharing_fault"
         assert done.error.startswith("the MPS control daemon of GPU 0 is gone")
         assert done.error.endswith("the job was stopped to run again")
     assert exited(redis_client, on_1.job_id) == [] and on_1.job_id in runner.running()

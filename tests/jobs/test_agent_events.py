@@ -136,6 +136,19 @@ def test_a_job_its_agent_ended_by_restarting_goes_back_to_the_queue(placed_job, 
     assert not Allocation.objects.filter(job=placed_job, released_at__isnull=True).exists()
 
 
+def test_a_job_stopped_because_its_mps_gpu_failed_is_requeued_with_that_reason(placed_job, redis_client, live_redis):
+    placed_job.state = JobState.RUNNING
+    placed_job.save()
+    why = "the MPS server of GPU 0 (pid 4242) died, taking every client on that GPU with it"
+    emit(redis_client, exited(placed_job, None, stopped=True, requeue=True, requeue_cause="gpu_sharing_fault",
+                              error=f"{why}; the job was stopped to run again"))
+    consume_events(redis_client)
+    placed_job.refresh_from_db()
+    assert (placed_job.state, placed_job.requeue_count) == (JobState.PENDING, 1)
+    assert placed_job.pending_reason["code"] == "gpu_sharing_fault"
+    assert why in placed_job.pending_reason["message"] and "node n1" in placed_job.pending_reason["message"]
+
+
 def test_requeue_does_not_undo_a_cancel(placed_job, redis_client, live_redis):
     placed_job.state = JobState.CANCELLING
     placed_job.save()
