@@ -127,13 +127,15 @@ def _oci(runtime, cmd, job_env, inside, start_dir, read_only, account) -> Contai
             # Rendezvous and NCCL of multi-node jobs use the node's addresses, as outside a container.
             "--network=host", f"--shm-size={SHM_SIZE}"]
     if cmd.gpu_indices:
-        devices = ",".join(str(index) for index in cmd.gpu_indices)
+        # The devices as the runner named them outside: indices, or UUIDs where indices are not
+        # the driver's (MIG); docker's --gpus and CDI take either.
+        named = job_env.get("CUDA_VISIBLE_DEVICES") or ",".join(str(index) for index in cmd.gpu_indices)
         if runtime.name == "docker":
             # The quotes are part of the value: docker reads --gpus as CSV, where "0,1" is one field.
-            argv += ["--gpus", f'"device={devices}"']
+            argv += ["--gpus", f'"device={named}"']
         else:
-            for index in cmd.gpu_indices:
-                argv += ["--device", f"nvidia.com/gpu={index}"]  # CDI, as nvidia-ctk generates it
+            for device in named.split(","):
+                argv += ["--device", f"nvidia.com/gpu={device}"]  # CDI, as nvidia-ctk generates it
     argv += ["-v", f"{start_dir}:{start_dir}", "-w", start_dir]
     for path in read_only:
         argv += ["-v", f"{path}:{path}:ro"]

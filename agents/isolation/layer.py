@@ -117,9 +117,11 @@ class IsolationLayer:
 
     def cuda_visible_devices(self, indices) -> str:
         """``CUDA_VISIBLE_DEVICES`` for the job's GPUs: a MIG instance by its ``MIG-...`` UUID (CUDA
-        numbers instances differently from NVML), a whole GPU by its index."""
-        return ",".join(self.gpus[i].uuid if i in self.gpus and self.gpus[i].isolation == "mig" else str(i)
-                        for i in indices)
+        numbers instances differently from NVML), a whole GPU by its index, or by its UUID on a node
+        with MIG instances, where our indices count instances and are no longer CUDA's."""
+        by_uuid = any(gpu.isolation == "mig" for gpu in self.gpus.values())
+        return ",".join(self.gpus[i].uuid if i in self.gpus and (by_uuid or self.gpus[i].isolation == "mig")
+                        else str(i) for i in indices)
 
     # ------------------------------------------------------------------ launches
 

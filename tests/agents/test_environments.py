@@ -269,3 +269,14 @@ def test_image_launch_record_survives_an_agent_restart(make_runner, shim_path):
         again.stop_all(1)
         again.close()
     assert protocol.LaunchJob.model_validate_json((first.job_dir(12) / "launch.json").read_bytes()) == cmd
+
+
+@pytest.mark.parametrize("runtime, flag", [("docker", "--gpus"), ("podman", "--device")])
+def test_a_container_gets_the_devices_as_the_runner_named_them_mig_uuids_included(runtime, flag):
+    mig = "MIG-1234abcd-0000-1111-2222-333344445555"
+    cmd = launch(["true"], gpus=[4], image="nvcr.io/nvidia/pytorch:24.01-py3", attempt=0, job_id=9)
+    wrapped = wrap(ContainerRuntime(runtime, f"/usr/bin/{runtime}"), cmd, {"CUDA_VISIBLE_DEVICES": mig, "PATH": "/bin"},
+                   start_dir="/tmp")
+    value = wrapped.argv[wrapped.argv.index(flag) + 1]
+    assert value == (f'"device={mig}"' if runtime == "docker" else f"nvidia.com/gpu={mig}")
+    assert wrapped.env["CUDA_VISIBLE_DEVICES"] == "0"  # inside, the runtime numbers it from 0

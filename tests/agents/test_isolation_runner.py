@@ -143,7 +143,7 @@ def test_a_limit_the_driver_refuses_fails_the_launch_and_leaves_no_cgroup(tmp_pa
     assert not (runner.job_dir(cmd.job_id) / "output.log").exists()
 
 
-def test_mig_instances_are_visible_by_their_uuid_and_whole_gpus_by_index(tmp_path, runners):
+def test_mig_instances_and_whole_gpus_beside_them_are_visible_by_their_uuid(tmp_path, runners):
     mig = GpuInfo(index=2, uuid="MIG-1234abcd-0000-1111-2222-333344445555", model="A100-80GB", memory_mib=9856,
                   isolation="mig", mig_profile="1g.10gb", parent_index=1)
     runners.append(runner := make_runner(tmp_path, "none", gpus=[GPUS[0], mig]))
@@ -152,7 +152,8 @@ def test_mig_instances_are_visible_by_their_uuid_and_whole_gpus_by_index(tmp_pat
     assert finished_env(runner, cmd.job_id)["CUDA_VISIBLE_DEVICES"] == mig.uuid
     whole = launch(PRINT_ENV, gpus=[0])
     runner.launch(whole)
-    assert finished_env(runner, whole.job_id)["CUDA_VISIBLE_DEVICES"] == "0"
+    # Our index 0 is CUDA's 0 here, but after a MIG GPU they part: whole GPUs go by UUID too.
+    assert finished_env(runner, whole.job_id)["CUDA_VISIBLE_DEVICES"] == GPUS[0].uuid
 
 
 def test_a_dead_mps_server_breaks_only_its_gpus_clients_and_leaves_the_daemon(tmp_path, mps, runners):
