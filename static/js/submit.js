@@ -23,6 +23,8 @@
     if (field("priority").value && field("priority").value !== "0") { args.push("--priority", field("priority").value); }
     if (field("run_as").value === "opportunistic") { args.push("--opportunistic"); }
     if (field("shareable").checked) { args.push("--shareable"); }
+    if (field("mig_profile") && field("mig_profile").value) { args.push("--mig-profile", quote(field("mig_profile").value)); }
+    if (field("accepts_unfenced") && field("accepts_unfenced").value === "no") { args.push("--no-unfenced"); }
     form.querySelectorAll("input[name=gpu_models]:checked").forEach(function (box) { args.push("--gpu-model", box.value); });
     args.push("--", field("command").value.trim() || "python train.py");
     out.textContent = args.join(" ");

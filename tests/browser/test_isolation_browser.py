@@ -53,4 +53,10 @@ def test_the_node_page_shows_each_gpus_isolation_mode(transactional_db, live_red
         "MIG 1g.10gb of GPU 3: one job, fenced in hardware",
     ]
     screenshot(page, "node-isolation")
+
+    # The submit form offers the cluster's MIG profiles and spells the choice as a command line.
+    page.goto(f"{live_server.url}/jobs/submit/")
+    page.select_option("select[name=mig_profile]", "1g.10gb")
+    page.select_option("select[name=accepts_unfenced]", "no")
+    assert "--mig-profile 1g.10gb --no-unfenced" in page.inner_text("#cli-equivalent")
     assert errors == []
