@@ -38,6 +38,10 @@ class SchedulerConfig:
     shared_start_duty_cycle: float = 0.5
     # A guaranteed job is "slowed" when its live utilisation is this far below its solo profile.
     slowdown_margin: float = 0.1
+    # ... and a borrower speeds up only while every guaranteed neighbour is within this of its solo
+    # profile. Between the two it holds: without that band, a neighbour slowed by interference
+    # sent its borrower down and up every few cycles (a sawtooth of throttle commands).
+    raise_margin: float = 0.05
     # GPU utilisation at or above which a GPU with a guaranteed job counts as saturated.
     saturated_utilisation: float = 0.95
     # GPU utilisation below which opportunistic neighbours may speed up again.

@@ -7,7 +7,9 @@ Per GPU that an opportunistic job runs on, one signal:
   saturated (utilisation >= ``saturated_utilisation``) while a guaranteed job is on it, or when a
   guaranteed job was placed on it this cycle (act before the slowdown shows up);
 * **increase** (add ``duty_cycle_increase``) when the GPU's utilisation is known and below
-  ``room_utilisation``;
+  ``room_utilisation`` and every guaranteed neighbour with a profile runs within ``raise_margin``
+  of it (a dead band: between ``raise_margin`` and ``slowdown_margin`` the duty cycle holds, so
+  AIMD settles next to a neighbour that interference slows instead of sawing up and down);
 * **back to full speed** (``duty_cycle_ceiling`` at once) when no guaranteed job shares the GPU
   any more: the slow additive probe exists to find how much a guaranteed neighbour can spare, and
   with none left there is nothing to probe;
@@ -50,7 +52,9 @@ def _signal(gpu: GpuSlot, config: SchedulerConfig, leaving: set[int]) -> Throttl
         return ThrottleReason.GUARANTEED_JOB_PLACED
     if not guaranteed:
         return ThrottleReason.NO_GUARANTEED_NEIGHBOUR
-    if gpu.live_load is not None and gpu.live_load < config.room_utilisation:
+    if gpu.live_load is not None and gpu.live_load < config.room_utilisation and all(
+            job.utilisation is None or job.solo_utilisation is None
+            or job.utilisation >= job.solo_utilisation - config.raise_margin for job in guaranteed):
         return ThrottleReason.ROOM_AVAILABLE
     return None
 

@@ -47,6 +47,7 @@ def test_duty_cycle_moves_by_aimd(gpu_util, guaranteed, duty, expected):
     (0.5, dict(util=0.45, solo=0.5), 1.0),            # already at the ceiling
     (0.6, dict(util=0.4, solo=0.7), 0.0),             # already suspended
     (None, None, 0.0),                                # suspended, no reading: hold
+    (0.6, dict(util=0.63, solo=0.7), 0.5),            # neighbour in the dead band (slowed 0.07): hold
 ])
 def test_duty_cycle_is_left_alone(gpu_util, guaranteed, duty):
     assert throttled(gpu_util, guaranteed, duty) == {}
