@@ -36,8 +36,8 @@ from jobs.services.submission import (
     cancel_job,
     submit_array,
     submit_job,
+    submission_context,
     submit_many,
-    tenants_of,
 )
 from monitoring.services.registry import cluster_inventory
 from monitoring.services.redis_client import get_redis
@@ -65,7 +65,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
 
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
     def create(self, request, *args, **kwargs):
-        submission = JobSubmitSerializer(data=request.data, context={"request": request})
+        submission = JobSubmitSerializer(data=request.data,
+                                         context={"request": request, **submission_context(request.user)})
         submission.is_valid(raise_exception=True)
         if "array" in submission.validated_data:
             with _queue_full_is_400():
@@ -110,7 +111,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         if not throttle.allow_submission(request, count=len(specs)):
             raise Throttled(throttle.wait())
         # Read once for all the jobs: the same answers each job's check would read.
-        context = {"request": request, "tenants": list(tenants_of(request.user)), "inventory": cluster_inventory()}
+        context = {"request": request, **submission_context(request.user), "inventory": cluster_inventory()}
         validated, errors = [], {}
         for index, spec in enumerate(specs):
             if "array" in spec:

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import transaction
 
 from jobs.choices import JobState
-from jobs.models import Job, JobArray, JobDependency, Tenant
+from jobs.models import Job, JobArray, JobDependency, Membership, Tenant
 from jobs.services import lifecycle
 from jobs.services.arrays import ArraySpec
 from jobs.services.nudge import nudge_scheduler
@@ -19,6 +19,14 @@ BULK_INSERT_ROWS = 500
 def tenants_of(user):
     """Tenants a user may submit to."""
     return Tenant.objects.filter(memberships__user=user)
+
+
+def submission_context(user) -> dict:
+    """What checking ``user``'s submissions reads about them, in one query: the tenants they may
+    submit to (``tenants``) and the GPU cap a lead set for them in each (``member_caps``, tenant id
+    -> GPUs, None for no limit), as ``JobSubmitSerializer`` takes them in its context."""
+    memberships = list(Membership.objects.filter(user=user).select_related("tenant"))
+    return {"tenants": [m.tenant for m in memberships], "member_caps": {m.tenant_id: m.max_gpus for m in memberships}}
 
 
 class TooManyWaiting(Exception):
