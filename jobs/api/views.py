@@ -28,7 +28,7 @@ from jobs.api.serializers import (
     JobSubmitSerializer,
 )
 from jobs.choices import TERMINAL_STATES
-from jobs.models import Job
+from jobs.models import Allocation, Job, JobDependency
 from jobs.services import job_logs, roles
 from jobs.services.submission import (
     NotCancellable,
@@ -38,6 +38,7 @@ from jobs.services.submission import (
     submit_job,
     submission_context,
     submit_many,
+    timeline_of,
 )
 from monitoring.services.registry import cluster_inventory
 from monitoring.services.redis_client import get_redis
@@ -80,9 +81,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
             job = submit_job(owner=request.user, **submission.validated_data)
         # Answered from the job just written rather than read back with every relation: a new job
         # has no allocations, and no dependencies unless it named some (its events are read).
-        job._prefetched_objects_cache = {"allocations": job.allocations.none()}
+        job._prefetched_objects_cache = {"allocations": Allocation.objects.none(), "events": timeline_of(job)}
         if not (submission.validated_data.get("after_ok") or submission.validated_data.get("after_any")):
-            job._prefetched_objects_cache["dependencies"] = job.dependencies.none()
+            job._prefetched_objects_cache["dependencies"] = JobDependency.objects.none()
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=JobBulkSubmitSerializer, responses={

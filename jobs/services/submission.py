@@ -3,11 +3,14 @@ cancel or an operator's requeue."""
 
 from __future__ import annotations
 
+import functools
+
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import F
 
 from jobs.choices import JobState
-from jobs.models import Job, JobArray, JobDependency, Membership, Tenant
+from jobs.models import Job, JobArray, JobDependency, JobEvent, Tenant
 from jobs.services import lifecycle
 from jobs.services.arrays import ArraySpec
 from jobs.services.nudge import nudge_scheduler
@@ -25,8 +28,39 @@ def submission_context(user) -> dict:
     """What checking ``user``'s submissions reads about them, in one query: the tenants they may
     submit to (``tenants``) and the GPU cap a lead set for them in each (``member_caps``, tenant id
     -> GPUs, None for no limit), as ``JobSubmitSerializer`` takes them in its context."""
-    memberships = list(Membership.objects.filter(user=user).select_related("tenant"))
-    return {"tenants": [m.tenant for m in memberships], "member_caps": {m.tenant_id: m.max_gpus for m in memberships}}
+    tenants = list(Tenant.objects.raw(_memberships_sql(), [user.pk]))
+    caps = {tenant.pk: tenant.__dict__.pop("member_max_gpus") for tenant in tenants}
+    return {"tenants": tenants, "member_caps": caps}
+
+
+def timeline_of(job: Job) -> list[JobEvent]:
+    """``job.events``, oldest first, as the answer to its submission shows them."""
+    return list(JobEvent.objects.raw(_timeline_sql(), [job.pk]))
+
+
+# The reads of every single submission, compiled from the ORM once per process rather than on each
+# request (0.2-0.4 ms of CPU each, of a submission's 4): they follow the models all the same.
+def _compiled(queryset, params: tuple) -> str:
+    sql, compiled_params = queryset.query.sql_with_params()
+    assert compiled_params == params, compiled_params
+    return sql
+
+
+@functools.cache
+def _memberships_sql() -> str:
+    return _compiled(Tenant.objects.filter(memberships__user_id=0).annotate(member_max_gpus=F("memberships__max_gpus")),
+                     (0,))
+
+
+@functools.cache
+def _waiting_sql() -> str:
+    ids = _compiled(Job.objects.filter(owner_id=0, state=JobState.PENDING).order_by().values("pk"), (0, JobState.PENDING))
+    return f"SELECT count(*) FROM ({ids}) waiting"
+
+
+@functools.cache
+def _timeline_sql() -> str:
+    return _compiled(JobEvent.objects.filter(job_id=0), (0,))
 
 
 class TooManyWaiting(Exception):
@@ -38,7 +72,9 @@ def make_room(owner, adding: int) -> None:
     queue: one array or bulk request makes a thousand rows, and a queue a user can grow without
     bound is a database (and a scheduler cycle) anyone can fill."""
     limit = settings.COLONY_MAX_PENDING_PER_USER
-    waiting = Job.objects.filter(owner=owner, state=JobState.PENDING).count()
+    with connection.cursor() as cursor:
+        cursor.execute(_waiting_sql(), [owner.pk, JobState.PENDING])
+        waiting = cursor.fetchone()[0]
     if waiting + adding > limit:
         raise TooManyWaiting(
             f"You have {waiting} jobs waiting; at most {limit} may wait at once (COLONY_MAX_PENDING_PER_USER), "
