@@ -28,7 +28,7 @@ from jobs.api.serializers import (
     JobSubmitSerializer,
 )
 from jobs.choices import TERMINAL_STATES
-from jobs.models import Allocation, Job, JobDependency
+from jobs.models import Allocation, Job, JobDependency, JobEvent
 from jobs.services import job_logs, roles
 from jobs.services.submission import (
     NotCancellable,
@@ -81,9 +81,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
             job = submit_job(owner=request.user, **submission.validated_data)
         # Answered from the job just written rather than read back with every relation: a new job
         # has no allocations, and no dependencies unless it named some (its events are read).
-        job._prefetched_objects_cache = {"allocations": Allocation.objects.none(), "events": timeline_of(job)}
+        job._prefetched_objects_cache = {"allocations": _read(Allocation, []), "events": _read(JobEvent, timeline_of(job))}
         if not (submission.validated_data.get("after_ok") or submission.validated_data.get("after_any")):
-            job._prefetched_objects_cache["dependencies"] = JobDependency.objects.none()
+            job._prefetched_objects_cache["dependencies"] = _read(JobDependency, [])
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=JobBulkSubmitSerializer, responses={
@@ -175,6 +175,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
                         "data": c.data} for c in chunks],
             "next": chunks[-1].id if chunks else (after or None),
         })
+
+
+def _read(model, rows: list):
+    """A queryset of ``model`` already holding ``rows``, as ``prefetch_related`` leaves one: read
+    without compiling a query (an empty ``none()`` compiles one to find it has nothing to run)."""
+    queryset = model.objects.none()
+    queryset._result_cache = rows
+    queryset._prefetch_done = True
+    return queryset
 
 
 @contextlib.contextmanager
