@@ -48,8 +48,8 @@ def _compiled(queryset, params: tuple) -> str:
 
 @functools.cache
 def _memberships_sql() -> str:
-    return _compiled(Tenant.objects.filter(memberships__user_id=0).annotate(member_max_gpus=F("memberships__max_gpus")),
-                     (0,))
+    return _compiled(Tenant.objects.filter(memberships__user_id=0).annotate(member_max_gpus=F("memberships__max_gpus"))
+                     .order_by(), (0,))
 
 
 @functools.cache
