@@ -236,6 +236,8 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["state", "submitted_at"], name="job_state_submitted"),
             models.Index(fields=["tenant", "state"], name="job_tenant_state"),
+            # Every submission counts its owner's waiting jobs (COLONY_MAX_PENDING_PER_USER).
+            models.Index(fields=["owner"], condition=Q(state="PENDING"), name="job_pending_by_owner"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive"),

@@ -38,7 +38,6 @@ from jobs.services.submission import (
     submit_job,
     submission_context,
     submit_many,
-    timeline_of,
 )
 from monitoring.services.registry import cluster_inventory
 from monitoring.services.redis_client import get_redis
@@ -81,7 +80,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
             job = submit_job(owner=request.user, **submission.validated_data)
         # Answered from the job just written rather than read back with every relation: a new job
         # has no allocations, and no dependencies unless it named some (its events are read).
-        job._prefetched_objects_cache = {"allocations": _read(Allocation, []), "events": _read(JobEvent, timeline_of(job))}
+        job._prefetched_objects_cache = {"allocations": _read(Allocation, []), "events": _read(JobEvent, job.timeline)}
         if not (submission.validated_data.get("after_ok") or submission.validated_data.get("after_any")):
             job._prefetched_objects_cache["dependencies"] = _read(JobDependency, [])
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)

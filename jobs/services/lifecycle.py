@@ -86,12 +86,12 @@ class Exit:
 
 
 def _record(job_id: int, kind: str, message: str = "", *, node: str = "", attempt: int | None = None,
-            at: datetime | None = None) -> None:
+            at: datetime | None = None) -> JobEvent:
     """One step of the job's timeline, in the transaction of the change it records."""
     if attempt is None:
         attempt = Job.objects.filter(pk=job_id).values_list("attempt", flat=True).first() or 0
-    JobEvent.objects.create(job_id=job_id, attempt=attempt, kind=kind, at=at or timezone.now(), node=node[:63],
-                            message=message[:500])
+    return JobEvent.objects.create(job_id=job_id, attempt=attempt, kind=kind, at=at or timezone.now(), node=node[:63],
+                                   message=message[:500])
 
 
 def _gpus_text(decision: Place) -> str:
@@ -99,9 +99,9 @@ def _gpus_text(decision: Place) -> str:
                      for s in decision.slices)
 
 
-def submitted(job: Job) -> None:
+def submitted(job: Job) -> JobEvent:
     """A new job's first step (its creation is the one state it is not moved into)."""
-    _record(job.pk, JobEventKind.SUBMITTED, f"By {job.owner.get_username()} to {job.tenant.slug}.", attempt=0,
+    return _record(job.pk, JobEventKind.SUBMITTED, f"By {job.owner.get_username()} to {job.tenant.slug}.", attempt=0,
             at=job.submitted_at)
 
 

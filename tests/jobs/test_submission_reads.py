@@ -54,6 +54,6 @@ def test_a_submission_reads_each_fact_once(api, alice, inventory):
     # The inventory is read from the database inside a test's transaction; in a request it is
     # cached (monitoring.services.registry) and has its own tests.
     statements = [q["sql"] for q in captured.captured_queries if "monitoring_" not in q["sql"]]
-    assert len([s for s in statements if s.startswith("SELECT")]) == 3, statements  # tenants+caps, waiting, timeline
+    assert len([s for s in statements if s.startswith("SELECT")]) == 2, statements  # tenants+caps, waiting
     assert len([s for s in statements if s.startswith("INSERT")]) == 2, statements  # the job, its SUBMITTED event
     assert Job.objects.filter(owner=alice).count() == 2
