@@ -53,8 +53,6 @@ def _waiting_sql() -> str:
     return f"SELECT count(*) FROM ({ids}) waiting"
 
 
-
-
 class TooManyWaiting(Exception):
     """The submitter already has as many jobs waiting as one user may; the message says so."""
 
