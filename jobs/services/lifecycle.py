@@ -44,6 +44,7 @@ from jobs.models import Allocation, Job, JobDependency, JobEvent
 from jobs.scheduling import reasons
 from jobs.scheduling.decisions import Place
 from jobs.scheduling.reasons import PendingReason
+from jobs.services.bulk_rows import insert_rows
 from jobs.services.commands import launch_commands, launch_id, publish_many, send_stop
 from jobs.services.launches import LAUNCH_FIELDS, launch_envs, launch_spec, master_hosts
 from monitoring.services.redis_client import get_redis
@@ -151,18 +152,18 @@ def place_many(decisions: list[Place], now: datetime, run_class: dict[int, str])
         job.eta_error_s = (now - job.eta_first_at).total_seconds()
     Job.objects.bulk_update(first, ["eta_error_s"], batch_size=PLACE_BATCH_ROWS)
     ordered = [(by_id[job_id], jobs[job_id]) for job_id in by_id if job_id in jobs]  # in the core's order
-    Allocation.objects.bulk_create([
-        Allocation(job_id=job.pk, gpu_id=gpu_id, rank=node_slice.node_rank, gpu_milli=decision.gpu_milli,
-                   memory_limit_mib=decision.memory_limit_mib, duty_cycle=decision.duty_cycle, attempt=job.attempt)
+    insert_rows(Allocation, ("job_id", "gpu_id", "rank", "gpu_milli", "memory_limit_mib", "duty_cycle", "attempt",
+                             "created_at"), [
+        (job.pk, gpu_id, node_slice.node_rank, decision.gpu_milli, decision.memory_limit_mib, decision.duty_cycle,
+         job.attempt, now)
         for decision, job in ordered for node_slice in decision.slices for gpu_id in node_slice.gpu_ids
-    ], batch_size=PLACE_BATCH_ROWS)
-    JobEvent.objects.bulk_create([
-        JobEvent(job_id=job.pk, attempt=job.attempt, kind=JobEventKind.PLACED, at=now,
-                 node=(decision.slices[0].node if decision.slices else "")[:63],
-                 message=(f"On {_gpus_text(decision)}, as {run_class[job.pk]}."
-                          + (f" {decision.note}" if getattr(decision, "note", "") else ""))[:500])
+    ])
+    insert_rows(JobEvent, ("job_id", "attempt", "kind", "at", "node", "message"), [
+        (job.pk, job.attempt, str(JobEventKind.PLACED), now, (decision.slices[0].node if decision.slices else "")[:63],
+         (f"On {_gpus_text(decision)}, as {run_class[job.pk]}."
+          + (f" {decision.note}" if getattr(decision, "note", "") else ""))[:500])
         for decision, job in ordered
-    ], batch_size=PLACE_BATCH_ROWS)
+    ])
     launches = []
     hosts = master_hosts([decision.rendezvous for decision, _ in ordered])
     for decision, job in ordered:
