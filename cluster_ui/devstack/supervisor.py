@@ -52,7 +52,8 @@ from cluster_ui.devstack.redis_server import (
 )
 
 BASE_DIR = Path(__file__).resolve().parents[2]
-DEFAULT_NODES = ["8xA100-80GB", "8xA100-80GB", "8xV100-32GB"]
+# The second node's last A100 is split into MIG instances, so the demo shows them (node page, submit form).
+DEFAULT_NODES = ["8xA100-80GB", "7xA100-80GB,1xA100-80GB[mig=2x1g.10gb,2g.20gb,3g.40gb]", "8xV100-32GB"]
 PR_SET_PDEATHSIG = 1
 # Backoff of restarts: first delay, cap, and how long a child must stay up to be forgiven.
 RESTART_FIRST_S = 1.0
