@@ -12,7 +12,9 @@ from jobs.services.submission import NotCancellable, NotRequeueable, cancel_job,
 from monitoring.admin import NodeAdmin
 from monitoring.models import Node
 
-QUOTA_FIELDS = ("guaranteed_gpus", "max_gpus", "weight")
+# Tenant policy an operator's edit of which is audited (QuotaChange): quota, GPU sharing, idle policy.
+QUOTA_FIELDS = ("guaranteed_gpus", "max_gpus", "weight", "unfenced_sharing", "idle_notify_minutes",
+                "idle_opportunistic_minutes", "idle_suspend_minutes", "idle_requeue_minutes", "idle_util_percent")
 
 
 class MembershipInline(admin.TabularInline):

@@ -23,6 +23,7 @@ def admin(client, operator):
 def test_quota_edit_in_the_change_form_is_audited(admin, operator, vision):
     response = admin.post(f"/admin/jobs/tenant/{vision.pk}/change/", {
         "name": vision.name, "slug": "vision", "guaranteed_gpus": "6", "max_gpus": "8", "weight": "1.0",
+        "unfenced_sharing": "on",
         "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0",
         "quota_changes-TOTAL_FORMS": "0", "quota_changes-INITIAL_FORMS": "0",
     })
@@ -30,6 +31,18 @@ def test_quota_edit_in_the_change_form_is_audited(admin, operator, vision):
     change = QuotaChange.objects.get()
     assert (change.tenant, change.changed_by, change.field) == (vision, operator, "guaranteed_gpus")
     assert (change.old_value, change.new_value) == ("4", "6")
+
+
+def test_sharing_and_idle_policy_edits_are_audited_too(admin, operator, vision):
+    response = admin.post(f"/admin/jobs/tenant/{vision.pk}/change/", {
+        "name": vision.name, "slug": "vision", "guaranteed_gpus": "4", "max_gpus": "8", "weight": "1.0",
+        "idle_requeue_minutes": "120",  # and unfenced_sharing left unticked: turned off
+        "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0",
+        "quota_changes-TOTAL_FORMS": "0", "quota_changes-INITIAL_FORMS": "0",
+    })
+    assert response.status_code == 302, response.context["adminform"].form.errors if response.context else response
+    changes = {(c.field, c.old_value, c.new_value) for c in QuotaChange.objects.filter(changed_by=operator)}
+    assert changes == {("unfenced_sharing", "True", "False"), ("idle_requeue_minutes", "None", "120")}
     page = admin.get(f"/admin/jobs/tenant/{vision.pk}/change/").content.decode()
     assert "Quota changes (audit trail)" in page and "guaranteed_gpus" in page
 
