@@ -108,6 +108,10 @@ def contract_lines(job: dict) -> list[str]:
     for field in ("image", "venv", "conda"):
         if job.get(field):
             lines.append(f"  {field:<11} {job[field]}")
+    if job.get("mig_profile"):
+        lines.append(f"  MIG         one {job['mig_profile']} instance")
+    if job.get("accepts_unfenced") is not None:
+        lines.append(f"  unfenced    {'shares' if job['accepts_unfenced'] else 'never shares'} unfenced GPUs")
     if job.get("array_id") is not None:
         lines.append(f"  array       {job['array_id']}, index {job.get('array_index')}")
     waits = [f"job {dep['job']} " + ("succeeds" if dep.get("kind") == "ok" else "ends")

@@ -208,10 +208,11 @@ def test_show_prints_the_contract_fields_that_are_set(api, capsys):
                                             "conda": "/opt/conda/envs/x", "array_id": 7, "array_index": 3,
                                             "dependencies": [{"job": 41, "kind": "ok"}, {"job": 44, "kind": "any"}],
                                             "preempt_grace_s": 90, "checkpoints": True, "preemptions": 2,
-                                            "lost_work_s": 840})
+                                            "lost_work_s": 840, "mig_profile": "1g.10gb", "accepts_unfenced": False})
     code, out, _ = run(capsys, "show", "5")
     assert code == 0
     for line in (f"  code        uploaded, sha256 {'ab' * 6}…", "  image       pytorch/pytorch:2.3",
+                 "  MIG         one 1g.10gb instance", "  unfenced    never shares unfenced GPUs",
                  "  conda       /opt/conda/envs/x", "  array       7, index 3",
                  "  after       job 41 succeeds, job 44 ends", "  preemption  1m30s notice, checkpoints",
                  "  preempted   2 times, 14m00s of work lost"):
@@ -225,7 +226,7 @@ def test_show_leaves_out_what_is_not_set(api, capsys):
                                             "lost_work_s": 0, "checkpoints": False, "preempt_grace_s": None})
     code, out, _ = run(capsys, "show", "5")
     assert "  workdir     /shared/p (on the node)" in out.splitlines()
-    for word in ("code ", "array", "after", "preempt"):
+    for word in ("code ", "array", "after", "preempt", "MIG", "unfenced"):
         assert word not in out
 
 
