@@ -2,7 +2,8 @@
 
 Each MPS GPU gets ``nvidia-cuda-mps-control -d`` with ``CUDA_VISIBLE_DEVICES`` set to that GPU's
 UUID and pipe and log directories of its own (``<state>/mps/<index>/{pipe,log}``, mode 0700, owned
-by the account jobs run as: MPS clients and the servers the daemon starts for them use them).
+by the account jobs run as: MPS clients and the servers the daemon starts for them use them). The
+daemon and every control command run as that account too, never as root (see ``_run``).
 A single-GPU job on an MPS GPU connects to its GPU's daemon (``CUDA_MPS_PIPE_DIRECTORY``) with its
 memory pinned (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``) and its SMs capped
 (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``); CUDA reads both once, at initialisation, so the duty cycle
@@ -98,9 +99,13 @@ class MpsDaemons:
         return {**self._base_env, "CUDA_VISIBLE_DEVICES": daemon.uuid, **daemon.env()}
 
     def _run(self, daemon: MpsDaemon, argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
+        # As the jobs' account when they have one: the pipe and log directories are theirs, so a job
+        # could plant a symlink there (say ``control`` -> /etc/passwd), and a root daemon or client
+        # would write through it. As that account, the daemon can reach nothing the jobs cannot.
+        user = {} if self.owner is None else {"user": self.owner[0], "group": self.owner[1], "extra_groups": []}
         return subprocess.run(
             [self.control, *argv], env=self._daemon_env(daemon), input=(stdin or "").encode(),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=CONTROL_TIMEOUT_S, close_fds=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=CONTROL_TIMEOUT_S, close_fds=True, **user,
         )
 
     def start(self, index: int, uuid: str) -> None:

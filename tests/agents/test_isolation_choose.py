@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -171,3 +172,24 @@ def test_an_isolation_mode_from_the_environment_is_checked_like_the_flag(monkeyp
     with pytest.raises(SystemExit) as exited:
         cli.parse_args(["--node", "n1", "--simulate", "1xT4-16GB"])
     assert exited.value.code == 2
+
+
+def test_mps_daemons_and_control_commands_run_as_the_jobs_account_not_root(tmp_path, monkeypatch):
+    # Jobs own the pipe and log directories: a job could plant ``control`` -> /etc/passwd there, so
+    # nothing that writes through them may run as root.
+    from agents.isolation.mps import MpsDaemons
+
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append((argv[1:], kwargs.get("user"), kwargs.get("group"), tuple(kwargs.get("extra_groups", "?"))))
+        return subprocess.CompletedProcess(argv, 0, b"", b"")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(os, "chown", lambda *args, **kwargs: None)  # (the test need not run as root)
+    daemons = MpsDaemons("/usr/bin/nvidia-cuda-mps-control", tmp_path, owner=(4242, 4343), base_env={})
+    daemons.start(0, "GPU-aaaa")
+    daemons.check(0, in_use=False)
+    daemons.stop(0)
+    assert [call[0] for call in calls] == [["-d"], [], []]
+    assert {call[1:] for call in calls} == {(4242, 4343, ())}
