@@ -180,7 +180,7 @@ def main() -> None:
     from rest_framework.settings import api_settings
     from rest_framework.test import APIClient
 
-    from jobs.models import Job, Membership, Tenant
+    from jobs.models import Job, JobWait, Membership, Tenant
 
     settings.REDIS_URL = redis_server.url
     from cluster_ui.celery import app
@@ -191,11 +191,13 @@ def main() -> None:
                                           for i in range(10)])
     users = [User.objects.create_user(f"u{i}", password="x") for i in range(args.users)]
     Membership.objects.bulk_create([Membership(user=u, tenant=tenants[i % len(tenants)]) for i, u in enumerate(users)])
-    Job.objects.bulk_create([
-        Job(tenant=tenants[i % len(tenants)], owner=users[i % len(users)], name=f"j{i}", command=["true"], gpus=1,
-            pending_reason={"code": "waiting_for_free_gpus", "message": "Waiting for 1 free GPU", "details": {}})
+    queued = Job.objects.bulk_create([
+        Job(tenant=tenants[i % len(tenants)], owner=users[i % len(users)], name=f"j{i}", command=["true"], gpus=1)
         for i in range(args.queued)
     ], batch_size=2000)
+    JobWait.objects.bulk_create([
+        JobWait(job=job, reason={"code": "waiting_for_free_gpus", "message": "Waiting for 1 free GPU", "details": {}})
+        for job in queued], batch_size=2000)
     make_inventory(3)
     from django.db import connection
 

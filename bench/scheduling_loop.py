@@ -17,7 +17,7 @@ Every phase is measured in CPU seconds (this process's ``process_time``, the Pos
 and Redis's utime+stime from ``/proc``) beside wall time, because wall time moves several-fold
 between identical runs on a shared machine. The baseline measured in the same run is the pure
 core, ``decide()``, on the same snapshot: the ratios say what the database and Redis cost.
-Rows updated in ``jobs_job`` and queries per cycle are counted too. Prints figures, asserts nothing.
+Rows updated in ``jobs_job``, verdict rows written (``JobWait``) and queries per cycle are counted too. Prints figures, asserts nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Sample:
     redis: float
     queries: int = 0
     job_rows_updated: int = 0
+    verdict_rows_written: int = 0
 
     @property
     def cpu(self) -> float:
@@ -59,8 +60,10 @@ class Meter:
 
     redis_pid: int | None
     samples: dict[str, list[Sample]] = field(default_factory=dict)
-    # Per phase, statements by their first words (``--statements`` prints the commonest).
+    # Per phase, statements by their first words, and the wall seconds they took (``--statements``
+    # prints the slowest kinds).
     statements: dict[str, Counter] = field(default_factory=dict)
+    statement_s: dict[str, Counter] = field(default_factory=dict)
 
     def _backend_pid(self) -> int | None:
         from django.db import connection
@@ -74,15 +77,21 @@ class Meter:
     def measure(self, name: str, fn):
         from django.db import connection
 
-        counts = {"queries": 0, "rows": 0}
+        counts = {"queries": 0, "rows": 0, "verdicts": 0}
         kinds = self.statements.setdefault(name, Counter())
+        seconds = self.statement_s.setdefault(name, Counter())
 
         def count(execute, sql, params, many, context):
+            began = time.perf_counter()
             result = execute(sql, params, many, context)
+            kind = " ".join(sql.split()[:4])[:70]
+            seconds[kind] += time.perf_counter() - began
             counts["queries"] += 1
-            kinds[" ".join(sql.split()[:4])[:70]] += 1
+            kinds[kind] += 1
             if sql.lstrip().upper().startswith("UPDATE") and '"jobs_job"' in sql.split("SET", 1)[0]:
                 counts["rows"] += max(context["cursor"].rowcount, 0)
+            elif '"jobs_jobwait"' in sql and sql.lstrip().upper().startswith(("INSERT", "UPDATE")):
+                counts["verdicts"] += max(context["cursor"].rowcount, 0)
             return result
 
         backend = self._backend_pid()
@@ -93,13 +102,15 @@ class Meter:
         if backend != self._backend_pid():
             print(f"  (warning: the database connection changed during {name}; its CPU is not counted)")
         self.samples.setdefault(name, []).append(Sample(
-            *(b - a for a, b in zip(before, after)), queries=counts["queries"], job_rows_updated=counts["rows"]))
+            *(b - a for a, b in zip(before, after)), queries=counts["queries"], job_rows_updated=counts["rows"],
+            verdict_rows_written=counts["verdicts"]))
         return result
 
     def median(self, name: str) -> Sample:
         runs = self.samples[name]
         return Sample(*(statistics.median(getattr(s, f) for s in runs)
-                        for f in ("wall", "python", "database", "redis", "queries", "job_rows_updated")))
+                        for f in ("wall", "python", "database", "redis", "queries", "job_rows_updated",
+                                  "verdict_rows_written")))
 
 
 def populate(rng: random.Random, nodes: int, tenants: int, running: int, pending: int) -> None:
@@ -169,7 +180,8 @@ def row(label: str, sample: Sample, core_cpu: float | None = None, extra: str = 
     ratio = f"x{sample.cpu / core_cpu:5.1f}" if core_cpu else "      "
     return (f"  {label:<27}: CPU {sample.cpu:6.3f} s (Python {sample.python:6.3f} + DB {sample.database:6.3f} "
             f"+ Redis {sample.redis:5.3f}) {ratio} decide | wall {sample.wall:6.3f} s | "
-            f"{sample.queries:5.0f} queries, {sample.job_rows_updated:6.0f} job rows updated{extra}")
+            f"{sample.queries:5.0f} queries, {sample.job_rows_updated:6.0f} job rows updated, "
+            f"{sample.verdict_rows_written:6.0f} verdicts written{extra}")
 
 
 def main() -> None:
@@ -182,6 +194,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--database", choices=["auto", "postgres", "sqlite"], default="auto")
     parser.add_argument("--statements", action="store_true", help="print each phase's commonest statements")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the measurements, profile one steady and one churn cycle (cProfile, top functions)")
     args = parser.parse_args()
 
     db_label, redis_server = setup(args.database, DATABASE)
@@ -243,8 +257,22 @@ def main() -> None:
               f"; placed {statistics.median(r.placed for r in churn):.0f}, "
               f"throttled {statistics.median(r.throttled for r in churn):.0f}"))
     if args.statements:
-        for phase, kinds in meter.statements.items():
-            print(f"  {phase}: " + "; ".join(f"{n} x {kind}" for kind, n in kinds.most_common(6)))
+        for phase, seconds in meter.statement_s.items():
+            kinds = meter.statements[phase]
+            print(f"  {phase} (all runs, slowest first): " + "; ".join(
+                f"{kinds[kind]} x {kind} {spent:.2f} s" for kind, spent in seconds.most_common(6)))
+    if args.profile:
+        import cProfile
+        import pstats
+
+        for label, before in (("steady", lambda: None), ("churn", lambda: finish_some(rng, args.finish))):
+            heartbeats()
+            before()
+            profiler = cProfile.Profile()
+            profiler.runcall(run_scheduling_cycle)
+            agents_start_placed()
+            print(f"--- profile of one {label} cycle (own time)")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
     redis_server.stop()
 
 

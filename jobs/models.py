@@ -210,13 +210,10 @@ class Job(models.Model):
     preempt_count = models.PositiveSmallIntegerField(default=0)
     attempt = models.PositiveIntegerField(
         default=0, help_text="Placements so far; the current one's launch command is launch-<id>-<attempt>.")
-    eta_first_at = models.DateTimeField(null=True, blank=True,
-                                        help_text="The first start time the scheduler predicted for it.")
     eta_error_s = models.FloatField(null=True, blank=True,
                                     help_text="First placement minus the first predicted start; + is late.")
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
-    pending_reason = models.JSONField(null=True, blank=True, help_text="{code, message, details} while pending.")
     requeue_count = models.PositiveSmallIntegerField(default=0, help_text="Times its node was lost under it.")
     peak_gpu_memory_mib = models.PositiveIntegerField(null=True, blank=True,
                                                       help_text="Most GPU memory seen on any of its GPUs.")
@@ -228,6 +225,18 @@ class Job(models.Model):
     placed_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    @property
+    def pending_reason(self) -> dict | None:
+        """Why it waits, as the API shows it ({code, message, details[, eta_at]}), while it is
+        pending or being preempted back to the queue; None otherwise. Kept in ``JobWait``."""
+        if self.state not in (JobState.PENDING, JobState.PREEMPTING):
+            return None
+        try:
+            wait = self.wait
+        except JobWait.DoesNotExist:
+            return None
+        return wait.as_reason()
 
     objects = JobQuerySet.as_manager()
 
@@ -248,6 +257,31 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
+
+
+class JobWait(models.Model):
+    """Why a waiting job waits and when it may start: the scheduling loop's verdict, rewritten
+    whenever it changes. A narrow table of its own, because on a busy cluster most of 50,000
+    verdicts change in a cycle and rewriting the wide job row for each cost five times as much.
+    The row goes when the job is placed or ends.
+
+    No foreign-key constraint in the database: checking one locks each job row it names at commit,
+    which cost a first cycle (47,000 new verdicts) more than writing them. The loop writes verdicts
+    only for jobs it finds pending in the same statement, and Django still deletes a job's verdict
+    with the job."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="wait",
+                               db_constraint=False)
+    reason = models.JSONField(help_text="{code, message, details}.")
+    eta_at = models.BigIntegerField(null=True, blank=True, help_text="Unix time it may start, when known.")
+    first_eta_at = models.BigIntegerField(
+        null=True, blank=True, help_text="The first start time predicted for it (first attempt only).")
+
+    def as_reason(self) -> dict:
+        return self.reason if self.eta_at is None else {**self.reason, "eta_at": self.eta_at}
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.reason.get('code', '?')}"
 
 
 class JobDependency(models.Model):

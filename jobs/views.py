@@ -36,7 +36,7 @@ from jobs.services.gpu_usage import queue_positions
 def visible_jobs(user):
     return (
         Job.objects.visible_to(user)
-        .select_related("tenant", "owner")
+        .select_related("tenant", "owner", "wait")
         .prefetch_related("allocations__gpu__node")
     )
 

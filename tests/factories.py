@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from jobs.choices import RunClass, JobState
-from jobs.models import Allocation, Job, Membership, Tenant
+from jobs.models import Allocation, Job, JobWait, Membership, Tenant
 from monitoring.models import Gpu, GpuRollup, Node
 
 PASSWORD = "correct-horse-battery"
@@ -49,12 +49,24 @@ class MembershipFactory(factory.django.DjangoModelFactory):
 class JobFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = Job
+        skip_postgeneration_save = True
 
     tenant = factory.SubFactory(TenantFactory)
     owner = factory.SubFactory(UserFactory)
     name = factory.Sequence(lambda n: f"job{n}")
     command = ["python", "-c", "print(1)"]
     gpus = 1
+
+    @factory.post_generation
+    def pending_reason(job, create, reason, **kwargs):
+        """``JobFactory(pending_reason={...})``: the verdict it waits under (its ``eta_at``, if
+        any, stored as the ETA), as the scheduling loop would have stored it."""
+        if reason is None:
+            return
+        reason = dict(reason)
+        eta_at = reason.pop("eta_at", None)
+        JobWait.objects.update_or_create(job=job, defaults={
+            "reason": reason, "eta_at": None if eta_at is None else int(eta_at)})
 
 
 class NodeFactory(factory.django.DjangoModelFactory):

@@ -85,7 +85,7 @@ class QueueAPIView(tenancy.ListAPIView):
     def get_queryset(self):
         return job_filter_from(self.request).apply(
             super().get_queryset()
-            .select_related("tenant", "owner")
+            .select_related("tenant", "owner", "wait")
             .prefetch_related("allocations__gpu__node")
         )
 

@@ -51,7 +51,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     def get_queryset(self):
         jobs = (
             super().get_queryset()
-            .select_related("tenant", "owner", "code")
+            .select_related("tenant", "owner", "code", "wait")
             .defer("code__data")
             .prefetch_related("allocations__gpu__node", "events", "dependencies")
         )

@@ -15,12 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 
 from django.db import connection, transaction
-from django.db.models import BooleanField, ExpressionWrapper, Q, TextField
-from django.db.models.functions import Cast
 from django.utils import timezone
 
 from jobs.choices import TERMINAL_STATES, RunClass, JobState
-from jobs.models import Allocation, Job
+from jobs.models import Allocation, Job, JobWait
 from jobs.scheduling import Decisions
 from jobs.scheduling.decisions import Throttle
 from jobs.services import lifecycle
@@ -44,8 +42,8 @@ def apply_decisions(decisions: Decisions) -> Applied:
         preempted = sum(lifecycle.begin_preempt(p.job_id, p.message) for p in decisions.preemptions)
         throttled = _throttle(decisions.throttles)
         queue = _queue()
-        _store_reservations(decisions, {job_id for job_id, (_, reserved) in queue.items() if reserved})
-        _store_pending_reasons(decisions, {job_id: text for job_id, (text, _) in queue.items()}, now.timestamp())
+        _store_reservations(decisions, queue.reserved)
+        _store_pending_reasons(decisions, queue, now.timestamp())
     return Applied(placed=placed, preempted=preempted, throttled=throttled)
 
 
@@ -132,99 +130,111 @@ def _canonical(reason: dict) -> str:
     return json.dumps(json.loads(json.dumps({k: v for k, v in reason.items() if k != "eta_at"})), sort_keys=True)
 
 
-# PostgreSQL: each pending job's row version (its ``xmin``) and stored reason text as last read by
-# this process. A row whose version is unchanged still holds that text, so only rows written since
-# (by this loop or anyone else) have their reason read again: reading 50,000 reasons as text every
-# cycle was a quarter of a steady cycle's database time. Replaced by the queue on every read.
-_seen: dict[int, tuple[str, str | None]] = {}
+# PostgreSQL: each stored verdict's row version (its ``xmin``), reason text and ETA as last read by
+# this process. A row whose version is unchanged still holds them, so only rows written since (by
+# this loop or anyone else) are read again: reading 50,000 reasons as text every cycle was a
+# quarter of a steady cycle's database time. Replaced on every read.
+_seen: dict[int, tuple[str, str, int | None]] = {}
 
 
-def _queue() -> dict[int, tuple[str | None, bool]]:
-    """Every pending job as it is stored now: its reason as text (decoded once per distinct text
-    by the caller) and whether it holds a reservation. One read serves both writers."""
-    global _seen
-    pending = Job.objects.filter(state=JobState.PENDING).order_by()
+@dataclass(frozen=True)
+class Queue:
+    """The waiting jobs as stored now: which are pending, which hold a reservation, and each
+    stored verdict (its reason as text, decoded once per distinct text by the caller, and its ETA)."""
+
+    pending: set[int]
+    reserved: set[int]
+    verdicts: dict[int, tuple[str, int | None]]
+
+
+def _queue() -> Queue:
+    """One read serves both writers."""
     if connection.vendor != "postgresql":
-        return {job_id: (text, reserved) for job_id, text, reserved in (
-            pending.annotate(reason_text=Cast("pending_reason", TextField()),
-                             reserved=ExpressionWrapper(Q(reserved_since__isnull=False), output_field=BooleanField()))
-            .values_list("id", "reason_text", "reserved"))}
-    table = connection.ops.quote_name(Job._meta.db_table)
+        pending, reserved = set(), set()
+        for job_id, since in Job.objects.filter(state=JobState.PENDING).order_by().values_list("id", "reserved_since"):
+            pending.add(job_id)
+            if since is not None:
+                reserved.add(job_id)
+        return Queue(pending, reserved, {
+            job_id: (json.dumps(reason), eta_at) for job_id, reason, eta_at in
+            JobWait.objects.filter(job__state=JobState.PENDING).values_list("job_id", "reason", "eta_at")})
+    global _seen
+    jobs, waits = (connection.ops.quote_name(model._meta.db_table) for model in (Job, JobWait))
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT id, xmin::text, reserved_since IS NOT NULL FROM {table} WHERE state = %s",
-                       [JobState.PENDING.value])
+        cursor.execute(f"SELECT id, reserved_since IS NOT NULL FROM {jobs} WHERE state = %s", [JobState.PENDING.value])
+        rows = cursor.fetchall()
+        cursor.execute(f"SELECT job_id, xmin::text FROM {waits}")
         versions = cursor.fetchall()
-        stale = [str(job_id) for job_id, version, _ in versions if _seen.get(job_id, ("",))[0] != version]
+        stale = [str(job_id) for job_id, version in versions if _seen.get(job_id, ("",))[0] != version]
         read = {}
         if stale:
-            # Version and text from one statement, so they always belong together.
-            cursor.execute(f"SELECT id, xmin::text, pending_reason::text FROM {table} "
-                           "WHERE id = ANY(string_to_array(%s, ',')::bigint[]) AND state = %s",
-                           [",".join(stale), JobState.PENDING.value])
-            read = {job_id: (version, text) for job_id, version, text in cursor.fetchall()}
-    seen, queue = {}, {}
-    for job_id, version, reserved in versions:
+            # Version, text and ETA from one statement, so they always belong together.
+            cursor.execute(f"SELECT job_id, xmin::text, reason::text, eta_at FROM {waits} "
+                           "WHERE job_id = ANY(string_to_array(%s, ',')::bigint[])", [",".join(stale)])
+            read = {job_id: (version, text, eta_at) for job_id, version, text, eta_at in cursor.fetchall()}
+    pending = {job_id for job_id, _ in rows}
+    seen, verdicts = {}, {}
+    for job_id, version in versions:
         known = read.get(job_id) or _seen.get(job_id)
         if known is None:
-            continue  # left the queue between the two reads
+            continue  # gone between the two reads
         seen[job_id] = known
-        queue[job_id] = (known[1], reserved)
+        if job_id in pending:
+            verdicts[job_id] = known[1:]
     _seen = seen
-    return queue
+    return Queue(pending, {job_id for job_id, reserved in rows if reserved}, verdicts)
 
 
-def _store_pending_reasons(decisions: Decisions, texts: dict[int, str | None], now: float) -> None:
-    """Write the reasons that changed, and only those, set-based.
+def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> None:
+    """Write the verdicts that changed, and only those, set-based.
 
-    ``texts``: each pending job's stored reason as text. A reason changed when its code, message or
-    details differ from the stored ones, or its ETA moved beyond the tolerance above. The core
-    shares one reason object among every job that waits for the same thing, so each distinct
-    reason (and each distinct stored text) is encoded once.
+    A verdict changed when its code, message or details differ from the stored ones, or its ETA
+    moved beyond the tolerance above. The core shares one reason object among every job that waits
+    for the same thing, so each distinct reason (and each distinct stored text) is encoded once.
     """
     if not decisions.pending:
         return
-    stored: dict[str, tuple[str, object]] = {}  # stored text -> (canonical reason, eta_at)
-    current: dict[int, tuple[str, object] | None] = {}
-    for job_id, text in texts.items():
-        if text is None:
-            current[job_id] = None
-            continue
-        seen = stored.get(text)
-        if seen is None:
-            decoded = json.loads(text)
-            seen = stored[text] = ((_canonical(decoded), decoded.get("eta_at")) if isinstance(decoded, dict)
-                                   else ("", None))
-        current[job_id] = seen
+    stored: dict[str, str] = {}  # stored text -> canonical reason
     encoded: dict[int, tuple[dict, str]] = {}  # id(reason object) -> (its dict, canonical)
-    changed: list[tuple[int, dict, int | None]] = []  # (job, reason without ETA, eta_at)
-    for pending in decisions.pending:
-        if pending.job_id not in current:
+    changed: list[tuple[int, dict, int | None]] = []  # (job, reason, eta_at)
+    pending, verdicts = queue.pending, queue.verdicts
+    for verdict in decisions.pending:
+        job_id = verdict.job_id
+        if job_id not in pending:
             continue  # no longer pending (placed, cancelled) since the snapshot
-        new = encoded.get(id(pending.reason))
+        new = encoded.get(id(verdict.reason))
         if new is None:
-            reason = pending.reason.as_dict()
-            new = encoded[id(pending.reason)] = (reason, _canonical(reason))
-        eta_at = None if pending.eta_s is None else _eta_at(pending.eta_s, now)
-        old = current[pending.job_id]
-        if old is not None and old[0] == new[1] and _eta_holds(old[1], eta_at, now):
-            continue
-        changed.append((pending.job_id, new[0], eta_at))
+            reason = verdict.reason.as_dict()
+            new = encoded[id(verdict.reason)] = (reason, _canonical(reason))
+        eta_at = None if verdict.eta_s is None else _eta_at(verdict.eta_s, now)
+        old = verdicts.get(job_id)
+        if old is not None:
+            text, old_eta = old
+            canonical = stored.get(text)
+            if canonical is None:
+                canonical = stored[text] = _canonical_text(text)
+            if canonical == new[1] and _eta_holds(old_eta, eta_at, now):
+                continue
+        changed.append((job_id, new[0], eta_at))
     if connection.vendor == "postgresql":
         _write_reasons_postgresql(changed)
     else:
         _write_reasons(changed)
 
 
-def _with_eta(reason: dict, eta_at: int | None) -> dict:
-    return reason if eta_at is None else {**reason, "eta_at": eta_at}
+def _canonical_text(text: str) -> str:
+    decoded = json.loads(text)
+    return _canonical(decoded) if isinstance(decoded, dict) else ""
 
 
 def _write_reasons_postgresql(changed: list[tuple[int, dict, int | None]]) -> None:
-    """One UPDATE per batch: each distinct reason is sent once (a JSON list the rows index into)
+    """One upsert per batch: each distinct reason is sent once (a JSON list the rows index into)
     and the rows as comma-separated numbers, which cost nothing to encode (psycopg quotes text
-    arrays element by element in Python). The first ETA a job is given is kept in ``eta_first_at``
-    (what it was promised, see eta_accuracy) by the same statement."""
-    table = connection.ops.quote_name(Job._meta.db_table)
+    arrays element by element in Python). The first ETA a job is given on its first attempt is
+    kept in ``first_eta_at`` (what it was promised, see eta_accuracy) by the same statement; a job
+    that left the queue since it was read gets no row."""
+    table = connection.ops.quote_name(JobWait._meta.db_table)
+    jobs = connection.ops.quote_name(Job._meta.db_table)
     with connection.cursor() as cursor:
         for start in range(0, len(changed), REASON_BATCH):
             index: dict[int, int] = {}
@@ -239,42 +249,42 @@ def _write_reasons_postgresql(changed: list[tuple[int, dict, int | None]]) -> No
                 keys.append(str(key))
                 etas.append("" if eta_at is None else str(eta_at))
             cursor.execute(
-                f"UPDATE {table} AS job SET "
-                "pending_reason = CASE WHEN changed.eta IS NULL THEN reasons.list -> changed.k "
-                "ELSE (reasons.list -> changed.k) || jsonb_build_object('eta_at', changed.eta) END, "
-                "eta_first_at = COALESCE(job.eta_first_at, CASE WHEN job.attempt = 0 THEN to_timestamp(changed.eta) END) "
+                f"INSERT INTO {table} AS wait (job_id, reason, eta_at, first_eta_at) "
+                "SELECT changed.id, reasons.list -> changed.k, changed.eta, "
+                "CASE WHEN job.attempt = 0 THEN changed.eta END "
                 "FROM unnest(string_to_array(%s, ',')::bigint[], string_to_array(%s, ',')::int[], "
-                "string_to_array(%s, ',', '')::bigint[]) AS changed(id, k, eta), "
-                "(SELECT %s::jsonb AS list) AS reasons "
-                "WHERE job.id = changed.id AND job.state = %s",
-                [",".join(ids), ",".join(keys), ",".join(etas), json.dumps(reasons), JobState.PENDING.value],
+                "string_to_array(%s, ',', '')::bigint[]) AS changed(id, k, eta) "
+                f"JOIN {jobs} AS job ON job.id = changed.id AND job.state = %s "
+                "CROSS JOIN (SELECT %s::jsonb AS list) AS reasons "
+                "ON CONFLICT (job_id) DO UPDATE SET reason = EXCLUDED.reason, eta_at = EXCLUDED.eta_at, "
+                "first_eta_at = COALESCE(wait.first_eta_at, EXCLUDED.first_eta_at)",
+                [",".join(ids), ",".join(keys), ",".join(etas), JobState.PENDING.value, json.dumps(reasons)],
             )
 
 
 def _write_reasons(changed: list[tuple[int, dict, int | None]]) -> None:
-    """Elsewhere (SQLite in development): one UPDATE per distinct reason."""
-    by_text: dict[str, list[int]] = defaultdict(list)
-    reasons: dict[str, dict] = {}
+    """Elsewhere (SQLite in development): the same upsert, row by row in one executemany."""
+    attempts: dict[int, int] = {}
+    for start in range(0, len(changed), 900):
+        chunk = [job_id for job_id, _, _ in changed[start:start + 900]]
+        attempts.update(Job.objects.filter(pk__in=chunk, state=JobState.PENDING).values_list("pk", "attempt"))
+    texts: dict[int, str] = {}
+    rows = []
     for job_id, reason, eta_at in changed:
-        reason = _with_eta(reason, eta_at)
-        key = json.dumps(reason, sort_keys=True)
-        reasons[key] = reason
-        by_text[key].append(job_id)
-    for key, job_ids in by_text.items():
-        first_eta = _as_datetime(reasons[key].get("eta_at"))
-        for start in range(0, len(job_ids), 1000):
-            chunk = job_ids[start:start + 1000]
-            Job.objects.filter(pk__in=chunk, state=JobState.PENDING).update(pending_reason=reasons[key])
-            if first_eta is not None:
-                # What the job was first promised, kept to measure ETAs against (see eta_accuracy).
-                Job.objects.filter(pk__in=chunk, state=JobState.PENDING, attempt=0,
-                                   eta_first_at__isnull=True).update(eta_first_at=first_eta)
-
-
-def _as_datetime(unix) -> datetime | None:
-    if not isinstance(unix, (int, float)) or isinstance(unix, bool):
-        return None
-    return datetime.fromtimestamp(unix, tz=dt_timezone.utc)
+        if job_id not in attempts:
+            continue
+        text = texts.get(id(reason))
+        if text is None:
+            text = texts[id(reason)] = json.dumps(reason)
+        rows.append((job_id, text, eta_at, eta_at if attempts[job_id] == 0 else None))
+    if not rows:
+        return
+    table = connection.ops.quote_name(JobWait._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {table} (job_id, reason, eta_at, first_eta_at) VALUES (%s, %s, %s, %s) "
+            f"ON CONFLICT (job_id) DO UPDATE SET reason = excluded.reason, eta_at = excluded.eta_at, "
+            f"first_eta_at = COALESCE({table}.first_eta_at, excluded.first_eta_at)", rows)
 
 
 RESEND_AFTER_S = 15

@@ -1,8 +1,8 @@
 """How far the ETAs the scheduler gave turned out to be off, so researchers know how much to trust one.
 
-Each job keeps the first start time it was promised (``Job.eta_first_at``, written with its pending
-reason) and, at its first placement, how far off that was (``Job.eta_error_s``: placement minus
-promise, so late is positive). This summarises those errors over the jobs a user may see.
+Each waiting job keeps the first start time it was promised (``JobWait.first_eta_at``, written
+with its verdict) and, at its first placement, how far off that was (``Job.eta_error_s``:
+placement minus promise, so late is positive). This summarises those errors over the jobs a user may see.
 """
 
 from __future__ import annotations

@@ -40,10 +40,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from jobs.choices import RunClass, JobEventKind, JobState
-from jobs.models import Allocation, Job, JobDependency, JobEvent
+from jobs.models import Allocation, Job, JobDependency, JobEvent, JobWait
 from jobs.scheduling import reasons
 from jobs.scheduling.decisions import Place
 from jobs.scheduling.reasons import PendingReason
+from jobs.services import waits
 from jobs.services.bulk_rows import insert_rows
 from jobs.services.commands import launch_commands, launch_id, publish_many, send_stop
 from jobs.services.launches import LAUNCH_FIELDS, launch_envs, launch_spec, master_hosts
@@ -141,16 +142,18 @@ def place_many(decisions: list[Place], now: datetime, run_class: dict[int, str])
         by_class.setdefault(run_class[job_id], []).append(job_id)
     for job_class, job_ids in by_class.items():
         Job.objects.filter(pk__in=job_ids).update(
-            state=JobState.PLACED, placed_at=now, started_at=None, pending_reason=None, reserved_since=None,
+            state=JobState.PLACED, placed_at=now, started_at=None, reserved_since=None,
             run_class=job_class, attempt=F("attempt") + 1,
         )
-    jobs = {job.pk: job for job in Job.objects.filter(pk__in=placed).select_related("tenant")
-            .only(*LAUNCH_FIELDS, "eta_first_at")}
+    jobs = {job.pk: job for job in Job.objects.filter(pk__in=placed).select_related("tenant").only(*LAUNCH_FIELDS)}
     # How far off the first ETA each job was given turned out to be (+: started later).
-    first = [job for job in jobs.values() if job.attempt == 1 and job.eta_first_at is not None]
+    promised = dict(JobWait.objects.filter(job_id__in=placed, first_eta_at__isnull=False)
+                    .values_list("job_id", "first_eta_at"))
+    first = [job for job in jobs.values() if job.attempt == 1 and job.pk in promised]
     for job in first:
-        job.eta_error_s = (now - job.eta_first_at).total_seconds()
+        job.eta_error_s = now.timestamp() - promised[job.pk]
     Job.objects.bulk_update(first, ["eta_error_s"], batch_size=PLACE_BATCH_ROWS)
+    waits.clear(placed)
     ordered = [(by_id[job_id], jobs[job_id]) for job_id in by_id if job_id in jobs]  # in the core's order
     insert_rows(Allocation, ("job_id", "gpu_id", "rank", "gpu_milli", "memory_limit_mib", "duty_cycle", "attempt",
                              "created_at"), [
@@ -269,8 +272,9 @@ def finish(job_id: int, exit: Exit) -> bool:
         else:
             reason = reasons.agent_restarted(exit.node)
         if Job.objects.filter(pk=job_id, state__in=LIVE).update(
-            state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1, pending_reason=reason.as_dict(),
+            state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1,
         ):
+            waits.set_reason([job_id], reason.as_dict())
             _record(job_id, JobEventKind.STOPPING, reason.message, node=exit.node, at=exit.finished_at)
     elif state in LIVE:
         final = _final_state(exit)
@@ -382,6 +386,7 @@ def _ended(job_id: int, state: str, *, tell_as: str | None = None) -> None:
     """What follows a job's end, in the transaction that ended it: jobs that ran ``after_ok`` it
     can never start unless it succeeded, so they end too (and theirs, down the chain); its owner
     hears of it if they asked to (``tell_as``: the event they hear, when not the state itself)."""
+    waits.clear([job_id])
     _notify(job_id, tell_as or state.lower())
     if state == JobState.SUCCEEDED:
         return
@@ -389,7 +394,7 @@ def _ended(job_id: int, state: str, *, tell_as: str | None = None) -> None:
                   .values_list("job_id", flat=True))
     for dependant in doomed:
         if Job.objects.filter(pk=dependant, state=JobState.PENDING).update(
-            state=JobState.CANCELLED, finished_at=timezone.now(), pending_reason=None,
+            state=JobState.CANCELLED, finished_at=timezone.now(),
             error=f"Cancelled: job {job_id}, which it ran after (after_ok), ended {state.lower()}.",
         ):
             _record(dependant, JobEventKind.FINISHED,
@@ -431,7 +436,7 @@ def begin_cancel(job_id: int) -> str:
     """A user's cancel: a pending job ends at once, a placed or running one is stopped first.
     Returns the new state; raises :class:`NotAllowed` for a job that already ended."""
     if Job.objects.filter(pk=job_id, state=JobState.PENDING).update(
-        state=JobState.CANCELLED, finished_at=timezone.now(), pending_reason=None
+        state=JobState.CANCELLED, finished_at=timezone.now()
     ):
         _record(job_id, JobEventKind.FINISHED, "Cancelled while waiting in the queue.")
         _ended(job_id, JobState.CANCELLED)
@@ -448,9 +453,10 @@ def begin_cancel(job_id: int) -> str:
 def begin_preempt(job_id: int, message: str) -> bool:
     """Stop an opportunistic job to make room; it returns to the queue once every node stopped it."""
     if not Job.objects.filter(pk=job_id, state__in=LIVE, run_class=RunClass.OPPORTUNISTIC).update(
-        state=JobState.PREEMPTING, preempt_count=F("preempt_count") + 1, pending_reason=reasons.preempted(message).as_dict(),
+        state=JobState.PREEMPTING, preempt_count=F("preempt_count") + 1,
     ):
         return False
+    waits.set_reason([job_id], reasons.preempted(message).as_dict())
     _record(job_id, JobEventKind.STOPPING, f"Preempted: {message}")
     _stop_on(job_id, live_nodes(job_id), notice=True)
     _notify(job_id, "preempted")
@@ -462,10 +468,10 @@ def begin_requeue(job_id: int, by: str) -> None:
     """An operator sends a placed or running job back to the queue (its place in it kept)."""
     if not Job.objects.filter(pk=job_id, state__in=LIVE).update(
         state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1,
-        pending_reason=reasons.requeued_by_operator(by).as_dict(),
     ):
         state = Job.objects.filter(pk=job_id).values_list("state", flat=True).first()
         raise NotAllowed(f"job {job_id} is {str(state).lower()}; only placed or running jobs can be requeued")
+    waits.set_reason([job_id], reasons.requeued_by_operator(by).as_dict())
     _record(job_id, JobEventKind.STOPPING, f"Requeued by operator {by}; its nodes were told to stop it.")
     _stop_on(job_id, live_nodes(job_id), notice=True)
 
@@ -511,9 +517,9 @@ def requeue_now(job_ids, reason: PendingReason, *, only_running: bool = False) -
     cancelled = list(Job.objects.filter(pk__in=job_ids, state=JobState.CANCELLING).values_list("pk", flat=True))
     stopped = list(Job.objects.filter(pk__in=job_ids, state=JobState.PREEMPTING).values_list("pk", flat=True))
     Job.objects.filter(pk__in=requeued).update(
-        state=JobState.PENDING, pending_reason=reason.as_dict(), placed_at=None, started_at=None,
-        requeue_count=F("requeue_count") + 1,
+        state=JobState.PENDING, placed_at=None, started_at=None, requeue_count=F("requeue_count") + 1,
     )
+    waits.set_reason(requeued, reason.as_dict())
     Job.objects.filter(pk__in=cancelled, state=JobState.CANCELLING).update(state=JobState.CANCELLED, finished_at=now)
     Job.objects.filter(pk__in=stopped, state=JobState.PREEMPTING).update(
         state=JobState.PENDING, placed_at=None, started_at=None)
@@ -603,9 +609,10 @@ def requeue_idle(job_id: int, attempt: int, figures: str, at: datetime, *, idle_
     back to the queue, its GPUs freed once its nodes confirm."""
     reason = reasons.idle_requeued(figures, idle_minutes)
     if not Job.objects.filter(pk=job_id, state=JobState.RUNNING, attempt=attempt).update(
-        state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1, pending_reason=reason.as_dict(),
+        state=JobState.PREEMPTING, requeue_count=F("requeue_count") + 1,
     ):
         return False
+    waits.set_reason([job_id], reason.as_dict())
     _record(job_id, JobEventKind.STOPPING, f"Requeued: {figures} Its nodes were told to stop it.", attempt=attempt,
             at=at)
     _stop_on(job_id, live_nodes(job_id), notice=True)

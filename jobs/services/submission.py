@@ -11,7 +11,7 @@ from django.db.models import F
 
 from jobs.choices import JobState
 from jobs.models import Job, JobArray, JobDependency, Tenant
-from jobs.services import lifecycle
+from jobs.services import lifecycle, waits
 from jobs.services.arrays import ArraySpec
 from jobs.services.nudge import nudge_scheduler
 
@@ -82,6 +82,7 @@ def submit_job(*, owner, tenant: Tenant, name: str, command: list[str], gpus: in
     caller) it waits for."""
     make_room(owner, 1)
     job = Job.objects.create(owner=owner, tenant=tenant, name=name, command=command, gpus=gpus, **spec)
+    waits.none_yet([job])
     _depend(job, after_ok, after_any)
     # Its timeline so far, for callers that answer with it (it is this one step: no read back).
     job.timeline = [lifecycle.submitted(job)]
@@ -99,6 +100,7 @@ def submit_many(*, owner, specs: list[dict]) -> list[Job]:
         [Job(owner=owner, **{name: value for name, value in spec.items() if name not in ("after_ok", "after_any")})
          for spec in specs],
         batch_size=BULK_INSERT_ROWS)
+    waits.none_yet(jobs)
     JobDependency.objects.bulk_create(
         [JobDependency(job=job, on_id=on, kind=kind) for job, spec in zip(jobs, specs)
          for kind, field in ((JobDependency.Kind.OK, "after_ok"), (JobDependency.Kind.ANY, "after_any"))
@@ -125,6 +127,7 @@ def submit_array(*, owner, tenant: Tenant, name: str, array: ArraySpec, array_te
                                     max_running=array.max_running)
     jobs = Job.objects.bulk_create([Job(owner=owner, tenant=tenant, name=name, array=group, array_index=index, **spec)
                                     for index in array.indices])
+    waits.none_yet(jobs)
     for job in jobs:
         _depend(job, after_ok, after_any)
     lifecycle.submitted_many(jobs, f"By {owner.get_username()} to {tenant.slug}, as index {{index}} of array "
