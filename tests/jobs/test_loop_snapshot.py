@@ -5,6 +5,8 @@ import random
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs.choices import JobState
@@ -16,13 +18,13 @@ from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
 
 
 def fresh(redis_client):
-    """What a process that never built a snapshot builds now (leaving the cache as it was)."""
-    kept = snapshot._built, snapshot._built_for
-    snapshot._built, snapshot._built_for = {}, ()
+    """What a process that never built a snapshot builds now (leaving the caches as they were)."""
+    kept = snapshot._built, snapshot._built_for, snapshot._rows_seen
+    snapshot._built, snapshot._built_for, snapshot._rows_seen = {}, (), {}
     try:
         return build_snapshot(redis_client)
     finally:
-        snapshot._built, snapshot._built_for = kept
+        snapshot._built, snapshot._built_for, snapshot._rows_seen = kept
 
 
 def mutate(rng, tenants, array):
@@ -59,8 +61,7 @@ def mutate(rng, tenants, array):
                                              submitted_at=timezone.now() - timedelta(seconds=rng.randrange(999)))
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_the_snapshot_after_any_history_is_the_one_a_fresh_process_builds(db, redis_client, seed):
+def random_history_matches_a_fresh_build(redis_client, seed):
     rng = random.Random(seed)
     tenants = [TenantFactory(slug=f"t{i}") for i in range(3)]
     for i in range(4):
@@ -74,6 +75,50 @@ def test_the_snapshot_after_any_history_is_the_one_a_fresh_process_builds(db, re
         assert built == fresh(redis_client)
         for _ in range(rng.randrange(3)):
             mutate(rng, tenants, array)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_snapshot_after_any_history_is_the_one_a_fresh_process_builds(db, redis_client, seed):
+    random_history_matches_a_fresh_build(redis_client, seed)
+
+
+POSTGRESQL = pytest.mark.skipif(connection.vendor != "postgresql", reason="row versions are PostgreSQL's")
+
+
+@POSTGRESQL
+@pytest.mark.parametrize("seed", range(2))
+def test_with_each_change_committed_on_its_own_kept_rows_are_still_never_stale(transactional_db, redis_client, seed):
+    """Outside a test's one transaction each change gets its own row version, so the snapshot does
+    take unchanged rows from its cache: they must still be exactly what a fresh read gives."""
+    random_history_matches_a_fresh_build(redis_client, seed)
+
+
+@POSTGRESQL
+def test_only_rows_changed_since_the_last_snapshot_are_read_again(transactional_db, redis_client):
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant) for _ in range(5)]
+    build_snapshot(redis_client)
+
+    def rows_read() -> list:
+        with CaptureQueriesContext(connection) as captured:
+            pending = build_snapshot(redis_client).pending
+        full = [q["sql"] for q in captured.captured_queries if "row_version" in q["sql"]]
+        return pending, full
+
+    pending, full = rows_read()
+    assert full == [] and len(pending) == 5
+    Job.objects.filter(pk=jobs[2].pk).update(priority=3)
+    pending, full = rows_read()
+    assert len(full) == 1 and {j.id: j.priority for j in pending}[jobs[2].pk] == 3
+
+
+def test_a_row_written_by_the_reading_transaction_is_read_again_next_time(db, redis_client):
+    """Inside one transaction a row can change again under the same version: never trusted."""
+    job = JobFactory(tenant=TenantFactory(slug="vision"))
+    build_snapshot(redis_client)
+    for priority in (1, 2):
+        Job.objects.filter(pk=job.pk).update(priority=priority)
+        assert build_snapshot(redis_client).pending[0].priority == priority
 
 
 def test_an_unchanged_job_keeps_its_request_and_a_changed_one_gets_a_new_one(db, redis_client):
