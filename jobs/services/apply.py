@@ -139,12 +139,13 @@ _seen: dict[int, tuple[str, str, int | None]] = {}
 
 @dataclass(frozen=True)
 class Queue:
-    """The waiting jobs as stored now: which are pending, which hold a reservation, and each
-    stored verdict (its reason as text, decoded once per distinct text by the caller, and its ETA)."""
+    """The waiting jobs as stored now: which are pending, which hold a reservation, and the stored
+    verdicts by job (row version, reason as text, decoded once per distinct text by the caller, and
+    ETA; it may hold jobs that are not pending, such as those being preempted)."""
 
     pending: set[int]
     reserved: set[int]
-    verdicts: dict[int, tuple[str, int | None]]
+    verdicts: dict[int, tuple[str | None, str, int | None]]
 
 
 def _queue() -> Queue:
@@ -156,7 +157,7 @@ def _queue() -> Queue:
             if since is not None:
                 reserved.add(job_id)
         return Queue(pending, reserved, {
-            job_id: (json.dumps(reason), eta_at) for job_id, reason, eta_at in
+            job_id: (None, json.dumps(reason), eta_at) for job_id, reason, eta_at in
             JobWait.objects.filter(job__state=JobState.PENDING).values_list("job_id", "reason", "eta_at")})
     global _seen
     jobs, waits = (connection.ops.quote_name(model._meta.db_table) for model in (Job, JobWait))
@@ -165,24 +166,23 @@ def _queue() -> Queue:
         rows = cursor.fetchall()
         cursor.execute(f"SELECT job_id, xmin::text FROM {waits}")
         versions = cursor.fetchall()
-        stale = [str(job_id) for job_id, version in versions if _seen.get(job_id, ("",))[0] != version]
+        missing = ("",)
+        stale = [str(job_id) for job_id, version in versions if _seen.get(job_id, missing)[0] != version]
         read = {}
         if stale:
             # Version, text and ETA from one statement, so they always belong together.
             cursor.execute(f"SELECT job_id, xmin::text, reason::text, eta_at FROM {waits} "
                            "WHERE job_id = ANY(string_to_array(%s, ',')::bigint[])", [",".join(stale)])
             read = {job_id: (version, text, eta_at) for job_id, version, text, eta_at in cursor.fetchall()}
-    pending = {job_id for job_id, _ in rows}
-    seen, verdicts = {}, {}
-    for job_id, version in versions:
-        known = read.get(job_id) or _seen.get(job_id)
-        if known is None:
-            continue  # gone between the two reads
-        seen[job_id] = known
-        if job_id in pending:
-            verdicts[job_id] = known[1:]
-    _seen = seen
-    return Queue(pending, {job_id for job_id, reserved in rows if reserved}, verdicts)
+    if stale or len(versions) != len(_seen):
+        seen = {}
+        for job_id, _ in versions:
+            known = read.get(job_id) or _seen.get(job_id)
+            if known is not None:  # (None: gone between the two reads)
+                seen[job_id] = known
+        _seen = seen
+    # (else every row is as last read, and no other: the last read stands as it is)
+    return Queue({job_id for job_id, _ in rows}, {job_id for job_id, reserved in rows if reserved}, _seen)
 
 
 def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> None:
@@ -209,7 +209,7 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
         eta_at = None if verdict.eta_s is None else _eta_at(verdict.eta_s, now)
         old = verdicts.get(job_id)
         if old is not None:
-            text, old_eta = old
+            _, text, old_eta = old
             canonical = stored.get(text)
             if canonical is None:
                 canonical = stored[text] = _canonical_text(text)
