@@ -263,7 +263,9 @@ class JobWait(models.Model):
     """Why a waiting job waits and when it may start: the scheduling loop's verdict, rewritten
     whenever it changes. A narrow table of its own, because on a busy cluster most of 50,000
     verdicts change in a cycle and rewriting the wide job row for each cost five times as much.
-    The row goes when the job is placed or ends.
+    The row goes when the job is placed or ends. On PostgreSQL its pages are kept half empty
+    (fillfactor 50, migration 0018) so that a rewritten verdict stays on its page and the index is
+    not touched: rewriting 47,000 verdicts took 0.18 s instead of 0.66 s.
 
     No foreign-key constraint in the database: checking one locks each job row it names at commit,
     which cost a first cycle (47,000 new verdicts) more than writing them. The loop writes verdicts
@@ -275,7 +277,8 @@ class JobWait(models.Model):
     reason = models.JSONField(help_text="{code, message, details}.")
     eta_at = models.BigIntegerField(null=True, blank=True, help_text="Unix time it may start, when known.")
     first_eta_at = models.BigIntegerField(
-        null=True, blank=True, help_text="The first start time predicted for it (first attempt only).")
+        null=True, blank=True,
+        help_text="The first start time predicted in this wait (eta_accuracy reads the first attempt's).")
 
     def as_reason(self) -> dict:
         return self.reason if self.eta_at is None else {**self.reason, "eta_at": self.eta_at}

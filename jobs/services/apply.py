@@ -217,7 +217,7 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
                 continue
         changed.append((job_id, new[0], eta_at))
     if connection.vendor == "postgresql":
-        _write_reasons_postgresql(changed)
+        _write_reasons_postgresql(changed, verdicts)
     else:
         _write_reasons(changed)
 
@@ -227,39 +227,59 @@ def _canonical_text(text: str) -> str:
     return _canonical(decoded) if isinstance(decoded, dict) else ""
 
 
-def _write_reasons_postgresql(changed: list[tuple[int, dict, int | None]]) -> None:
-    """One upsert per batch: each distinct reason is sent once (a JSON list the rows index into)
-    and the rows as comma-separated numbers, which cost nothing to encode (psycopg quotes text
-    arrays element by element in Python). The first ETA a job is given on its first attempt is
-    kept in ``first_eta_at`` (what it was promised, see eta_accuracy) by the same statement; a job
-    that left the queue since it was read gets no row."""
+def _write_reasons_postgresql(changed: list[tuple[int, dict, int | None]], stored: dict) -> None:
+    """Verdicts a job already has are rewritten in place (``UPDATE``: the table leaves room on its
+    pages, so PostgreSQL rewrites such a row without touching the index), new ones inserted, and
+    only for jobs still pending. Each batch sends each distinct reason once (a JSON list the rows
+    index into) and the rows as comma-separated numbers, which cost nothing to encode (psycopg
+    quotes text arrays element by element in Python). The first ETA of a job's first attempt is
+    kept in ``first_eta_at`` (what it was promised, see eta_accuracy)."""
     table = connection.ops.quote_name(JobWait._meta.db_table)
     jobs = connection.ops.quote_name(Job._meta.db_table)
+    rewrites = [row for row in changed if row[0] in stored]
+    additions = [row for row in changed if row[0] not in stored]
     with connection.cursor() as cursor:
-        for start in range(0, len(changed), REASON_BATCH):
-            index: dict[int, int] = {}
-            reasons: list[dict] = []
-            ids, keys, etas = [], [], []
-            for job_id, reason, eta_at in changed[start:start + REASON_BATCH]:
-                key = index.get(id(reason))
-                if key is None:
-                    key = index[id(reason)] = len(reasons)
-                    reasons.append(reason)
-                ids.append(str(job_id))
-                keys.append(str(key))
-                etas.append("" if eta_at is None else str(eta_at))
+        for batch in _batches(rewrites):
+            # A job that left the queue meanwhile lost its row (the lifecycle drops it): no match.
+            cursor.execute(
+                f"UPDATE {table} AS wait SET reason = reasons.list -> changed.k, eta_at = changed.eta, "
+                "first_eta_at = COALESCE(wait.first_eta_at, changed.eta) "
+                f"FROM {_CHANGED}, (SELECT %s::jsonb AS list) AS reasons WHERE wait.job_id = changed.id",
+                [*batch[:3], batch[3]],
+            )
+        for batch in _batches(additions):
             cursor.execute(
                 f"INSERT INTO {table} AS wait (job_id, reason, eta_at, first_eta_at) "
                 "SELECT changed.id, reasons.list -> changed.k, changed.eta, "
                 "CASE WHEN job.attempt = 0 THEN changed.eta END "
-                "FROM unnest(string_to_array(%s, ',')::bigint[], string_to_array(%s, ',')::int[], "
-                "string_to_array(%s, ',', '')::bigint[]) AS changed(id, k, eta) "
-                f"JOIN {jobs} AS job ON job.id = changed.id AND job.state = %s "
+                f"FROM {_CHANGED} JOIN {jobs} AS job ON job.id = changed.id AND job.state = %s "
                 "CROSS JOIN (SELECT %s::jsonb AS list) AS reasons "
                 "ON CONFLICT (job_id) DO UPDATE SET reason = EXCLUDED.reason, eta_at = EXCLUDED.eta_at, "
                 "first_eta_at = COALESCE(wait.first_eta_at, EXCLUDED.first_eta_at)",
-                [",".join(ids), ",".join(keys), ",".join(etas), JobState.PENDING.value, json.dumps(reasons)],
+                [*batch[:3], JobState.PENDING.value, batch[3]],
             )
+
+
+_CHANGED = ("unnest(string_to_array(%s, ',')::bigint[], string_to_array(%s, ',')::int[], "
+            "string_to_array(%s, ',', '')::bigint[]) AS changed(id, k, eta)")
+
+
+def _batches(changed: list[tuple[int, dict, int | None]]):
+    """Per REASON_BATCH rows: the ids, reason indexes and ETAs as comma-separated text, and the
+    distinct reasons as one JSON list."""
+    for start in range(0, len(changed), REASON_BATCH):
+        index: dict[int, int] = {}
+        reasons: list[dict] = []
+        ids, keys, etas = [], [], []
+        for job_id, reason, eta_at in changed[start:start + REASON_BATCH]:
+            key = index.get(id(reason))
+            if key is None:
+                key = index[id(reason)] = len(reasons)
+                reasons.append(reason)
+            ids.append(str(job_id))
+            keys.append(str(key))
+            etas.append("" if eta_at is None else str(eta_at))
+        yield ",".join(ids), ",".join(keys), ",".join(etas), json.dumps(reasons)
 
 
 def _write_reasons(changed: list[tuple[int, dict, int | None]]) -> None:

@@ -70,3 +70,21 @@ def test_the_migration_carries_waiting_jobs_verdicts_over(transactional_db):
                                                  "details": {"gpus": 8}}, eta_at)
     assert not Wait.objects.filter(job_id=ended.pk).exists()
     MigrationExecutor(connection).migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a PostgreSQL storage parameter")
+def test_verdict_pages_keep_room_for_rewrites_in_place(db):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'jobs_jobwait'")
+        assert "fillfactor=50" in (cursor.fetchone()[0] or [])
+
+
+def test_a_verdict_rewritten_in_place_keeps_the_first_promise(db):
+    job = JobFactory()
+    apply_decisions(Decisions(pending=(Pending(job.pk, WAITING, 600.0),)))
+    promised = JobWait.objects.get(job=job).first_eta_at
+    moved = PendingReason(ReasonCode.WAITING_FOR_FREE_GPUS, "Waiting for 2 free GPUs.", {"gpus": 2})
+    apply_decisions(Decisions(pending=(Pending(job.pk, moved, 3600.0),)))
+    wait = JobWait.objects.get(job=job)
+    assert wait.reason["message"] == "Waiting for 2 free GPUs." and wait.first_eta_at == promised
+    assert wait.eta_at == pytest.approx(time.time() + 3600, abs=60)
