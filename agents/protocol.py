@@ -400,7 +400,8 @@ class LaunchJob(_Command):
     argv: list[Annotated[str, Field(max_length=4096)]] = Field(min_length=1, max_length=256)
     gpu_indices: list[int] = Field(max_length=64)
     env: dict[str, str] = Field(default_factory=dict)
-    gpu_memory_limit_mib: int | None = Field(default=None, gt=0)
+    # Bounded like every GPU's memory: past it the driver's byte count would wrap (2**44 MiB is 0).
+    gpu_memory_limit_mib: int | None = Field(default=None, gt=0, le=MEMORY_MIB_MAX)
     duty_cycle: float = Field(default=1.0, gt=0, le=1)
     # The share of each GPU's compute the job is entitled to (its milli-GPUs / 1000); an MPS GPU
     # caps the job's SMs at it (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE). None: the whole GPU.

@@ -131,6 +131,11 @@ class IsolationLayer:
         if indices and all(i in self._native for i in indices):
             return JobFence()
         env: dict[str, str | None] = {}
+        if len(indices) > 1 and cmd.compute_share is not None and any(
+                self._enforced_here(i) == "mps" for i in indices):
+            # MPS fences one GPU per client here; a share of several would run as a plain client.
+            raise IsolationError("a job with a compute share on several MPS GPUs cannot be fenced; "
+                                 "it was not started unfenced")
         if any(self._enforced_here(i) == "mps" for i in indices):
             # Removed unless set below: a job on an MPS GPU must not pick its daemon or its share.
             env = {name: None for name in MPS_JOB_VARIABLES}

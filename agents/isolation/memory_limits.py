@@ -79,6 +79,9 @@ class DriverMemoryLimits:
     def set(self, uuid: str, cgroup: Path, soft_mib: int, hard_mib: int) -> None:
         """Cap ``cgroup``'s memory on the GPU ``uuid``; MemoryLimitError when the driver refuses."""
         nvml = self._nvml
+        if not 0 <= soft_mib <= hard_mib or hard_mib * MIB >= 2**64:
+            # The driver takes bytes in 64 bits: a larger value would wrap to a small (or no) limit.
+            raise MemoryLimitError(f"limits of {soft_mib}/{hard_mib} MiB are out of range")
         try:
             limits = nvml.c_nvmlSetMemoryLimits_v1_t()
             limits.nameSpace = str(cgroup).encode()

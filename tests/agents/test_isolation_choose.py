@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -193,3 +194,15 @@ def test_mps_daemons_and_control_commands_run_as_the_jobs_account_not_root(tmp_p
     daemons.stop(0)
     assert [call[0] for call in calls] == [["-d"], [], []]
     assert {call[1:] for call in calls} == {(4242, 4343, ())}
+
+
+@pytest.mark.parametrize("soft, hard", [(0, 2**44), (4096, 1024), (-1, 1024)])
+def test_a_memory_limit_the_driver_would_wrap_or_that_is_inverted_is_refused_not_set(soft, hard):
+    """The driver takes bytes in 64 bits: 2**44 MiB would arrive as no limit at all."""
+    from agents.isolation.memory_limits import DriverMemoryLimits, MemoryLimitError
+
+    nvml = fake_nvml()
+    limits = DriverMemoryLimits(nvml)
+    with pytest.raises(MemoryLimitError, match="out of range"):
+        limits.set("GPU-0", Path("/sys/fs/cgroup/colony/job-1"), soft, hard)
+    assert nvml.set_calls == []

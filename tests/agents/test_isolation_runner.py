@@ -92,6 +92,13 @@ def test_a_whole_gpu_job_on_mps_keeps_all_sms_and_a_multi_gpu_job_runs_without_m
     assert not any(name.startswith("CUDA_MPS_") for name in env)
 
 
+def test_a_shared_launch_over_several_mps_gpus_is_refused_not_run_as_a_plain_client(tmp_path, mps, runners):
+    runners.append(runner := make_runner(tmp_path, "mps", mps=mps))
+    with pytest.raises(LaunchError, match="compute share on several MPS GPUs cannot be fenced"):
+        runner.launch(launch(PRINT_ENV, gpus=[0, 1], compute_share=0.5, gpu_memory_limit_mib=4096))
+    assert runner.running() == set()
+
+
 def test_a_launch_on_an_mps_gpu_whose_daemon_is_down_is_refused_not_run_unfenced(tmp_path, mps, runners):
     runners.append(runner := make_runner(tmp_path, "mps", mps=mps))
     runner.isolation.mps.daemons[0].running = False  # what a failed check leaves until the restart works

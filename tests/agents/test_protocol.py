@@ -63,6 +63,7 @@ def test_command_round_trips(message):
         (_launch_payload(shell=True), "shell: Extra inputs are not permitted"),
         (_launch_payload(argv=[]), "argv"),
         (_launch_payload(job_id=0), "job_id"),
+        (_launch_payload(gpu_memory_limit_mib=2**44), "gpu_memory_limit_mib"),
         ({"m": b"\xff\xfe{}"}, "not UTF-8"),
         ({"m": "x" * (protocol.MAX_MESSAGE_BYTES + 1)}, "exceeds"),
         ({"m": "{not json"}, "Invalid JSON"),
@@ -70,7 +71,7 @@ def test_command_round_trips(message):
         ({"m": "{}", "extra": "1"}, "unexpected stream fields: extra"),
     ],
     ids=["wrong-version", "missing-field", "unknown-kind", "extra-field", "empty-argv", "job-id-zero",
-         "non-utf8", "oversized", "bad-json", "no-payload", "extra-stream-field"],
+         "memory-limit-that-would-wrap", "non-utf8", "oversized", "bad-json", "no-payload", "extra-stream-field"],
 )
 def test_bad_command_is_rejected_with_a_reason(fields, reason_contains):
     with pytest.raises(protocol.ProtocolError) as caught:
