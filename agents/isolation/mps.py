@@ -112,7 +112,13 @@ class MpsDaemons:
         """Start the GPU's daemon; MpsError says why it did not."""
         root = self.state_dir / "mps" / str(index)
         daemon = self.daemons.get(index) or MpsDaemon(index, uuid, root / "pipe", root / "log")
+        uid = self.owner[0] if self.owner is not None else os.geteuid()
         try:
+            for folder in (daemon.pipe_dir, daemon.log_dir):
+                if folder.is_dir() and not folder.is_symlink() and folder.lstat().st_uid != uid:
+                    # Left by another account (the jobs' of an earlier configuration): it may hold
+                    # what that account planted there, so it is not reused.
+                    shutil.rmtree(folder)
             for folder in (root, daemon.pipe_dir, daemon.log_dir):
                 folder.mkdir(parents=True, exist_ok=True)
                 os.chmod(folder, 0o700 if folder != root else 0o711)

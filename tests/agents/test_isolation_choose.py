@@ -196,6 +196,21 @@ def test_mps_daemons_and_control_commands_run_as_the_jobs_account_not_root(tmp_p
     assert {call[1:] for call in calls} == {(4242, 4343, ())}
 
 
+def test_mps_directories_another_account_left_are_replaced_not_reused(tmp_path, monkeypatch):
+    """An agent now running its daemons as itself must not reuse pipe and log directories a
+    tenant account owned (and could have planted a symlink in)."""
+    from agents.isolation.mps import MpsDaemons
+
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kwargs: subprocess.CompletedProcess(argv, 0, b"", b""))
+    pipe = tmp_path / "mps" / "0" / "pipe"
+    pipe.mkdir(parents=True)
+    (pipe / "control").symlink_to(tmp_path / "victim")
+    # The agent now runs as another account than the one that owns what is on disk.
+    monkeypatch.setattr(os, "geteuid", lambda: pipe.stat().st_uid + 1)
+    MpsDaemons("/usr/bin/nvidia-cuda-mps-control", tmp_path, owner=None, base_env={}).start(0, "GPU-aaaa")
+    assert pipe.is_dir() and not (pipe / "control").exists() and not (pipe / "control").is_symlink()
+
+
 @pytest.mark.parametrize("soft, hard", [(0, 2**44), (4096, 1024), (-1, 1024)])
 def test_a_memory_limit_the_driver_would_wrap_or_that_is_inverted_is_refused_not_set(soft, hard):
     """The driver takes bytes in 64 bits: 2**44 MiB would arrive as no limit at all."""
