@@ -24,6 +24,7 @@ from jobs.scheduling.decisions import Throttle
 from jobs.services import lifecycle
 from jobs.services.commands import send_duty_cycle, send_stop
 from jobs.services.launches import send_attempt
+from jobs.services.row_versions import RowVersions
 
 
 @dataclass(frozen=True)
@@ -130,22 +131,21 @@ def _canonical(reason: dict) -> str:
     return json.dumps(json.loads(json.dumps({k: v for k, v in reason.items() if k != "eta_at"})), sort_keys=True)
 
 
-# PostgreSQL: each stored verdict's row version (its ``xmin``), reason text and ETA as last read by
-# this process. A row whose version is unchanged still holds them, so only rows written since (by
-# this loop or anyone else) are read again: reading 50,000 reasons as text every cycle was a
-# quarter of a steady cycle's database time. Replaced on every read.
-_seen: dict[int, tuple[str, str, int | None]] = {}
+# PostgreSQL: the stored verdicts as last read, by row version: only rows written since (by this
+# loop or anyone else) are read again; reading 50,000 reasons as text every cycle was a quarter of a
+# steady cycle's database time.
+_verdict_versions = RowVersions()
 
 
 @dataclass(frozen=True)
 class Queue:
     """The waiting jobs as stored now: which are pending, which hold a reservation, and the stored
-    verdicts by job (row version, reason as text, decoded once per distinct text by the caller, and
-    ETA; it may hold jobs that are not pending, such as those being preempted)."""
+    verdicts by job (reason as text, decoded once per distinct text by the caller, and ETA; it may
+    hold jobs that are not pending, such as those being preempted)."""
 
     pending: set[int]
     reserved: set[int]
-    verdicts: dict[int, tuple[str | None, str, int | None]]
+    verdicts: dict[int, tuple[str, int | None]]
 
 
 def _queue() -> Queue:
@@ -157,32 +157,23 @@ def _queue() -> Queue:
             if since is not None:
                 reserved.add(job_id)
         return Queue(pending, reserved, {
-            job_id: (None, json.dumps(reason), eta_at) for job_id, reason, eta_at in
+            job_id: (json.dumps(reason), eta_at) for job_id, reason, eta_at in
             JobWait.objects.filter(job__state=JobState.PENDING).values_list("job_id", "reason", "eta_at")})
-    global _seen
     jobs, waits = (connection.ops.quote_name(model._meta.db_table) for model in (Job, JobWait))
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT id, reserved_since IS NOT NULL FROM {jobs} WHERE state = %s", [JobState.PENDING.value])
         rows = cursor.fetchall()
         cursor.execute(f"SELECT job_id, xmin::text FROM {waits}")
         versions = cursor.fetchall()
-        missing = ("",)
-        stale = [str(job_id) for job_id, version in versions if _seen.get(job_id, missing)[0] != version]
-        read = {}
-        if stale:
-            # Version, text and ETA from one statement, so they always belong together.
+
+    def fetch(ids: list[str]):
+        with connection.cursor() as cursor:
             cursor.execute(f"SELECT job_id, xmin::text, reason::text, eta_at FROM {waits} "
-                           "WHERE job_id = ANY(string_to_array(%s, ',')::bigint[])", [",".join(stale)])
-            read = {job_id: (version, text, eta_at) for job_id, version, text, eta_at in cursor.fetchall()}
-    if stale or len(versions) != len(_seen):
-        seen = {}
-        for job_id, _ in versions:
-            known = read.get(job_id) or _seen.get(job_id)
-            if known is not None:  # (None: gone between the two reads)
-                seen[job_id] = known
-        _seen = seen
-    # (else every row is as last read, and no other: the last read stands as it is)
-    return Queue({job_id for job_id, _ in rows}, {job_id for job_id, reserved in rows if reserved}, _seen)
+                           "WHERE job_id = ANY(string_to_array(%s, ',')::bigint[])", [",".join(ids)])
+            return [(job_id, version, (text, eta_at)) for job_id, version, text, eta_at in cursor.fetchall()]
+
+    return Queue({job_id for job_id, _ in rows}, {job_id for job_id, reserved in rows if reserved},
+                 _verdict_versions.read(versions, fetch))
 
 
 def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> None:
@@ -209,7 +200,7 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
         eta_at = None if verdict.eta_s is None else _eta_at(verdict.eta_s, now)
         old = verdicts.get(job_id)
         if old is not None:
-            _, text, old_eta = old
+            text, old_eta = old
             canonical = stored.get(text)
             if canonical is None:
                 canonical = stored[text] = _canonical_text(text)

@@ -19,6 +19,7 @@ from jobs.choices import TERMINAL_STATES, JobState
 from jobs.models import Allocation, Job, JobArray, JobDependency, JobProfile, Membership, Tenant
 from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, NodeState, TenantQuota, UserLimit
 from jobs.scheduling.snapshot import JobClass, RecordedProfile, RunningJob
+from jobs.services.row_versions import RowVersions
 from monitoring.models import Gpu, JobUsage, Node
 from monitoring.services import live
 from monitoring.services.health import live_node_names
@@ -195,7 +196,7 @@ def _pending(largest_gpu_mib: int | None = None, slugs: dict[int, str] | None = 
         else:
             inputs = NO_INPUTS  # most jobs: one shared tuple, compared by identity
         cached = previous.get(job_id)
-        # (a row kept by _pending_rows is the very tuple built from last time)
+        # (a row kept by its version is the very tuple built from last time)
         if cached is not None and (cached[0] is row or cached[0] == row) and (
                 cached[1] is inputs or cached[1] == inputs):
             request = cached[2]
@@ -213,47 +214,28 @@ def _pending_queryset():
                       gpu_models_text=Cast("gpu_models", TextField())))
 
 
-# PostgreSQL: the pending rows of the last snapshot by job, with each row's version (``xmin``) as
-# read in the same statement. A row whose version did not change is taken from here instead of
-# being read and decoded again (50,000 rows of 21 columns were a third of a steady snapshot), so
-# only jobs submitted, requeued or edited since are read in full. A version written by the reading
-# transaction itself is never kept: that transaction may change the row again under the same
-# version. Replaced on every read, so it never outgrows the queue.
-_rows_seen: dict[int, tuple[str, tuple]] = {}
+# PostgreSQL: the pending rows of the last snapshot, by row version: only jobs submitted, requeued
+# or edited since are read in full (50,000 rows of 21 columns were a third of a steady snapshot).
+_pending_versions = RowVersions()
 
 
 def _pending_rows() -> list[tuple]:
-    global _rows_seen
     if connection.vendor != "postgresql":
         return list(_pending_queryset().values_list(*PENDING_FIELDS))
     table = connection.ops.quote_name(Job._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT id, xmin::text FROM {table} WHERE state = %s", [JobState.PENDING.value])
         versions = cursor.fetchall()
-        cursor.execute("SELECT txid_current_if_assigned() % 4294967296")
-        own = cursor.fetchone()[0]
-    seen = _rows_seen
-    missing = ("",)
-    stale = [str(job_id) for job_id, version in versions if seen.get(job_id, missing)[0] != version]
-    read: dict[int, tuple[str, tuple]] = {}
-    if stale:
+
+    def fetch(ids: list[str]):
         for version, *row in _rows(_pending_queryset()
                                    .filter(id__in=RawSQL("SELECT unnest(string_to_array(%s, ',')::bigint[])",
-                                                         [",".join(stale)]))
+                                                         [",".join(ids)]))
                                    .annotate(row_version=RawSQL(f"{table}.xmin::text", ()))
                                    .values_list("row_version", *PENDING_FIELDS)):
-            read[row[0]] = (version, tuple(row))
-    kept: dict[int, tuple[str, tuple]] = {}
-    rows = []
-    for job_id, _ in versions:
-        known = read.get(job_id) or seen.get(job_id)
-        if known is None:
-            continue  # left the queue between the two reads
-        rows.append(known[1])
-        if own is None or known[0] != str(own):
-            kept[job_id] = known
-    _rows_seen = kept
-    return rows
+            yield row[0], version, tuple(row)
+
+    return list(_pending_versions.read(versions, fetch).values())
 
 
 def _request(row: tuple, slugs: dict[int, str], unfenced: dict[int, bool], core_profiles: dict, models: dict,

@@ -12,6 +12,7 @@ from django.utils import timezone
 from jobs.choices import JobState
 from jobs.models import Job, JobArray, JobDependency, JobProfile, Tenant
 from jobs.services import snapshot_loader as snapshot
+from jobs.services.row_versions import RowVersions
 from jobs.services.snapshot_loader import build_snapshot
 from monitoring.models import Gpu
 from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
@@ -19,12 +20,12 @@ from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
 
 def fresh(redis_client):
     """What a process that never built a snapshot builds now (leaving the caches as they were)."""
-    kept = snapshot._built, snapshot._built_for, snapshot._rows_seen
-    snapshot._built, snapshot._built_for, snapshot._rows_seen = {}, (), {}
+    kept = snapshot._built, snapshot._built_for, snapshot._pending_versions
+    snapshot._built, snapshot._built_for, snapshot._pending_versions = {}, (), RowVersions()
     try:
         return build_snapshot(redis_client)
     finally:
-        snapshot._built, snapshot._built_for, snapshot._rows_seen = kept
+        snapshot._built, snapshot._built_for, snapshot._pending_versions = kept
 
 
 def mutate(rng, tenants, array):
