@@ -23,6 +23,7 @@ Rows updated in ``jobs_job``, verdict rows written (``JobWait``) and queries per
 from __future__ import annotations
 
 import argparse
+import os
 import gc
 import random
 import statistics
@@ -55,6 +56,16 @@ class Sample:
         return self.python + self.database + self.redis
 
 
+def backend_pid() -> int | None:
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
 @dataclass
 class Meter:
     """CPU seconds of this process, the database backend serving it and Redis around a call."""
@@ -65,20 +76,14 @@ class Meter:
     # prints the slowest kinds).
     statements: dict[str, Counter] = field(default_factory=dict)
     statement_s: dict[str, Counter] = field(default_factory=dict)
-
-    def _backend_pid(self) -> int | None:
-        from django.db import connection
-
-        if connection.vendor != "postgresql":
-            return None
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()")
-            return cursor.fetchone()[0]
+    phases: "PhaseClock | None" = None
 
     def measure(self, name: str, fn):
         from django.db import connection
 
         counts = {"queries": 0, "rows": 0, "verdicts": 0}
+        if self.phases:
+            self.phases.current = name
         kinds = self.statements.setdefault(name, Counter())
         seconds = self.statement_s.setdefault(name, Counter())
 
@@ -95,12 +100,12 @@ class Meter:
                 counts["verdicts"] += max(context["cursor"].rowcount, 0)
             return result
 
-        backend = self._backend_pid()
+        backend = backend_pid()
         before = (time.perf_counter(), time.process_time(), proc_cpu(backend), proc_cpu(self.redis_pid))
         with connection.execute_wrapper(count):
             result = fn()
         after = (time.perf_counter(), time.process_time(), proc_cpu(backend), proc_cpu(self.redis_pid))
-        if backend != self._backend_pid():
+        if backend != backend_pid():
             print(f"  (warning: the database connection changed during {name}; its CPU is not counted)")
         self.samples.setdefault(name, []).append(Sample(
             *(b - a for a, b in zip(before, after)), queries=counts["queries"], job_rows_updated=counts["rows"],
@@ -112,6 +117,42 @@ class Meter:
         return Sample(*(statistics.median(getattr(s, f) for s in runs)
                         for f in ("wall", "python", "database", "redis", "queries", "job_rows_updated",
                                   "verdict_rows_written")))
+
+
+class PhaseClock:
+    """CPU seconds (this process + the database backend) of each stage of ``run_scheduling_cycle``,
+    by wrapping the functions it calls; the cycle kind is the phase ``Meter.measure`` runs."""
+
+    STAGES = ("advance_usage", "build_snapshot", "decide", "apply_decisions", "resend_unstarted_launches",
+              "resend_stops")
+
+    def __init__(self):
+        self.current = "setup"
+        self.spent: dict[str, dict[str, list[float]]] = {}
+
+    def install(self) -> None:
+        from jobs.services import scheduling_loop
+
+        for stage in self.STAGES:
+            setattr(scheduling_loop, stage, self._wrap(stage, getattr(scheduling_loop, stage)))
+
+    def _wrap(self, stage: str, fn):
+        def timed(*args, **kwargs):
+            backend = backend_pid()
+            before = time.process_time() + proc_cpu(backend)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = time.process_time() + proc_cpu(backend) - before
+                self.spent.setdefault(self.current, {}).setdefault(stage, []).append(spent)
+        return timed
+
+    def print(self) -> None:
+        print("  stages (median CPU s, Python + DB backend):")
+        for kind, stages in self.spent.items():
+            if kind in ("decide", "snapshot", "setup"):
+                continue
+            print(f"    {kind:7s} " + "  ".join(f"{stage} {statistics.median(v):.3f}" for stage, v in stages.items()))
 
 
 def populate(rng: random.Random, nodes: int, tenants: int, running: int, pending: int) -> None:
@@ -195,6 +236,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--database", choices=["auto", "postgres", "sqlite"], default="auto")
     parser.add_argument("--statements", action="store_true", help="print each phase's commonest statements")
+    parser.add_argument("--phases", action="store_true",
+                        help="split each cycle's CPU (Python + database backend) by stage: usage, snapshot, "
+                             "decide, apply, resends")
     parser.add_argument("--profile", action="store_true",
                         help="after the measurements, profile one steady and one churn cycle (cProfile, top functions)")
     args = parser.parse_args()
@@ -221,7 +265,10 @@ def main() -> None:
         pipe.execute()
 
     heartbeats()
-    meter = Meter(redis_pid=getattr(getattr(redis_server, "process", None), "pid", None))
+    phases = PhaseClock() if args.phases else None
+    if phases:
+        phases.install()
+    meter = Meter(redis_pid=getattr(getattr(redis_server, "process", None), "pid", None), phases=phases)
 
     snapshot = build_snapshot(client)
     for _ in range(args.repeat):
@@ -265,6 +312,8 @@ def main() -> None:
     print(row(f"churn cycle ({args.finish} ended)", meter.median("churn"), core.cpu,
               f"; placed {statistics.median(r.placed for r in churn):.0f}, "
               f"throttled {statistics.median(r.throttled for r in churn):.0f}"))
+    if phases:
+        phases.print()
     if args.statements:
         for phase, seconds in meter.statement_s.items():
             kinds = meter.statements[phase]
@@ -284,7 +333,7 @@ def main() -> None:
             agents_start_placed()
             print(f"--- profile of one {label} cycle (own time)")
             stats = pstats.Stats(profiler)
-            stats.sort_stats("tottime").print_stats(25)
+            stats.sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(int(os.environ.get("PROFILE_LINES", "25")))
     redis_server.stop()
 
 

@@ -244,7 +244,12 @@ class Cycle(Waiting):
         cursors = dict.fromkeys(queues, 0)
         heap = [(self._share(t), t) for t in queues]
         heapq.heapify(heap)
-        handled, held, limit = self.state.handled, self.state.held, self.config.max_placement_searches
+        state, memo, now = self.state, self.memo, self.now
+        handled, held, limit = state.handled, state.held, self.config.max_placement_searches
+        gang_wait_s = self.config.gang_single_node_wait_s
+        users_limited = bool(self.users.limits)
+        append_pending, queue_eta = state.pending.append, self.queue_eta.next
+        version, holder, known = -1, None, {}  # the memo's answers at ``version`` (see below)
         while heap:
             share, tenant = heapq.heappop(heap)
             queue, quota = queues[tenant], self.quota(tenant)
@@ -259,30 +264,38 @@ class Cycle(Waiting):
                 position += 1
                 if job.id in handled:
                     continue
+                need = job.gpus * job.gpu_milli
                 if job.array_limit is not None and self._array_full(job):
                     self._wait_for_array(job)
-                elif (capped := self.users.why_waiting(job)) is not None:
+                elif users_limited and (capped := self.users.why_waiting(job)) is not None:
                     self._wait(job, *capped)
-                elif held[tenant] + job.gpus * job.gpu_milli > ceiling:
-                    self._all_at_ceiling([(job, shape)], quota)
-                elif self.state.searches >= limit:
+                elif held[tenant] + need > ceiling:
+                    self._all_at_ceiling(((job, shape),), quota)
+                elif state.searches >= limit:
                     self._wait(job, self._reason(reasons.not_considered, limit))
                 else:
-                    placed = self._admit_borrowing(job, shape, share)
+                    # Until something changes (a placement, a hold: both move the version), a
+                    # tenant's requests of one shape get the same answer: most of 50,000 pending
+                    # jobs are settled by this lookup, so it is made here, without a call per job.
+                    if state.version != version:
+                        version, holder = state.version, state.holder
+                        known = memo.now(version)
+                    key = ("outcome", tenant, shape, job.opportunistic_only,
+                           holder is not None and may_backfill(job, holder[2]),
+                           job.gpus > 1 and shape.max_nodes != 1 and now - job.submitted_at < gang_wait_s)
+                    reason = known.get(key)
+                    if reason is not None:
+                        append_pending(Pending(job.id, reason, queue_eta(need)))
+                    else:
+                        placed = self._admit_borrowing(job, shape, share, key)
             cursors[tenant] = position
             if position < end:
                 heapq.heappush(heap, (self._share(tenant), tenant))
 
-    def _admit_borrowing(self, job: JobRequest, shape: Shape, share: float) -> bool:
-        # Until something changes (a placement, a hold), a tenant's requests of one shape get the
-        # same answer: most of 50,000 pending jobs are settled by this lookup.
-        backfill = self.state.holder is not None and may_backfill(job, self.state.holder[2])
-        key = ("outcome", job.tenant, shape, job.opportunistic_only, backfill, self._young_gang(job, shape))
+    def _admit_borrowing(self, job: JobRequest, shape: Shape, share: float, key: tuple) -> bool:
+        """A job whose outcome under ``key`` is not known at this version: search, then place it or
+        say why not (and remember that answer for the same key)."""
         version = self.state.version
-        reason = self.memo.now(version).get(key)
-        if reason is not None:
-            self._wait(job, reason, self.queue_eta.next(job.gpus * job.gpu_milli))
-            return False
         choice = self._find(job, shape, OPPORTUNISTIC)
         if isinstance(choice, OneNodeWait):
             self._wait_for_one_node(job, choice)  # not memoised: its ETA is its own
