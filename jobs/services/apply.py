@@ -229,15 +229,18 @@ def _write_reasons_postgresql(changed: list[tuple[int, dict, int | None]], store
     jobs = connection.ops.quote_name(Job._meta.db_table)
     rewrites = [row for row in changed if row[0] in stored]
     additions = [row for row in changed if row[0] not in stored]
+    written: list[tuple[int, str, tuple[str, int | None]]] = []
     with connection.cursor() as cursor:
         for batch in _batches(rewrites):
             # A job that left the queue meanwhile lost its row (the lifecycle drops it): no match.
             cursor.execute(
                 f"UPDATE {table} AS wait SET reason = reasons.list -> changed.k, eta_at = changed.eta, "
                 "first_eta_at = COALESCE(wait.first_eta_at, changed.eta) "
-                f"FROM {_CHANGED}, (SELECT %s::jsonb AS list) AS reasons WHERE wait.job_id = changed.id",
+                f"FROM {_CHANGED}, (SELECT %s::jsonb AS list) AS reasons WHERE wait.job_id = changed.id "
+                "RETURNING wait.job_id, wait.xmin::text, wait.eta_at",
                 [*batch[:3], batch[3]],
             )
+            written.extend(_as_written(cursor.fetchall(), batch[4]))
         for batch in _batches(additions):
             cursor.execute(
                 f"INSERT INTO {table} AS wait (job_id, reason, eta_at, first_eta_at) "
@@ -246,9 +249,20 @@ def _write_reasons_postgresql(changed: list[tuple[int, dict, int | None]], store
                 f"FROM {_CHANGED} JOIN {jobs} AS job ON job.id = changed.id AND job.state = %s "
                 "CROSS JOIN (SELECT %s::jsonb AS list) AS reasons "
                 "ON CONFLICT (job_id) DO UPDATE SET reason = EXCLUDED.reason, eta_at = EXCLUDED.eta_at, "
-                "first_eta_at = COALESCE(wait.first_eta_at, EXCLUDED.first_eta_at)",
+                "first_eta_at = COALESCE(wait.first_eta_at, EXCLUDED.first_eta_at) "
+                "RETURNING wait.job_id, wait.xmin::text, wait.eta_at",
                 [*batch[:3], JobState.PENDING.value, batch[3]],
             )
+            written.extend(_as_written(cursor.fetchall(), batch[4]))
+    # Next cycle reads these rows at the version they have now: keep what was written instead of
+    # fetching 40,000 reasons back. Only after commit (a rolled-back cycle wrote nothing).
+    transaction.on_commit(lambda: _verdict_versions.remember(written))
+
+
+def _as_written(rows, texts: dict[int, str]):
+    """(job, version, (reason as JSON text, ETA)) of the rows a statement returned; ``texts``: the
+    reason each job was sent."""
+    return [(job_id, version, (texts[job_id], eta_at)) for job_id, version, eta_at in rows]
 
 
 _CHANGED = ("unnest(string_to_array(%s, ',')::bigint[], string_to_array(%s, ',')::int[], "
@@ -256,12 +270,12 @@ _CHANGED = ("unnest(string_to_array(%s, ',')::bigint[], string_to_array(%s, ',')
 
 
 def _batches(changed: list[tuple[int, dict, int | None]]):
-    """Per REASON_BATCH rows: the ids, reason indexes and ETAs as comma-separated text, and the
-    distinct reasons as one JSON list."""
+    """Per REASON_BATCH rows: the ids, reason indexes and ETAs as comma-separated text, the
+    distinct reasons as one JSON list, and each job's reason as JSON text."""
     for start in range(0, len(changed), REASON_BATCH):
         index: dict[int, int] = {}
         reasons: list[dict] = []
-        ids, keys, etas = [], [], []
+        ids, keys, etas, pairs = [], [], [], []
         for job_id, reason, eta_at in changed[start:start + REASON_BATCH]:
             key = index.get(id(reason))
             if key is None:
@@ -270,7 +284,10 @@ def _batches(changed: list[tuple[int, dict, int | None]]):
             ids.append(str(job_id))
             keys.append(str(key))
             etas.append("" if eta_at is None else str(eta_at))
-        yield ",".join(ids), ",".join(keys), ",".join(etas), json.dumps(reasons)
+            pairs.append((job_id, key))
+        texts = [json.dumps(reason) for reason in reasons]
+        sent = {job_id: texts[key] for job_id, key in pairs}
+        yield ",".join(ids), ",".join(keys), ",".join(etas), "[" + ", ".join(texts) + "]", sent
 
 
 def _write_reasons(changed: list[tuple[int, dict, int | None]]) -> None:

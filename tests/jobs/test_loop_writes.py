@@ -199,3 +199,49 @@ def test_a_reason_someone_else_wrote_since_the_last_cycle_is_seen_and_corrected(
     assert verdict_writes(captured)
     job.refresh_from_db()
     assert job.pending_reason == ours
+
+
+POSTGRESQL = pytest.mark.skipif(connection.vendor != "postgresql", reason="row versions are PostgreSQL's")
+
+
+def verdict_fetches(captured) -> list[str]:
+    """Reads of stored verdicts' text (rows whose version moved since the last cycle)."""
+    return [q["sql"] for q in captured.captured_queries if "reason::text" in q["sql"]]
+
+
+@POSTGRESQL
+def test_verdicts_a_committed_cycle_wrote_are_not_read_back_but_anyone_elses_change_is(
+        transactional_db, redis_client, live_redis):
+    node = NodeFactory(name="n1")
+    for i in range(2):
+        GpuFactory(node=node, index=i)
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=60)
+    tenant = TenantFactory(slug="vision", guaranteed_gpus=2, max_gpus=2)
+    JobFactory(gpus=2, tenant=tenant)
+    queued = [JobFactory(gpus=2, tenant=tenant) for _ in range(4)]
+    run_scheduling_cycle()  # places the first, writes the others' verdicts (and commits)
+    written = verdicts([j.pk for j in queued])
+    assert all(written.values())
+
+    with CaptureQueriesContext(connection) as captured:
+        run_scheduling_cycle()
+    assert verdict_fetches(captured) == [] and verdict_writes(captured) == []
+
+    # Someone else rewrites one verdict (a stale or wrong one): the loop sees the row moved, reads
+    # it back and puts its own verdict there again.
+    JobWait.objects.filter(job_id=queued[1].pk).update(reason={"code": "stale", "message": "old", "details": {}})
+    with CaptureQueriesContext(connection) as captured:
+        run_scheduling_cycle()
+    assert len(verdict_fetches(captured)) == 1 and len(verdict_writes(captured)) == 1
+    assert verdicts([j.pk for j in queued]) == written
+
+    # A cycle that is rolled back remembers nothing it wrote.
+    JobWait.objects.filter(job_id=queued[2].pk).update(reason={"code": "stale", "message": "old", "details": {}})
+    from django.db import transaction
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        apply_decisions(Decisions(pending=tuple(
+            Pending(j.pk, waiting("Rolled back.")) for j in queued)))
+        raise RuntimeError("the cycle's transaction fails after writing")
+    run_scheduling_cycle()
+    assert verdicts([j.pk for j in queued]) == written
