@@ -18,6 +18,10 @@ client (the full middleware, auth and DRF stack, no network):
    jobs/s by wall and by CPU;
 4. a burst of ``--burst`` submissions over ``--users`` users with the production throttle on,
    counting 201s and clean 429s (with Retry-After).
+
+``--only single`` (repeatable; ``reads``, ``single``, ``bulk``, ``burst``) runs only those parts;
+``--profile N`` first profiles N submissions and N plain creates by CPU time (cProfile) at each
+inventory and prints the statements one request runs.
 """
 
 from __future__ import annotations
@@ -169,7 +173,14 @@ def main() -> None:
     parser.add_argument("--rate", default="120/min", help="per-user submission rate (COLONY_SUBMIT_RATE)")
     parser.add_argument("--bulk-rate", default="100000/min", help="per-user rate while bulk submissions run")
     parser.add_argument("--database", choices=["auto", "postgres", "sqlite"], default="auto")
+    parser.add_argument("--only", choices=["reads", "single", "bulk", "burst"], action="append",
+                        help="run only these parts (repeatable); all by default")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="before the single-submission blocks, profile N submissions and N plain (all fields) "
+                             "creates at each inventory with cProfile and print their queries")
+    parser.add_argument("--profile-lines", type=int, default=45)
     args = parser.parse_args()
+    parts = set(args.only or ["reads", "single", "bulk", "burst"])
 
     os.environ["COLONY_SUBMIT_RATE"] = args.rate
     db_label, redis_server = setup(args.database, DATABASE)
@@ -234,13 +245,15 @@ def main() -> None:
     ]
     print(f"api load bench: {args.queued:,} queued jobs in {len(tenants)} tenants ({mine:,} visible to the "
           f"user), {db_label}, {args.repeat} requests each")
-    results = {}
-    for label, fn in rows:
-        fn()  # warm
-        results[label] = timed(fn, args.repeat)
-        print(f"  {label:32s}: {percentiles(results[label])}")
-    base = statistics.median(results["baseline: SELECT count(*)"])
-    print(f"  jobs list page 1 / baseline     : {statistics.median(results['GET /api/v1/jobs/ (page 1)']) / base:.1f}x")
+    if "reads" in parts:
+        results = {}
+        for label, fn in rows:
+            fn()  # warm
+            results[label] = timed(fn, args.repeat)
+            print(f"  {label:32s}: {percentiles(results[label])}")
+        base = statistics.median(results["baseline: SELECT count(*)"])
+        print(f"  jobs list page 1 / baseline     : "
+              f"{statistics.median(results['GET /api/v1/jobs/ (page 1)']) / base:.1f}x")
 
     clients = []
     for user in users:
@@ -274,13 +287,35 @@ def main() -> None:
         return Block(blocks[0].count, *(statistics.median(getattr(b, f) for b in blocks)
                                         for f in ("wall", "python", "database", "redis")))
 
-    print(f"single submissions vs plain DRF create views (7 fields; all fields): {args.rounds} rounds of blocks of "
-          f"{args.block} requests, medians; ratio = submit rate / plain rate, per round")
-    for nodes in (3, args.big_nodes):
+    def profile(nodes: int) -> None:
+        import cProfile
+        import pstats
+
+        from django.test.utils import CaptureQueriesContext
+
+        for label, url, body_of in (("submit", "/api/v1/jobs/", submit_body),
+                                    ("plain (all fields)", full_url, plain_body)):
+            with CaptureQueriesContext(connection) as queries:
+                post_block(url, body_of, 1)()
+            print(f"  profile, {nodes * 8:,} GPUs, {label}: {len(queries)} queries a request")
+            for query in queries:
+                print(f"    {query['sql'][:160]}")
+            profiler = cProfile.Profile(time.process_time)  # CPU, not time waiting on the database
+            profiler.runcall(post_block(url, body_of, args.profile))
+            stats = pstats.Stats(profiler, stream=sys.stdout)
+            stats.sort_stats("cumulative").print_stats(args.profile_lines)
+            stats.sort_stats("tottime").print_stats(args.profile_lines)
+
+    if "single" in parts:
+        print(f"single submissions vs plain DRF create views (7 fields; all fields): {args.rounds} rounds of blocks "
+              f"of {args.block} requests, medians; ratio = submit rate / plain rate, per round")
+    for nodes in (3, args.big_nodes) if "single" in parts else ():
         make_inventory(nodes)
         post_block("/api/v1/jobs/", submit_body, 3)()  # warm: first inventory read, connections
         post_block(plain_url, plain_body, 3)()
         post_block(full_url, plain_body, 3)()
+        if args.profile:
+            profile(nodes)
         plain, full, submit = [], [], []
         for _ in range(args.rounds):
             plain.append(meter.measure(post_block(plain_url, plain_body, args.block), args.block))
@@ -295,10 +330,14 @@ def main() -> None:
             cpu_ratio = statistics.median(p.cpu / s.cpu for p, s in zip(base, submit))
             print(f"{label} submit / {name:18s} = {wall_ratio:.2f}x by wall, {cpu_ratio:.2f}x by CPU")
 
+    if "single" not in parts:
+        make_inventory(args.big_nodes)
     api_settings.DEFAULT_THROTTLE_RATES["submit"] = args.bulk_rate
     bulk_body = {"jobs": [JOB] * args.bulk_size}
-    probe = clients[0].post("/api/v1/jobs/bulk/", {"jobs": [JOB]}, format="json")
-    if probe.status_code != 201:
+    probe = clients[0].post("/api/v1/jobs/bulk/", {"jobs": [JOB]}, format="json") if "bulk" in parts else None
+    if probe is None:
+        pass
+    elif probe.status_code != 201:
         print(f"  bulk: POST /api/v1/jobs/bulk/ answers {probe.status_code}; not measured")
     else:
         blocks = [meter.measure(post_block("/api/v1/jobs/bulk/", lambda n: bulk_body, 1), args.bulk_size)
@@ -313,6 +352,9 @@ def main() -> None:
 
     cache.clear()  # the throttle histories of the blocks above
 
+    if "burst" not in parts:
+        redis_server.stop()
+        return
     accepted = throttled = other = 0
     retry_after_ok = True
     started, cpu_started = time.perf_counter(), time.process_time()
