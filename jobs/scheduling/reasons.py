@@ -313,12 +313,16 @@ def no_spare_capacity(needed_gpus: int) -> PendingReason:
     )
 
 
-def behind_lower_usage(tenant: str, share: float, ahead: int) -> PendingReason:
+def behind_lower_usage(tenant: str, share: float) -> PendingReason:
+    # Nothing here may change from one cycle to the next while the situation does not: every word
+    # of a verdict that changes is rewritten for each of tens of thousands of waiting jobs. So no
+    # count of the tenants that borrowed this very cycle (a few seconds' worth), and the usage to
+    # two significant figures (it drifts every cycle, and which tenant is lower is what matters).
     return PendingReason(
         ReasonCode.BEHIND_LOWER_USAGE_TENANTS,
-        f"Spare GPUs went to {ahead} tenant{'s' if ahead != 1 else ''} with lower recent usage than "
-        f"{tenant} (per unit of weight) this cycle; borrowing is shared out lowest usage first.",
-        {"tenant": tenant, "weighted_usage_gpu_h": round(share / 3600, 1), "tenants_ahead": ahead},
+        f"Spare GPUs went to tenants with lower recent usage than {tenant} (per unit of weight); "
+        "borrowing is shared out lowest usage first.",
+        {"tenant": tenant, "weighted_usage_gpu_h": float(f"{share / 3600:.2g}")},
     )
 
 

@@ -75,8 +75,9 @@ class Waiting:
                                   most_free)
         elif job.opportunistic_only and self.state.held[job.tenant] + job.quota_milli <= self.quota(job.tenant).guaranteed_milli:
             reason = self._reason(reasons.no_spare_capacity, job.gpus)
-        elif (ahead := len(self.state.borrowing_tenants) - (job.tenant in self.state.borrowing_tenants)) and self._fitted_at_start(shape):
-            reason = self._reason(reasons.behind_lower_usage, job.tenant, share, ahead)
+        elif (len(self.state.borrowing_tenants) > (job.tenant in self.state.borrowing_tenants)
+              and self._fitted_at_start(shape)):
+            reason = self._reason(reasons.behind_lower_usage, job.tenant, share)
         else:
             quota = self.quota(job.tenant)
             unused = quota.guaranteed_milli - self.state.guaranteed_held[job.tenant]

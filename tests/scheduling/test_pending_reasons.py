@@ -57,8 +57,27 @@ def test_job_behind_lower_usage_tenants_says_so():
                        pending=[job(1, tenant="heavy"), job(2, tenant="light")])
     pending = pending_of(decide(snapshot, now=0), 1)
     assert pending.reason.code == ReasonCode.BEHIND_LOWER_USAGE_TENANTS
-    assert "went to 1 tenant with lower recent usage than heavy" in pending.reason.message
-    assert pending.reason.details["tenants_ahead"] == 1
+    assert "went to tenants with lower recent usage than heavy" in pending.reason.message
+    assert pending.reason.details == {"tenant": "heavy", "weighted_usage_gpu_h": 2800.0}  # 1e7 GPU-s
+
+
+def test_behind_lower_usage_tenants_reads_the_same_whichever_of_them_borrowed_this_cycle():
+    """The verdict is stored for every waiting job and rewritten wherever a word of it changes: how
+    many tenants happened to borrow in one cycle, or the last decimal of a drifting usage, must not
+    rewrite it for a job whose situation did not change."""
+    tenants = [tenant("light", usage=0.0), tenant("lighter", usage=0.0)]
+
+    def verdict(heavy_usage: float, *borrowers: str):
+        snapshot = cluster(node("a", gpus=len(borrowers)), tenants=tenants + [tenant("heavy", usage=heavy_usage)],
+                           pending=[job(1, tenant="heavy")]
+                           + [job(10 + i, tenant=t) for i, t in enumerate(borrowers)])
+        decisions = decide(snapshot, now=0)
+        assert len(decisions.placements) == len(borrowers)
+        return pending_of(decisions, 1).reason
+
+    one = verdict(1e7, "light")
+    assert one.code == ReasonCode.BEHIND_LOWER_USAGE_TENANTS
+    assert verdict(1e7 + 3600, "light", "lighter") == one
 
 
 def test_every_pending_job_gets_exactly_one_decision():
