@@ -115,6 +115,9 @@ class Cycle(Waiting):
                     state.array_ends[job.array_id].append(max(now, job.expected_end))
         for tenant in borrowed:
             borrowed[tenant] -= self.quota(tenant).guaranteed_milli
+        self.start_held = dict(state.held)
+        self.borrowing_at_start = frozenset(job.tenant for job in snapshot.running
+                                            if job.job_class is OPPORTUNISTIC and job.id not in state.leaving)
         self.reclaimer = Reclaimer(self.capacity, self.placer, config, now, borrowed, state.leaving)
         self.timeline = ReleaseTimeline([j for j in snapshot.running if j.id not in state.leaving], now)
         self.queue_eta = QueueEta(self.timeline, sum(self.capacity.start_total_empty) * WHOLE_GPU_MILLI)
@@ -251,7 +254,7 @@ class Cycle(Waiting):
         append_pending, queue_eta = state.pending.append, self.queue_eta.next
         version, holder, known = -1, None, {}  # the memo's answers at ``version`` (see below)
         while heap:
-            share, tenant = heapq.heappop(heap)
+            _, tenant = heapq.heappop(heap)
             queue, quota = queues[tenant], self.quota(tenant)
             ceiling = quota.ceiling_milli
             position, end = cursors[tenant], len(queue)
@@ -287,12 +290,12 @@ class Cycle(Waiting):
                     if reason is not None:
                         append_pending(Pending(job.id, reason, queue_eta(need)))
                     else:
-                        placed = self._admit_borrowing(job, shape, share, key)
+                        placed = self._admit_borrowing(job, shape, key)
             cursors[tenant] = position
             if position < end:
                 heapq.heappush(heap, (self._share(tenant), tenant))
 
-    def _admit_borrowing(self, job: JobRequest, shape: Shape, share: float, key: tuple) -> bool:
+    def _admit_borrowing(self, job: JobRequest, shape: Shape, key: tuple) -> bool:
         """A job whose outcome under ``key`` is not known at this version: search, then place it or
         say why not (and remember that answer for the same key)."""
         version = self.state.version
@@ -304,7 +307,7 @@ class Cycle(Waiting):
             self._place(job, shape, OPPORTUNISTIC, choice)
             self.state.borrowing_tenants.add(job.tenant)
             return True
-        reason = self._blocked(job, shape, OPPORTUNISTIC, share)
+        reason = self._blocked(job, shape, OPPORTUNISTIC)
         if self.state.version == version:  # (a hold taken meanwhile changed the answer)
             self.memo.now(version)[key] = reason
         return False

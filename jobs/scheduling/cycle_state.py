@@ -35,7 +35,7 @@ class CycleState:
     # The one gang hold of the cycle: (job, node names, ETA) and the nodes held.
     holder: tuple[JobRequest, tuple[str, ...], float | None] | None = None
     reserved_nodes: list[NodeSlot] = field(default_factory=list)
-    borrowing_tenants: set[str] = field(default_factory=set)  # tenants that borrowed this cycle
+    borrowing_tenants: set[str] = field(default_factory=set)  # tenants that borrowed this cycle (only grows)
     # Smallest guaranteed request in each tenant's queue: the guaranteed pass skips a tenant whose
     # remaining guarantee is smaller.
     smallest_guaranteed_ask: dict[str, int] = field(default_factory=dict)
@@ -64,7 +64,8 @@ class Memo:
         self.shapes: dict[tuple, tuple] = {}  # request key -> (Shape, inventory reason or None)
         self.reasons: dict[tuple, object] = {}  # (constructor, *args) -> PendingReason, built once
         self.ceiling_waits: dict[tuple, dict] = {}  # (tenant, held) -> {need: (reason, eta)}
-        self.started_room: dict = {}  # shape -> would it have fitted before this cycle's placements
+        self.start_shares: dict[str, float] = {}  # tenant -> weighted share before this cycle's placements
+        self.lower_borrowing: dict[tuple, bool] = {}  # (tenant, borrowers this cycle) -> is one ahead of it borrowing
         self.timelines: dict = {}  # tenant -> ReleaseTimeline of its running jobs
         self.fits_one_node: dict = {}  # shape -> does some node have room for the whole gang
         self.fits_reserved: dict = {}  # (class, shape) -> would it fit on the held nodes

@@ -320,7 +320,7 @@ def behind_lower_usage(tenant: str, share: float) -> PendingReason:
     # two significant figures (it drifts every cycle, and which tenant is lower is what matters).
     return PendingReason(
         ReasonCode.BEHIND_LOWER_USAGE_TENANTS,
-        f"Spare GPUs went to tenants with lower recent usage than {tenant} (per unit of weight); "
+        f"Tenants with lower recent usage than {tenant} (per unit of weight) are borrowing the spare GPUs; "
         "borrowing is shared out lowest usage first.",
         {"tenant": tenant, "weighted_usage_gpu_h": float(f"{share / 3600:.2g}")},
     )

@@ -21,6 +21,7 @@ from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.reservation import nodes_to_hold
 from jobs.scheduling.reservation import window
 from jobs.scheduling.snapshot import JobClass, JobRequest, TenantQuota
+from jobs.scheduling.usage import weighted_share
 
 GUARANTEED = JobClass.GUARANTEED
 
@@ -59,7 +60,7 @@ class Waiting:
             reason = self.memo.reasons[key] = build(*args)
         return reason
 
-    def _blocked(self, job: JobRequest, shape: Shape, job_class: JobClass, share: float = 0.0) -> PendingReason:
+    def _blocked(self, job: JobRequest, shape: Shape, job_class: JobClass) -> PendingReason:
         """A job that fits the inventory and its quota found no GPUs: say why, maybe reserve."""
         if self.state.holder is None and job.gpus > 1 and (held := self._hold(job, shape)) is not None:
             return held
@@ -75,9 +76,8 @@ class Waiting:
                                   most_free)
         elif job.opportunistic_only and self.state.held[job.tenant] + job.quota_milli <= self.quota(job.tenant).guaranteed_milli:
             reason = self._reason(reasons.no_spare_capacity, job.gpus)
-        elif (len(self.state.borrowing_tenants) > (job.tenant in self.state.borrowing_tenants)
-              and self._fitted_at_start(shape)):
-            reason = self._reason(reasons.behind_lower_usage, job.tenant, share)
+        elif self._lower_usage_borrowing(job.tenant):
+            reason = self._reason(reasons.behind_lower_usage, job.tenant, self._start_share(job.tenant))
         else:
             quota = self.quota(job.tenant)
             unused = quota.guaranteed_milli - self.state.guaranteed_held[job.tenant]
@@ -131,18 +131,25 @@ class Waiting:
                 self.memo.not_on_reserved.record(job_class, shape)
         return fits
 
-    def _fitted_at_start(self, shape: Shape) -> bool:
-        """Would the request have found room before this cycle's placements? (an estimate)"""
-        if shape not in self.memo.started_room:
-            self.memo.started_room[shape] = self._room_at_start(shape)
-        return self.memo.started_room[shape]
+    def _lower_usage_borrowing(self, tenant: str) -> bool:
+        """Does a tenant ahead of ``tenant`` in the borrowing order (lower weighted usage at the
+        start of the cycle, a tie by name) hold borrowed GPUs: opportunistic jobs still running, or
+        placed this cycle? A fact about the cluster, not about this cycle's few placements, so the
+        verdict it gives stays put from one cycle to the next while the cluster does."""
+        key = (tenant, len(self.state.borrowing_tenants))  # (borrowers only join within a cycle)
+        found = self.memo.lower_borrowing.get(key)
+        if found is None:
+            mine = (self._start_share(tenant), tenant)
+            found = self.memo.lower_borrowing[key] = any(
+                (self._start_share(other), other) < mine
+                for other in self.borrowing_at_start | self.state.borrowing_tenants if other != tenant)
+        return found
 
-    def _room_at_start(self, shape: Shape) -> bool:
-        pools = self.placer.pools_for(shape)
-        capacity = self.capacity
-        if any(capacity.start_max_empty[p] >= shape.gpus for p in pools):
-            return True
-        if shape.gpus > 1:
-            return shape.max_nodes != 1 and sum(capacity.start_total_empty[p] for p in pools) >= shape.gpus
-        return any(capacity.start_max_opp_free[p] >= shape.memory_on(capacity.pools[p][1]) + shape.headroom_mib
-                   for p in pools)
+    def _start_share(self, tenant: str) -> float:
+        """The tenant's weighted share before this cycle's placements (the borrowing order's key)."""
+        share = self.memo.start_shares.get(tenant)
+        if share is None:
+            quota = self.quota(tenant)
+            share = self.memo.start_shares[tenant] = weighted_share(
+                quota.decayed_usage, self.start_held.get(tenant, 0), quota.weight, self.config.usage_half_life_s)
+        return share

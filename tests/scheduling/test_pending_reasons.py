@@ -31,7 +31,8 @@ T = [tenant("nlp", guaranteed=2, max_gpus=4), tenant("cv", guaranteed=0, max_gpu
      ReasonCode.AT_MAX_GPUS, "Tenant nlp is using 4 of its 4-GPU ceiling"),
     ([node("a", gpus=2)], [running(9, gpus=[0, 1], tenant="nlp")], job(1, tenant="nlp"),
      ReasonCode.OVER_QUOTA_CLUSTER_FULL, "is using all of its 2-GPU guarantee, so it must borrow"),
-    ([node("a", gpus=2)], [running(9, gpus=[0], tenant="nlp"), running(8, gpus=[1], tenant="cv", opportunistic=True)],
+    # (the borrower is behind nlp in the borrowing order: equal usage, and "other" > "nlp")
+    ([node("a", gpus=2)], [running(9, gpus=[0], tenant="nlp"), running(8, gpus=[1], tenant="other", opportunistic=True)],
      job(1, tenant="nlp", gpus=2, reserved_since=-700),  # its reservation window is cooling down
      ReasonCode.OVER_QUOTA_CLUSTER_FULL, "has 1 GPU of its 2-GPU guarantee unused, too few for this job"),
     ([node("a", gpus=2)], [running(9, gpus=[0, 1], tenant="cv", opportunistic=True)],
@@ -57,7 +58,7 @@ def test_job_behind_lower_usage_tenants_says_so():
                        pending=[job(1, tenant="heavy"), job(2, tenant="light")])
     pending = pending_of(decide(snapshot, now=0), 1)
     assert pending.reason.code == ReasonCode.BEHIND_LOWER_USAGE_TENANTS
-    assert "went to tenants with lower recent usage than heavy" in pending.reason.message
+    assert "Tenants with lower recent usage than heavy (per unit of weight) are borrowing" in pending.reason.message
     assert pending.reason.details == {"tenant": "heavy", "weighted_usage_gpu_h": 2800.0}  # 1e7 GPU-s
 
 
@@ -78,6 +79,23 @@ def test_behind_lower_usage_tenants_reads_the_same_whichever_of_them_borrowed_th
     one = verdict(1e7, "light")
     assert one.code == ReasonCode.BEHIND_LOWER_USAGE_TENANTS
     assert verdict(1e7 + 3600, "light", "lighter") == one
+
+
+def test_behind_lower_usage_tenants_holds_in_a_cycle_where_nothing_frees_up_too():
+    """Whether a GPU happened to free up and go to the lighter tenant this cycle does not change
+    why the heavy tenant's job waits: the lighter one holds the borrowed GPUs either way. (Before,
+    the verdict flipped to 'over quota, cluster full' on every quiet cycle and back on every busy
+    one, rewriting it for every such job each time.)"""
+    tenants = [tenant("light", usage=0.0), tenant("heavy", usage=1e7)]
+    borrowed = [running(90, gpus=[0], tenant="light", opportunistic=True),
+                running(91, gpus=[1], tenant="light", opportunistic=True)]
+    quiet = decide(cluster(node("a", gpus=2), tenants=tenants, running=borrowed, pending=[job(1, tenant="heavy")]),
+                   now=0)
+    busy = decide(cluster(node("a", gpus=3), tenants=tenants, running=borrowed,
+                          pending=[job(1, tenant="heavy"), job(2, tenant="light")]), now=0)
+    assert [p.job_id for p in busy.placements] == [2] and not quiet.placements
+    assert pending_of(quiet, 1).reason == pending_of(busy, 1).reason
+    assert pending_of(quiet, 1).reason.code == ReasonCode.BEHIND_LOWER_USAGE_TENANTS
 
 
 def test_every_pending_job_gets_exactly_one_decision():

@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from jobs.scheduling import ClusterSnapshot, GpuState, JobClass, NodeState, ReasonCode, SchedulerConfig, decide
 from jobs.scheduling.reservation import may_backfill
+from jobs.scheduling.usage import weighted_share
 from tests.scheduling.builders import GIB, cluster, job, node, running, tenant
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -180,6 +181,20 @@ class World:
                                  and model in (None, g.model))
         return counts
 
+    def borrowers(self, at_start: bool = False) -> set[str]:
+        """Tenants holding borrowed GPUs: opportunistic jobs still running (and those placed this cycle)."""
+        running = {r.tenant for r in self.snapshot.running if r.job_class is JobClass.OPPORTUNISTIC and not r.preempting}
+        if at_start:
+            return running
+        return running | {self.jobs[p.job_id].tenant for p in self.decisions.placements
+                          if p.job_class is JobClass.OPPORTUNISTIC}
+
+    def borrowing_order(self, tenant: str) -> tuple[float, str]:
+        """Lowest first: weighted usage before this cycle's placements, then the name."""
+        quota = self.quotas.get(tenant)
+        usage, weight = (quota.decayed_usage, quota.weight) if quota else (0.0, 1.0)
+        return weighted_share(usage, self.start_held.get(tenant, 0), weight, SchedulerConfig().usage_half_life_s), tenant
+
     def node(self, name: str) -> NodeState:
         return next(n for n in self.snapshot.nodes if n.name == name)
 
@@ -266,6 +281,9 @@ def check(world: World, pending) -> None:
         victims = [p for p in world.decisions.preemptions if p.for_job_id == request.id]
         assert details["victims"] == len(victims)
     elif code is ReasonCode.OVER_QUOTA_CLUSTER_FULL:
+        # (a tenant that starts borrowing later in the cycle may be ahead of it by the end)
+        assert not any(world.borrowing_order(t) < world.borrowing_order(request.tenant)
+                       for t in world.borrowers(at_start=True) - {request.tenant}), "should say who is ahead"
         quota = world.quotas.get(request.tenant)
         guaranteed = 0 if quota is None else quota.guaranteed_milli
         unused = guaranteed - world.guaranteed_held[request.tenant]
@@ -291,9 +309,8 @@ def check(world: World, pending) -> None:
         assert most_of_one_model(world.free_by_model(request)) < request.gpus, "a node has room now"
         assert details["spread_nodes"] > 1
     elif code is ReasonCode.BEHIND_LOWER_USAGE_TENANTS:
-        placed_tenants = {world.jobs[p.job_id].tenant for p in world.decisions.placements
-                          if p.job_class is JobClass.OPPORTUNISTIC}
-        assert placed_tenants - {request.tenant}, "no other tenant borrowed this cycle"
+        ahead = {t for t in world.borrowers() - {request.tenant} if world.borrowing_order(t) < world.borrowing_order(request.tenant)}
+        assert ahead, "no tenant ahead of it in the borrowing order holds borrowed GPUs"
         assert details["tenant"] == request.tenant
 
 
