@@ -4,9 +4,10 @@ cancel or an operator's requeue."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models import F
 
 from jobs.choices import JobState
@@ -28,8 +29,21 @@ def submission_context(user) -> dict:
     """What checking ``user``'s submissions reads about them, in one query: the tenants they may
     submit to (``tenants``) and the GPU cap a lead set for them in each (``member_caps``, tenant id
     -> GPUs, None for no limit), as ``JobSubmitSerializer`` takes them in its context."""
-    tenants = list(Tenant.objects.raw(_memberships_sql(), [user.pk]))
-    caps = {tenant.pk: tenant.__dict__.pop("member_max_gpus") for tenant in tenants}
+    read = _memberships_read()
+    with connection.cursor() as cursor:
+        cursor.execute(read.sql, [user.pk])
+        rows = cursor.fetchall()
+    tenants, caps = [], {}
+    fields = len(read.attnames)
+    for row in rows:
+        if read.converters:  # none on PostgreSQL
+            row = list(row)
+            for position, (converters, expression) in read.converters:
+                for converter in converters:
+                    row[position] = converter(row[position], expression, connection)
+        tenant = Tenant.from_db(connection.alias, read.attnames, row[:fields])
+        tenants.append(tenant)
+        caps[tenant.pk] = row[fields]
     return {"tenants": tenants, "member_caps": caps}
 
 
@@ -41,10 +55,26 @@ def _compiled(queryset, params: tuple) -> str:
     return sql
 
 
+@dataclass(frozen=True)
+class _CompiledRead:
+    sql: str  # its one parameter: the submitter's id
+    attnames: tuple[str, ...]  # the Tenant columns, first; the member's cap follows
+    converters: tuple  # ((position, (converters, expression)), ...): what the ORM applies to a row
+
+
 @functools.cache
-def _memberships_sql() -> str:
-    return _compiled(Tenant.objects.filter(memberships__user_id=0).annotate(member_max_gpus=F("memberships__max_gpus"))
-                     .order_by(), (0,))
+def _memberships_read() -> _CompiledRead:
+    # Rows built with Model.from_db, as the ORM's own iterator builds them: a raw() queryset spent
+    # another 0.1-0.2 ms a request matching its columns to the model's fields.
+    queryset = Tenant.objects.filter(memberships__user_id=0).annotate(member_max_gpus=F("memberships__max_gpus"))
+    compiler = queryset.order_by().query.get_compiler(DEFAULT_DB_ALIAS)
+    sql, params = compiler.as_sql()
+    assert params == (0,), params
+    selected = [expression for expression, _, _ in compiler.select]
+    attnames = [column.target.attname for column in selected[:-1]]
+    assert attnames == [field.attname for field in Tenant._meta.concrete_fields], attnames
+    assert compiler.select[-1][2] == "member_max_gpus", compiler.select
+    return _CompiledRead(sql=sql, attnames=tuple(attnames), converters=tuple(compiler.get_converters(selected).items()))
 
 
 @functools.cache
