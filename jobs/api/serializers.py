@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from functools import cached_property
 
 from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
-from rest_framework.fields import SkipField
+from rest_framework.fields import SkipField, empty
 from rest_framework.relations import PKOnlyObject
+from rest_framework.utils import html
 from rest_framework.utils.serializer_helpers import BindingDict
 
 from agents import protocol
@@ -131,12 +133,61 @@ class RepresentedOnce(FieldsBuiltOnce):
         return tuple(plan)
 
 
+class CheckedOnSharedFields(FieldsBuiltOnce):
+    """Input checked by DRF's own ``to_internal_value`` on the fields built once per class, without
+    copies bound to this instance (27 for a job spec); and, for a JSON object, with only the fields
+    it gives, the required ones and those with a default. Each other field DRF would only skip (a
+    field absent from a JSON object that is neither required nor has a default is skipped before
+    any check of it or its ``validate_<name>`` runs); a form's absent fields may mean something
+    (a checkbox left off), so a form is checked field by field as DRF does.
+
+    Only for serializers never used with ``partial=True`` whose fields read no context: a field
+    asks its root (the shared blank instance) for both. The checks that need the request are this
+    serializer's own ``validate_*`` and ``validate``, which DRF calls on this instance."""
+
+    _given = None  # the JSON object being checked, while it is
+
+    def known_field_names(self):
+        return _fields_built_once(type(self)).keys()
+
+    def to_internal_value(self, data):
+        self._given = data if isinstance(data, Mapping) and not html.is_html_input(data) else None
+        try:
+            return super().to_internal_value(data)
+        finally:
+            self._given = None
+
+    @property
+    def _writable_fields(self):
+        given = self._given
+        for field, skipped_when_absent in _input_plan(type(self)):
+            if given is None or not skipped_when_absent or field.field_name in given:
+                yield field
+
+
+_INPUT_PLANS: dict[type, tuple] = {}
+
+
+def _input_plan(cls) -> tuple:
+    """(field, whether DRF skips it when a JSON object leaves it out) of ``cls``'s writable fields."""
+    plan = _INPUT_PLANS.get(cls)
+    if plan is None:
+        plan = _INPUT_PLANS[cls] = tuple(
+            (field, not field.required and field.default is empty and field.source != "*"
+             and not isinstance(field, serializers.HiddenField))
+            for field in _fields_built_once(cls).values() if not field.read_only)
+    return plan
+
+
 class RejectUnknownFieldsMixin:
     """A misspelt field (``gpu`` for ``gpus``) must fail loudly, not be silently dropped."""
 
+    def known_field_names(self):
+        return self.fields.keys()
+
     def to_internal_value(self, data):
         if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
+            unknown = sorted(data.keys() - self.known_field_names())
             if unknown:
                 raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
         return super().to_internal_value(data)
@@ -238,7 +289,7 @@ class JobSerializer(RepresentedOnce, serializers.ModelSerializer):
         return [{"job": d.on_id, "kind": d.kind} for d in job.dependencies.all()]
 
 
-class JobSubmitSerializer(FieldsBuiltOnce, RejectUnknownFieldsMixin, serializers.Serializer):
+class JobSubmitSerializer(CheckedOnSharedFields, RejectUnknownFieldsMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False,
                                  help_text="Defaults to the program name in `command`.")
     command = serializers.ListField(
