@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Processes, agent_env, agent_secret, database_url, wait_for
+from tests.e2e.conftest import WORKER_ARGV, Processes, agent_env, agent_secret, database_url, wait_for
 
 CHROMIUM = os.environ.get("COLONY_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -48,8 +48,7 @@ def backend(transactional_db, live_redis, live_server, tmp_path, monkeypatch):
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     processes = Processes(env, tmp_path)
-    processes.start("worker", [sys.executable, "-m", "celery", "-A", "cluster_ui", "worker", "--beat",
-                               "--pool=solo", "--loglevel=INFO", "-s", str(tmp_path / "beat-schedule")])
+    processes.start("worker", [*WORKER_ARGV, "-s", str(tmp_path / "beat-schedule")])
     processes.start("ingest", [sys.executable, "manage.py", "ingest", "--block-ms", "200"])
     processes.start("agent", [sys.executable, "-m", "agents", "--node", "browser-node", "--simulate", "2xA100-80GB",
                               "--redis", live_redis, "--interval", "0.5", "--workdir", str(tmp_path / "agent"),

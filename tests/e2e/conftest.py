@@ -41,6 +41,13 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str 
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+# A Celery worker with embedded beat, as the e2e and browser stacks run it. Mingle, gossip and
+# worker heartbeats are Celery's worker-to-worker chatter, which Colony does not use (its scheduler
+# lease lives in the database): mingle alone makes every start wait a second for neighbours.
+WORKER_ARGV = [sys.executable, "-m", "celery", "-A", "cluster_ui", "worker", "--beat", "--pool=solo",
+               "--loglevel=INFO", "--without-mingle", "--without-gossip", "--without-heartbeat"]
+
+
 def agent_secret() -> str:
     return secrets.token_hex(32)
 
@@ -99,9 +106,13 @@ class Processes:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
 
     def stop_all(self) -> None:
-        for _, process in reversed(self.started):
+        """Agents get SIGTERM: they stop their jobs, which would otherwise outlive them under their
+        supervisors. The rest (workers, ingest) are killed outright: a test's end needs nothing of
+        their warm shutdown, which waits out a blocking read (about a second each test), and the
+        database rolls back whatever a killed process had open."""
+        for name, process in reversed(self.started):
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
+                os.killpg(process.pid, signal.SIGTERM if name.startswith("agent") else signal.SIGKILL)
         for _, process in reversed(self.started):
             try:
                 process.wait(15)
@@ -144,8 +155,7 @@ def stack(transactional_db, live_redis, tmp_path, request, settings):
     }
     settings.COLONY_AGENT_SECRET, settings.COLONY_AGENT_AUTH = env["COLONY_AGENT_SECRET"], "required"
     processes = Processes(env, tmp_path)
-    processes.start("worker", [sys.executable, "-m", "celery", "-A", "cluster_ui", "worker", "--beat",
-                               "--pool=solo", "--loglevel=INFO", "-s", str(tmp_path / "beat-schedule")])
+    processes.start("worker", [*WORKER_ARGV, "-s", str(tmp_path / "beat-schedule")])
     processes.start("ingest", [sys.executable, "manage.py", "ingest", "--block-ms", "200"])
     processes.start_agent("e2e-node", "2xA100-80GB")
     try:

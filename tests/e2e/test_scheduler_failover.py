@@ -24,7 +24,7 @@ import pytest
 from agents import protocol
 from jobs.choices import JobState
 from jobs.models import Allocation, Job, SchedulerLease
-from tests.e2e.conftest import Processes, agent_secret, database_url, wait_for
+from tests.e2e.conftest import WORKER_ARGV, Processes, agent_secret, database_url, wait_for
 from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
 
 pytestmark = pytest.mark.e2e
@@ -97,8 +97,9 @@ def schedulers(transactional_db, live_redis, tmp_path, request):
         }
         processes.env = env
         for name in ("scheduler-1", "scheduler-2"):
-            processes.start(name, [sys.executable, "-c", BOOT, "-A", "cluster_ui", "worker", "--beat", "--pool=solo",
-                                   "--loglevel=INFO", "-n", f"{name}@%h", "-s", str(tmp_path / f"{name}.schedule")])
+            # WORKER_ARGV's options after ``-m celery``, run through BOOT instead.
+            processes.start(name, [sys.executable, "-c", BOOT, *WORKER_ARGV[3:], "-n", f"{name}@%h",
+                                   "-s", str(tmp_path / f"{name}.schedule")])
         for name in ("scheduler-1", "scheduler-2"):
             wait_for(lambda: " ready." in (tmp_path / f"{name}.log").read_text(), timeout=40, what=f"{name} to start")
         return processes, tmp_path / "report.json", tmp_path / "arm"

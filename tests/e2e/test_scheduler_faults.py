@@ -11,16 +11,14 @@ from rest_framework.test import APIClient
 
 from jobs.choices import JobState
 from jobs.models import Allocation, Job
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import WORKER_ARGV, wait_for
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.e2e
 
 
 def test_two_schedulers_and_a_killed_worker_place_every_job_exactly_once(stack, transactional_db, tmp_path):
-    second = stack.start("worker2", [sys.executable, "-m", "celery", "-A", "cluster_ui", "worker", "--beat",
-                                     "--pool=solo", "--loglevel=INFO", "-n", "worker2@%h",
-                                     "-s", str(tmp_path / "beat-schedule-2")])
+    second = stack.start("worker2", [*WORKER_ARGV, "-n", "worker2@%h", "-s", str(tmp_path / "beat-schedule-2")])
     user = MembershipFactory(user=UserFactory(username="alice"),
                              tenant=TenantFactory(slug="vision", guaranteed_gpus=2, max_gpus=2)).user
     api = APIClient()
