@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cached_property
 
 from django.conf import settings
@@ -160,22 +161,34 @@ class CheckedOnSharedFields(FieldsBuiltOnce):
     @property
     def _writable_fields(self):
         given = self._given
-        for field, skipped_when_absent in _input_plan(type(self)):
+        for field, skipped_when_absent in _input_plan(type(self)).fields:
             if given is None or not skipped_when_absent or field.field_name in given:
                 yield field
 
+    def _read_only_defaults(self):
+        # DRF's looks through every field bound to this instance for read-only ones with a default;
+        # a class without any (a job spec) has none to add.
+        return super()._read_only_defaults() if _input_plan(type(self)).read_only_defaults else {}
 
-_INPUT_PLANS: dict[type, tuple] = {}
+
+@dataclass(frozen=True)
+class _InputPlan:
+    fields: tuple  # (field, whether DRF skips it when a JSON object leaves it out), the writable ones
+    read_only_defaults: bool  # whether some read-only field has a default
 
 
-def _input_plan(cls) -> tuple:
-    """(field, whether DRF skips it when a JSON object leaves it out) of ``cls``'s writable fields."""
+_INPUT_PLANS: dict[type, _InputPlan] = {}
+
+
+def _input_plan(cls) -> _InputPlan:
     plan = _INPUT_PLANS.get(cls)
     if plan is None:
-        plan = _INPUT_PLANS[cls] = tuple(
-            (field, not field.required and field.default is empty and field.source != "*"
-             and not isinstance(field, serializers.HiddenField))
-            for field in _fields_built_once(cls).values() if not field.read_only)
+        fields = _fields_built_once(cls).values()
+        plan = _INPUT_PLANS[cls] = _InputPlan(
+            fields=tuple((field, not field.required and field.default is empty and field.source != "*"
+                          and not isinstance(field, serializers.HiddenField))
+                         for field in fields if not field.read_only),
+            read_only_defaults=any(field.read_only and field.default is not empty for field in fields))
     return plan
 
 
