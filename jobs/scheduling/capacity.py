@@ -158,11 +158,9 @@ class Capacity:
                 self._bucket_add(node)
                 for gpu in node.gpus:
                     self._index(gpu)
-        self.start_max_empty = [self.max_empty(pool) for pool in range(len(self.pools))]
         self.start_total_empty = [
             sum(k * len(bucket) for k, bucket in enumerate(self.buckets[pool])) for pool in range(len(self.pools))
         ]
-        self.start_max_opp_free = [max((b[-1][0] for b in index if b), default=0) for index in self.opp_index]
 
     def _add_residents(self, snapshot: ClusterSnapshot) -> None:
         for job in snapshot.running:
