@@ -1,7 +1,7 @@
 """A job spec is checked exactly as DRF's own loop checks it, field by field on fields bound to the
 serializer, though ``JobSubmitSerializer`` checks a JSON object on fields shared by every request
 and only the fields it gives, the required ones and those with a default
-(``jobs.api.serializers.CheckedOnSharedFields``): the same jobs accepted, the same refusals."""
+(``cluster_ui.api.shared_fields.CheckedOnSharedFields``): the same jobs accepted, the same refusals."""
 
 import pytest
 from django.http import QueryDict

@@ -1,6 +1,6 @@
 """A job is answered (the 201 of a submission, the job and list endpoints) exactly as DRF's own
 ``Serializer.to_representation`` renders it, though ``JobSerializer`` reads its fields once per
-class (``jobs.api.serializers.RepresentedOnce``)."""
+class (``cluster_ui.api.shared_fields.RepresentedOnce``)."""
 
 import json
 
