@@ -20,6 +20,10 @@ from rest_framework import generics, views, viewsets
 class RestrictedMixin:
     queryset = None
     cluster_wide = False
+    # Viewset actions that read no row through the view's queryset (a submission, say): for them
+    # it is left empty instead of narrowed, which costs a submission 0.2 ms for nothing. A read
+    # through it would find no row, never another tenant's.
+    actions_reading_no_rows: frozenset[str] = frozenset()
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
@@ -29,6 +33,9 @@ class RestrictedMixin:
             raise ImproperlyConfigured(
                 f"{type(self).__name__} serves no rows with visible_to(user) and is not cluster_wide."
             )
+        if getattr(self, "action", None) in self.actions_reading_no_rows:
+            self.queryset = self.queryset.none()
+            return
         # On this instance (DRF makes one per request), from a copy: the class's queryset must
         # never hold one request's rows in its cache for the next (staff are shown it unfiltered).
         self.queryset = self.queryset.all().visible_to(request.user)
