@@ -238,12 +238,15 @@ def borrowed_clusters(draw):
                 mem_gib=draw(st.sampled_from([None, 4, 10])), submitted_at=float(i)) for i in range(3 * total)]
     empty = ClusterSnapshot(nodes=tuple(node_states), pending=tuple(fill), tenants=quotas)
     full = launch(empty, decide(empty, now=0.0), now=500.0, draw=draw)
-    # A gang runs on GPUs of one model: a pair only where some model has two.
-    widest_model = max(Counter(g.model for n in node_states for g in n.gpus).values())
+    # A gang runs on GPUs of one model, so the owner's pairs must fit together: no more of them
+    # than the cluster has pairs of one model (three pairs on five GPUs of one model and one of
+    # another can never all run), less one for each single queued ahead of them, which may take
+    # a free GPU out of a pair rather than preempt anyone for one elsewhere.
+    pairs = sum(count // 2 for count in Counter(g.model for n in node_states for g in n.gpus).values())
     sizes, demand = [], 0
     while demand < guarantee and draw(st.booleans()) or not sizes:
         size = draw(st.sampled_from([1, 2]))
-        if demand + size > guarantee or size > widest_model:
+        if demand + size > guarantee or size == 2 and len(sizes) + 1 > pairs:
             size = 1
         sizes.append(size)
         demand += size
