@@ -10,6 +10,7 @@ share the built fields: ``tests/jobs/test_submit_checks.py`` and
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -109,6 +110,11 @@ class RepresentedOnce(FieldsBuiltOnce):
         return tuple(plan)
 
 
+# The serializer checking input now and the JSON object it checks, per thread (and task): not on
+# the serializer itself, which may be a field shared by concurrent requests when it is nested.
+_checking: ContextVar[tuple[object, Mapping | None] | None] = ContextVar("colony_checking", default=None)
+
+
 class CheckedOnSharedFields(FieldsBuiltOnce):
     """Input checked by DRF's own ``to_internal_value`` on the fields built once per class, without
     copies bound to this instance (27 for a job spec); and, for a JSON object, with only the fields
@@ -121,21 +127,21 @@ class CheckedOnSharedFields(FieldsBuiltOnce):
     asks its root (the shared blank instance) for both. The checks that need the request are this
     serializer's own ``validate_*`` and ``validate``, which DRF calls on this instance."""
 
-    _given = None  # the JSON object being checked, while it is
-
     def known_field_names(self):
         return _fields_built_once(type(self)).keys()
 
     def to_internal_value(self, data):
-        self._given = data if isinstance(data, Mapping) and not html.is_html_input(data) else None
+        given = data if isinstance(data, Mapping) and not html.is_html_input(data) else None
+        token = _checking.set((self, given))
         try:
             return super().to_internal_value(data)
         finally:
-            self._given = None
+            _checking.reset(token)
 
     @property
     def _writable_fields(self):
-        given = self._given
+        checking = _checking.get()
+        given = checking[1] if checking is not None and checking[0] is self else None
         for field, skipped_when_absent in _input_plan(type(self)).fields:
             if given is None or not skipped_when_absent or field.field_name in given:
                 yield field
