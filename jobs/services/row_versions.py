@@ -54,11 +54,9 @@ class RowVersions:
 
     def remember(self, written: Iterable[tuple[int, str, Any]]) -> None:
         """Rows this process has just written, as (id, version, value), so that the next read
-        need not fetch them back. Call it only once their transaction has committed (in
-        ``transaction.on_commit``): until then that transaction could change them again under the
+        need not fetch them back. Call it only once the (sub)transaction that wrote them has ended
+        for good, in ``transaction.on_commit``: until then it could change them again under the
         same version. A row that is changed or gone later reads as stale or missing as usual."""
-        own = own_xid()  # (where a caller runs the callback inside a transaction still open: tests)
         for row_id, version, value in written:
-            if version != own:
-                self._seen[row_id] = (version, value)
-                self._values[row_id] = value
+            self._seen[row_id] = (version, value)
+            self._values[row_id] = value
