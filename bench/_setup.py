@@ -37,6 +37,18 @@ def proc_cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def backend_pid() -> int | None:
+    """The PostgreSQL backend serving this process's default connection (None elsewhere), whose
+    CPU ``proc_cpu`` reads."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
 def setup(database: str = "auto", name: str = "colony_bench") -> tuple[str, "PrivateRedis"]:  # noqa: F821
     """Start Redis, point Django at a fresh bench database ``name``, migrate; returns (db label, redis)."""
     from cluster_ui.devstack.redis_server import PrivateRedis

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._setup import proc_cpu, setup  # noqa: E402
+from bench._setup import backend_pid, proc_cpu, setup  # noqa: E402
 
 DATABASE = "colony_bench_api"
 JOB = {"command": ["python", "-c", "pass"], "gpus": 1}
@@ -61,22 +61,12 @@ class Meter:
     def __init__(self, redis_pid: int | None):
         self.redis_pid = redis_pid
 
-    @staticmethod
-    def _backend_pid() -> int | None:
-        from django.db import connection
-
-        if connection.vendor != "postgresql":
-            return None
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()")
-            return cursor.fetchone()[0]
-
     def measure(self, fn, count: int) -> Block:
-        backend = self._backend_pid()
+        backend = backend_pid()
         before = (time.perf_counter(), time.process_time(), proc_cpu(backend), proc_cpu(self.redis_pid))
         fn()
         after = (time.perf_counter(), time.process_time(), proc_cpu(backend), proc_cpu(self.redis_pid))
-        if backend != self._backend_pid():
+        if backend != backend_pid():
             print("  (warning: the database connection changed during a block; its CPU is not counted)")
         return Block(count, *(b - a for a, b in zip(before, after)))
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._setup import proc_cpu, setup  # noqa: E402
+from bench._setup import backend_pid, proc_cpu, setup  # noqa: E402
 
 GPUS_PER_NODE = 8
 # Made before Django reads its settings (main), inherited by the forked producer.
@@ -107,13 +107,7 @@ class Cpu:
     """CPU seconds of the reader (this process), its PostgreSQL backend and Redis, between marks."""
 
     def __init__(self, redis_pid: int | None):
-        from django.db import connection
-
-        self.pg_pid = None
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_backend_pid()")
-                self.pg_pid = cursor.fetchone()[0]
+        self.pg_pid = backend_pid()
         self.redis_pid = redis_pid
 
     def now(self) -> dict[str, float]:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._setup import proc_cpu, setup  # noqa: E402
+from bench._setup import backend_pid, proc_cpu, setup  # noqa: E402
 
 GPUS_PER_NODE = 8
 DATABASE = "colony_bench_loop"
@@ -54,16 +54,6 @@ class Sample:
     @property
     def cpu(self) -> float:
         return self.python + self.database + self.redis
-
-
-def backend_pid() -> int | None:
-    from django.db import connection
-
-    if connection.vendor != "postgresql":
-        return None
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        return cursor.fetchone()[0]
 
 
 @dataclass
