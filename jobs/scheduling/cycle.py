@@ -247,9 +247,8 @@ class Cycle(Waiting):
         cursors = dict.fromkeys(queues, 0)
         heap = [(self._share(t), t) for t in queues]
         heapq.heapify(heap)
-        state, memo, now = self.state, self.memo, self.now
+        state, memo, young_gang = self.state, self.memo, self._young_gang
         handled, held, limit = state.handled, state.held, self.config.max_placement_searches
-        gang_wait_s = self.config.gang_single_node_wait_s
         users_limited = bool(self.users.limits)
         append_pending, queue_eta = state.pending.append, self.queue_eta.next
         version, holder, known = -1, None, {}  # the memo's answers at ``version`` (see below)
@@ -285,7 +284,7 @@ class Cycle(Waiting):
                         known = memo.now(version)
                     key = ("outcome", tenant, shape, job.opportunistic_only,
                            holder is not None and may_backfill(job, holder[2]),
-                           job.gpus > 1 and shape.max_nodes != 1 and now - job.submitted_at < gang_wait_s)
+                           job.gpus > 1 and young_gang(job, shape))  # (most jobs ask one GPU: no call)
                     reason = known.get(key)
                     if reason is not None:
                         append_pending(Pending(job.id, reason, queue_eta(need)))
