@@ -51,8 +51,9 @@ class CycleState:
 class Memo:
     """The cycle's cached answers, under one rule:
 
-    * an answer about the inventory or about a request (its shape, whether some node could ever
-      hold it, a reason's wording) lasts the whole cycle;
+    * an answer about the inventory or about a request (whether some node could ever hold it, a
+      reason's wording) lasts the whole cycle (shapes and inventory reasons last longer: they are
+      in ``carry.Carry``);
     * a failed search lasts too (``failed``): capacity only shrinks within a cycle, so a request
       needing at least as much as a failed one fails again;
     * an answer about what is free now (``now``) lasts until ``CycleState.version`` moves.
@@ -61,7 +62,6 @@ class Memo:
     def __init__(self):
         self.failed = FailureMemo()
         # Lasting.
-        self.shapes: dict[tuple, tuple] = {}  # request key -> (Shape, inventory reason or None)
         self.reasons: dict[tuple, object] = {}  # (constructor, *args) -> PendingReason, built once
         self.ceiling_waits: dict[tuple, dict] = {}  # (tenant, held) -> {need: (reason, eta)}
         self.start_shares: dict[str, float] = {}  # tenant -> weighted share before this cycle's placements

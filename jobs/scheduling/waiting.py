@@ -28,8 +28,7 @@ GUARANTEED = JobClass.GUARANTEED
 
 class Waiting:
     def _all_at_ceiling(self, entries: list[tuple[JobRequest, Shape]], quota: TenantQuota) -> None:
-        held, name, ceiling = self.state.held[quota.name], quota.name, quota.ceiling_milli
-        by_need = self.memo.ceiling_waits.setdefault((name, held), {})  # what a job asking N is told
+        by_need = self._ceiling_waits(quota.name)
         handled, pending = self.state.handled, self.state.pending
         for job, _ in entries:
             if job.id in handled:
@@ -37,9 +36,19 @@ class Waiting:
             need = job.gpus * job.gpu_milli
             found = by_need.get(need)
             if found is None:
-                eta = self._tenant_timeline(name).eta(held + need - ceiling)
-                found = by_need[need] = (reasons.at_max_gpus(name, held, ceiling, need), eta)
+                found = self._ceiling_wait(quota, need)
             pending.append(Pending(job.id, *found))
+
+    def _ceiling_waits(self, tenant: str) -> dict[int, tuple[PendingReason, float | None]]:
+        """What a job of ``tenant`` asking N milli-GPUs past its ceiling is told, at what it holds now."""
+        return self.memo.ceiling_waits.setdefault((tenant, self.state.held[tenant]), {})
+
+    def _ceiling_wait(self, quota: TenantQuota, need: int) -> tuple[PendingReason, float | None]:
+        name, ceiling = quota.name, quota.ceiling_milli
+        held = self.state.held[name]
+        eta = self._tenant_timeline(name).eta(held + need - ceiling)
+        found = self._ceiling_waits(name)[need] = (reasons.at_max_gpus(name, held, ceiling, need), eta)
+        return found
 
     def _tenant_timeline(self, tenant: str) -> ReleaseTimeline:
         if not self.memo.timelines:

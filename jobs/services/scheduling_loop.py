@@ -22,6 +22,7 @@ from django.db import DatabaseError, InterfaceError, InternalError, OperationalE
 from django.utils import timezone
 
 from jobs.scheduling import Decisions, decide
+from jobs.scheduling.carry import Carry
 from jobs.services import leadership
 from jobs.services.apply import apply_decisions, resend_stops, resend_unstarted_launches
 from jobs.services.scheduler_config import scheduler_config
@@ -39,6 +40,9 @@ BACKOFF_FIRST_S = 2.0
 BACKOFF_MAX_S = 60.0
 # What /metrics says of the loop (jobs/metrics.py): cycles run, their seconds, the last one's.
 STATS_KEY = "colony:scheduler:stats"
+# What this process's cycles leave for its next one (sorted queues, request shapes): it only ever
+# answers as a cycle without it would, so a stale one (another process led meanwhile) is harmless.
+_carry = Carry()
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ def run_scheduling_cycle() -> CycleResult:
         with leadership.fenced(lease, lease_s):
             advance_usage(config.usage_half_life_s)
         snapshot = build_snapshot(client)
-        decisions = decide(snapshot, now=time.time(), config=config)
+        decisions = decide(snapshot, now=time.time(), config=config, carry=_carry)
         # Taken before applying: a slow cycle must not re-send the launches it has just sent.
         applying_at = timezone.now()
         with leadership.fenced(lease, lease_s):

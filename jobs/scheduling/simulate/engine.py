@@ -50,7 +50,9 @@ from dataclasses import dataclass, field, replace
 
 import random
 
+from jobs.scheduling.carry import Carry
 from jobs.scheduling.config import SchedulerConfig
+from jobs.scheduling.cycle import decide
 from jobs.scheduling.decisions import Decisions
 from jobs.scheduling.simulate.trace import Trace, TraceJob
 from jobs.scheduling.snapshot import (
@@ -193,6 +195,8 @@ class Replay:
         if not 0.0 <= interference < 1.0:
             raise ValueError("interference is a share of speed lost per co-resident, in [0, 1)")
         self.trace, self.policy, self.config = trace, policy, config
+        # The production policy runs as the scheduling loop runs it: with what its last cycle left.
+        self.carry = Carry() if policy is decide else None
         self.interval, self.restart_overhead_s = interval, restart_overhead_s
         self.max_time = max_time
         self.interference, self.knowledge = interference, knowledge
@@ -589,7 +593,10 @@ class Replay:
         return quota
 
     def cycle(self, t: float) -> Decisions:
-        decisions = self.policy(self.snapshot(), t, self.config)
+        if self.carry is None:
+            decisions = self.policy(self.snapshot(), t, self.config)
+        else:
+            decisions = self.policy(self.snapshot(), t, self.config, self.carry)
         result = self.result
         result.cycles += 1
         for preempt in decisions.preemptions:

@@ -1,0 +1,94 @@
+"""A carry changes no decision: over random histories of cycles (placements launched, jobs ending,
+submissions, edits, dependencies resolved, ceilings, cordons, nodes lost, config changes, the
+loader handing back its rows in another order), ``decide`` with the carry the earlier cycles left
+gives exactly what ``decide`` without one gives on the same snapshot."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobs.scheduling import ClusterSnapshot, SchedulerConfig, decide
+from jobs.scheduling.carry import Carry
+from tests.scheduling.builders import job
+from tests.scheduling.test_invariants import launch, nodes, requests, tenants
+
+EVENTS = ["launch", "launch", "end", "submit", "edit", "resolve", "ceiling", "cordon", "lose_node", "config",
+          "reorder", "nothing"]
+CONFIGS = [SchedulerConfig(), SchedulerConfig(gang_single_node_wait_s=0.0), SchedulerConfig(share_memory_headroom_mib=0)]
+
+
+def step(draw, snapshot: ClusterSnapshot, decisions, event: str, now: float, next_id: int):
+    """The next cycle's snapshot after ``event`` (jobs left alone stay the very same objects, as
+    the snapshot loader keeps them)."""
+    names = sorted({t.name for t in snapshot.tenants} | {"stranger"})
+    if event == "launch":
+        return launch(snapshot, decisions, now, draw)
+    if event == "end" and snapshot.running:
+        ended = set(draw(st.lists(st.sampled_from([j.id for j in snapshot.running]), max_size=3)))
+        return dataclasses.replace(snapshot, running=tuple(j for j in snapshot.running if j.id not in ended))
+    if event == "submit":
+        return dataclasses.replace(snapshot, pending=snapshot.pending + tuple(draw(requests(next_id, names, 4))))
+    if event == "edit" and snapshot.pending:
+        index = draw(st.integers(0, len(snapshot.pending) - 1))
+        edited = dataclasses.replace(snapshot.pending[index], priority=draw(st.integers(0, 3)),
+                                     gpus=draw(st.sampled_from([1, 2, 8])), gpu_milli=1000)
+        return dataclasses.replace(snapshot, pending=snapshot.pending[:index] + (edited,) + snapshot.pending[index + 1:])
+    if event == "resolve":
+        blocked = job(next_id, tenant=draw(st.sampled_from(names)), waiting_for=((1, "ok"),))
+        pending = tuple(dataclasses.replace(j, waiting_for=()) if j.waiting_for else j for j in snapshot.pending)
+        return dataclasses.replace(snapshot, pending=pending + (blocked,) * draw(st.booleans()))
+    if event == "ceiling" and snapshot.tenants:
+        index = draw(st.integers(0, len(snapshot.tenants) - 1))
+        changed = dataclasses.replace(snapshot.tenants[index], max_gpus=draw(st.integers(0, 8)))
+        return dataclasses.replace(snapshot, tenants=snapshot.tenants[:index] + (changed,) + snapshot.tenants[index + 1:])
+    if event == "cordon":
+        index = draw(st.integers(0, len(snapshot.nodes) - 1))
+        changed = dataclasses.replace(snapshot.nodes[index], cordoned=not snapshot.nodes[index].cordoned)
+        return dataclasses.replace(snapshot, nodes=snapshot.nodes[:index] + (changed,) + snapshot.nodes[index + 1:])
+    if event == "lose_node" and len(snapshot.nodes) > 1:
+        lost = snapshot.nodes[-1]
+        gone = {g.id for g in lost.gpus}
+        return dataclasses.replace(snapshot, nodes=snapshot.nodes[:-1],
+                                   running=tuple(j for j in snapshot.running if not gone & set(j.gpu_ids)))
+    if event == "reorder":
+        return dataclasses.replace(snapshot, pending=tuple(draw(st.permutations(snapshot.pending))))
+    return snapshot
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_decisions_with_a_carry_equal_decisions_without(data):
+    draw = data.draw
+    snapshot = ClusterSnapshot(nodes=tuple(draw(nodes())), tenants=tuple(draw(tenants())), pending=())
+    snapshot = dataclasses.replace(snapshot, pending=tuple(draw(requests(1, [t.name for t in snapshot.tenants] + ["stranger"], 12))))
+    carry, config, now, next_id = Carry(), CONFIGS[0], 1000.0, 100
+    for _ in range(draw(st.integers(2, 7))):
+        decisions = decide(snapshot, now, config, carry)
+        assert decisions == decide(snapshot, now, config)
+        event = draw(st.sampled_from(EVENTS))
+        if event == "config":
+            config = draw(st.sampled_from(CONFIGS))
+        snapshot = step(draw, snapshot, decisions, event, now, next_id)
+        now += draw(st.sampled_from([1.0, 30.0, 600.0]))
+        next_id += 10
+
+
+def test_a_queue_that_only_lost_jobs_is_kept_not_rebuilt():
+    """The cheap path is taken where it should be (else the carry would be correct but no faster)."""
+    from tests.scheduling.builders import cluster, node, tenant
+
+    snapshot = cluster(node("a", gpus=1), tenants=[tenant("nlp", guaranteed=1)],
+                       pending=[job(i, tenant="nlp") for i in range(1, 6)])
+    carry = Carry()
+    first = decide(snapshot, 0.0, carry=carry)
+    placed = {p.job_id for p in first.placements}
+    assert placed == {1}
+    queue = carry.queues["nlp"].queue
+    later = dataclasses.replace(snapshot, pending=tuple(j for j in snapshot.pending if j.id not in placed))
+    decide(later, 1.0, carry=carry)
+    kept = carry.queues["nlp"].queue
+    assert [entry[0].id for entry in kept] == [2, 3, 4, 5]
+    assert all(new is old for new, old in zip(kept, queue[1:]))  # the same entries, not rebuilt
