@@ -3,16 +3,56 @@
 A first scheduling cycle inserts tens of thousands of allocation and timeline rows; through
 ``bulk_create`` most of its Python time went into building model instances and preparing each
 value of each row. On PostgreSQL the rows travel instead as one array per column, unnested by the
-server: one statement, a handful of parameters. Elsewhere (SQLite) it is ``bulk_create``.
-Values must be what the column stores (ints, strings, aware datetimes, None): no field's
-``get_db_prep_value`` runs, so use this only for columns of such plain types.
+server: one statement, a handful of parameters, each array sent as the text of an array literal
+(psycopg would dump a Python list element by element, in Python: a fifth of a first cycle's apply).
+Elsewhere (SQLite) it is ``bulk_create``. Values must be what the column stores (ints, floats,
+bools, strings, aware datetimes, None): no field's ``get_db_prep_value`` runs, so use this only
+for columns of such plain types.
+
+``ids_in(ids)`` is the same idea for ``pk__in`` over thousands of ids: one parameter, not one
+placeholder each for psycopg to find in the SQL and adapt.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import datetime
+
 from django.db import connection
+from django.db.models.expressions import RawSQL
 
 BATCH_ROWS = 2000
+# Below this many ids a plain IN list is as cheap.
+IDS_AS_ONE_PARAMETER = 100
+
+
+def ids_in(ids: Iterable[int]):
+    """What ``field__in=`` should be given for these (integer) ids."""
+    ids = list(ids)
+    if connection.vendor != "postgresql" or len(ids) < IDS_AS_ONE_PARAMETER:
+        return ids
+    return RawSQL("SELECT unnest(string_to_array(%s, ',')::bigint[])", [",".join(map(str, ids))])
+
+
+def array_literal(values: Iterable) -> str:
+    """PostgreSQL's text form of a one-dimensional array of these values."""
+    return "{" + ",".join(map(_element, values)) + "}"
+
+
+def _element(value) -> str:
+    if value is None:
+        return "NULL"
+    if value is True or value is False:
+        return "t" if value else "f"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: insert_rows stores aware datetimes only")
+        return '"' + value.isoformat() + '"'
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise TypeError(f"insert_rows takes ints, floats, bools, strings, aware datetimes and None, not {type(value).__name__}")
 
 
 def insert_rows(model, columns: tuple[str, ...], rows: list[tuple]) -> None:
@@ -28,4 +68,4 @@ def insert_rows(model, columns: tuple[str, ...], rows: list[tuple]) -> None:
     arrays = ", ".join(f"%s::{field.db_type(connection)}[]" for field in fields)  # a foreign key's: its target's
     sql = f"INSERT INTO {quote(model._meta.db_table)} ({targets}) SELECT * FROM unnest({arrays})"
     with connection.cursor() as cursor:
-        cursor.execute(sql, [list(values) for values in zip(*rows)])
+        cursor.execute(sql, [array_literal(values) for values in zip(*rows)])

@@ -45,7 +45,7 @@ from jobs.scheduling import reasons
 from jobs.scheduling.decisions import Place
 from jobs.scheduling.reasons import PendingReason
 from jobs.services import waits
-from jobs.services.bulk_rows import insert_rows
+from jobs.services.bulk_rows import ids_in, insert_rows
 from jobs.services.commands import launch_commands, launch_id, publish_many, send_stop
 from jobs.services.launches import LAUNCH_FIELDS, launch_envs, launch_spec, master_hosts
 from monitoring.services.redis_client import get_redis
@@ -133,7 +133,7 @@ def place_many(decisions: list[Place], now: datetime, run_class: dict[int, str])
     if not by_id:
         return 0
     # Locked, so nothing moves them between this read and the update (SQLite: the write lock).
-    placed = set(Job.objects.select_for_update().filter(pk__in=by_id, state=JobState.PENDING)
+    placed = set(Job.objects.select_for_update().filter(pk__in=ids_in(by_id), state=JobState.PENDING)
                  .values_list("pk", flat=True))
     if not placed:
         return 0
@@ -141,13 +141,13 @@ def place_many(decisions: list[Place], now: datetime, run_class: dict[int, str])
     for job_id in placed:
         by_class.setdefault(run_class[job_id], []).append(job_id)
     for job_class, job_ids in by_class.items():
-        Job.objects.filter(pk__in=job_ids).update(
+        Job.objects.filter(pk__in=ids_in(job_ids)).update(
             state=JobState.PLACED, placed_at=now, started_at=None, reserved_since=None,
             run_class=job_class, attempt=F("attempt") + 1,
         )
-    jobs = {job.pk: job for job in Job.objects.filter(pk__in=placed).select_related("tenant").only(*LAUNCH_FIELDS)}
+    jobs = {job.pk: job for job in Job.objects.filter(pk__in=ids_in(placed)).select_related("tenant").only(*LAUNCH_FIELDS)}
     # How far off the first ETA each job was given turned out to be (+: started later).
-    promised = dict(JobWait.objects.filter(job_id__in=placed, first_eta_at__isnull=False)
+    promised = dict(JobWait.objects.filter(job_id__in=ids_in(placed), first_eta_at__isnull=False)
                     .values_list("job_id", "first_eta_at"))
     first = [job for job in jobs.values() if job.attempt == 1 and job.pk in promised]
     for job in first:

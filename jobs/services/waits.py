@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from jobs.models import Job, JobWait
+from jobs.services.bulk_rows import ids_in
 
 
 def set_reason(job_ids: Iterable[int], reason: dict) -> None:
@@ -22,7 +23,7 @@ def clear(job_ids: Iterable[int]) -> None:
     """These jobs no longer wait (placed, cancelled, ended)."""
     job_ids = list(job_ids)
     if job_ids:
-        JobWait.objects.filter(job_id__in=job_ids).delete()
+        JobWait.objects.filter(job_id__in=ids_in(job_ids)).delete()
 
 
 def none_yet(jobs: Iterable[Job]) -> None:
