@@ -31,6 +31,10 @@ from jobs.scheduling.snapshot import JobRequest
 
 
 UNLIMITED = 10**9
+# Request keys come and go with the jobs (a recorded profile's peak memory alone takes many
+# values): past this many remembered shapes, start again rather than grow for as long as the
+# scheduler process lives. (Carried queues keep their own shapes; only new keys are recomputed.)
+MAX_SHAPES = 200_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +85,5 @@ class Carry:
         if config != self._config or inventory != self._inventory:
             self._config, self._inventory = config, inventory
             self.shapes, self.queues = {}, {}
+        elif len(self.shapes) > MAX_SHAPES:
+            self.shapes = {}

@@ -92,3 +92,17 @@ def test_a_queue_that_only_lost_jobs_is_kept_not_rebuilt():
     kept = carry.queues["nlp"].queue
     assert [entry[0].id for entry in kept] == [2, 3, 4, 5]
     assert all(new is old for new, old in zip(kept, queue[1:]))  # the same entries, not rebuilt
+
+
+def test_the_shapes_it_remembers_are_bounded(monkeypatch):
+    """A scheduler process lives for months while request keys come and go with the jobs."""
+    from jobs.scheduling import carry as carry_module
+    from tests.scheduling.builders import cluster, node, tenant
+
+    monkeypatch.setattr(carry_module, "MAX_SHAPES", 5)
+    carry = Carry()
+    for cycle in range(10):  # each cycle brings requests of new sizes
+        snapshot = cluster(node("a", gpus=1), tenants=[tenant("nlp")],
+                           pending=[job(10 * cycle + i, tenant="nlp", mem_gib=1 + 10 * cycle + i) for i in range(3)])
+        assert decide(snapshot, float(cycle), carry=carry) == decide(snapshot, float(cycle))
+        assert len(carry.shapes) <= 5 + 3
