@@ -20,12 +20,14 @@ from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
 
 def fresh(redis_client):
     """What a process that never built a snapshot builds now (leaving the caches as they were)."""
-    kept = snapshot._built, snapshot._built_for, snapshot._pending_versions
+    kept = snapshot._built, snapshot._built_for, snapshot._pending_versions, snapshot._derived, snapshot._whole
     snapshot._built, snapshot._built_for, snapshot._pending_versions = {}, (), RowVersions()
+    snapshot._derived, snapshot._whole = (None, set(), set()), (None, ())
     try:
         return build_snapshot(redis_client)
     finally:
-        snapshot._built, snapshot._built_for, snapshot._pending_versions = kept
+        (snapshot._built, snapshot._built_for, snapshot._pending_versions, snapshot._derived,
+         snapshot._whole) = kept
 
 
 def mutate(rng, tenants, array):
@@ -130,3 +132,34 @@ def test_an_unchanged_job_keeps_its_request_and_a_changed_one_gets_a_new_one(db,
     after = {j.id: j for j in build_snapshot(redis_client).pending}
     assert after[same.pk] is before[same.pk]
     assert after[edited.pk].priority == 5 and before[edited.pk].priority == 0
+
+
+@POSTGRESQL
+def test_with_no_row_changed_what_else_a_request_is_built_from_still_shows(transactional_db, redis_client):
+    """No pending row moves between these snapshots (so none is read again), but a profile, an
+    array's limit, a dependency and a tenant's name do: each must reach the requests."""
+    tenant = TenantFactory(slug="vision")
+    GpuFactory(node=NodeFactory(name="n1"), index=0)
+    array = JobArray.objects.create(tenant=tenant, owner=JobFactory(tenant=tenant).owner, name="a", spec="0-1",
+                                    size=2, max_running=2)
+    profiled = JobFactory(tenant=tenant, profile_key="k")
+    in_array = JobFactory(tenant=tenant, array=array)
+    blocked = JobFactory(tenant=tenant)
+    JobDependency.objects.create(job=blocked, on=JobFactory(tenant=tenant, state=JobState.RUNNING), kind="ok")
+    JobProfile.objects.create(tenant=tenant, key="k", peak_gpu_memory_mib=9000, mean_util=0.5)
+
+    def requests():
+        built = build_snapshot(redis_client)
+        assert built == fresh(redis_client)
+        return {j.id: j for j in built.pending}
+
+    assert requests()[profiled.pk].profile.peak_memory_mib == 9000
+    assert requests() == requests()  # (settled: nothing read again from here on)
+    JobProfile.objects.filter(tenant=tenant, key="k").update(peak_gpu_memory_mib=12000)
+    assert requests()[profiled.pk].profile.peak_memory_mib == 12000
+    JobArray.objects.filter(pk=array.pk).update(max_running=1)
+    assert requests()[in_array.pk].array_limit == 1
+    Job.objects.filter(dependants__isnull=False, state=JobState.RUNNING).update(state=JobState.SUCCEEDED)
+    assert requests()[blocked.pk].waiting_for == ()
+    Tenant.objects.filter(pk=tenant.pk).update(slug="renamed")
+    assert {j.tenant for j in requests().values()} == {"renamed"}
