@@ -6,7 +6,8 @@ hands back the same ``JobRequest`` objects for rows that did not change), on the
 under the same config. What ``decide()`` derives from those alone is kept here:
 
 * each request's ``Shape`` and the reason it can never run on this inventory (or None), by
-  request key: valid while the config and the inventory (``inventory_key``) stay the same;
+  request key: valid while the config and the inventory (``inventory_key``) stay the same (shapes
+  are compared by identity, so a carried queue holds the very objects this table gives out);
 * each tenant's ordered queue and the reasons its jobs got before any pass (dependencies,
   over the ceiling, impossible on this inventory): valid while the tenant's pending jobs, its
   ceiling, the config and the inventory stay the same.
@@ -53,9 +54,11 @@ class TenantQueue:
         if len(jobs) >= len(self.jobs):
             return None
         kept = {job.id: job for job in self.jobs}
-        if not all(kept.get(job.id) is job for job in jobs):
+        if len(kept) != len(self.jobs) or not all(kept.get(job.id) is job for job in jobs):
             return None
         staying = {job.id for job in jobs}
+        if len(staying) != len(jobs):
+            return None  # (one id twice: not the loader's doing; rebuilt as a fresh cycle would)
         queue = [entry for entry in self.queue if entry[0].id in staying]
         smallest = min((job.gpus * job.gpu_milli for job, _ in queue if not job.opportunistic_only), default=UNLIMITED)
         return TenantQueue(jobs, self.ceiling_milli, queue, [wait for wait in self.waits if wait.job_id in staying],
@@ -86,4 +89,7 @@ class Carry:
             self._config, self._inventory = config, inventory
             self.shapes, self.queues = {}, {}
         elif len(self.shapes) > MAX_SHAPES:
-            self.shapes = {}
+            # (the queues go too: a cycle interns one Shape per request key, and memos and the
+            # search budget count by Shape identity, so a carried queue must hold the shapes
+            # this table hands out)
+            self.shapes, self.queues = {}, {}

@@ -62,9 +62,12 @@ class InventoryCheck:
     def reason(self, shape: Shape) -> PendingReason | None:
         # What matters is which pools the request can use, not its exact numbers.
         pools = tuple(self.placer.pools_for(shape))
+        # The memory is named in the reason when no GPU that holds it takes work (none exists, or
+        # only on nodes that are offline or cordoned, or the request needs a runtime).
+        widths = self.node_widths(pools) if pools and shape.gpus == 1 else None
+        named = not pools or shape.needs_runtime or (widths is not None and not (widths and widths[0]))
         key = (pools, shape.models, shape.mig_profile, shape.gpus, shape.max_nodes,
-               None if pools and not shape.needs_runtime else shape.memory_mib, shape.needs_runtime,
-               shape.cpu_per_gpu, shape.host_mb_per_gpu)
+               shape.memory_mib if named else None, shape.needs_runtime, shape.cpu_per_gpu, shape.host_mb_per_gpu)
         if key not in self._memo:
             self._memo[key] = filters.cordon.explain(self, shape, self._reason(shape))
         return self._memo[key]

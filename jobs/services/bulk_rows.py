@@ -42,10 +42,12 @@ def array_literal(values: Iterable) -> str:
 def _element(value) -> str:
     if value is None:
         return "NULL"
-    if value is True or value is False:
+    if isinstance(value, bool):
         return "t" if value else "f"
-    if isinstance(value, (int, float)):
-        return repr(value)
+    if isinstance(value, int):
+        return str(int(value))  # (an IntEnum's own str is its name)
+    if isinstance(value, float):
+        return repr(float(value))
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ValueError("naive datetime: insert_rows stores aware datetimes only")
@@ -65,7 +67,14 @@ def insert_rows(model, columns: tuple[str, ...], rows: list[tuple]) -> None:
     fields = [model._meta.get_field(column) for column in columns]
     quote = connection.ops.quote_name
     targets = ", ".join(quote(field.column) for field in fields)
-    arrays = ", ".join(f"%s::{field.db_type(connection)}[]" for field in fields)  # a foreign key's: its target's
+    # A foreign key's type is its target's. Text travels as text[]: a cast to varchar(n) would cut
+    # what is too long without a word, where storing it into the column refuses it.
+    arrays = ", ".join(f"%s::{_array_type(field)}[]" for field in fields)
     sql = f"INSERT INTO {quote(model._meta.db_table)} ({targets}) SELECT * FROM unnest({arrays})"
     with connection.cursor() as cursor:
         cursor.execute(sql, [array_literal(values) for values in zip(*rows)])
+
+
+def _array_type(field) -> str:
+    db_type = field.db_type(connection)
+    return "text" if db_type.startswith("varchar") else db_type

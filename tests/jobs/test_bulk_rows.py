@@ -4,6 +4,8 @@ the word NULL, non-ASCII, empty strings and missing values."""
 
 from datetime import timedelta
 
+import pytest
+from django.db import DataError, connection
 from django.utils import timezone
 
 from jobs.choices import JobEventKind
@@ -49,3 +51,11 @@ def test_a_long_id_list_filters_like_a_short_one(db):
 
     assert set(Job.objects.filter(pk__in=ids_in(wanted)).values_list("pk", flat=True)) == {jobs[0].pk, jobs[2].pk}
     assert set(Job.objects.filter(pk__in=ids_in(wanted[:2])).values_list("pk", flat=True)) == {jobs[0].pk, jobs[2].pk}
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite does not enforce a column's length")
+def test_text_longer_than_its_column_is_refused_not_cut(db):
+    job = JobFactory()
+    with pytest.raises(DataError):
+        insert_rows(JobEvent, ("job_id", "attempt", "kind", "at", "node", "message"),
+                    [(job.pk, 1, str(JobEventKind.PLACED), timezone.now(), "n" * 64, "fits")])

@@ -106,3 +106,55 @@ def test_the_shapes_it_remembers_are_bounded(monkeypatch):
                            pending=[job(10 * cycle + i, tenant="nlp", mem_gib=1 + 10 * cycle + i) for i in range(3)])
         assert decide(snapshot, float(cycle), carry=carry) == decide(snapshot, float(cycle))
         assert len(carry.shapes) <= 5 + 3
+
+
+def test_after_the_shapes_are_dropped_a_cycle_still_counts_its_searches_as_a_fresh_one(monkeypatch):
+    """Shapes are compared by identity: a carried queue holding shapes the table no longer hands
+    out would make the cycle search again where a fresh one remembers, and run out of searches."""
+    from jobs.scheduling import carry as carry_module
+    from tests.scheduling.builders import cluster, node, running, tenant
+
+    monkeypatch.setattr(carry_module, "MAX_SHAPES", 1)
+    config = SchedulerConfig(max_placement_searches=3)
+    nodes = (node("a", gpus=4, busy=2), node("b", gpus=4, busy=2), node("c", gpus=2))
+    tenants = [tenant("ta"), tenant("tb"), tenant("tc")]
+    gangs = [job(1, tenant="ta", gpus=4, submitted_at=100.0), job(2, tenant="tb", gpus=4, submitted_at=100.0)]
+    carry = Carry()
+    first = cluster(*nodes, tenants=tenants, pending=[*gangs, job(3, tenant="tc", submitted_at=100.0)])
+    assert decide(first, 110.0, config, carry) == decide(first, 110.0, config)
+    later = cluster(*nodes, tenants=tenants,
+                    pending=[*gangs, job(4, tenant="tb", submitted_at=111.0, waiting_for=((99, "ok"),)),
+                             job(5, tenant="tc", submitted_at=111.0)],
+                    running=[running(3, on="c", gpus=[0], tenant="tc", opportunistic=True)])
+    carried = decide(later, 112.0, config, carry)
+    assert carried == decide(later, 112.0, config)
+    assert [p.job_id for p in carried.placements] == [5]
+
+
+def test_a_reason_naming_the_memory_asked_names_this_jobs_memory():
+    """Two requests told the same thing (no GPU that holds them takes work) are told it with their
+    own figures, whichever was seen first, in this cycle or an earlier one."""
+    from tests.scheduling.builders import cluster, node, tenant
+
+    nodes = (node("small", gpus=2, mem_gib=16), node("big", gpus=2, mem_gib=80, online=False))
+    needs_60, needs_40 = job(2, tenant="t", mem_gib=60), job(1, tenant="t", mem_gib=40)
+    carry = Carry()
+    decide(cluster(*nodes, tenants=[tenant("t")], pending=[needs_60]), 10.0, carry=carry)
+    both = cluster(*nodes, tenants=[tenant("t")], pending=[needs_40, needs_60])
+    carried = decide(both, 11.0, carry=carry)
+    assert carried == decide(both, 11.0)
+    messages = {p.job_id: p.reason.message for p in carried.pending}
+    assert "40 GiB" in messages[1] and "60 GiB" in messages[2]
+
+
+def test_one_id_twice_in_the_queue_is_decided_as_a_fresh_cycle_would():
+    """Not what the database loader produces, but the core takes any snapshot."""
+    from tests.scheduling.builders import cluster, node, tenant
+
+    nodes = (node("a", gpus=1, busy=1),)
+    first, again, other = job(1, tenant="t"), job(1, tenant="t", priority=1), job(2, tenant="t")
+    for before, after in (([first, again, other], [again]), ([first, other, job(3, tenant="t")], [first, first])):
+        carry = Carry()
+        decide(cluster(*nodes, tenants=[tenant("t")], pending=before), 10.0, carry=carry)
+        snapshot = cluster(*nodes, tenants=[tenant("t")], pending=after)
+        assert decide(snapshot, 11.0, carry=carry) == decide(snapshot, 11.0)
