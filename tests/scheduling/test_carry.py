@@ -15,9 +15,10 @@ from jobs.scheduling.carry import Carry
 from tests.scheduling.builders import job
 from tests.scheduling.test_invariants import launch, nodes, requests, tenants
 
-EVENTS = ["launch", "launch", "end", "submit", "edit", "resolve", "ceiling", "cordon", "lose_node", "config",
-          "reorder", "nothing"]
-CONFIGS = [SchedulerConfig(), SchedulerConfig(gang_single_node_wait_s=0.0), SchedulerConfig(share_memory_headroom_mib=0)]
+EVENTS = ["launch", "launch", "end", "submit", "edit", "resolve", "ceiling", "cordon", "offline", "lose_node",
+          "config", "reorder", "nothing"]
+CONFIGS = [SchedulerConfig(), SchedulerConfig(gang_single_node_wait_s=0.0), SchedulerConfig(share_memory_headroom_mib=0),
+           SchedulerConfig(max_placement_searches=2)]  # (searches are counted by shape identity)
 
 
 def step(draw, snapshot: ClusterSnapshot, decisions, event: str, now: float, next_id: int):
@@ -48,6 +49,10 @@ def step(draw, snapshot: ClusterSnapshot, decisions, event: str, now: float, nex
         index = draw(st.integers(0, len(snapshot.nodes) - 1))
         changed = dataclasses.replace(snapshot.nodes[index], cordoned=not snapshot.nodes[index].cordoned)
         return dataclasses.replace(snapshot, nodes=snapshot.nodes[:index] + (changed,) + snapshot.nodes[index + 1:])
+    if event == "offline":
+        index = draw(st.integers(0, len(snapshot.nodes) - 1))
+        changed = dataclasses.replace(snapshot.nodes[index], online=not snapshot.nodes[index].online)
+        return dataclasses.replace(snapshot, nodes=snapshot.nodes[:index] + (changed,) + snapshot.nodes[index + 1:])
     if event == "lose_node" and len(snapshot.nodes) > 1:
         lost = snapshot.nodes[-1]
         gone = {g.id for g in lost.gpus}
@@ -61,19 +66,28 @@ def step(draw, snapshot: ClusterSnapshot, decisions, event: str, now: float, nex
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_decisions_with_a_carry_equal_decisions_without(data):
+    from jobs.scheduling import carry as carry_module
+
     draw = data.draw
-    snapshot = ClusterSnapshot(nodes=tuple(draw(nodes())), tenants=tuple(draw(tenants())), pending=())
-    snapshot = dataclasses.replace(snapshot, pending=tuple(draw(requests(1, [t.name for t in snapshot.tenants] + ["stranger"], 12))))
-    carry, config, now, next_id = Carry(), CONFIGS[0], 1000.0, 100
-    for _ in range(draw(st.integers(2, 7))):
-        decisions = decide(snapshot, now, config, carry)
-        assert decisions == decide(snapshot, now, config)
-        event = draw(st.sampled_from(EVENTS))
-        if event == "config":
-            config = draw(st.sampled_from(CONFIGS))
-        snapshot = step(draw, snapshot, decisions, event, now, next_id)
-        now += draw(st.sampled_from([1.0, 30.0, 600.0]))
-        next_id += 10
+    bound = carry_module.MAX_SHAPES
+    # Now and then the carry starts again from nothing, as past its bound in a long-lived process.
+    carry_module.MAX_SHAPES = draw(st.sampled_from([bound, 3]))
+    try:
+        snapshot = ClusterSnapshot(nodes=tuple(draw(nodes())), tenants=tuple(draw(tenants())), pending=())
+        names = [t.name for t in snapshot.tenants] + ["stranger"]
+        snapshot = dataclasses.replace(snapshot, pending=tuple(draw(requests(1, names, 12))))
+        carry, config, now, next_id = Carry(), CONFIGS[0], 1000.0, 100
+        for _ in range(draw(st.integers(2, 7))):
+            decisions = decide(snapshot, now, config, carry)
+            assert decisions == decide(snapshot, now, config)
+            event = draw(st.sampled_from(EVENTS))
+            if event == "config":
+                config = draw(st.sampled_from(CONFIGS))
+            snapshot = step(draw, snapshot, decisions, event, now, next_id)
+            now += draw(st.sampled_from([1.0, 30.0, 600.0]))
+            next_id += 10
+    finally:
+        carry_module.MAX_SHAPES = bound
 
 
 def test_a_queue_that_only_lost_jobs_is_kept_not_rebuilt():
