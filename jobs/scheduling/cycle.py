@@ -1,4 +1,5 @@
-"""One scheduling cycle: ``decide(snapshot, now, config) -> Decisions``.
+"""One scheduling cycle: ``decide(snapshot, now, config, carry=None) -> Decisions`` (``carry``: what the
+caller's previous cycles left, ``carry.Carry``; the same decisions with or without it).
 
 The order of work (Kueue-like: snapshot -> nominate -> order -> admit/preempt):
 
