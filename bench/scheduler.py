@@ -7,7 +7,9 @@ with guarantees, ceilings, weights and decayed usage, 10,000 running jobs packed
 GPUs with live utilisation, held mostly by tenants other than those owed the capacity, 50,000 pending jobs of mixed shapes: gangs up to 32 GPUs, fractions,
 recorded profiles, model constraints, runtimes), runs ``decide()`` several times and prints the
 median cycle time and placements per second, the same with the carry a previous cycle on the
-same queue left (as the scheduling loop runs it), then the baselines on the same snapshot. Prints figures; asserts nothing about time (see CONTRIBUTING.md).
+same queue left (as the scheduling loop runs it), then the baselines on the same snapshot.
+``--steady``: the cycle a full cluster repeats (a few hundred placements, into what its victims
+leave), fresh and carried. Prints figures; asserts nothing about time (see CONTRIBUTING.md).
 """
 
 from __future__ import annotations
@@ -180,6 +182,45 @@ def measure(policy, snapshot: ClusterSnapshot, repeat: int):
     return statistics.median(times), min(times), decisions
 
 
+def launched(snapshot: ClusterSnapshot, decisions) -> ClusterSnapshot:
+    """The next cycle's snapshot: placements running (as their agents would report them), the
+    preempted gone, the rest of the queue the very same requests (as the snapshot loader keeps them)."""
+    requests = {job.id: job for job in snapshot.pending}
+    placed = {place.job_id for place in decisions.placements}
+    stopped = {preempt.job_id for preempt in decisions.preemptions}
+    started = tuple(RunningJob(
+        id=place.job_id, tenant=requests[place.job_id].tenant, job_class=place.job_class, gpu_ids=place.gpu_ids,
+        started_at=NOW, memory_mib=requests[place.job_id].gpu_memory_mib, gpu_milli=place.gpu_milli,
+        expected_runtime_s=requests[place.job_id].expected_runtime_s) for place in decisions.placements)
+    return ClusterSnapshot(nodes=snapshot.nodes, tenants=snapshot.tenants,
+                           pending=tuple(job for job in snapshot.pending if job.id not in placed),
+                           running=tuple(job for job in snapshot.running if job.id not in stopped) + started)
+
+
+def steady(snapshot: ClusterSnapshot, repeat: int) -> None:
+    """The cycle a full cluster runs over and over: three cycles launched first (placements
+    start, victims leave), then the next one measured fresh and with the carry its previous cycle
+    left, as the scheduling loop runs it."""
+    for _ in range(3):
+        snapshot = launched(snapshot, decide(snapshot, NOW))
+    before, snapshot = snapshot, launched(snapshot, decide(snapshot, NOW))
+    fresh, _, decisions = measure(decide, snapshot, repeat)
+    times = []
+    for _ in range(repeat):
+        carry = Carry()
+        decide(before, NOW, carry=carry)
+        started = time.process_time()
+        carried = decide(snapshot, NOW, carry=carry)
+        times.append(time.process_time() - started)
+        assert carried == decisions, "a carry must not change a decision"
+    print(f"steady cycle: {len(snapshot.pending)} pending ({len(before.pending) - len(snapshot.pending)} left the "
+          f"queue since the cycle before), {len(snapshot.running)} running; placed {len(decisions.placements)}, "
+          f"preempt {len(decisions.preemptions)}")
+    print(f"{'fair_share, steady':24s} median {fresh * 1000:7.1f} ms")
+    print(f"{'same, carried':24s} median {statistics.median(times) * 1000:7.1f} ms  "
+          f"x{statistics.median(times) / fresh:.2f}  (the carry of the cycle before)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1024)
@@ -189,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pending", type=int, default=50_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=4)
+    parser.add_argument("--steady", action="store_true",
+                        help="measure only the steady cycle of a full cluster, fresh and carried")
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
@@ -200,6 +243,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{len(snapshot.pending)} pending  [built in {time.perf_counter() - started:.1f}s, seed {args.seed}]")
 
     print(f"reference loop (1M iterations of pure Python): {reference_loop_ms():.0f} ms")
+    if args.steady:
+        steady(snapshot, args.repeat)
+        return
     rows = []
     for name, policy in (("fair_share (decide)", decide), ("fifo_exclusive", fifo_exclusive),
                          ("packing_without_quotas", packing_without_quotas)):

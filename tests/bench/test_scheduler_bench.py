@@ -1,0 +1,21 @@
+"""The core's bench runs end to end on a small cluster (its figures are not checked here: benches
+print, tests assert behaviour), and its steady cycle's carried decisions are the fresh ones."""
+
+from __future__ import annotations
+
+from bench import scheduler
+
+SMALL = ["--nodes", "16", "--tenants", "6", "--running", "60", "--pending", "400", "--repeat", "1"]
+
+
+def test_the_full_bench_runs_and_reports_each_policy(capsys):
+    scheduler.main(SMALL)
+    out = capsys.readouterr().out
+    for line in ("fair_share (decide)", "fifo_exclusive", "packing_without_quotas", "fair_share, carried"):
+        assert line in out
+
+
+def test_the_steady_cycle_is_measured_fresh_and_carried(capsys):
+    scheduler.main([*SMALL, "--steady"])  # (it asserts the carried decisions equal the fresh ones)
+    out = capsys.readouterr().out
+    assert "steady cycle:" in out and "same, carried" in out
