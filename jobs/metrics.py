@@ -9,7 +9,7 @@ from jobs.choices import JobState
 from jobs.models import Allocation, Job, Notification
 from jobs.services.lifecycle import IGNORED_REPORTS_KEY
 from jobs.services import leadership
-from jobs.services.scheduling_loop import BACKOFF_KEY, STATS_KEY
+from jobs.services.scheduling_loop import BACKOFF_KEY, STAGES, STATS_KEY
 from jobs.services.notifications import ERRORS_KEY as NOTIFICATION_ERRORS_KEY
 from monitoring.services.redis_client import get_redis
 
@@ -62,11 +62,23 @@ def _scheduler_series():
     yield CounterMetricFamily("colony_scheduler_fenced_cycles", "Cycles whose decisions were refused because "
                               "another scheduler had taken the lease over (logged with their jobs)",
                               value=stats.get("fenced", 0.0))
+    stages = CounterMetricFamily("colony_scheduler_stage_seconds", "Seconds spent in each stage of the scheduling "
+                                 "cycles (usage, snapshot, decide, apply, resend): where a slow loop's time goes",
+                                 labels=["stage"])
+    for stage in STAGES:
+        stages.add_metric([stage], stats.get(f"stage_seconds:{stage}", 0.0))
+    yield stages
     if "last_cycle_at" in stats:
         yield GaugeMetricFamily("colony_scheduler_last_cycle_timestamp_seconds", "When the last cycle ended",
                                 value=stats["last_cycle_at"])
         yield GaugeMetricFamily("colony_scheduler_last_cycle_seconds", "How long the last cycle took",
                                 value=stats["last_cycle_seconds"])
+        last_stages = GaugeMetricFamily("colony_scheduler_last_cycle_stage_seconds",
+                                        "How long each stage of the last cycle took", labels=["stage"])
+        for stage in STAGES:
+            if f"last_stage_seconds:{stage}" in stats:
+                last_stages.add_metric([stage], stats[f"last_stage_seconds:{stage}"])
+        yield last_stages
     yield GaugeMetricFamily("colony_scheduler_backed_off", "1 while the loop pauses for a database outage",
                             value=float(bool(client.exists(BACKOFF_KEY))))
 

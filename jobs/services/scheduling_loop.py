@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 from django.conf import settings
@@ -43,6 +43,7 @@ STATS_KEY = "colony:scheduler:stats"
 # What this process's cycles leave for its next one (sorted queues, request shapes): it only ever
 # answers as a cycle without it would, so a stale one (another process led meanwhile) is harmless.
 _carry = Carry()
+STAGES = ("usage", "snapshot", "decide", "apply", "resend")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class CycleResult:
     backed_off: bool = False
     # Its decisions were refused: another process had taken the scheduler lease over meanwhile.
     fenced: bool = False
+    # Wall seconds of each stage (STAGES), for /metrics: where a slow cycle's time went.
+    stages: dict[str, float] = field(default_factory=dict)
 
 
 def run_scheduling_cycle() -> CycleResult:
@@ -83,16 +86,22 @@ def run_scheduling_cycle() -> CycleResult:
                         lease.took_over_from, lease.epoch)
             _count(client, "takeovers")
         config = scheduler_config()
+        clock = _StageClock()
         with leadership.fenced(lease, lease_s):
             advance_usage(config.usage_half_life_s)
+        clock.lap("usage")
         snapshot = build_snapshot(client)
+        clock.lap("snapshot")
         decisions = decide(snapshot, now=time.time(), config=config, carry=_carry)
+        clock.lap("decide")
         # Taken before applying: a slow cycle must not re-send the launches it has just sent.
         applying_at = timezone.now()
         with leadership.fenced(lease, lease_s):
             applied = apply_decisions(decisions)
+        clock.lap("apply")
         resend_unstarted_launches(client, as_of=applying_at, skip={place.job_id for place in decisions.placements})
         resend_stops(client)
+        clock.lap("resend")
         client.delete(BACKOFF_KEY + ":next")
     except leadership.Superseded as exc:
         return _refused(client, decisions, str(exc))
@@ -119,11 +128,24 @@ def run_scheduling_cycle() -> CycleResult:
         except redis.exceptions.LockError:
             log.warning("scheduling cycle outlived its %ss lease", lease_s)
     result = CycleResult(ran=True, placed=applied.placed, preempted=applied.preempted, throttled=applied.throttled,
-                         pending=len(decisions.pending), seconds=time.perf_counter() - started)
+                         pending=len(decisions.pending), seconds=time.perf_counter() - started, stages=clock.seconds)
     _record(client, result)
     if applied.placed or applied.preempted:
         log.info("scheduling cycle: %s", result)
     return result
+
+
+class _StageClock:
+    """Wall seconds from one lap to the next, by stage name."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._since = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = now - self._since
+        self._since = now
 
 
 def _refused(client: redis.Redis, decisions: Decisions | None, why: str) -> CycleResult:
@@ -153,6 +175,9 @@ def _record(client: redis.Redis, result: CycleResult) -> None:
         pipe.hincrby(STATS_KEY, "cycles", 1)
         pipe.hincrbyfloat(STATS_KEY, "cycle_seconds", result.seconds)
         pipe.hincrby(STATS_KEY, "placed", result.placed)
+        for stage, seconds in result.stages.items():
+            pipe.hset(STATS_KEY, f"last_stage_seconds:{stage}", seconds)
+            pipe.hincrbyfloat(STATS_KEY, f"stage_seconds:{stage}", seconds)
         pipe.execute()
     except redis.RedisError as exc:
         log.warning("scheduler stats not recorded: %s", exc)

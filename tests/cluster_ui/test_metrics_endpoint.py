@@ -95,3 +95,10 @@ def test_metrics_say_how_the_scheduling_loop_runs(client, db, live_redis):
     assert families["colony_scheduler_cycle_seconds"].samples[0].value > 0
     assert abs(families["colony_scheduler_last_cycle_timestamp_seconds"].samples[0].value - time.time()) < 60
     assert families["colony_scheduler_backed_off"].samples[0].value == 0
+    # Where the cycles' time went, stage by stage; the stages of one cycle add up to (about) all of it.
+    stages = {s.labels["stage"]: s.value for s in families["colony_scheduler_stage_seconds"].samples}
+    assert set(stages) == {"usage", "snapshot", "decide", "apply", "resend"}
+    assert all(seconds > 0 for seconds in stages.values())
+    assert sum(stages.values()) <= families["colony_scheduler_cycle_seconds"].samples[0].value
+    last = {s.labels["stage"]: s.value for s in families["colony_scheduler_last_cycle_stage_seconds"].samples}
+    assert set(last) == set(stages) and sum(last.values()) <= families["colony_scheduler_last_cycle_seconds"].samples[0].value
