@@ -31,7 +31,7 @@ from jobs.scheduling.placement import Shape
 from jobs.scheduling.snapshot import JobRequest
 
 
-UNLIMITED = 10**9
+UNLIMITED_GPUS = 10**9
 # Request keys come and go with the jobs (a recorded profile's peak memory alone takes many
 # values): past this many remembered shapes, start again rather than grow for as long as the
 # scheduler process lives. (Carried queues keep their own shapes; only new keys are recomputed.)
@@ -60,7 +60,7 @@ class TenantQueue:
         if len(staying) != len(jobs):
             return None  # (one id twice: not the loader's doing; rebuilt as a fresh cycle would)
         queue = [entry for entry in self.queue if entry[0].id in staying]
-        smallest = min((job.gpus * job.gpu_milli for job, _ in queue if not job.opportunistic_only), default=UNLIMITED)
+        smallest = min((job.gpus * job.gpu_milli for job, _ in queue if not job.opportunistic_only), default=UNLIMITED_GPUS)
         return TenantQueue(jobs, self.ceiling_milli, queue, [wait for wait in self.waits if wait.job_id in staying],
                            smallest)
 

@@ -37,7 +37,7 @@ from operator import attrgetter
 
 from jobs.scheduling import reasons
 from jobs.scheduling.capacity import Capacity
-from jobs.scheduling.carry import UNLIMITED, Carry, TenantQueue
+from jobs.scheduling.carry import UNLIMITED_GPUS, Carry, TenantQueue
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.cycle_state import CycleState, Memo
 from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason
@@ -53,9 +53,6 @@ from jobs.scheduling.topology import rendezvous_of, slices_of
 from jobs.scheduling.usage import weighted_share
 from jobs.scheduling.user_limits import UserLimits
 from jobs.scheduling.waiting import Waiting
-
-UNLIMITED_GPUS = UNLIMITED
-
 
 @dataclass(frozen=True, slots=True)
 class OneNodeWait:

@@ -171,12 +171,12 @@ def _record(client: redis.Redis, result: CycleResult) -> None:
     try:
         pipe = client.pipeline(transaction=False)
         pipe.hset(STATS_KEY, mapping={"last_cycle_at": time.time(), "last_cycle_seconds": result.seconds,
-                                      "last_pending": result.pending})
+                                      "last_pending": result.pending,
+                                      **{f"last_stage_seconds:{stage}": s for stage, s in result.stages.items()}})
         pipe.hincrby(STATS_KEY, "cycles", 1)
         pipe.hincrbyfloat(STATS_KEY, "cycle_seconds", result.seconds)
         pipe.hincrby(STATS_KEY, "placed", result.placed)
         for stage, seconds in result.stages.items():
-            pipe.hset(STATS_KEY, f"last_stage_seconds:{stage}", seconds)
             pipe.hincrbyfloat(STATS_KEY, f"stage_seconds:{stage}", seconds)
         pipe.execute()
     except redis.RedisError as exc:

@@ -19,6 +19,7 @@ from jobs.choices import TERMINAL_STATES, JobState
 from jobs.models import Allocation, Job, JobArray, JobDependency, JobProfile, Membership, Tenant
 from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, NodeState, TenantQuota, UserLimit
 from jobs.scheduling.snapshot import JobClass, RecordedProfile, RunningJob
+from jobs.services.bulk_rows import ids_in
 from jobs.services.row_versions import RowVersions
 from monitoring.models import Gpu, JobUsage, Node
 from monitoring.services import live
@@ -243,8 +244,7 @@ def _pending_rows() -> list[tuple]:
 
     def fetch(ids: list[str]):
         for version, *row in _rows(_pending_queryset()
-                                   .filter(id__in=RawSQL("SELECT unnest(string_to_array(%s, ',')::bigint[])",
-                                                         [",".join(ids)]))
+                                   .filter(id__in=ids_in(ids))
                                    .annotate(row_version=RawSQL(f"{table}.xmin::text", ()))
                                    .values_list("row_version", *PENDING_FIELDS)):
             yield row[0], version, tuple(row)
