@@ -279,6 +279,8 @@ CELERY_BEAT_SCHEDULE.update({
         "options": {"expires": COLONY_SCHEDULER_INTERVAL * 0.9},
     },
     "compact-rollups": {"task": "monitoring.tasks.compact_rollups", "schedule": 60.0, "options": {"expires": 55}},
+    # The cluster heatmap's settled blocks, computed as they settle rather than by the first viewer.
+    "warm-heatmap": {"task": "monitoring.tasks.warm_heatmap", "schedule": 60.0, "options": {"expires": 55}},
     "prune-rollups": {"task": "monitoring.tasks.prune_rollups", "schedule": 600.0, "options": {"expires": 590}},
     "evaluate-alerts": {"task": "jobs.tasks.evaluate_alerts", "schedule": 30.0, "options": {"expires": 28}},
     "reclaim-idle-gpus": {

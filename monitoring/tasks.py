@@ -2,7 +2,7 @@
 
 from celery import shared_task
 
-from monitoring.services import live, retention
+from monitoring.services import heatmap, live, retention
 from monitoring.services.redis_client import get_redis
 
 
@@ -14,3 +14,8 @@ def compact_rollups() -> int:
 @shared_task(ignore_result=True)
 def prune_rollups() -> int:
     return retention.prune() + live.prune_stale(get_redis())
+
+
+@shared_task(ignore_result=True)
+def warm_heatmap() -> int:
+    return heatmap.warm_settled_blocks()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import datetime, timedelta, timezone as dt_timezone
 
 from django.core.cache import cache
@@ -115,22 +116,38 @@ def gpu_heatmap(range_key: str, metric: str, now: datetime | None = None,
         raise ValueError(f"unknown metric {metric!r}; one of {', '.join(METRICS)}")
     span = RANGES[range_key]
     now = now or timezone.now()
-    end_epoch = (int(now.timestamp()) // span.column_s + 1) * span.column_s  # the current column included
-    start_epoch = end_epoch - span.seconds
+    start_epoch, end_epoch = _window(span, now)
     heatmap = Heatmap(range_key, metric, span.column_s, _dt(start_epoch), _dt(end_epoch))
-
-    gpus = Gpu.objects.filter(present=True).select_related("node").order_by("node__rack", "node__name", "index")
-    if nodes is not None:
-        gpus = gpus.filter(node__name__in=nodes)
-    gpus = list(gpus)
+    gpus = _gpus(nodes)
+    heatmap.rows = _rows(gpus)
     for position, gpu in enumerate(gpus):
         node = gpu.node
-        heatmap.rows.append(Row(gpu.id, node.name, node.rack, gpu.index, gpu.model, gpu.memory_mib))
         if not heatmap.groups or heatmap.groups[-1].node != node.name:
             heatmap.groups.append(Group(node.name, node.rack, node.state, node.cordoned, position, 0))
         heatmap.groups[-1].rows += 1
     if not gpus:
         return heatmap
+    heatmap.values = _cached_matrix(Cells.of(metric, heatmap.rows, span), start_epoch, end_epoch,
+                                    int(now.timestamp()))
+    return heatmap
+
+
+def _window(span: Span, now: datetime) -> tuple[int, int]:
+    """[start, end) in epoch seconds: the span, up to the end of the current column."""
+    end_epoch = (int(now.timestamp()) // span.column_s + 1) * span.column_s
+    return end_epoch - span.seconds, end_epoch
+
+
+def _gpus(nodes: list[str] | None) -> list[Gpu]:
+    """The matrix's GPUs in row order (present ones; of ``nodes`` only, if given)."""
+    gpus = Gpu.objects.filter(present=True).select_related("node").order_by("node__rack", "node__name", "index")
+    if nodes is not None:
+        gpus = gpus.filter(node__name__in=nodes)
+    return list(gpus)
+
+
+def _rows(gpus: list[Gpu]) -> list[Row]:
+    return [Row(gpu.id, gpu.node.name, gpu.node.rack, gpu.index, gpu.model, gpu.memory_mib) for gpu in gpus]
 
     row_of = {row.gpu_id: n for n, row in enumerate(heatmap.rows)}
     heatmap.values = _cached_matrix(Cells(metric, heatmap.rows, span, row_of), start_epoch, end_epoch,
@@ -156,25 +173,31 @@ class Cells:
     span: Span
     row_of: dict[int, int]
 
+    @classmethod
+    def of(cls, metric: str, rows: list[Row], span: Span) -> Cells:
+        return cls(metric, rows, span, {row.gpu_id: n for n, row in enumerate(rows)})
+
+    @property
+    def block_s(self) -> int:
+        return BLOCK_COLUMNS * self.span.column_s
+
+    @cached_property
+    def gpus_digest(self) -> str:
+        return hashlib.sha1(",".join(map(str, self.row_of)).encode()).hexdigest()[:16]
+
     def key(self, block_start: int) -> str:
-        gpus = hashlib.sha1(",".join(map(str, self.row_of)).encode()).hexdigest()[:16]
-        return f"colony:heatmap:{self.metric}:{self.span.column_s}:{gpus}:{block_start}"
+        return f"colony:heatmap:{self.metric}:{self.span.column_s}:{self.gpus_digest}:{block_start}"
 
 
 def _cached_matrix(cells: Cells, start_epoch: int, end_epoch: int, now_epoch: int) -> list[list[float | None]]:
     """The matrix of columns [start, end): settled blocks from the cache (computing and caching the
     missing ones in one read), the unsettled rest from the rollups."""
-    block_s = BLOCK_COLUMNS * cells.span.column_s
-    settled_until = (now_epoch - SETTLED_S) // block_s * block_s
-    blocks = list(range(start_epoch // block_s * block_s, min(settled_until, end_epoch), block_s))
+    block_s = cells.block_s
+    blocks = _settled_blocks(cells, start_epoch, end_epoch, now_epoch)
     found = cache.get_many([cells.key(b) for b in blocks]) if blocks else {}
     missing = [b for b in blocks if cells.key(b) not in found]
     if missing:
-        computed = _matrix(cells, missing[0], missing[-1] + block_s)
-        for block in missing:
-            offset = (block - missing[0]) // cells.span.column_s
-            found[cells.key(block)] = [row[offset: offset + BLOCK_COLUMNS] for row in computed]
-        cache.set_many({cells.key(b): found[cells.key(b)] for b in missing}, timeout=cells.span.seconds + block_s)
+        found.update(_fill_blocks(cells, missing))
     pieces = [(block, found[cells.key(block)]) for block in blocks]
     tail_start = max(start_epoch, blocks[-1] + block_s) if blocks else start_epoch
     if tail_start < end_epoch:
@@ -186,6 +209,59 @@ def _cached_matrix(cells: Cells, start_epoch: int, end_epoch: int, now_epoch: in
         for row, part in zip(values, matrix):
             row.extend(part[skip:keep])
     return values
+
+
+def _settled_blocks(cells: Cells, start_epoch: int, end_epoch: int, now_epoch: int) -> list[int]:
+    """Starts of the blocks that overlap [start, end) and have settled by ``now``."""
+    block_s = cells.block_s
+    settled_until = (now_epoch - SETTLED_S) // block_s * block_s
+    return list(range(start_epoch // block_s * block_s, min(settled_until, end_epoch), block_s))
+
+
+def _fill_blocks(cells: Cells, blocks: list[int]) -> dict[str, list[list[float | None]]]:
+    """Compute these blocks (ascending) in one read of the rollups, cache them and return them by key.
+    A block is kept as long as a view of its span can show it."""
+    block_s = cells.block_s
+    computed = _matrix(cells, blocks[0], blocks[-1] + block_s)
+    filled = {}
+    for block in blocks:
+        offset = (block - blocks[0]) // cells.span.column_s
+        filled[cells.key(block)] = [row[offset: offset + BLOCK_COLUMNS] for row in computed]
+    cache.set_many(filled, timeout=cells.span.seconds + block_s)
+    return filled
+
+
+# Kept warm in the background (``warm_settled_blocks``): the ranges whose blocks are an hour or
+# less of rollups, so that one block costs a task run what a viewer's request would have cost for
+# it. The 24 h and 7 d ranges read 5 h and 30 h blocks; those stay on demand.
+WARMED_RANGES = ("1h", "6h")
+# Per range and metric and run, newest first: after the GPU set changes, a 6 h view is whole
+# again within three runs, and no run holds a worker for the whole span's read at once.
+WARM_BLOCKS_PER_RUN = 2
+
+
+def warm_settled_blocks(now: datetime | None = None) -> int:
+    """Compute and cache the whole cluster's settled heatmap blocks that no view has cached yet, for
+    the ``WARMED_RANGES``: the first view after a quiet spell, a restart of the web process or a
+    GPU arriving then reads only its unsettled columns. Each block is computed once when it settles
+    (or once after the GPU set changes), what the first viewer would otherwise have waited for.
+    Returns how many blocks were computed."""
+    now = now or timezone.now()
+    rows = _rows(_gpus(None))
+    if not rows:
+        return 0
+    computed = 0
+    for range_key in WARMED_RANGES:
+        span = RANGES[range_key]
+        start_epoch, end_epoch = _window(span, now)
+        for metric in METRICS:
+            cells = Cells.of(metric, rows, span)
+            blocks = _settled_blocks(cells, start_epoch, end_epoch, int(now.timestamp()))
+            missing = [b for b in reversed(blocks) if not cache.has_key(cells.key(b))][:WARM_BLOCKS_PER_RUN]
+            if missing:
+                _fill_blocks(cells, sorted(missing))
+                computed += len(missing)
+    return computed
 
 
 def _matrix(cells: Cells, since_epoch: int, until_epoch: int) -> list[list[float | None]]:

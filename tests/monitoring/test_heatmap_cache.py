@@ -9,6 +9,7 @@ import pytest
 from django.core.cache import cache
 
 from monitoring.models import GpuRollup
+from monitoring import tasks
 from monitoring.services import heatmap
 from tests.factories import GpuFactory, NodeFactory
 
@@ -65,3 +66,54 @@ def test_another_set_of_gpus_has_blocks_of_its_own(gpus):
     grown = heatmap.gpu_heatmap("1h", "mem", now=NOW)
     assert node.values == cluster.values
     assert len(grown.values) == 3 and grown.values[:2] == cluster.values and set(grown.values[2]) == {None}
+
+
+def warm_until_done(now) -> list[int]:
+    """Run the beat's warmer until it has nothing left to compute; what each run computed."""
+    runs = []
+    while computed := heatmap.warm_settled_blocks(now):
+        runs.append(computed)
+        assert len(runs) < 20
+    return runs
+
+
+@pytest.mark.parametrize("metric", heatmap.METRICS)
+def test_after_the_warmer_a_first_view_reads_only_its_unsettled_columns(gpus, metric, monkeypatch):
+    expected = fresh("1h", metric, NOW)
+    cache.clear()
+    warm_until_done(NOW)
+    reads = []
+    real = heatmap._matrix
+    monkeypatch.setattr(heatmap, "_matrix", lambda cells, since, until: reads.append((since, until)) or real(cells, since, until))
+    served = heatmap.gpu_heatmap("1h", metric, now=NOW)
+    assert served.values == expected
+    cells = heatmap.Cells.of(metric, served.rows, heatmap.RANGES["1h"])
+    blocks = heatmap._settled_blocks(cells, *heatmap._window(cells.span, NOW), int(NOW.timestamp()))
+    assert len(blocks) >= 4
+    assert reads == [(blocks[-1] + cells.block_s, served.end.timestamp())]  # one read: the unsettled columns
+
+
+def test_the_warmer_computes_a_bounded_number_of_blocks_per_run_newest_first(gpus):
+    cache.clear()
+    runs = warm_until_done(NOW)
+    per_run = heatmap.WARM_BLOCKS_PER_RUN * len(heatmap.WARMED_RANGES) * len(heatmap.METRICS)
+    assert runs[0] == per_run and all(n <= per_run for n in runs)
+    assert heatmap.warm_settled_blocks(NOW) == 0  # nothing settled is missing any more
+    cache.clear()
+    heatmap.warm_settled_blocks(NOW)
+    cells = heatmap.Cells.of("util", heatmap._rows(heatmap._gpus(None)), heatmap.RANGES["1h"])
+    blocks = heatmap._settled_blocks(cells, *heatmap._window(cells.span, NOW), int(NOW.timestamp()))
+    cached = [b for b in blocks if cache.has_key(cells.key(b))]
+    assert cached == blocks[-heatmap.WARM_BLOCKS_PER_RUN:]  # the newest first: what a view shows first
+
+
+def test_the_warmer_runs_from_the_beat_schedule(gpus):
+    from cluster_ui.celery import app
+    from django.conf import settings
+
+    app.loader.import_default_modules()  # what a worker does when it starts: the tasks it will know
+    entries = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert "monitoring.tasks.warm_heatmap" in entries
+    assert entries <= set(app.tasks), entries - set(app.tasks)  # every entry names a task that exists
+    cache.clear()
+    assert tasks.warm_heatmap.apply().get() > 0
