@@ -270,11 +270,13 @@ class Cycle(Waiting):
         cursors = dict.fromkeys(queues, 0)
         heap = [(self._share(t), t) for t in queues]
         heapq.heapify(heap)
-        state, memo, young_gang = self.state, self.memo, self._young_gang
+        state, memo, now = self.state, self.memo, self.now
         handled, held, limit = state.handled, state.held, self.config.max_placement_searches
+        one_node_wait = self.config.gang_single_node_wait_s
         users_limited = bool(self.users.limits)
-        append_pending, queue_eta = state.pending.append, self.queue_eta.next
-        version, holder, known = -1, None, {}  # the memo's answers at ``version`` (see below)
+        append_pending, queue_eta = state.pending.append, self.queue_eta
+        # The memo's answers at ``version`` (see below), and until when a job may backfill the hold.
+        version, backfill_until, known = -1, None, {}
         while heap:
             _, tenant = heapq.heappop(heap)
             queue, quota = queues[tenant], self.quota(tenant)
@@ -283,10 +285,9 @@ class Cycle(Waiting):
             if held[tenant] >= ceiling:  # at the ceiling: nothing more of this tenant can run
                 self._all_at_ceiling(queue[position:], quota)
                 continue
-            placed, ceiling_at, by_need = False, None, {}
-            while position < end and not placed:
+            ceiling_at, by_need, cursor = None, {}, end
+            for position in range(position, end):
                 job, shape = queue[position]
-                position += 1
                 if job.id in handled:
                     continue
                 need = job.gpus * job.gpu_milli
@@ -305,20 +306,24 @@ class Cycle(Waiting):
                 else:
                     # Until something changes (a placement, a hold: both move the version), a
                     # tenant's requests of one shape get the same answer: most of 50,000 pending
-                    # jobs are settled by this lookup, so it is made here, without a call per job.
+                    # jobs are settled by this lookup, so it is made here, without a call per job
+                    # (``may_backfill`` and ``_young_gang`` spelled out).
                     if state.version != version:
                         version, holder = state.version, state.holder
+                        backfill_until = None if holder is None else holder[2]
                         known = memo.now(version)
                     key = ("outcome", tenant, shape, job.opportunistic_only,
-                           holder is not None and may_backfill(job, holder[2]),
-                           job.gpus > 1 and young_gang(job, shape))  # (most jobs ask one GPU: no call)
+                           backfill_until is not None and (runtime := job.expected_runtime_s) is not None
+                           and runtime <= backfill_until,
+                           job.gpus > 1 and shape.max_nodes != 1 and now - job.submitted_at < one_node_wait)
                     reason = known.get(key)
                     if reason is not None:
-                        append_pending(Pending(job.id, reason, queue_eta(need)))
-                    else:
-                        placed = self._admit_borrowing(job, shape, key)
-            cursors[tenant] = position
-            if position < end:
+                        append_pending(Pending(job.id, reason, None if queue_eta.exhausted else queue_eta.next(need)))
+                    elif self._admit_borrowing(job, shape, key):
+                        cursor = position + 1  # placed: the tenant goes back in line at its new share
+                        break
+            cursors[tenant] = cursor
+            if cursor < end:
                 heapq.heappush(heap, (self._share(tenant), tenant))
 
     def _admit_borrowing(self, job: JobRequest, shape: Shape, key: tuple) -> bool:
