@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.snapshot import JobClass
@@ -119,26 +120,18 @@ class Throttle:
     reason: ThrottleReason
 
 
-@dataclass(frozen=True, slots=True, init=False)
-class Pending:
+class Pending(NamedTuple):
+    """Why a job waits, and when it may start. A named tuple, not a dataclass: a cycle builds one
+    per waiting job (50,000 at scale), and a tuple is built in half the time of even a slotted
+    frozen dataclass (read-only all the same)."""
+
     job_id: int
     reason: PendingReason
     # Seconds from ``now`` until it could start, when running jobs' expected ends allow a guess.
     eta_s: float | None = None
 
-    # A cycle builds one per waiting job (50,000 at scale). A frozen dataclass's own __init__ goes
-    # through object.__setattr__ per field; the slots' setters directly cost half (still frozen
-    # after: assignment raises as before).
-    def __init__(self, job_id: int, reason: PendingReason, eta_s: float | None = None):
-        _set_job_id(self, job_id)
-        _set_reason(self, reason)
-        _set_eta_s(self, eta_s)
-
     def as_dict(self) -> dict:
         return {**self.reason.as_dict(), "eta_s": self.eta_s}
-
-
-_set_job_id, _set_reason, _set_eta_s = Pending.job_id.__set__, Pending.reason.__set__, Pending.eta_s.__set__
 
 
 @dataclass(frozen=True, slots=True)
