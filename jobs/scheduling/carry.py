@@ -38,13 +38,32 @@ UNLIMITED_GPUS = 10**9
 MAX_SHAPES = 200_000
 
 
+class Outcome:
+    """The borrowing pass's memo key for one tenant's requests of one shape and class
+    (opportunistic only or not). Interned per queue and hashed by identity: most of 50,000 jobs
+    are settled by a lookup under it, and a tuple key would be built and hashed per job."""
+
+    __slots__ = ("tenant", "shape", "opportunistic_only")
+
+    def __init__(self, tenant: str, shape: Shape, opportunistic_only: bool):
+        self.tenant, self.shape, self.opportunistic_only = tenant, shape, opportunistic_only
+
+    def __repr__(self) -> str:
+        return f"Outcome({self.tenant!r}, {self.shape!r}, opportunistic_only={self.opportunistic_only})"
+
+
+# A queue entry: the job, its shape, the milli-GPUs it needs, its ``Outcome`` and whether its
+# outcome also depends on the hold or the clock (it may backfill, or it may wait for one node).
+Entry = tuple[JobRequest, Shape, int, Outcome, bool]
+
+
 @dataclass(frozen=True, slots=True)
 class TenantQueue:
     """One tenant's pending jobs (in the snapshot's order) and what the queue step made of them."""
 
     jobs: list[JobRequest]
     ceiling_milli: int
-    queue: list[tuple[JobRequest, Shape]]  # ordered: priority (high first), submit time, id
+    queue: list[Entry]  # ordered: priority (high first), submit time, id
     waits: list[Pending]  # told before any pass, in queue order
     smallest_guaranteed_ask: int  # milli-GPUs of the smallest job in ``queue`` that may run guaranteed
 
@@ -60,7 +79,7 @@ class TenantQueue:
         if len(staying) != len(jobs):
             return None  # (one id twice: not the loader's doing; rebuilt as a fresh cycle would)
         queue = [entry for entry in self.queue if entry[0].id in staying]
-        smallest = min((job.gpus * job.gpu_milli for job, _ in queue if not job.opportunistic_only), default=UNLIMITED_GPUS)
+        smallest = min((need for job, _, need, _, _ in queue if not job.opportunistic_only), default=UNLIMITED_GPUS)
         return TenantQueue(jobs, self.ceiling_milli, queue, [wait for wait in self.waits if wait.job_id in staying],
                            smallest)
 

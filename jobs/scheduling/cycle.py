@@ -37,7 +37,7 @@ from operator import attrgetter
 
 from jobs.scheduling import reasons
 from jobs.scheduling.capacity import Capacity
-from jobs.scheduling.carry import UNLIMITED_GPUS, Carry, TenantQueue
+from jobs.scheduling.carry import UNLIMITED_GPUS, Carry, Entry, Outcome, TenantQueue
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.cycle_state import CycleState, Memo
 from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason
@@ -162,11 +162,11 @@ class Cycle(Waiting):
             reservations=tuple(self.state.reservations),
         )
 
-    def _queues(self) -> dict[str, list[tuple[JobRequest, Shape]]]:
+    def _queues(self) -> dict[str, list[Entry]]:
         by_tenant: dict[str, list[JobRequest]] = defaultdict(list)
         for job in self.snapshot.pending:
             by_tenant[job.tenant].append(job)
-        queues: dict[str, list[tuple[JobRequest, Shape]]] = {}
+        queues: dict[str, list[Entry]] = {}
         kept, carried = self.carry.queues, {}
         for tenant in sorted(by_tenant):
             jobs, ceiling = by_tenant[tenant], self.quota(tenant).ceiling_milli
@@ -189,10 +189,10 @@ class Cycle(Waiting):
         # Priority (high first), then submit time, then id: two C-level stable sorts.
         ordered.sort(key=attrgetter("submitted_at", "id"))
         ordered.sort(key=attrgetter("priority"), reverse=True)
-        queue: list[tuple[JobRequest, Shape]] = []
+        queue: list[Entry] = []
         waits: list[Pending] = []
         smallest = UNLIMITED_GPUS
-        shapes = self.carry.shapes
+        shapes, outcomes = self.carry.shapes, {}
         for job in ordered:
             if job.gpus * job.gpu_milli > ceiling and job.gpu_milli <= WHOLE_GPU_MILLI:  # more than the tenant may ever hold: say so first
                 waits.append(Pending(job.id, self._reason(reasons.over_max_gpus, tenant, ceiling, job.gpus * job.gpu_milli)))
@@ -202,14 +202,19 @@ class Cycle(Waiting):
             if reason is None and job.waiting_for:
                 waits.append(Pending(job.id, self._reason(reasons.waiting_for_dependency, job.waiting_for)))
             elif reason is None:
-                queue.append((job, shape))
-                if not job.opportunistic_only and job.gpus * job.gpu_milli < smallest:
-                    smallest = job.gpus * job.gpu_milli
+                need, opportunistic_only = job.gpus * job.gpu_milli, job.opportunistic_only
+                outcome = outcomes.get((shape, opportunistic_only))
+                if outcome is None:
+                    outcome = outcomes[shape, opportunistic_only] = Outcome(tenant, shape, opportunistic_only)
+                queue.append((job, shape, need, outcome,
+                              job.expected_runtime_s is not None or (job.gpus > 1 and shape.max_nodes != 1)))
+                if not opportunistic_only and need < smallest:
+                    smallest = need
             else:
                 waits.append(Pending(job.id, reason))
         return TenantQueue(jobs, ceiling, queue, waits, smallest)
 
-    def _guaranteed_pass(self, queues: dict[str, list[tuple[JobRequest, Shape]]]) -> None:
+    def _guaranteed_pass(self, queues: dict[str, list[Entry]]) -> None:
         cursors = dict.fromkeys(queues, 0)
         heap: list[tuple] = []
 
@@ -220,7 +225,7 @@ class Cycle(Waiting):
                 return  # nothing left in this queue fits what is left of the guarantee
             position = cursors[tenant]
             while position < len(queue):
-                job, shape = queue[position]
+                job, shape, _, _, _ = queue[position]
                 position += 1
                 if not job.opportunistic_only and job.gpus * job.gpu_milli <= room:
                     heapq.heappush(heap, (-job.priority, job.submitted_at, job.id, tenant, job, shape))
@@ -266,7 +271,7 @@ class Cycle(Waiting):
             return
         self._blocked(job, shape, GUARANTEED)
 
-    def _borrowing_pass(self, queues: dict[str, list[tuple[JobRequest, Shape]]]) -> None:
+    def _borrowing_pass(self, queues: dict[str, list[Entry]]) -> None:
         cursors = dict.fromkeys(queues, 0)
         heap = [(self._share(t), t) for t in queues]
         heapq.heapify(heap)
@@ -287,10 +292,9 @@ class Cycle(Waiting):
                 continue
             ceiling_at, by_need, cursor = None, {}, end
             for position in range(position, end):
-                job, shape = queue[position]
+                job, shape, need, outcome, depends = queue[position]
                 if job.id in handled:
                     continue
-                need = job.gpus * job.gpu_milli
                 if job.array_limit is not None and self._array_full(job):
                     self._wait_for_array(job)
                 elif users_limited and (capped := self.users.why_waiting(job)) is not None:
@@ -312,10 +316,13 @@ class Cycle(Waiting):
                         version, holder = state.version, state.holder
                         backfill_until = None if holder is None else holder[2]
                         known = memo.now(version)
-                    key = ("outcome", tenant, shape, job.opportunistic_only,
-                           backfill_until is not None and (runtime := job.expected_runtime_s) is not None
-                           and runtime <= backfill_until,
-                           job.gpus > 1 and shape.max_nodes != 1 and now - job.submitted_at < one_node_wait)
+                    key = outcome
+                    if depends:
+                        backfill = (backfill_until is not None and (runtime := job.expected_runtime_s) is not None
+                                    and runtime <= backfill_until)
+                        young = job.gpus > 1 and shape.max_nodes != 1 and now - job.submitted_at < one_node_wait
+                        if backfill or young:
+                            key = (outcome, backfill, young)
                     reason = known.get(key)
                     if reason is not None:
                         append_pending(Pending(job.id, reason, None if queue_eta.exhausted else queue_eta.next(need)))

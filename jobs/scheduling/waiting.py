@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 from jobs.scheduling import reasons
+from jobs.scheduling.carry import Entry
 from jobs.scheduling.decisions import Pending, Reservation
 from jobs.scheduling.eta import ReleaseTimeline
 from jobs.scheduling.filters import host_resources
@@ -27,13 +28,12 @@ GUARANTEED = JobClass.GUARANTEED
 
 
 class Waiting:
-    def _all_at_ceiling(self, entries: list[tuple[JobRequest, Shape]], quota: TenantQuota) -> None:
+    def _all_at_ceiling(self, entries: list[Entry], quota: TenantQuota) -> None:
         by_need = self._ceiling_waits(quota.name)
         handled, pending = self.state.handled, self.state.pending
-        for job, _ in entries:
+        for job, _, need, _, _ in entries:
             if job.id in handled:
                 continue
-            need = job.gpus * job.gpu_milli
             found = by_need.get(need)
             if found is None:
                 found = self._ceiling_wait(quota, need)
