@@ -40,7 +40,7 @@ from jobs.scheduling.capacity import Capacity
 from jobs.scheduling.carry import UNLIMITED_GPUS, Carry, Entry, Outcome, TenantQueue
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.cycle_state import CycleState, Memo
-from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason
+from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason, new_pending
 from jobs.scheduling.eta import QueueEta, ReleaseTimeline
 from jobs.scheduling.explain import InventoryCheck, invalid_request
 from jobs.scheduling.placement import Choice, Placer, Shape, shape_of
@@ -304,7 +304,7 @@ class Cycle(Waiting):
                     if ceiling_at != held[tenant]:
                         ceiling_at, by_need = held[tenant], self._ceiling_waits(tenant)
                     found = by_need.get(need)
-                    append_pending(Pending(job.id, *(found or self._ceiling_wait(quota, need))))
+                    append_pending(new_pending((job.id, *(found or self._ceiling_wait(quota, need)))))
                 elif state.searches >= limit:
                     self._wait(job, self._reason(reasons.not_considered, limit))
                 else:
@@ -325,7 +325,7 @@ class Cycle(Waiting):
                             key = (outcome, backfill, young)
                     reason = known.get(key)
                     if reason is not None:
-                        append_pending(Pending(job.id, reason, None if queue_eta.exhausted else queue_eta.next(need)))
+                        append_pending(new_pending((job.id, reason, None if queue_eta.exhausted else queue_eta.next(need))))
                     elif self._admit_borrowing(job, shape, key):
                         cursor = position + 1  # placed: the tenant goes back in line at its new share
                         break

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from typing import NamedTuple
 
 from jobs.scheduling.reasons import PendingReason
@@ -132,6 +133,11 @@ class Pending(NamedTuple):
 
     def as_dict(self) -> dict:
         return {**self.reason.as_dict(), "eta_s": self.eta_s}
+
+
+# ``new_pending((job_id, reason, eta_s))``: the same Pending, built without the Python-level
+# ``__new__`` a named tuple has (all three fields given; for the loops that see every waiting job).
+new_pending = partial(tuple.__new__, Pending)
 
 
 @dataclass(frozen=True, slots=True)
