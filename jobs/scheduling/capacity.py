@@ -22,6 +22,7 @@ which is what lets the caller memoise failed searches.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from operator import attrgetter
 
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.filters import host_resources
@@ -31,6 +32,7 @@ from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass,
 Pool = tuple[str, int, float, bool, str]
 ROOM_STEP = 100
 ROOM_BUCKETS = WHOLE_GPU_MILLI // ROOM_STEP + 1  # bucket 10 holds exactly one whole GPU of room
+_by_index = attrgetter("index")
 
 
 def room_bucket(room_milli: int) -> int:
@@ -129,7 +131,7 @@ class Capacity:
         for node in snapshot.nodes:
             slot = NodeSlot(len(self.nodes), node, node.schedulable)
             self.nodes.append(slot)
-            for gpu in sorted(node.gpus, key=lambda g: g.index):
+            for gpu in sorted(node.gpus, key=_by_index):
                 pool_key = (gpu.model, gpu.memory_mib, node.intra_node_gb_per_s, bool(node.runtimes), gpu.mig_profile or "")
                 pool = pool_ids.setdefault(pool_key, len(pool_ids))
                 if pool == len(self.pools):
@@ -176,9 +178,10 @@ class Capacity:
                 gpu.residents.append(job)
                 gpu.occupants += 1
                 gpu.load_milli += load
+                gpu.used_mib += gpu.capacity_mib if job.memory_mib is None else job.memory_mib  # as planned
                 if not job.accepts_unfenced:
                     gpu.unfenced_refusals += 1
-                if needs_headroom(job, gpu.capacity_mib):
+                if gpu.margin_mib != self.headroom and needs_headroom(job, gpu.capacity_mib):
                     gpu.margin_mib = self.headroom
                 if job.job_class is JobClass.GUARANTEED:
                     gpu.guaranteed_milli += job.gpu_milli
@@ -188,8 +191,8 @@ class Capacity:
         for gpu in self.gpus:
             if not gpu.residents:
                 continue  # a live reading on an empty GPU is usually a job that just ended
-            planned = sum(gpu.capacity_mib if j.memory_mib is None else j.memory_mib for j in gpu.residents)
-            gpu.used_mib = max(planned, gpu.live_used_mib or 0)
+            if gpu.live_used_mib is not None and gpu.live_used_mib > gpu.used_mib:
+                gpu.used_mib = gpu.live_used_mib
             if gpu.live_load is not None:
                 gpu.load_milli = round(gpu.live_load * WHOLE_GPU_MILLI)
 
