@@ -229,6 +229,9 @@ def main() -> None:
     parser.add_argument("--phases", action="store_true",
                         help="split each cycle's CPU (Python + database backend) by stage: usage, snapshot, "
                              "decide, apply, resends")
+    parser.add_argument("--save-snapshots", metavar="FILE",
+                        help="after the measurements, pickle a steady and a churn snapshot as the loop saw them, "
+                             "for bench/decide_snapshot.py")
     parser.add_argument("--profile", action="store_true",
                         help="after the measurements, profile one steady and one churn cycle (cProfile, top functions)")
     args = parser.parse_args()
@@ -309,6 +312,16 @@ def main() -> None:
             kinds = meter.statements[phase]
             print(f"  {phase} (all runs, slowest first): " + "; ".join(
                 f"{kinds[kind]} x {kind} {spent:.2f} s" for kind, spent in seconds.most_common(6)))
+    if args.save_snapshots:
+        import pickle
+
+        heartbeats()
+        steady_snapshot = build_snapshot(client)
+        finish_some(rng, args.finish)
+        with open(args.save_snapshots, "wb") as out:
+            pickle.dump({"steady": steady_snapshot, "churn": build_snapshot(client), "now": time.time(),
+                         "config": scheduler_config()}, out)
+        agents_start_placed()
     if args.profile:
         import cProfile
         import pstats

@@ -19,3 +19,19 @@ def test_the_steady_cycle_is_measured_fresh_and_carried(capsys):
     scheduler.main([*SMALL, "--steady"])  # (it asserts the carried decisions equal the fresh ones)
     out = capsys.readouterr().out
     assert "steady cycle:" in out and "same, carried" in out
+
+
+def test_the_loop_snapshot_bench_decides_on_a_saved_pair(tmp_path, capsys):
+    import pickle
+
+    from bench import decide_snapshot
+    from jobs.scheduling import SchedulerConfig
+
+    snapshot = scheduler.build_snapshot(3, 16, 8, 6, 60, 400)
+    path = tmp_path / "loop.pkl"
+    later = scheduler.launched(snapshot, scheduler.decide(snapshot, scheduler.NOW))  # (what --save-snapshots writes)
+    path.write_bytes(pickle.dumps({"steady": snapshot, "churn": later, "now": scheduler.NOW,
+                                   "config": SchedulerConfig()}))
+    decide_snapshot.main([str(path), "--cycles", "1"])
+    out = capsys.readouterr().out
+    assert "400 pending" in out and all(f"  {kind}" in out for kind in ("steady", "churn", "fresh"))
