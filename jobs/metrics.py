@@ -11,7 +11,7 @@ from jobs.services.lifecycle import IGNORED_REPORTS_KEY
 from jobs.services import leadership
 from jobs.services.scheduling_loop import BACKOFF_KEY, STAGES, STATS_KEY
 from jobs.services.notifications import ERRORS_KEY as NOTIFICATION_ERRORS_KEY
-from monitoring.services.redis_client import get_redis
+from monitoring.services.redis_client import get_redis, number, numbers
 
 
 class JobsCollector(Collector):
@@ -32,7 +32,7 @@ class JobsCollector(Collector):
         yield notifications
         yield from _leader_series()
         try:
-            ignored, unrecorded = (float(v or 0) for v in get_redis().mget(IGNORED_REPORTS_KEY, NOTIFICATION_ERRORS_KEY))
+            ignored, unrecorded = (number(v or 0) or 0.0 for v in get_redis().mget(IGNORED_REPORTS_KEY, NOTIFICATION_ERRORS_KEY))
         except redis.RedisError:
             return
         yield CounterMetricFamily("colony_lifecycle_ignored_reports", "Node reports about an attempt that is not "
@@ -50,7 +50,7 @@ def _scheduler_series():
     """The scheduling loop: counters for rates, the last cycle's time (a stalled loop stops moving
     it) and whether it is backing off from a database outage."""
     client = get_redis()
-    stats = {key.decode(): float(value) for key, value in client.hgetall(STATS_KEY).items()}
+    stats = numbers(client, STATS_KEY)
     yield CounterMetricFamily("colony_scheduler_cycles", "Scheduling cycles run", value=stats.get("cycles", 0.0))
     yield CounterMetricFamily("colony_scheduler_cycle_seconds", "Seconds spent in scheduling cycles",
                               value=stats.get("cycle_seconds", 0.0))
@@ -71,8 +71,9 @@ def _scheduler_series():
     if "last_cycle_at" in stats:
         yield GaugeMetricFamily("colony_scheduler_last_cycle_timestamp_seconds", "When the last cycle ended",
                                 value=stats["last_cycle_at"])
-        yield GaugeMetricFamily("colony_scheduler_last_cycle_seconds", "How long the last cycle took",
-                                value=stats["last_cycle_seconds"])
+        if "last_cycle_seconds" in stats:
+            yield GaugeMetricFamily("colony_scheduler_last_cycle_seconds", "How long the last cycle took",
+                                    value=stats["last_cycle_seconds"])
         last_stages = GaugeMetricFamily("colony_scheduler_last_cycle_stage_seconds",
                                         "How long each stage of the last cycle took", labels=["stage"])
         for stage in STAGES:

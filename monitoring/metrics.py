@@ -11,7 +11,7 @@ from monitoring.choices import AlertKind, NodeHealth
 from monitoring.models import Alert, Gpu, Node
 from monitoring.services import fanin, ingest, live
 from agents.streams import dead_letter_count
-from monitoring.services.redis_client import get_redis
+from monitoring.services.redis_client import get_redis, numbers
 
 GPU_GAUGES = [
     # (metric, help, field in the live entry)
@@ -61,15 +61,15 @@ class ClusterCollector(Collector):
                                     "Unix time the last ingested batch was committed", value=stats["committed_at"])
         newest = GaugeMetricFamily("colony_node_last_sample_timestamp_seconds",
                                    "Unix time of the newest sample ingested from each node", labels=["node"])
-        for node, ts in sorted(client.hgetall(ingest.LAST_TS_KEY).items()):
-            newest.add_metric([node.decode()], float(ts))
+        for node, ts in sorted(numbers(client, ingest.LAST_TS_KEY).items()):
+            newest.add_metric([node], ts)
         yield newest
         yield CounterMetricFamily("colony_ingest_samples", "Node samples ingested", value=stats.get("samples", 0.0))
         yield CounterMetricFamily("colony_ingest_foreign_usage", "Per-job readings a node sent for a job not placed "
                                   "on it (dropped)", value=stats.get("foreign_usage", 0.0))
         yield CounterMetricFamily("colony_dead_letters", "Stream entries rejected as malformed",
                                   value=dead_letter_count(client))
-        fanned = {key.decode(): float(value) for key, value in client.hgetall(fanin.STATS_KEY).items()}
+        fanned = numbers(client, fanin.STATS_KEY)
         moved = CounterMetricFamily("colony_fanin_entries", "Entries of the nodes' own streams fanned in, by "
                                     "outcome (copied, rejected as malformed, dropped from a flooded backlog)",
                                     labels=["stream", "outcome"])

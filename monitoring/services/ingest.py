@@ -43,6 +43,7 @@ from monitoring.models import Gpu
 from monitoring.services import alerts, live, placements
 from monitoring.services.fanin import fan_in
 from monitoring.services.poison import PoisonCounter, apply_isolating, parse_or_dead_letter, reason_of
+from monitoring.services.redis_client import numbers
 from monitoring.services.registry import agent_auth_required
 from monitoring.services.rollups import LIVE_RESOLUTION, Accumulator, OpenBuckets, flush
 from agents.streams import claim_stale, consumer_name, ensure_group, read_new
@@ -503,4 +504,4 @@ def _id_order(entry_id: str) -> tuple[int, int]:
 
 
 def ingest_stats(client: redis.Redis) -> dict[str, float]:
-    return {k.decode(): float(v) for k, v in client.hgetall(STATS_KEY).items()}
+    return numbers(client, STATS_KEY)

@@ -102,3 +102,30 @@ def test_metrics_say_how_the_scheduling_loop_runs(client, db, live_redis):
     assert sum(stages.values()) <= families["colony_scheduler_cycle_seconds"].samples[0].value
     last = {s.labels["stage"]: s.value for s in families["colony_scheduler_last_cycle_stage_seconds"].samples}
     assert set(last) == set(stages) and sum(last.values()) <= families["colony_scheduler_last_cycle_seconds"].samples[0].value
+
+
+def test_a_garbled_counter_in_redis_costs_its_own_series_not_the_scrape(client, db, live_redis, redis_client):
+    """Counters the control plane keeps in Redis hashes are read back as numbers; a field some
+    other writer garbled (text, NaN) is left out, and everything else is still exported."""
+    from jobs.services.lifecycle import IGNORED_REPORTS_KEY
+    from jobs.services.scheduling_loop import STATS_KEY, run_scheduling_cycle
+    from monitoring.services import fanin, ingest
+
+    assert run_scheduling_cycle().ran
+    redis_client.hset(STATS_KEY, mapping={"placed": "lots", "last_cycle_seconds": "nan", "cycle_seconds": "7.5"})
+    redis_client.hset(ingest.STATS_KEY, mapping={"samples": "12", "lag_p50": "\xff garbage"})
+    redis_client.hset(ingest.LAST_TS_KEY, mapping={"n1": "1700000000.5", "n2": "yesterday"})
+    redis_client.hset(fanin.STATS_KEY, mapping={"events_copied": "3", "events_rejected": "[1]"})
+    redis_client.set(IGNORED_REPORTS_KEY, "x")
+    response, families = scrape(client)
+    assert response.status_code == 200
+    value = lambda name: families[name].samples[0].value  # noqa: E731
+    assert value("colony_scheduler_cycles") == 1 and value("colony_scheduler_cycle_seconds") == 7.5
+    assert value("colony_scheduler_placements") == 0  # garbled: as if never counted
+    assert "colony_scheduler_last_cycle_seconds" not in families  # NaN: not a reading
+    assert value("colony_ingest_samples") == 12 and value("colony_ingest_lag_seconds") == 0
+    newest = {s.labels["node"]: s.value for s in families["colony_node_last_sample_timestamp_seconds"].samples}
+    assert newest == {"n1": 1700000000.5}
+    fanned = {(s.labels["stream"], s.labels["outcome"]): s.value for s in families["colony_fanin_entries"].samples}
+    assert fanned[("events", "copied")] == 3 and fanned[("events", "rejected")] == 0
+    assert value("colony_lifecycle_ignored_reports") == 0

@@ -184,8 +184,10 @@ def test_entries_of_50000_fields_are_dead_lettered_without_blocking_redis(redis_
     # Redis itself ran nothing for 50 ms (the old script: over 500 ms); the other client, which
     # shares this process (and its GIL) with the fan-in, got every answer in time.
     assert not slow, [(entry["duration"], entry["command"][:40]) for entry in slow]
-    assert not errors and max(latencies) < 0.25, (max(latencies), errors)
-    assert elapsed < 1.0
+    # (Wall-clock bounds, wide enough for a loaded 2-core CI machine: 1.08 s was seen there for a
+    # fan-in that takes ~0.2 s on a quiet one. The slowlog above is the exact check.)
+    assert not errors and max(latencies) < 0.5, (max(latencies), errors)
+    assert elapsed < 3.0
     # Heavy entries are read one a round; the other node's entry is copied in the same round.
     assert (result.copied, result.rejected) == (1, 1)
     (letter,) = [f for _, f in redis_client.xrange(protocol.DEAD_LETTER_STREAM)]
