@@ -189,22 +189,27 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
     encoded: dict[int, tuple[dict, str]] = {}  # id(reason object) -> (its dict, canonical)
     changed: list[tuple[int, dict, int | None]] = []  # (job, reason, eta_at)
     pending, verdicts = queue.pending, queue.verdicts
-    for verdict in decisions.pending:
-        job_id = verdict.job_id
+    etas: dict[float, int] = {}  # seconds from now -> stored form (most of a queue shares a few release times)
+    for job_id, reason_object, eta_s in decisions.pending:
         if job_id not in pending:
             continue  # no longer pending (placed, cancelled) since the snapshot
-        new = encoded.get(id(verdict.reason))
+        new = encoded.get(id(reason_object))
         if new is None:
-            reason = verdict.reason.as_dict()
-            new = encoded[id(verdict.reason)] = (reason, _canonical(reason))
-        eta_at = None if verdict.eta_s is None else _eta_at(verdict.eta_s, now)
+            reason = reason_object.as_dict()
+            new = encoded[id(reason_object)] = (reason, _canonical(reason))
+        if eta_s is None:
+            eta_at = None
+        elif (eta_at := etas.get(eta_s)) is None:
+            eta_at = etas[eta_s] = _eta_at(eta_s, now)
         old = verdicts.get(job_id)
         if old is not None:
             text, old_eta = old
             canonical = stored.get(text)
             if canonical is None:
                 canonical = stored[text] = _canonical_text(text)
-            if canonical == new[1] and _eta_holds(old_eta, eta_at, now):
+            # (the same stored ETA, as most are from one cycle to the next, holds without a call)
+            if canonical == new[1] and ((old_eta == eta_at and type(old_eta) is type(eta_at))
+                                        or _eta_holds(old_eta, eta_at, now)):
                 continue
         changed.append((job_id, new[0], eta_at))
     if connection.vendor == "postgresql":
