@@ -111,11 +111,12 @@ class Cycle(Waiting):
         self.memo = Memo()
         borrowed: dict[str, int] = defaultdict(int)
         for job in snapshot.running:
-            state.held[job.tenant] += job.quota_milli
+            quota_milli = job.quota_milli
+            state.held[job.tenant] += quota_milli
             if job.job_class is GUARANTEED:
-                state.guaranteed_held[job.tenant] += job.quota_milli
+                state.guaranteed_held[job.tenant] += quota_milli
             if job.id not in state.leaving:
-                borrowed[job.tenant] += job.quota_milli
+                borrowed[job.tenant] += quota_milli
             if job.array_id is not None:
                 state.array_running[job.array_id] += 1
                 if job.id not in state.leaving and job.expected_end is not None:

@@ -10,6 +10,7 @@ free), so the answer is the same until nodes come, go or get cordoned. The load-
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cached_property
 
 from jobs.scheduling import filters, reasons
 from jobs.scheduling.capacity import Capacity
@@ -44,20 +45,42 @@ class InventoryCheck:
         # that the cordon, not the request, is what keeps it waiting.
         self.cordoned = [n for n in capacity.nodes if n.cordoned] if nodes is None else []
         self._with_cordoned: InventoryCheck | None = None
-        # MIG instances serve only requests for their profile, so they never make a model "online".
-        gpus = [g for n in self.schedulable for g in n.gpus]
-        profiles = [capacity.pools[g.pool][4] for g in gpus]
-        self.online_models = sorted({g.model for g, profile in zip(gpus, profiles) if not profile})
-        self.online_mig_models = sorted({g.model for g, profile in zip(gpus, profiles) if profile})
-        self.online_mig_profiles = sorted(set(profiles) - {""})
-        self.largest_mib: dict[str, int] = {}
-        for node in self.schedulable:
-            for gpu in node.gpus:
-                self.largest_mib[gpu.model] = max(self.largest_mib.get(gpu.model, 0), gpu.capacity_mib)
         self._memo: dict[tuple, PendingReason | None] = {}
         self._widths: dict[tuple[int, ...], list[int]] = {}
-        self.runtime_nodes = sorted(n.name for n in self.schedulable if n.has_runtime)
         self._plain: dict[Shape, Shape] = {}
+
+    # The facts below are read only to word a reason for a request shape seen for the first time:
+    # with the scheduler's carry, most cycles see none and never build them.
+
+    @cached_property
+    def _profiles(self) -> list[tuple[str, str]]:
+        """(model, MIG profile or "") of every schedulable GPU."""
+        return [(g.model, self.capacity.pools[g.pool][4]) for n in self.schedulable for g in n.gpus]
+
+    @cached_property
+    def online_models(self) -> list[str]:
+        # MIG instances serve only requests for their profile, so they never make a model "online".
+        return sorted({model for model, profile in self._profiles if not profile})
+
+    @cached_property
+    def online_mig_models(self) -> list[str]:
+        return sorted({model for model, profile in self._profiles if profile})
+
+    @cached_property
+    def online_mig_profiles(self) -> list[str]:
+        return sorted({profile for _, profile in self._profiles} - {""})
+
+    @cached_property
+    def largest_mib(self) -> dict[str, int]:
+        largest: dict[str, int] = {}
+        for node in self.schedulable:
+            for gpu in node.gpus:
+                largest[gpu.model] = max(largest.get(gpu.model, 0), gpu.capacity_mib)
+        return largest
+
+    @cached_property
+    def runtime_nodes(self) -> list[str]:
+        return sorted(n.name for n in self.schedulable if n.has_runtime)
 
     def reason(self, shape: Shape) -> PendingReason | None:
         # What matters is which pools the request can use, not its exact numbers.
