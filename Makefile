@@ -31,12 +31,15 @@ $(CHROMIUM):
 # xdist workers, then the end-to-end tests (real worker, agent, Redis and web processes) one at a
 # time on a quiet machine: their heartbeats and timeouts are tight, and a CPU-bound test beside
 # them once stretched an agent restart past a node's heartbeat (XDIST= runs the first pass in one
-# process). Exit status 5 is pytest's "nothing selected", e.g. a -k that matches only one pass.
+# process). The first pass hands each worker whole test files (a file's tests share what they cache,
+# e.g. the trace replays), those with a test marked `slow` first, so that neither worker is left
+# alone with a long one at the end.
+# Exit status 5 is pytest's "nothing selected", e.g. a -k that matches only one pass.
 # Bytecode is cached (__pycache__, git-ignored) even where the environment sets
 # PYTHONDONTWRITEBYTECODE (our Dockerfile does, and so may a CI image): else every pytest process,
 # and every worker, agent and supervisor the tests start, compiles the project from source again
 # (pytest's collection alone: 12 s of CPU instead of 6, three times a run).
-XDIST ?= -n 2
+XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 test: $(STAMP) | $(CHROMIUM)
 	@unset PYTHONDONTWRITEBYTECODE; \
 	if [ -z "$$DATABASE_URL" ] && $(BIN)/python -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null; then \

@@ -12,6 +12,19 @@ import redis as redis_lib
 from cluster_ui.devstack.redis_server import PrivateRedis
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` run first, the order being otherwise kept: on two xdist workers, one
+    that started late made the other wait for it at the end of the pass. Not a transactional one:
+    pytest-django runs those after the rest, as their flush would empty what migrations put in."""
+
+    def late(item) -> bool:
+        return item.get_closest_marker("slow") is None or bool(
+            {"transactional_db", "live_server"} & set(getattr(item, "fixturenames", ())))
+
+    items.sort(key=late)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_cache():
     """Throttle counters live in the cache: no test inherits another's."""

@@ -112,6 +112,7 @@ print(agents.__file__)
 """
 
 
+@pytest.mark.slow
 def test_wheel_installs_offline_without_the_server_and_imports_every_agent_module(installed_agent):
     python, _ = installed_agent
     for package in SERVER_PACKAGES:

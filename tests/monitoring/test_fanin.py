@@ -147,6 +147,7 @@ def _many_fields(client, stream, entries, fields=50_000):
     pipe.execute()
 
 
+@pytest.mark.slow
 def test_entries_of_50000_fields_are_dead_lettered_without_blocking_redis(redis_client, redis_url):
     """The old fan-in walked these inside one Lua script: Redis answered nobody for over a second
     (BUSY past busy-reply-threshold). Now Redis never runs anything long; the node waits alone."""

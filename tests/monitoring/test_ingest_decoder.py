@@ -136,6 +136,7 @@ def assert_same(fields):
     assert outcome(decode_sample, fields) == outcome(protocol.decode_sample, fields)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_samples, st.sampled_from(["bytes", "str"]))
 def test_valid_samples_decode_to_the_same_values(sample, encoding):
@@ -146,6 +147,7 @@ def test_valid_samples_decode_to_the_same_values(sample, encoding):
     assert isinstance(decode_sample(fields), FastNodeSample)  # the fast path took it
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_samples(), st.sampled_from(["plain", "plain", "plain", "bom", "spaces", "truncated", "duplicate_ts",
                                            "nan"]),

@@ -60,6 +60,7 @@ def _keep_test_connection(db, live_redis, monkeypatch):
     request_finished.connect(close_old_connections)
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -179,6 +179,7 @@ def _dumpable(argv: list[str]) -> str:
     return line.split()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_DUMPABLE) is Linux only")
 def test_every_entry_point_that_holds_a_secret_is_non_dumpable():
     python = sys.executable

@@ -17,6 +17,7 @@ def simulate(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TRACES_DIR.is_dir(), reason=f"public traces not found at {TRACES_DIR}")
 def test_replay_prints_ratios_to_fifo_and_writes_json_and_an_offline_html_report(tmp_path):
     run = simulate("--trace", "alibaba", "--nodes", "4", "--first", "120", "--out", str(tmp_path),

@@ -9,7 +9,10 @@ from jobs.scheduling.simulate import replay
 from jobs.scheduling.simulate.loaders import TRACES_DIR, load_alibaba, load_philly
 from jobs.scheduling.simulate.metrics import summarise, utilisation_series
 
-pytestmark = pytest.mark.skipif(not TRACES_DIR.is_dir(), reason=f"public traces not found at {TRACES_DIR}")
+# Slow, and the replays are cached per process: make test's --dist loadfile keeps the module on one
+# worker, so the comparisons below reuse the replays above (on another worker they ran again, ~30 s).
+pytestmark = [pytest.mark.skipif(not TRACES_DIR.is_dir(), reason=f"public traces not found at {TRACES_DIR}"),
+              pytest.mark.slow]
 
 SLICES = {
     "philly": lambda: load_philly(nodes=4, skip=30000, first=150),
