@@ -237,8 +237,15 @@ class DevStack:
 
     def run_job(self, token: str, command: list[str], timeout: float = 60) -> dict:
         """Submit a one-GPU job and wait for it to end; returns the job as the API shows it."""
-        job = self.api("POST", "jobs/", token, {"command": command, "gpus": 1})
+        return self.wait_for_end(token, self.api("POST", "jobs/", token, {"command": command, "gpus": 1}), timeout)
 
+    def run_jobs(self, token: str, commands: list[list[str]], timeout: float = 60) -> list[dict]:
+        """:meth:`run_job` for each command, all submitted before any is waited for (they run side
+        by side, as the stack's GPUs allow, rather than one scheduling cycle after another)."""
+        jobs = [self.api("POST", "jobs/", token, {"command": command, "gpus": 1}) for command in commands]
+        return [self.wait_for_end(token, job, timeout) for job in jobs]
+
+    def wait_for_end(self, token: str, job: dict, timeout: float = 60) -> dict:
         def finished():
             try:
                 current = self.api("GET", f"jobs/{job['id']}/", token)

@@ -59,7 +59,7 @@ def test_devstack_restarts_a_killed_child_and_ctrl_c_leaves_no_orphans(devstack_
 
         # Nothing else stopped, and the stack still runs jobs.
         assert stack.process.poll() is None and "Stopping" not in stack.output()
-        jobs = [stack.run_job(token, ["python", "-c", "print(6 * 7)"], timeout=90) for _ in range(2)]
+        jobs = stack.run_jobs(token, [["python", "-c", "print(6 * 7)"]] * 2, timeout=90)
         assert [job["state"] for job in jobs] == ["SUCCEEDED", "SUCCEEDED"], jobs
         assert all("42" in job["output_tail"] for job in jobs)
 

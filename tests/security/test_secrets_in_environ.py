@@ -148,9 +148,13 @@ def test_no_secret_in_any_process_environment_and_a_job_finds_none(devstack_dir)
             return  # jobs run as the developer's own account; uids cannot differ
         assert "Jobs run per tenant under their own accounts" in stack.output(), stack.output()
         uids = {}
-        for user in ("alice", "bob"):
-            job = stack.run_job(stack.token(user), ["python", "-c", PACKED_ATTACK, str(var_dir), *KNOWN_FILES],
-                                timeout=90)
+        tokens = {user: stack.token(user) for user in ("alice", "bob")}
+        # Both attack at once (one scheduling cycle, not one after the other).
+        submitted = {user: stack.api("POST", "jobs/", token, {
+            "command": ["python", "-c", PACKED_ATTACK, str(var_dir), *KNOWN_FILES], "gpus": 1})
+            for user, token in tokens.items()}
+        for user, job in submitted.items():
+            job = stack.wait_for_end(tokens[user], job, timeout=90)
             assert job["state"] == "SUCCEEDED", job
             (log,) = glob.glob(str(var_dir / "agent" / "*" / "jobs" / str(job["id"]) / "output.log"))
             output = Path(log).read_text(errors="replace")
