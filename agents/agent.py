@@ -27,6 +27,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import socket
 import threading
 import time
@@ -55,6 +56,15 @@ SAMPLE_BUFFER = 300
 # plane ignores an exit it already applied.
 RECENT_EXITS = 256
 RECENT_EXITS_S = 600.0
+# They are also kept on disk (one JSON line each, in the work directory), so that an agent started
+# after a crash still knows how the attempts it took over ended: a re-sent launch, a stop or a
+# query about one is answered with its real exit instead of silence (a job stuck PLACED) or
+# "absent" (a finished job run again).
+RECENT_EXITS_FILE = "recent-exits.jsonl"
+# A launch delivered again this soon after this agent applied it is a duplicate delivery, whose
+# reports are still on their way: it changes nothing and says nothing. Later (the control plane
+# re-sends after 15 s without a start) it is answered with how the attempt stands.
+REANSWER_AFTER_S = 5.0
 SAMPLE_BATCH = 100  # samples per pipelined round trip when catching up
 # How many applied command ids are remembered for idempotency. Commands are
 # re-delivered only shortly after they were sent (pending entries, duplicates), so this is plenty.
@@ -160,6 +170,8 @@ class Agent:
         self._stop = threading.Event()
         self._outbox: deque = deque()
         self._recent_exits: deque[tuple[float, protocol.JobExited]] = deque(maxlen=RECENT_EXITS)
+        self._kept_exits = 0  # lines in RECENT_EXITS_FILE
+        self._launched_at: OrderedDict[str, float] = OrderedDict()  # launch command id -> when applied here
         self._outbox_size = outbox_size
         self.dropped_events = 0
         self._samples: deque[tuple[int, dict]] = deque()  # (seq, stream fields), oldest first
@@ -209,6 +221,7 @@ class Agent:
         # meanwhile are reported from their supervisor's record; processes nobody supervises are
         # stopped, so they never run beside the job's next attempt. Exits wait in the outbox,
         # sent once registered.
+        self._load_recent_exits()
         for finished in self.runner.recover(self.shutdown_grace):
             self._publish(self._exited(finished))
         self._remember_launches(self.runner.last_launches())
@@ -382,6 +395,56 @@ class Agent:
         self._outbox.append(message)
         if isinstance(message, protocol.JobExited):
             self._recent_exits.append((time.monotonic(), message))
+            if not message.absent:
+                self._keep_exit(message)
+
+    def _keep_exit(self, message: protocol.JobExited) -> None:
+        path = self.runner.workdir / RECENT_EXITS_FILE
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8", opener=_private) as file:
+                file.write(json.dumps({"at": time.time(), "exit": message.model_dump(mode="json")}) + "\n")
+            self._kept_exits += 1
+            if self._kept_exits > 2 * RECENT_EXITS:
+                self._save_recent_exits()
+        except OSError as exc:
+            log.warning("could not keep job %d's exit on disk (%s); it is kept in memory only", message.job_id, exc)
+
+    def _save_recent_exits(self) -> None:
+        """Rewrite the file with the exits still remembered (it would otherwise grow for ever)."""
+        path = self.runner.workdir / RECENT_EXITS_FILE
+        now, wall = time.monotonic(), time.time()
+        lines = [json.dumps({"at": wall - (now - sent_at), "exit": message.model_dump(mode="json")}) + "\n"
+                 for sent_at, message in self._recent_exits if not message.absent]
+        partial = path.with_suffix(".tmp")
+        with open(partial, "w", encoding="utf-8", opener=_private) as file:
+            file.writelines(lines)
+        partial.replace(path)
+        self._kept_exits = len(lines)
+
+    def _load_recent_exits(self) -> None:
+        """The exits an earlier agent on this node sent in the last RECENT_EXITS_S seconds."""
+        path = self.runner.workdir / RECENT_EXITS_FILE
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("%s: unreadable (%s); earlier exits are not remembered", path, exc)
+            return
+        now, wall = time.monotonic(), time.time()
+        for line in lines[-RECENT_EXITS:]:
+            try:
+                kept = json.loads(line)
+                at, message = float(kept["at"]), protocol.JobExited.model_validate(kept["exit"])
+            except (ValueError, TypeError, KeyError, pydantic.ValidationError):
+                continue  # (a line cut short by a crash)
+            if 0 <= wall - at < RECENT_EXITS_S and message.node == self.node:
+                self._recent_exits.append((now - (wall - at), message))
+        try:
+            self._save_recent_exits()
+        except OSError as exc:
+            log.warning("%s: not rewritten (%s)", path, exc)
 
     def _flush(self) -> None:
         """Send buffered events, then buffered samples, oldest first; each leaves its buffer only
@@ -594,6 +657,8 @@ class Agent:
             return
         if command.command_id in self._applied_commands:
             log.info("command %s already applied; skipping", command.command_id)
+            if isinstance(command, protocol.LaunchJob):
+                self._answer_resent_launch(command)
             return
         if isinstance(command, protocol.LaunchJob) and command.attempt is not None:
             if seen is not None and command.attempt <= seen:
@@ -625,6 +690,10 @@ class Agent:
         if not applied:
             return  # deferred: the control plane sends it again, and then it runs
         self._applied_commands.add(command.command_id)
+        if isinstance(command, protocol.LaunchJob):
+            self._launched_at[command.command_id] = time.monotonic()
+            while len(self._launched_at) > MEMORY_SIZE:
+                self._launched_at.popitem(last=False)
         if isinstance(command, protocol.LaunchJob) and command.attempt is not None:
             self._launch_attempts[command.job_id] = command.attempt
             self._launch_attempts.move_to_end(command.job_id)
@@ -730,6 +799,25 @@ class Agent:
             node=self.node, job_id=command.job_id, exit_code=None, absent=True, launch_id=command.launch_id,
             error="this node does not know that attempt", finished_at=time.time()))
 
+    def _answer_resent_launch(self, command: protocol.LaunchJob) -> None:
+        """The control plane re-sends a launch when the job has not been seen to start: its start,
+        or its start and its exit, were lost (a Redis restart, an agent killed after sending).
+        Say again how that attempt stands here; never run it a second time."""
+        applied_at = self._launched_at.get(command.command_id)
+        if applied_at is not None and time.monotonic() - applied_at < REANSWER_AFTER_S:
+            return
+        running = self.runner.launch_of(command.job_id)
+        if running is not None and running.command_id == command.command_id:
+            pid = self.runner.processes()[command.job_id].pid
+            self._publish(protocol.JobStarted(node=self.node, job_id=command.job_id, pid=pid,
+                                              started_at=time.time(), launch_id=command.command_id))
+            return
+        known = self._recent_exit(command.job_id, command.command_id)
+        if known is not None:
+            log.info("launch %s: job %d ended here already; reporting its exit again", command.command_id,
+                     command.job_id)
+            self._publish(known)
+
     def _stop_job(self, command: protocol.StopJob) -> None:
         running = self.runner.running_launches().get(command.job_id)
         if running is not None and command.launch_id in (None, running):
@@ -785,3 +873,8 @@ def _entries(reply) -> list:
 
 def _text(value) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _private(path, flags):
+    """``open(..., opener=_private)``: the file readable by this user only, never followed through a link."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -308,6 +308,44 @@ def test_a_new_agent_does_not_run_again_an_attempt_that_ran_here(redis_url, redi
     assert runs.read_text() == "run\n" and len(started(redis_client, 77)) == 1
 
 
+def test_a_resent_launch_after_its_reports_were_lost_is_answered_with_its_real_exit(
+        redis_url, redis_client, start_agent, tmp_path):
+    """A job whose start and exit were both lost (sent, then Redis restarted empty, while its agent
+    was killed and restarted) stayed PLACED for ever: the control plane re-sends its launch, and
+    the new agent, rightly, does not run it again. It now says how that attempt ended."""
+    runs = tmp_path / "runs.txt"
+    first_agent = start_agent(redis_url)
+    cmd = launch(python(f"open({str(runs)!r}, 'a').write('run\\n'); print('done once')"), attempt=1,
+                 command_id="launch-78-1", job_id=78)
+    send(redis_client, "n1", cmd)
+    [first] = wait_for(lambda: exited(redis_client, 78))
+    first_agent.stop()
+    redis_client.delete(protocol.node_events_stream("n1"))  # what the control plane never read
+
+    start_agent(redis_url)  # a new agent process: nothing in memory, the same work directory
+    wait_for(lambda: events(redis_client, "node_registered"))
+    send(redis_client, "n1", cmd)  # the scheduling loop's re-send of a launch not seen to start
+    [again] = wait_for(lambda: exited(redis_client, 78))
+    assert again == first and (again.exit_code, again.output_tail) == (0, "done once\n")
+    assert runs.read_text() == "run\n" and started(redis_client, 78) == []  # told, not run again
+
+
+def test_a_resent_launch_of_a_running_job_says_it_started(redis_url, redis_client, start_agent, monkeypatch):
+    from agents import agent as agent_module
+
+    monkeypatch.setattr(agent_module, "REANSWER_AFTER_S", 0.5)  # (the control plane re-sends after 15 s)
+    start_agent(redis_url)
+    cmd = launch(python(SLEEPER), job_id=79, command_id="launch-79-1")
+    send(redis_client, "n1", cmd)
+    [first] = wait_for(lambda: started(redis_client, 79))
+    send(redis_client, "n1", cmd)  # delivered twice at once: a duplicate, nothing to say
+    time.sleep(0.6)
+    assert len(started(redis_client, 79)) == 1
+    send(redis_client, "n1", cmd)  # its start report was lost: the control plane re-sends the launch
+    second = wait_for(lambda: started(redis_client, 79)[1:])[0]
+    assert second.pid == first.pid and second.launch_id == "launch-79-1"  # the same process, not a new one
+
+
 def test_a_query_about_an_attempt_answers_and_touches_nothing(redis_url, redis_client, start_agent):
     start_agent(redis_url)
     running = launch(python("import time; time.sleep(30)"), job_id=501, command_id="launch-501-1")
@@ -347,3 +385,27 @@ def test_a_launch_waits_until_an_earlier_attempt_still_running_here_is_stopped(r
     wait_for(lambda: len(started(redis_client, 600)) == 2)
     assert started(redis_client, 600)[-1].launch_id == "launch-600-2"
     wait_for(lambda: marks.read_text() == "600 1\n600 2\n")  # one after the other
+
+
+def test_the_exits_kept_on_disk_are_bounded_and_read_back_by_the_next_agent(tmp_path, monkeypatch):
+    from agents import agent as agent_module
+    from agents.backends.simulated import SimulatedBackend
+    from agents.accounts import RunAsPolicy
+    from agents.runner import JobRunner
+
+    monkeypatch.setattr(agent_module, "RECENT_EXITS", 4)
+
+    def new_agent():
+        return agent_module.Agent("n1", SimulatedBackend("1xT4-16GB", "n1"), "redis://127.0.0.1:1/0",
+                                  JobRunner(tmp_path / "work", run_as=RunAsPolicy(allow_root=True)))
+
+    first = new_agent()
+    for job_id in range(1, 31):
+        first._publish(protocol.JobExited(node="n1", job_id=job_id, exit_code=0, launch_id=f"launch-{job_id}-0",
+                                          finished_at=time.time()))
+    kept = (tmp_path / "work" / agent_module.RECENT_EXITS_FILE).read_text().splitlines()
+    assert len(kept) <= 2 * 4 + 1  # rewritten as it grows, never the whole history
+    later = new_agent()
+    later._load_recent_exits()
+    assert [m.job_id for _, m in later._recent_exits] == [27, 28, 29, 30]
+    assert later._recent_exit(30, "launch-30-0").exit_code == 0 and later._recent_exit(3, "launch-3-0") is None
