@@ -786,16 +786,19 @@ class Agent:
                                           launch_id=command.command_id))
         return True
 
+    def _attempt_report(self, job_id: int, launch_id: str) -> protocol.JobStarted | protocol.JobExited | None:
+        """How the attempt stands here, as its report: its start again while it runs, its exit
+        again if it ended here lately; None if this node does not know it."""
+        running = self.runner.launch_of(job_id)
+        if running is not None and running.command_id == launch_id:
+            pid = self.runner.processes()[job_id].pid
+            return protocol.JobStarted(node=self.node, job_id=job_id, pid=pid, started_at=time.time(),
+                                       launch_id=launch_id)
+        return self._recent_exit(job_id, launch_id)
+
     def _answer_query(self, command: protocol.QueryAttempt) -> None:
         """Say how the attempt stands here, changing nothing (see :class:`protocol.QueryAttempt`)."""
-        running = self.runner.launch_of(command.job_id)
-        if running is not None and running.command_id == command.launch_id:
-            pid = self.runner.processes()[command.job_id].pid
-            self._publish(protocol.JobStarted(node=self.node, job_id=command.job_id, pid=pid,
-                                              started_at=time.time(), launch_id=command.launch_id))
-            return
-        known = self._recent_exit(command.job_id, command.launch_id)
-        self._publish(known or protocol.JobExited(
+        self._publish(self._attempt_report(command.job_id, command.launch_id) or protocol.JobExited(
             node=self.node, job_id=command.job_id, exit_code=None, absent=True, launch_id=command.launch_id,
             error="this node does not know that attempt", finished_at=time.time()))
 
@@ -806,17 +809,11 @@ class Agent:
         applied_at = self._launched_at.get(command.command_id)
         if applied_at is not None and time.monotonic() - applied_at < REANSWER_AFTER_S:
             return
-        running = self.runner.launch_of(command.job_id)
-        if running is not None and running.command_id == command.command_id:
-            pid = self.runner.processes()[command.job_id].pid
-            self._publish(protocol.JobStarted(node=self.node, job_id=command.job_id, pid=pid,
-                                              started_at=time.time(), launch_id=command.command_id))
-            return
-        known = self._recent_exit(command.job_id, command.command_id)
-        if known is not None:
-            log.info("launch %s: job %d ended here already; reporting its exit again", command.command_id,
-                     command.job_id)
-            self._publish(known)
+        report = self._attempt_report(command.job_id, command.command_id)
+        if report is not None:
+            log.info("launch %s: job %d was launched here already; reporting its %s again", command.command_id,
+                     command.job_id, "start" if isinstance(report, protocol.JobStarted) else "exit")
+            self._publish(report)
 
     def _stop_job(self, command: protocol.StopJob) -> None:
         running = self.runner.running_launches().get(command.job_id)
