@@ -226,9 +226,9 @@ class Cycle(Waiting):
                 return  # nothing left in this queue fits what is left of the guarantee
             position = cursors[tenant]
             while position < len(queue):
-                job, shape, _, _, _ = queue[position]
+                job, shape, need, _, _ = queue[position]
                 position += 1
-                if not job.opportunistic_only and job.gpus * job.gpu_milli <= room:
+                if not job.opportunistic_only and need <= room:
                     heapq.heappush(heap, (-job.priority, job.submitted_at, job.id, tenant, job, shape))
                     break
             cursors[tenant] = position
@@ -334,7 +334,7 @@ class Cycle(Waiting):
             if cursor < end:
                 heapq.heappush(heap, (self._share(tenant), tenant))
 
-    def _admit_borrowing(self, job: JobRequest, shape: Shape, key: tuple) -> bool:
+    def _admit_borrowing(self, job: JobRequest, shape: Shape, key: Outcome | tuple) -> bool:
         """A job whose outcome under ``key`` is not known at this version: search, then place it or
         say why not (and remember that answer for the same key)."""
         version = self.state.version

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from functools import cached_property
 from datetime import datetime, timedelta, timezone as dt_timezone
+from functools import cached_property
 
 from django.core.cache import cache
 from django.db import connection
@@ -148,11 +148,6 @@ def _gpus(nodes: list[str] | None) -> list[Gpu]:
 
 def _rows(gpus: list[Gpu]) -> list[Row]:
     return [Row(gpu.id, gpu.node.name, gpu.node.rack, gpu.index, gpu.model, gpu.memory_mib) for gpu in gpus]
-
-    row_of = {row.gpu_id: n for n, row in enumerate(heatmap.rows)}
-    heatmap.values = _cached_matrix(Cells(metric, heatmap.rows, span, row_of), start_epoch, end_epoch,
-                                    int(now.timestamp()))
-    return heatmap
 
 
 # Columns that ended this long ago no longer change: the samples an agent buffers while Redis is
