@@ -5,20 +5,26 @@ loop runs it, with the carry its previous cycle left.
     python bench/decide_snapshot.py /tmp/loop.pkl                              # CPU per cycle
 
 ``steady``: nothing changed since the cycle before (the carry of that cycle); ``churn``: 8 jobs
-ended since (the carry of a steady cycle); ``fresh``: no carry. Prints min and median CPU.
+ended since (the carry of a steady cycle); ``arrivals``: ``--arrivals`` jobs were submitted since,
+one to each of as many tenants (copies of queued requests, submitted now: what a busy cluster sees
+every cycle); ``fresh``: the steady snapshot without a carry (a restarted scheduler); ``room``:
+the loop's first snapshot, a cluster with room (some 2,700 placements), without a carry. Prints
+min and median CPU.
 
 CPU time on a shared 2-core machine moves by a third between identical runs. To compare two
-trees, count instructions instead, which do not move (``--cycles 0`` pays the set-up alone):
+trees, count instructions instead, which do not move. A carried cycle first needs the cycle
+before it, which ``--setup-only`` runs alone:
 
     valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null \\
-        python bench/decide_snapshot.py /tmp/loop.pkl --only steady --cycles 0   # then --cycles 3
+        python bench/decide_snapshot.py /tmp/loop.pkl --only steady --cycles 3 --setup-only   # then without
 
-and take (I refs at 3 - I refs at 0) / 3, with PYTHONHASHSEED=0 for both.
+and take (I refs without - I refs with) / 3, with PYTHONHASHSEED=0 for both.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import pickle
 import statistics
@@ -30,32 +36,55 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jobs.scheduling import decide  # noqa: E402
 from jobs.scheduling.carry import Carry  # noqa: E402
+from jobs.scheduling.snapshot import ClusterSnapshot, JobRequest  # noqa: E402
+
+
+KINDS = ["steady", "churn", "arrivals", "fresh", "room"]
+
+
+def with_arrivals(snapshot: ClusterSnapshot, count: int, now: float) -> ClusterSnapshot:
+    """``snapshot`` with ``count`` new jobs, one each for the first ``count`` tenants that have a
+    queue (a copy of that tenant's first queued request under a new id, submitted ``now``)."""
+    first: dict[str, JobRequest] = {}
+    for job in snapshot.pending:
+        first.setdefault(job.tenant, job)
+    next_id = max(job.id for job in snapshot.pending) + 1
+    new = [dataclasses.replace(job, id=next_id + i, submitted_at=now, reserved_since=None)
+           for i, job in enumerate(list(first.values())[:count])]
+    return dataclasses.replace(snapshot, pending=snapshot.pending + tuple(new))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("snapshots", help="a file written by bench/scheduling_loop.py --save-snapshots")
     parser.add_argument("--cycles", type=int, default=9)
-    parser.add_argument("--only", choices=["steady", "churn", "fresh"])
+    parser.add_argument("--only", choices=KINDS)
+    parser.add_argument("--arrivals", type=int, default=20, help="jobs submitted before an arrivals cycle")
+    parser.add_argument("--setup-only", action="store_true",
+                        help="run each cycle's set-up (the cycle before it) but not the cycle: see above")
     args = parser.parse_args(argv)
     with open(args.snapshots, "rb") as file:
         saved = pickle.load(file)
     steady, churn, now, config = saved["steady"], saved["churn"], saved["now"], saved["config"]
+    arrivals = with_arrivals(steady, args.arrivals, now)
 
     def cycle(kind: str) -> float:
         carry = None
-        if kind != "fresh":
+        if kind not in ("fresh", "room"):
             carry = Carry()
             decide(steady, now, config, carry)  # what the cycle before left
-        snapshot = churn if kind == "churn" else steady
+        snapshot = {"churn": churn, "arrivals": arrivals, "room": saved.get("room")}.get(kind, steady)
         gc.collect()
         started = time.process_time()
-        decide(snapshot, now, config, carry)
+        if not args.setup_only:
+            decide(snapshot, now, config, carry)
         return time.process_time() - started
 
     print(f"decide() on the loop's snapshots: {len(steady.pending)} pending, {len(steady.running)} running, "
           f"{sum(len(n.gpus) for n in steady.nodes)} GPUs")
-    for kind in [args.only] if args.only else ["steady", "churn", "fresh"]:
+    for kind in [args.only] if args.only else KINDS:
+        if kind == "room" and "room" not in saved:
+            continue  # (a file saved before the first snapshot was)
         cpu = [cycle(kind) for _ in range(args.cycles)]
         if cpu:
             print(f"  {kind:7s}: CPU min {min(cpu) * 1000:.0f} ms, median {statistics.median(cpu) * 1000:.0f} ms")

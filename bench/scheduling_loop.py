@@ -319,7 +319,7 @@ def main() -> None:
         steady_snapshot = build_snapshot(client)
         finish_some(rng, args.finish)
         with open(args.save_snapshots, "wb") as out:
-            pickle.dump({"steady": steady_snapshot, "churn": build_snapshot(client), "now": time.time(),
+            pickle.dump({"room": snapshot, "steady": steady_snapshot, "churn": build_snapshot(client), "now": time.time(),
                          "config": scheduler_config()}, out)
         agents_start_placed()
     if args.profile:

@@ -22,6 +22,8 @@ at once).
 
 from __future__ import annotations
 
+from bisect import insort
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from jobs.scheduling.capacity import Capacity
@@ -57,31 +59,55 @@ class Outcome:
 Entry = tuple[JobRequest, Shape, int, Outcome, bool]
 
 
+def queue_order(job: JobRequest) -> tuple:
+    """Where a job stands in its tenant's queue: priority (high first), submit time, id."""
+    return -job.priority, job.submitted_at, job.id
+
+
+# At most this share of a carried queue may be new before it is built again from scratch instead
+# (each arrival is sorted in on its own).
+MAX_ARRIVED_SHARE = 0.25
+
+
 @dataclass(frozen=True, slots=True)
 class TenantQueue:
     """One tenant's pending jobs (in the snapshot's order) and what the queue step made of them."""
 
     jobs: list[JobRequest]
     ceiling_milli: int
-    queue: list[Entry]  # ordered: priority (high first), submit time, id
+    queue: list[Entry]  # in ``queue_order``
     waits: list[Pending]  # told before any pass, in queue order
     smallest_guaranteed_ask: int  # milli-GPUs of the smallest job in ``queue`` that may run guaranteed
+    outcomes: dict[tuple[Shape, bool], Outcome]  # the queue's interned outcomes
 
-    def without_departed(self, jobs: list[JobRequest]) -> TenantQueue | None:
-        """The same queue for ``jobs``, if they are these jobs less some that left (placed,
-        cancelled): what a cycle's placements do to most queues. None if any job is new or changed."""
-        if len(jobs) >= len(self.jobs):
+    def updated(self, jobs: list[JobRequest], entries_of: Callable) -> TenantQueue | None:
+        """The same queue for ``jobs``, if most of them are this queue's very jobs: the jobs that
+        left (placed, cancelled) are dropped and those that arrived (new, or a new request under
+        a known id: edited, requeued) are sorted in, their entries and waits made by
+        ``entries_of(jobs in queue order, outcomes)``. None where a rebuild is as cheap, or
+        where the jobs are not what the loader hands back (one id twice)."""
+        now_by_id = {job.id: job for job in jobs}
+        before = {job.id: job for job in self.jobs}
+        if len(now_by_id) != len(jobs) or len(before) != len(self.jobs):
             return None
-        kept = {job.id: job for job in self.jobs}
-        if len(kept) != len(self.jobs) or not all(kept.get(job.id) is job for job in jobs):
+        arrived = [job for job in jobs if before.get(job.id) is not job]
+        if len(arrived) > MAX_ARRIVED_SHARE * len(jobs):
             return None
-        staying = {job.id for job in jobs}
-        if len(staying) != len(jobs):
-            return None  # (one id twice: not the loader's doing; rebuilt as a fresh cycle would)
-        queue = [entry for entry in self.queue if entry[0].id in staying]
+        queue = [entry for entry in self.queue if now_by_id.get(entry[0].id) is entry[0]]
+        waits = [wait for wait in self.waits if now_by_id.get(wait.job_id) is before[wait.job_id]]
+        if arrived:
+            arrived.sort(key=queue_order)
+            new_queue, new_waits, _ = entries_of(arrived, self.outcomes)
+            for entry in new_queue:
+                insort(queue, entry, key=_entry_order)
+            for wait in new_waits:
+                insort(waits, wait, key=lambda pending: queue_order(now_by_id[pending.job_id]))
         smallest = min((need for job, _, need, _, _ in queue if not job.opportunistic_only), default=UNLIMITED_GPUS)
-        return TenantQueue(jobs, self.ceiling_milli, queue, [wait for wait in self.waits if wait.job_id in staying],
-                           smallest)
+        return TenantQueue(jobs, self.ceiling_milli, queue, waits, smallest, self.outcomes)
+
+
+def _entry_order(entry: Entry) -> tuple:
+    return queue_order(entry[0])
 
 
 def inventory_key(capacity: Capacity) -> tuple:

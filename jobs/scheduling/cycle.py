@@ -33,6 +33,7 @@ import gc
 import heapq
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter
 
 from jobs.scheduling import reasons
@@ -177,7 +178,8 @@ class Cycle(Waiting):
             if found is None or found.ceiling_milli != ceiling:
                 found = self._tenant_queue(tenant, jobs, ceiling)
             elif found.jobs != jobs:
-                found = found.without_departed(jobs) or self._tenant_queue(tenant, jobs, ceiling)
+                found = (found.updated(jobs, partial(self._entries, tenant, ceiling))
+                         or self._tenant_queue(tenant, jobs, ceiling))
             carried[tenant] = found
             queues[tenant] = found.queue
             self.state.pending.extend(found.waits)
@@ -190,10 +192,18 @@ class Cycle(Waiting):
         # Priority (high first), then submit time, then id: two C-level stable sorts.
         ordered.sort(key=attrgetter("submitted_at", "id"))
         ordered.sort(key=attrgetter("priority"), reverse=True)
+        outcomes: dict = {}
+        return TenantQueue(jobs, ceiling, *self._entries(tenant, ceiling, ordered, outcomes), outcomes)
+
+    def _entries(self, tenant: str, ceiling: int, ordered: list[JobRequest],
+                 outcomes: dict) -> tuple[list[Entry], list[Pending], int]:
+        """The queue entries of ``ordered`` (jobs in queue order), the waits told before any pass,
+        and the smallest ask that may run guaranteed. ``outcomes``: the tenant queue's interned
+        ``Outcome`` per (shape, opportunistic only), added to as needed."""
         queue: list[Entry] = []
         waits: list[Pending] = []
         smallest = UNLIMITED_GPUS
-        shapes, outcomes = self.carry.shapes, {}
+        shapes = self.carry.shapes
         for job in ordered:
             if job.gpus * job.gpu_milli > ceiling and job.gpu_milli <= WHOLE_GPU_MILLI:  # more than the tenant may ever hold: say so first
                 waits.append(Pending(job.id, self._reason(reasons.over_max_gpus, tenant, ceiling, job.gpus * job.gpu_milli)))
@@ -213,7 +223,7 @@ class Cycle(Waiting):
                     smallest = need
             else:
                 waits.append(Pending(job.id, reason))
-        return TenantQueue(jobs, ceiling, queue, waits, smallest)
+        return queue, waits, smallest
 
     def _guaranteed_pass(self, queues: dict[str, list[Entry]]) -> None:
         cursors = dict.fromkeys(queues, 0)

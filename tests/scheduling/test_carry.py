@@ -15,7 +15,7 @@ from jobs.scheduling.carry import Carry
 from tests.scheduling.builders import job
 from tests.scheduling.test_invariants import launch, nodes, requests, tenants
 
-EVENTS = ["launch", "launch", "end", "submit", "edit", "resolve", "ceiling", "cordon", "offline", "lose_node",
+EVENTS = ["launch", "launch", "end", "submit", "submit", "edit", "edit", "resolve", "ceiling", "cordon", "offline", "lose_node",
           "config", "reorder", "nothing"]
 CONFIGS = [SchedulerConfig(), SchedulerConfig(gang_single_node_wait_s=0.0), SchedulerConfig(share_memory_headroom_mib=0),
            SchedulerConfig(max_placement_searches=2)]  # (searches are counted by shape identity)
@@ -63,15 +63,22 @@ def step(draw, snapshot: ClusterSnapshot, decisions, event: str, now: float, nex
     return snapshot
 
 
+def queues(carry: Carry) -> dict:
+    return {tenant: ([(entry[0].id, entry[2]) for entry in queue.queue], queue.waits, queue.smallest_guaranteed_ask)
+            for tenant, queue in carry.queues.items()}
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_decisions_with_a_carry_equal_decisions_without(data):
     from jobs.scheduling import carry as carry_module
 
     draw = data.draw
-    bound = carry_module.MAX_SHAPES
-    # Now and then the carry starts again from nothing, as past its bound in a long-lived process.
+    bound, share = carry_module.MAX_SHAPES, carry_module.MAX_ARRIVED_SHARE
+    # Now and then the carry starts again from nothing, as past its bound in a long-lived process;
+    # and queues as short as these are sorted into as well as rebuilt.
     carry_module.MAX_SHAPES = draw(st.sampled_from([bound, 3]))
+    carry_module.MAX_ARRIVED_SHARE = draw(st.sampled_from([share, 1.0]))
     try:
         snapshot = ClusterSnapshot(nodes=tuple(draw(nodes())), tenants=tuple(draw(tenants())), pending=())
         names = [t.name for t in snapshot.tenants] + ["stranger"]
@@ -79,7 +86,9 @@ def test_decisions_with_a_carry_equal_decisions_without(data):
         carry, config, now, next_id = Carry(), CONFIGS[0], 1000.0, 100
         for _ in range(draw(st.integers(2, 7))):
             decisions = decide(snapshot, now, config, carry)
-            assert decisions == decide(snapshot, now, config)
+            fresh = Carry()
+            assert decisions == decide(snapshot, now, config, fresh)
+            assert queues(carry) == queues(fresh)  # (what the next cycle starts from)
             event = draw(st.sampled_from(EVENTS))
             if event == "config":
                 config = draw(st.sampled_from(CONFIGS))
@@ -87,7 +96,7 @@ def test_decisions_with_a_carry_equal_decisions_without(data):
             now += draw(st.sampled_from([1.0, 30.0, 600.0]))
             next_id += 10
     finally:
-        carry_module.MAX_SHAPES = bound
+        carry_module.MAX_SHAPES, carry_module.MAX_ARRIVED_SHARE = bound, share
 
 
 def test_a_queue_that_only_lost_jobs_is_kept_not_rebuilt():
@@ -106,6 +115,28 @@ def test_a_queue_that_only_lost_jobs_is_kept_not_rebuilt():
     kept = carry.queues["nlp"].queue
     assert [entry[0].id for entry in kept] == [2, 3, 4, 5]
     assert all(new is old for new, old in zip(kept, queue[1:]))  # the same entries, not rebuilt
+
+
+def test_a_queue_that_gained_a_few_jobs_keeps_its_entries_and_sorts_the_new_ones_in():
+    """What a busy cluster sees every cycle: a few submissions to a long queue (and an edit, which
+    hands back a new request under a known id) are sorted in, not the whole queue again."""
+    from tests.scheduling.builders import cluster, node, tenant
+
+    queued = [job(i, tenant="nlp", submitted_at=float(i)) for i in range(1, 17)]
+    snapshot = cluster(node("a", gpus=1, busy=1), tenants=[tenant("nlp", max_gpus=4)], pending=queued)
+    carry = Carry()
+    decide(snapshot, 20.0, carry=carry)
+    entries = {entry[0].id: entry for entry in carry.queues["nlp"].queue}
+    edited = dataclasses.replace(queued[5], priority=1)
+    later = dataclasses.replace(snapshot, pending=(
+        *queued[:5], edited, *queued[6:], job(20, tenant="nlp", priority=2, submitted_at=19.0),
+        job(21, tenant="nlp", submitted_at=0.5), job(22, tenant="nlp", gpus=8)))
+    carried = decide(later, 21.0, carry=carry)
+    assert carried == decide(later, 21.0)
+    queue = carry.queues["nlp"]
+    assert [entry[0].id for entry in queue.queue] == [20, 6, 21, 1, 2, 3, 4, 5, *range(7, 17)]
+    assert all(entry is entries[entry[0].id] for entry in queue.queue if entry[0].id not in (6, 20, 21))
+    assert [wait.job_id for wait in queue.waits] == [22]  # more than the tenant may ever hold
 
 
 def test_the_shapes_it_remembers_are_bounded(monkeypatch):
