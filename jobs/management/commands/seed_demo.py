@@ -1,6 +1,7 @@
 """Create the demo tenants and users (idempotent: running it again resets their passwords)."""
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import make_password
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
@@ -28,6 +29,9 @@ class Command(BaseCommand):
     @transaction.atomic
     def handle(self, *args, password: str, **options):
         User = get_user_model()
+        # Every demo user has the same password: hash it once with the configured (slow, strong)
+        # hasher rather than once per user, which was most of the command's time.
+        password_hash = make_password(password)
         tenants = {}
         for slug, name, guaranteed, ceiling, weight in DEMO_TENANTS:
             tenants[slug], _ = Tenant.objects.get_or_create(
@@ -36,7 +40,7 @@ class Command(BaseCommand):
         for username, tenant, staff in DEMO_USERS:
             user, _ = User.objects.get_or_create(username=username, defaults={"email": f"{username}@example.org"})
             user.is_staff = user.is_superuser = staff
-            user.set_password(password)
+            user.password = password_hash
             user.save()
             if tenant:
                 Membership.objects.get_or_create(user=user, tenant=tenants[tenant])
