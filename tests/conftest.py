@@ -12,6 +12,21 @@ import redis as redis_lib
 from cluster_ui.devstack.redis_server import PrivateRedis
 
 
+def pytest_ignore_collect(collection_path, config):
+    """With ``-m e2e`` alone (``make test``'s second pass), a test module whose source never says
+    ``e2e`` is not imported: it can hold no e2e test (the marker is set in the module, as
+    ``pytestmark`` or a decorator), and collecting the whole tree to deselect all but 24 tests took
+    about 8 s, half of it schemathesis drawing the API fuzz's cases."""
+    if config.getoption("markexpr", "").strip() != "e2e" or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None  # conftest.py, helpers: collected as usual
+    try:
+        return b"e2e" not in collection_path.read_bytes() or None
+    except OSError:
+        return None
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``slow`` run first, the order being otherwise kept: on two xdist workers, one
