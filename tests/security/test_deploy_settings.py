@@ -108,7 +108,7 @@ def test_pages_carry_the_browser_security_headers(client, db):
     assert response["Cross-Origin-Opener-Policy"] == "same-origin"
 
 
-def test_https_only_redirects_http_and_sends_hsts(db, settings):
+def test_https_only_redirects_http_and_sends_hsts(db, settings, live_redis):
     settings.SECURE_SSL_REDIRECT, settings.SECURE_HSTS_SECONDS = True, 31536000
     client = Client()
     redirected = client.get("/accounts/login/")
