@@ -116,7 +116,8 @@ def test_https_only_redirects_http_and_sends_hsts(db, settings, live_redis):
     secure = client.get("/accounts/login/", secure=True)
     assert secure.status_code == 200
     assert secure["Strict-Transport-Security"] == "max-age=31536000; includeSubDomains; preload"
-    # Prometheus scrapes /metrics over plain http inside the cluster.
+    # Prometheus scrapes /metrics over plain http inside the cluster (from the private Redis of
+    # live_redis: a system Redis on 6379 that refused writes once made this answer 500).
     assert client.get("/metrics").status_code == 200
 
 
