@@ -295,6 +295,14 @@ class Capacity:
         gpu.blocked = gpu.promised = True
         self._bucket_add(gpu.node)
 
+    def dismantle(self) -> None:
+        """Break the references between nodes and their GPUs once the cycle is done with them, so
+        that reference counting frees this working copy at once. Left in cycles, its ~10^4 slots
+        (and the running jobs their residents lists hold) wait for the garbage collector, whose
+        next pass then walks every object the cycle allocated: ~35 ms a cycle at 8,192 GPUs."""
+        for node in self.nodes:
+            node.gpus = node.empty = []
+
     def reserve(self, node: NodeSlot) -> None:
         """Hold a node for a blocked gang: out of every index; only backfill may look at it."""
         if node.reserved:

@@ -85,7 +85,11 @@ def decide(snapshot: ClusterSnapshot, now: float, config: SchedulerConfig = Sche
     if paused:
         gc.disable()
     try:
-        return Cycle(snapshot, now, config, carry).run()
+        cycle = Cycle(snapshot, now, config, carry)
+        try:
+            return cycle.run()
+        finally:
+            cycle.capacity.dismantle()
     finally:
         if paused:
             gc.enable()

@@ -46,10 +46,12 @@ def _vacate_time(gpu: GpuSlot, now: float, leaving: set[int]) -> float:
     for job in gpu.residents:
         if job.id in leaving:
             continue
-        end = job.expected_end
-        if end is None:
+        runtime = job.expected_runtime_s  # (``expected_end`` spelled out: called for every GPU held)
+        if runtime is None:
             return math.inf
-        latest = max(latest, end)
+        end = job.started_at + runtime
+        if end > latest:
+            latest = end
     if gpu.occupants > len(gpu.residents):  # placed this cycle: no known end
         return math.inf
     return latest
@@ -74,15 +76,16 @@ def _eta_key(eta: float | None) -> float:
 def _nodes_to_hold_of(capacity: Capacity, pools: list[int], shape: Shape, now: float,
                      leaving: set[int]) -> tuple[list[NodeSlot], float | None] | None:
     n = shape.gpus
+    wanted = set(pools)
     options = []
     for node in capacity.nodes:
-        if not node.indexed:
+        if not node.indexed or (node.pool is not None and node.pool not in wanted):
             continue
-        usable = [g for g in node.gpus if g.pool in pools and not g.promised]
-        if not usable:
+        times = [0.0 if g.occupants == 0 and not g.blocked else _vacate_time(g, now, leaving) - now
+                 for g in node.gpus if g.pool in wanted and not g.promised]
+        if not times:
             continue
-        times = sorted(0.0 if g.occupants == 0 and not g.blocked else _vacate_time(g, now, leaving) - now
-                       for g in usable)
+        times.sort()
         options.append((node, times))
     if not options:
         return None

@@ -62,6 +62,21 @@ class CycleResult:
 
 
 def run_scheduling_cycle() -> CycleResult:
+    # A cycle allocates some 10^5 objects that live until it ends (snapshot, decisions), and each
+    # collection they trigger scans them all again: up to a quarter of a cycle's CPU at 50,000
+    # pending jobs. The collector is paused for the cycle and switched back on only once the
+    # cycle's own objects are gone (``_cycle`` has returned): its first pass then walks what
+    # lives on, not 10^5 objects about to be freed anyway (~20 ms a cycle at 8,192 GPUs).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _cycle()
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _cycle() -> CycleResult:
     client = get_redis()
     if client.exists(BACKOFF_KEY):
         return CycleResult(ran=False, backed_off=True)
@@ -71,11 +86,6 @@ def run_scheduling_cycle() -> CycleResult:
     if not lock.acquire():
         return CycleResult(ran=False)
     started = time.perf_counter()
-    # A cycle allocates some 10^5 objects that live until it ends (snapshot, decisions), and each
-    # collection they trigger scans them all again: up to a quarter of a cycle's CPU at 50,000
-    # pending jobs. Garbage in reference cycles waits for the first collection after the cycle.
-    collecting = gc.isenabled()
-    gc.disable()
     lease = decisions = None
     try:
         lease = leadership.acquire(lease_s)
@@ -116,8 +126,6 @@ def run_scheduling_cycle() -> CycleResult:
         log.error("database unavailable (%s); pausing the scheduler for %.0fs", exc, pause)
         return CycleResult(ran=False, backed_off=True)
     finally:
-        if collecting:
-            gc.enable()
         if lease is not None:
             try:
                 leadership.release(lease)
