@@ -55,6 +55,21 @@ def test_nodes_carry_their_runtimes_and_running_jobs_checkpoints_and_array(db, r
     assert (running.checkpoints, running.array_id) == (True, array.pk)
 
 
+def test_each_nodes_links_and_runtimes_reach_the_core_as_it_reported_them(db, redis_client):
+    """The slowest NVLink (Gbit/s, as agents report it) becomes the node's GB/s; no NVLink, PCIe's."""
+    nvlink = [{"a": 0, "b": 1, "kind": "nvlink", "bandwidth_gbps": 2400}]
+    nodes = {name: NodeFactory(name=name, topology=nvlink, runtimes=["podman"]) for name in ("n1", "n2")}
+    NodeFactory(name="pcie", topology=[{"a": 0, "b": 1, "kind": "pcie"}])
+    seen = {n.name: (n.intra_node_gb_per_s, n.runtimes) for n in build_snapshot(redis_client).nodes}
+    assert seen == {"n1": (300.0, frozenset({"podman"})), "n2": (300.0, frozenset({"podman"})),
+                    "pcie": (32.0, frozenset())}
+
+    nodes["n2"].topology, nodes["n2"].runtimes = [{**nvlink[0], "bandwidth_gbps": 1200}], []
+    nodes["n2"].save()
+    seen = {n.name: (n.intra_node_gb_per_s, n.runtimes) for n in build_snapshot(redis_client).nodes}
+    assert seen["n1"] == (300.0, frozenset({"podman"})) and seen["n2"] == (150.0, frozenset())
+
+
 def test_the_snapshot_takes_the_same_queries_for_ten_or_a_hundred_jobs_with_dependencies(db, redis_client):
     tenant = TenantFactory(slug="vision")
     array = JobArray.objects.create(tenant=tenant, owner=JobFactory(tenant=tenant).owner, name="sweep", spec="0-99%8",
