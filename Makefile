@@ -27,19 +27,21 @@ $(CHROMIUM):
 		|| echo "!! could not install chromium: browser tests will be skipped"
 
 # Uses PostgreSQL when one answers on 127.0.0.1:5432 (as CI does), SQLite otherwise; the tests
-# start their own private Redis either way. Two passes: the unit and integration tests on two
+# start their own private Redis either way. Two passes: the unit and integration tests on three
 # xdist workers, then the end-to-end tests (real worker, agent, Redis and web processes) one at a
 # time on a quiet machine: their heartbeats and timeouts are tight, and a CPU-bound test beside
 # them once stretched an agent restart past a node's heartbeat (XDIST= runs the first pass in one
-# process). The first pass hands each worker whole test files (a file's tests share what they cache,
-# e.g. the trace replays), those with a test marked `slow` first, so that neither worker is left
-# alone with a long one at the end.
+# process). Three workers on two cores, because the first pass waits as much as it computes (agents,
+# supervisors and timers in subprocesses): on two workers the CPUs were idle nearly half of it, and
+# a third cut it from about 200 s to 160 s. The first pass hands each worker whole test files (a
+# file's tests share what they cache, e.g. the trace replays), those with a test marked `slow`
+# first, so that no worker is left alone with a long one at the end.
 # Exit status 5 is pytest's "nothing selected", e.g. a -k that matches only one pass.
 # Bytecode is cached (__pycache__, git-ignored) even where the environment sets
 # PYTHONDONTWRITEBYTECODE (our Dockerfile does, and so may a CI image): else every pytest process,
 # and every worker, agent and supervisor the tests start, compiles the project from source again
 # (pytest's collection alone: 12 s of CPU instead of 6, three times a run).
-XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
+XDIST ?= -n 3 --dist loadfile --no-loadscope-reorder
 test: $(STAMP) | $(CHROMIUM)
 	@unset PYTHONDONTWRITEBYTECODE; \
 	if [ -z "$$DATABASE_URL" ] && $(BIN)/python -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null; then \
