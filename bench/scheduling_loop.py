@@ -67,10 +67,28 @@ class Meter:
     statements: dict[str, Counter] = field(default_factory=dict)
     statement_s: dict[str, Counter] = field(default_factory=dict)
     phases: "PhaseClock | None" = None
+    # CPU seconds of this process's garbage collector by the phase measured last before it ran: a
+    # cycle's garbage is often collected after it returns (between cycles, in whatever allocates
+    # next), and that is still the cycle's cost.
+    collector: Counter = field(default_factory=Counter)
+    _collecting: list = field(default_factory=list)
+    _last: str = "setup"
+
+    def watch_collector(self) -> None:
+        def on_collection(phase: str, info: dict) -> None:
+            if phase == "start":
+                self._collecting.append(time.process_time())
+            elif self._collecting:
+                self.collector[self._last] += time.process_time() - self._collecting.pop()
+        gc.callbacks.append(on_collection)
+
+    def collector_per_run(self, name: str) -> float:
+        return self.collector[name] / max(1, len(self.samples.get(name, ())))
 
     def measure(self, name: str, fn):
         from django.db import connection
 
+        self._last = name
         counts = {"queries": 0, "rows": 0, "verdicts": 0}
         if self.phases:
             self.phases.current = name
@@ -278,6 +296,8 @@ def main() -> None:
         meter.measure("snapshot", snapshot_without_gc)
 
     heartbeats()
+    gc.collect()  # (what setting up left is not the cycles' garbage)
+    meter.watch_collector()
     first = meter.measure("first", run_scheduling_cycle)
     started = agents_start_placed()
     steady = []
@@ -291,6 +311,7 @@ def main() -> None:
         churn.append(meter.measure("churn", run_scheduling_cycle))
         agents_start_placed()
 
+    meter._last = "after"  # (what the report and the extras below allocate is not a cycle's)
     core = meter.median("decide")
     print(f"scheduling loop bench: {args.nodes} nodes x {GPUS_PER_NODE} GPUs, {args.tenants} tenants, "
           f"{args.running} running, {args.pending} pending, {db_label} + Redis; medians of {args.repeat}")
@@ -305,6 +326,8 @@ def main() -> None:
     print(row(f"churn cycle ({args.finish} ended)", meter.median("churn"), core.cpu,
               f"; placed {statistics.median(r.placed for r in churn):.0f}, "
               f"throttled {statistics.median(r.throttled for r in churn):.0f}"))
+    print("  garbage collector (this process, wherever it ran, charged to the cycle before it): " + ", ".join(
+        f"{name} {meter.collector_per_run(name) * 1000:.0f} ms" for name in ("first", "steady", "churn")) + " a cycle")
     if phases:
         phases.print()
     if args.statements:
