@@ -141,13 +141,20 @@ def test_a_round_copies_a_bounded_share_of_each_node_and_the_rest_next_time(redi
 
 
 def _many_fields(client, stream, entries, fields=50_000):
-    pipe = client.pipeline(transaction=False)
-    for _ in range(entries):
-        pipe.xadd(stream, {"m": "{}", **{f"f{i}": "1" for i in range(fields)}})
-    pipe.execute()
+    """``entries`` entries of ``fields`` fields each. The XADD is encoded once and sent ``entries``
+    times (a pipeline of XADDs encoded them one by one: 4.6 s of this test's 9, now 0.5 s)."""
+    connection = client.connection_pool.get_connection()
+    try:
+        xadd = connection.pack_command("XADD", stream, "*", "m", "{}",
+                                       *[word for i in range(fields) for word in (f"f{i}", "1")])
+        for _ in range(entries):
+            connection.send_packed_command(xadd, check_health=False)
+        for _ in range(entries):
+            connection.read_response()
+    finally:
+        client.connection_pool.release(connection)
 
 
-@pytest.mark.slow
 def test_entries_of_50000_fields_are_dead_lettered_without_blocking_redis(redis_client, redis_url):
     """The old fan-in walked these inside one Lua script: Redis answered nobody for over a second
     (BUSY past busy-reply-threshold). Now Redis never runs anything long; the node waits alone."""
