@@ -24,7 +24,7 @@ from jobs.scheduling.decisions import Throttle
 from jobs.services import lifecycle
 from jobs.services.commands import send_duty_cycle, send_stop
 from jobs.services.launches import send_attempt
-from jobs.services.row_versions import RowVersions
+from jobs.services.row_versions import RowVersions, listing
 
 
 @dataclass(frozen=True)
@@ -163,8 +163,7 @@ def _queue() -> Queue:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT id, reserved_since IS NOT NULL FROM {jobs} WHERE state = %s", [JobState.PENDING.value])
         rows = cursor.fetchall()
-        cursor.execute(f"SELECT job_id, xmin::text FROM {waits}")
-        versions = cursor.fetchall()
+    versions = listing(waits, "job_id")
 
     def fetch(ids: list[str]):
         with connection.cursor() as cursor:

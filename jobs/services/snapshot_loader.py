@@ -20,7 +20,7 @@ from jobs.models import Allocation, Job, JobArray, JobDependency, JobProfile, Me
 from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, NodeState, TenantQuota, UserLimit
 from jobs.scheduling.snapshot import JobClass, RecordedProfile, RunningJob
 from jobs.services.bulk_rows import ids_in
-from jobs.services.row_versions import RowVersions
+from jobs.services.row_versions import RowVersions, listing
 from monitoring.models import Gpu, JobUsage, Node
 from monitoring.services import live
 from monitoring.services.health import live_node_names
@@ -238,9 +238,7 @@ def _pending_rows() -> list[tuple]:
     if connection.vendor != "postgresql":
         return list(_pending_queryset().values_list(*PENDING_FIELDS))
     table = connection.ops.quote_name(Job._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT id, xmin::text FROM {table} WHERE state = %s", [JobState.PENDING.value])
-        versions = cursor.fetchall()
+    versions = listing(table, "id", "state = %s", [JobState.PENDING.value])
 
     def fetch(ids: list[str]):
         for version, *row in _rows(_pending_queryset()
