@@ -161,8 +161,10 @@ def _queue() -> Queue:
             JobWait.objects.filter(job__state=JobState.PENDING).values_list("job_id", "reason", "eta_at")})
     jobs, waits = (connection.ops.quote_name(model._meta.db_table) for model in (Job, JobWait))
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT id, reserved_since IS NOT NULL FROM {jobs} WHERE state = %s", [JobState.PENDING.value])
-        rows = cursor.fetchall()
+        # (two texts of ids, not a row per pending job: see row_versions.listing)
+        cursor.execute(f"SELECT string_agg(id::text, ','), string_agg(id::text, ',') FILTER "
+                       f"(WHERE reserved_since IS NOT NULL) FROM {jobs} WHERE state = %s", [JobState.PENDING.value])
+        pending, reserved = (set(map(int, ids.split(","))) if ids else set() for ids in cursor.fetchone())
     versions = listing(waits, "job_id")
 
     def fetch(ids: list[str]):
@@ -171,8 +173,7 @@ def _queue() -> Queue:
                            "WHERE job_id = ANY(string_to_array(%s, ',')::bigint[])", [",".join(ids)])
             return [(job_id, version, (text, eta_at)) for job_id, version, text, eta_at in cursor.fetchall()]
 
-    return Queue({job_id for job_id, _ in rows}, {job_id for job_id, reserved in rows if reserved},
-                 _verdict_versions.read(versions, fetch))
+    return Queue(pending, reserved, _verdict_versions.read(versions, fetch))
 
 
 def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> None:
