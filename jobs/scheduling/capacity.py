@@ -122,28 +122,32 @@ class Capacity:
         self.headroom = config.share_memory_headroom_mib
         self.max_load = config.max_shared_load_milli
         self.pools: list[Pool] = []
-        pool_ids: dict[Pool, int] = {}
         self.nodes: list[NodeSlot] = []
         self.gpus: list[GpuSlot] = []
         self.by_id: dict[int, GpuSlot] = {}
         self.max_node_gpus = max((len(n.gpus) for n in snapshot.nodes), default=0)
+        # (this loop and the next see every GPU of the cluster every cycle: lookups are hoisted)
+        pools, pool_ids, gpus, by_id = self.pools, {}, self.gpus, self.by_id
         busy: list[GpuSlot] = []
         for node in snapshot.nodes:
             slot = NodeSlot(len(self.nodes), node, node.schedulable)
             self.nodes.append(slot)
+            link, runtime = node.intra_node_gb_per_s, bool(node.runtimes)
+            node_gpus = slot.gpus
             for gpu in sorted(node.gpus, key=_by_index):
-                pool_key = (gpu.model, gpu.memory_mib, node.intra_node_gb_per_s, bool(node.runtimes), gpu.mig_profile or "")
-                pool = pool_ids.setdefault(pool_key, len(pool_ids))
-                if pool == len(self.pools):
-                    self.pools.append(pool_key)
-                gpu_slot = GpuSlot(len(self.gpus), gpu, slot, pool)
+                pool_key = (gpu.model, gpu.memory_mib, link, runtime, gpu.mig_profile or "")
+                pool = pool_ids.get(pool_key)
+                if pool is None:
+                    pool = pool_ids[pool_key] = len(pools)
+                    pools.append(pool_key)
+                gpu_slot = GpuSlot(len(gpus), gpu, slot, pool)
                 if gpu.busy:
                     busy.append(gpu_slot)
-                self.gpus.append(gpu_slot)
-                self.by_id[gpu.id] = gpu_slot
-                slot.gpus.append(gpu_slot)
-            pools = {g.pool for g in slot.gpus}
-            slot.pool = pools.pop() if len(pools) == 1 else None
+                gpus.append(gpu_slot)
+                by_id[gpu.id] = gpu_slot
+                node_gpus.append(gpu_slot)
+            kinds = {g.pool for g in node_gpus}
+            slot.pool = kinds.pop() if len(kinds) == 1 else None
         self._add_residents(snapshot)
         for gpu in busy:
             if not gpu.residents:  # the holder is unknown: nothing may join it
@@ -154,23 +158,29 @@ class Capacity:
         self.mixed_nodes: list[NodeSlot] = []
         self.opp_index: list[list[list[tuple[int, int]]]] = [[[] for _ in range(ROOM_BUCKETS)] for _ in self.pools]
         self.guar_index: list[list[list[tuple[int, int]]]] = [[[] for _ in range(ROOM_BUCKETS)] for _ in self.pools]
+        index = self._index
         for node in self.nodes:
             node.empty = [g for g in node.gpus if g.occupants == 0 and not g.blocked]
             if node.schedulable:
                 self._bucket_add(node)
                 for gpu in node.gpus:
-                    self._index(gpu)
+                    if gpu.occupants:  # (an empty GPU is in no index)
+                        index(gpu)
         self.start_total_empty = [
             sum(k * len(bucket) for k, bucket in enumerate(self.buckets[pool])) for pool in range(len(self.pools))
         ]
 
     def _add_residents(self, snapshot: ClusterSnapshot) -> None:
+        by_id, headroom = self.by_id, self.headroom
         for job in snapshot.running:
             load = resident_load_milli(job)
-            cpu = host_resources.per_gpu(job.cpu_milli, len(job.gpu_ids))
-            host_mb = host_resources.per_gpu(job.host_memory_mb, len(job.gpu_ids))
+            held = len(job.gpu_ids)
+            cpu = host_resources.per_gpu(job.cpu_milli, held) if job.cpu_milli else 0
+            host_mb = host_resources.per_gpu(job.host_memory_mb, held) if job.host_memory_mb else 0
+            memory = job.memory_mib
+            guaranteed = job.job_class is JobClass.GUARANTEED
             for gpu_id in job.gpu_ids:
-                gpu = self.by_id.get(gpu_id)
+                gpu = by_id.get(gpu_id)
                 if gpu is None:
                     continue
                 if cpu or host_mb:
@@ -178,12 +188,12 @@ class Capacity:
                 gpu.residents.append(job)
                 gpu.occupants += 1
                 gpu.load_milli += load
-                gpu.used_mib += gpu.capacity_mib if job.memory_mib is None else job.memory_mib  # as planned
+                gpu.used_mib += gpu.capacity_mib if memory is None else memory  # as planned
                 if not job.accepts_unfenced:
                     gpu.unfenced_refusals += 1
-                if gpu.margin_mib != self.headroom and needs_headroom(job, gpu.capacity_mib):
-                    gpu.margin_mib = self.headroom
-                if job.job_class is JobClass.GUARANTEED:
+                if gpu.margin_mib != headroom and needs_headroom(job, gpu.capacity_mib):
+                    gpu.margin_mib = headroom
+                if guaranteed:
                     gpu.guaranteed_milli += job.gpu_milli
                     gpu.guaranteed_count += 1
                     if not (job.shareable or job.gpu_milli < WHOLE_GPU_MILLI):
@@ -212,17 +222,24 @@ class Capacity:
             self.buckets[node.pool][len(node.empty)].pop(node.key, None)
 
     def _index(self, gpu: GpuSlot) -> None:
-        if gpu.blocked or gpu.occupants == 0 or not gpu.node.indexed or not gpu.joinable:
+        # (``node.indexed``, ``gpu.joinable``, ``gpu.free_mib`` and ``room_bucket`` spelled out:
+        # called for every GPU with residents every cycle, and on every placement)
+        node, isolation = gpu.node, gpu.isolation
+        if (gpu.blocked or gpu.occupants == 0 or not node.schedulable or node.reserved or isolation == "mig"
+                or (isolation == "unfenced" and gpu.unfenced_refusals)):
             return
-        free = gpu.free_mib
+        free = gpu.capacity_mib - gpu.used_mib
         if free <= self.headroom:
             return
+        entry = (free, gpu.key)
         if gpu.load_milli < self.max_load:
-            gpu.opp_entry = (room_bucket(self.max_load - gpu.load_milli), (free, gpu.key))
-            insort(self.opp_index[gpu.pool][gpu.opp_entry[0]], gpu.opp_entry[1])
+            room = min(ROOM_BUCKETS - 1, (self.max_load - gpu.load_milli) // ROOM_STEP)
+            gpu.opp_entry = (room, entry)
+            insort(self.opp_index[gpu.pool][room], entry)
         if not gpu.exclusive and gpu.guaranteed_milli < WHOLE_GPU_MILLI:
-            gpu.guar_entry = (room_bucket(WHOLE_GPU_MILLI - gpu.guaranteed_milli), (free, gpu.key))
-            insort(self.guar_index[gpu.pool][gpu.guar_entry[0]], gpu.guar_entry[1])
+            room = min(ROOM_BUCKETS - 1, (WHOLE_GPU_MILLI - gpu.guaranteed_milli) // ROOM_STEP)
+            gpu.guar_entry = (room, entry)
+            insort(self.guar_index[gpu.pool][room], entry)
 
     def _unindex(self, gpu: GpuSlot) -> None:
         for index, entry in ((self.opp_index[gpu.pool], gpu.opp_entry), (self.guar_index[gpu.pool], gpu.guar_entry)):
