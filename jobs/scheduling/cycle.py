@@ -305,7 +305,8 @@ class Cycle(Waiting):
             if held[tenant] >= ceiling:  # at the ceiling: nothing more of this tenant can run
                 self._all_at_ceiling(queue[position:], quota)
                 continue
-            ceiling_at, by_need, cursor = None, {}, end
+            # What the tenant holds moves only with a placement, which ends this loop.
+            room, by_need, cursor = ceiling - held[tenant], None, end
             for position in range(position, end):
                 job, shape, need, outcome, depends = queue[position]
                 if job.id in handled:
@@ -314,10 +315,10 @@ class Cycle(Waiting):
                     self._wait_for_array(job)
                 elif users_limited and (capped := self.users.why_waiting(job)) is not None:
                     self._wait(job, *capped)
-                elif held[tenant] + need > ceiling:
+                elif need > room:
                     # (inlined: a tenant just under its ceiling sends most of its queue here)
-                    if ceiling_at != held[tenant]:
-                        ceiling_at, by_need = held[tenant], self._ceiling_waits(tenant)
+                    if by_need is None:
+                        by_need = self._ceiling_waits(tenant)
                     found = by_need.get(need)
                     append_pending(new_pending((job.id, *(found or self._ceiling_wait(quota, need)))))
                 elif state.searches >= limit:
