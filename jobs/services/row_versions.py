@@ -39,6 +39,7 @@ class RowVersions:
 
     def __init__(self) -> None:
         self._seen: dict[str, tuple[int, Any]] = {}  # "id:version" -> (id, value read at that version)
+        self._key_of: dict[int, str] = {}  # id -> its "id:version" in ``_seen``
         self._values: dict[int, Any] = {}
         # The listing of the last read, while ``_values`` is exactly what it read and all of it is
         # kept: the same text again (one comparison at C speed) is answered without a look at
@@ -67,6 +68,7 @@ class RowVersions:
         own = own_xid()
         own_suffix = None if own is None else ":" + own
         kept: dict[str, tuple[int, Any]] = {}
+        key_of: dict[int, str] = {}
         values: dict[int, Any] = {}
         for item in items:
             found = seen.get(item)
@@ -78,12 +80,14 @@ class RowVersions:
                 version, value = fresh
                 values[row_id] = value
                 if version != own:
-                    kept[f"{row_id}:{version}"] = (row_id, value)
+                    key = key_of[row_id] = f"{row_id}:{version}"
+                    kept[key] = (row_id, value)
             else:
-                values[found[0]] = found[1]
+                row_id = found[0]
+                values[row_id] = found[1]
                 if own_suffix is None or not item.endswith(own_suffix):
-                    kept[item] = found
-        self._seen, self._values = kept, values
+                    kept[item], key_of[row_id] = found, item
+        self._seen, self._key_of, self._values = kept, key_of, values
         self.generation = next(_generations)
         self._last = rows if len(kept) == len(values) == len(items) else None
         return values
@@ -96,5 +100,9 @@ class RowVersions:
         for row_id, version, value in written:
             self._last = None
             self.generation = next(_generations)
-            self._seen[f"{row_id}:{version}"] = (row_id, value)
+            key = f"{row_id}:{version}"
+            before = self._key_of.get(row_id)
+            if before is not None and before != key:
+                del self._seen[before]  # (the row is at its new version now: no read will list the old)
+            self._seen[key], self._key_of[row_id] = (row_id, value), key
             self._values[row_id] = value

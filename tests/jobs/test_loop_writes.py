@@ -234,6 +234,11 @@ def test_verdicts_a_committed_cycle_wrote_are_not_read_back_but_anyone_elses_cha
         run_scheduling_cycle()
     assert len(verdict_fetches(captured)) == 1 and len(verdict_writes(captured)) == 1
     assert verdicts([j.pk for j in queued]) == written
+    # ... and the cycle after takes what it wrote as read: no row looked at one by one again.
+    with CaptureQueriesContext(connection) as captured:
+        run_scheduling_cycle()
+    assert verdict_fetches(captured) == [] and verdict_writes(captured) == []
+    assert not [q for q in captured.captured_queries if "txid_current_if_assigned" in q["sql"]]
 
     # A cycle that is rolled back remembers nothing it wrote.
     JobWait.objects.filter(job_id=queued[2].pk).update(reason={"code": "stale", "message": "old", "details": {}})
