@@ -109,3 +109,33 @@ def test_database_outage_pauses_the_loop_with_a_doubling_backoff_then_resumes(on
     job.refresh_from_db()
     assert job.state == JobState.PLACED
     assert not redis_client.exists(cycle_module.BACKOFF_KEY + ":next")
+
+
+def test_the_garbage_collector_is_left_as_the_cycle_found_it_however_the_cycle_ends(online_node, redis_client,
+                                                                                   monkeypatch):
+    """The loop pauses the collector for a cycle (a worker that found it off keeps it off)."""
+    import gc
+
+    from django.db import InternalError
+
+    from jobs.services import scheduling_loop as cycle_module
+
+    def broken(client):
+        raise InternalError("a bug in the snapshot")
+
+    JobFactory(gpus=1)
+    was_enabled = gc.isenabled()
+    try:
+        for collecting in (True, False):
+            (gc.enable if collecting else gc.disable)()
+            assert run_scheduling_cycle().ran  # placed
+            redis_client.set(LOCK_KEY, "someone-else", ex=30)
+            assert not run_scheduling_cycle().ran  # another worker's turn
+            redis_client.delete(LOCK_KEY)
+            with monkeypatch.context() as patched:
+                patched.setattr(cycle_module, "build_snapshot", broken)
+                with pytest.raises(InternalError):
+                    run_scheduling_cycle()
+            assert gc.isenabled() is collecting
+    finally:
+        (gc.enable if was_enabled else gc.disable)()

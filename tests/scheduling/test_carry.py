@@ -30,12 +30,15 @@ def step(draw, snapshot: ClusterSnapshot, decisions, event: str, now: float, nex
     if event == "end" and snapshot.running:
         ended = set(draw(st.lists(st.sampled_from([j.id for j in snapshot.running]), max_size=3)))
         return dataclasses.replace(snapshot, running=tuple(j for j in snapshot.running if j.id not in ended))
-    if event == "submit":
-        return dataclasses.replace(snapshot, pending=snapshot.pending + tuple(draw(requests(next_id, names, 4))))
+    if event == "submit":  # (submit times tie now and then: the queue order falls back on ids)
+        submitted = [dataclasses.replace(j, submitted_at=draw(st.sampled_from([1.0, 2.0, j.submitted_at])))
+                     for j in draw(requests(next_id, names, 4))]
+        return dataclasses.replace(snapshot, pending=snapshot.pending + tuple(submitted))
     if event == "edit" and snapshot.pending:
         index = draw(st.integers(0, len(snapshot.pending) - 1))
-        edited = dataclasses.replace(snapshot.pending[index], priority=draw(st.integers(0, 3)),
-                                     gpus=draw(st.sampled_from([1, 2, 8])), gpu_milli=1000)
+        edited = dataclasses.replace(snapshot.pending[index], priority=draw(st.integers(-1, 3)),
+                                     gpus=draw(st.sampled_from([1, 2, 8])), gpu_milli=1000,
+                                     submitted_at=draw(st.sampled_from([1.0, snapshot.pending[index].submitted_at])))
         return dataclasses.replace(snapshot, pending=snapshot.pending[:index] + (edited,) + snapshot.pending[index + 1:])
     if event == "resolve":
         blocked = job(next_id, tenant=draw(st.sampled_from(names)), waiting_for=((1, "ok"),))
@@ -64,7 +67,14 @@ def step(draw, snapshot: ClusterSnapshot, decisions, event: str, now: float, nex
 
 
 def queues(carry: Carry) -> dict:
-    return {tenant: ([(entry[0].id, entry[2]) for entry in queue.queue], queue.waits, queue.smallest_guaranteed_ask)
+    """Each tenant's queue as the next cycle starts from it: the order, the waits, the smallest ask,
+    and which entries share one ``Outcome`` (the memo's key: by the first entry holding it)."""
+    def sharing(entries) -> list[int]:
+        first: dict[int, int] = {}
+        return [first.setdefault(id(entry[3]), position) for position, entry in enumerate(entries)]
+
+    return {tenant: ([(entry[0].id, entry[2]) for entry in queue.queue], queue.waits, queue.smallest_guaranteed_ask,
+                     sharing(queue.queue))
             for tenant, queue in carry.queues.items()}
 
 
@@ -137,6 +147,23 @@ def test_a_queue_that_gained_a_few_jobs_keeps_its_entries_and_sorts_the_new_ones
     assert [entry[0].id for entry in queue.queue] == [20, 6, 21, 1, 2, 3, 4, 5, *range(7, 17)]
     assert all(entry is entries[entry[0].id] for entry in queue.queue if entry[0].id not in (6, 20, 21))
     assert [wait.job_id for wait in queue.waits] == [22]  # more than the tenant may ever hold
+    # Requests of one shape and class share one memo key, old and new alike.
+    assert len({id(entry[3]) for entry in queue.queue}) == 1
+
+
+def test_an_edited_job_goes_back_to_its_place_among_jobs_submitted_at_the_same_time():
+    """Equal priority and submit time: the id decides, for a job sorted in as for a fresh queue."""
+    from tests.scheduling.builders import cluster, node, tenant
+
+    queued = [job(i, tenant="nlp", submitted_at=5.0) for i in range(1, 17)]
+    snapshot = cluster(node("a", gpus=1, busy=1), tenants=[tenant("nlp", max_gpus=4)], pending=queued)
+    carry = Carry()
+    decide(snapshot, 20.0, carry=carry)
+    edited = dataclasses.replace(queued[2], gpu_memory_mib=1024)
+    later = dataclasses.replace(snapshot, pending=(*queued[:2], *queued[3:], edited))
+    assert decide(later, 21.0, carry=carry) == decide(later, 21.0)
+    assert [entry[0].id for entry in carry.queues["nlp"].queue] == list(range(1, 17))
+    assert carry.queues["nlp"].queue[2][0] is edited
 
 
 def test_the_shapes_it_remembers_are_bounded(monkeypatch):
