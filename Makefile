@@ -31,11 +31,11 @@ $(CHROMIUM):
 # xdist workers, then the end-to-end tests (real worker, agent, Redis and web processes) one at a
 # time on a quiet machine: their heartbeats and timeouts are tight, and a CPU-bound test beside
 # them once stretched an agent restart past a node's heartbeat (XDIST= runs the first pass in one
-# process). Three workers on two cores, because the first pass waits as much as it computes (agents,
-# supervisors and timers in subprocesses): on two workers the CPUs were idle nearly half of it, and
-# a third cut it from about 200 s to 160 s. The first pass hands each worker whole test files (a
-# file's tests share what they cache, e.g. the trace replays), those with a test marked `slow`
-# first, so that no worker is left alone with a long one at the end.
+# process). Three workers on two cores, because the first pass waits on subprocesses (agents,
+# supervisors, timers) much of its time: on two workers the CPUs were idle nearly half of it
+# (122 s on two workers, 115 s on three, back to back on a quiet machine). The first pass hands
+# each worker whole test files (a file's tests share what they cache, e.g. the trace replays),
+# those with a test marked `slow` first, so that no worker is left alone with a long one at the end.
 # Exit status 5 is pytest's "nothing selected", e.g. a -k that matches only one pass.
 # Bytecode is cached (__pycache__, git-ignored) even where the environment sets
 # PYTHONDONTWRITEBYTECODE (our Dockerfile does, and so may a CI image): else every pytest process,
