@@ -198,6 +198,10 @@ COLONY_SCHEDULER_LOCK_LEASE = env_float("COLONY_SCHEDULER_LOCK_LEASE", 30.0)
 COLONY_USAGE_HALF_LIFE_S = env_float("COLONY_USAGE_HALF_LIFE_S", 24 * 3600.0)
 # Stop commands give a job this long after SIGTERM before SIGKILL.
 COLONY_STOP_GRACE_SECONDS = env_float("COLONY_STOP_GRACE_SECONDS", 10.0)
+# A launch not reported started, or a stop not yet confirmed, this long after it was sent is sent
+# again (it may have been lost with Redis, or with a worker that died after its commit); agents
+# recognise a command they already applied.
+COLONY_RESEND_AFTER_S = env_float("COLONY_RESEND_AFTER_S", 15.0)
 # Preemption notice: a job may ask for up to this many seconds between its stop signal and SIGKILL;
 # one that asks for nothing gets the stop grace above.
 COLONY_MAX_PREEMPT_GRACE_S = env_int("COLONY_MAX_PREEMPT_GRACE_S", 300)

@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -320,7 +321,9 @@ def _write_reasons(changed: list[tuple[int, dict, int | None]]) -> None:
             f"first_eta_at = COALESCE({table}.first_eta_at, excluded.first_eta_at)", rows)
 
 
-RESEND_AFTER_S = 15
+def resend_after_s() -> float:
+    """How long a launch or a stop may go unanswered before it is sent again (settings)."""
+    return settings.COLONY_RESEND_AFTER_S
 
 
 def resend_unstarted_launches(redis_client, as_of: datetime | None = None, skip=()) -> int:
@@ -331,15 +334,16 @@ def resend_unstarted_launches(redis_client, as_of: datetime | None = None, skip=
     ``as_of``: when the cycle began applying its decisions (the cutoff is counted from then, so a
     slow cycle does not re-send the launches it just sent); ``skip``: the jobs it placed.
     """
-    cutoff = (as_of or timezone.now()) - timezone.timedelta(seconds=RESEND_AFTER_S)
+    after_s = resend_after_s()
+    cutoff = (as_of or timezone.now()) - timezone.timedelta(seconds=after_s)
     jobs = [job for job in Job.objects.filter(state=JobState.PLACED, placed_at__lt=cutoff)
             .select_related("tenant").order_by("pk") if job.pk not in skip]
     if not jobs:
         return 0
-    # At most one re-send per job per RESEND_AFTER_S, whichever worker gets there first.
+    # At most one re-send per job per resend_after_s(), whichever worker gets there first.
     pipe = redis_client.pipeline(transaction=False)
     for job in jobs:
-        pipe.set(f"colony:resend:{job.pk}", 1, nx=True, ex=RESEND_AFTER_S)
+        pipe.set(f"colony:resend:{job.pk}", 1, nx=True, px=max(1, int(after_s * 1000)))
     return sum(bool(send_attempt(job)) for job, claimed in zip(jobs, pipe.execute()) if claimed)
 
 
@@ -360,7 +364,7 @@ def resend_stops(redis_client) -> int:
     for job_id in stopping:
         key = f"colony:stopping:{job_id}"
         first_seen = redis_client.get(key)
-        if first_seen is None or now - float(first_seen) < RESEND_AFTER_S:
+        if first_seen is None or now - float(first_seen) < resend_after_s():
             if first_seen is None:
                 redis_client.set(key, now, ex=STOPPING_MEMORY_S)
             continue

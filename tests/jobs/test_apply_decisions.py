@@ -155,8 +155,7 @@ def test_re_sent_launch_of_a_gang_keeps_its_rendezvous_environment(node4, redis_
 
 
 def test_a_lost_stop_is_sent_again_while_the_job_is_still_stopping(node4, redis_client,
-                                                                     django_capture_on_commit_callbacks, monkeypatch):
-    from jobs.services import apply
+                                                                     django_capture_on_commit_callbacks, settings):
     from jobs.services.submission import cancel_job
 
     job = JobFactory(gpus=1)
@@ -166,7 +165,7 @@ def test_a_lost_stop_is_sent_again_while_the_job_is_still_stopping(node4, redis_
     redis_client.delete(protocol.command_stream("n1"))  # the stop is lost with Redis
     cycle(django_capture_on_commit_callbacks)  # first sighting of the stopping job: too early to resend
     assert commands(redis_client) == []
-    monkeypatch.setattr(apply, "RESEND_AFTER_S", 0)
+    settings.COLONY_RESEND_AFTER_S = 0
     cycle(django_capture_on_commit_callbacks)
     (stop,) = commands(redis_client)
     assert isinstance(stop, protocol.StopJob) and stop.job_id == job.pk
@@ -193,9 +192,9 @@ def test_a_throttle_to_zero_suspends_the_job_and_the_next_one_resumes_it(node4, 
 
 
 def test_a_placed_job_suspended_before_it_started_is_relaunched_and_suspended(node4, redis_client):
-    from jobs.services.apply import RESEND_AFTER_S, resend_unstarted_launches
+    from jobs.services.apply import resend_after_s, resend_unstarted_launches
 
-    job = JobFactory(gpus=1, state=JobState.PLACED, placed_at=timezone.now() - timedelta(seconds=RESEND_AFTER_S + 1))
+    job = JobFactory(gpus=1, state=JobState.PLACED, placed_at=timezone.now() - timedelta(seconds=resend_after_s() + 1))
     Allocation.objects.create(job=job, gpu=node4.gpus.get(index=0), duty_cycle=0.0)
     assert resend_unstarted_launches(redis_client) == 1
     sent = [(c.kind, getattr(c, "duty_cycle", None)) for c in commands(redis_client) if c.job_id == job.pk]

@@ -156,10 +156,10 @@ def test_throttles_take_a_bounded_number_of_queries_and_tell_each_node_once(node
                     (borrowers[1].pk, "set_duty_cycle"), (borrowers[2].pk, "set_duty_cycle")]
 
 
-def test_a_cycle_does_not_re_send_the_launches_it_has_just_sent(node4, redis_client, monkeypatch,
+def test_a_cycle_does_not_re_send_the_launches_it_has_just_sent(node4, redis_client, settings,
                                                                 django_capture_on_commit_callbacks):
     # However slow the cycle (here: a re-send window of 0 s), its own placements are not re-sent.
-    monkeypatch.setattr(apply, "RESEND_AFTER_S", 0)
+    settings.COLONY_RESEND_AFTER_S = 0
     job = JobFactory(gpus=1)
     with django_capture_on_commit_callbacks(execute=True):
         assert run_scheduling_cycle().placed == 1
