@@ -222,24 +222,18 @@ class Capacity:
             self.buckets[node.pool][len(node.empty)].pop(node.key, None)
 
     def _index(self, gpu: GpuSlot) -> None:
-        # (``node.indexed``, ``gpu.joinable``, ``gpu.free_mib`` and ``room_bucket`` spelled out:
-        # called for every GPU with residents every cycle, and on every placement)
-        node, isolation = gpu.node, gpu.isolation
-        if (gpu.blocked or gpu.occupants == 0 or not node.schedulable or node.reserved or isolation == "mig"
-                or (isolation == "unfenced" and gpu.unfenced_refusals)):
+        if gpu.blocked or gpu.occupants == 0 or not gpu.node.indexed or not gpu.joinable:
             return
-        free = gpu.capacity_mib - gpu.used_mib
+        free = gpu.free_mib
         if free <= self.headroom:
             return
         entry = (free, gpu.key)
         if gpu.load_milli < self.max_load:
-            room = min(ROOM_BUCKETS - 1, (self.max_load - gpu.load_milli) // ROOM_STEP)
-            gpu.opp_entry = (room, entry)
-            insort(self.opp_index[gpu.pool][room], entry)
+            gpu.opp_entry = (room_bucket(self.max_load - gpu.load_milli), entry)
+            insort(self.opp_index[gpu.pool][gpu.opp_entry[0]], entry)
         if not gpu.exclusive and gpu.guaranteed_milli < WHOLE_GPU_MILLI:
-            room = min(ROOM_BUCKETS - 1, (WHOLE_GPU_MILLI - gpu.guaranteed_milli) // ROOM_STEP)
-            gpu.guar_entry = (room, entry)
-            insort(self.guar_index[gpu.pool][room], entry)
+            gpu.guar_entry = (room_bucket(WHOLE_GPU_MILLI - gpu.guaranteed_milli), entry)
+            insort(self.guar_index[gpu.pool][gpu.guar_entry[0]], entry)
 
     def _unindex(self, gpu: GpuSlot) -> None:
         for index, entry in ((self.opp_index[gpu.pool], gpu.opp_entry), (self.guar_index[gpu.pool], gpu.guar_entry)):
