@@ -316,21 +316,23 @@ def job_accounts(tenants: list[str], agents_root: Path, python_problem: str = ""
 
 
 # Migrate, seed the demo and list the tenants (after seeding) in one Django process: each start of
-# Django is about a second of the stack's start-up on a small machine, and this used three.
+# Django is about a second of the stack's start-up on a small machine, and this used three. The
+# password comes on stdin: a command line is readable by every process on the machine.
 SET_UP_DATABASE = """
+import sys
 from django.core.management import call_command
 from jobs.models import Tenant
 call_command("migrate", interactive=False, verbosity=0)
-call_command("seed_demo", password=PASSWORD)
+call_command("seed_demo", password=sys.stdin.readline().rstrip("\\n"))
 print("TENANTS", *Tenant.objects.values_list("slug", flat=True), flush=True)
 """
 
 
 def set_up_database(python: str, env: dict[str, str], password: str) -> list[str]:
     """Migrate and seed the database; the tenants' slugs. What the commands say is passed on."""
-    code = f"PASSWORD = {password!r}\n{SET_UP_DATABASE}"
-    out = subprocess.run([python, "manage.py", "shell", "-v", "0", "-c", code], cwd=BASE_DIR, env=env, check=True,
-                         stdout=subprocess.PIPE, text=True, preexec_fn=lambda: os.umask(0o077)).stdout
+    out = subprocess.run([python, "manage.py", "shell", "-v", "0", "-c", SET_UP_DATABASE], cwd=BASE_DIR, env=env,
+                         check=True, input=password + "\n", stdout=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: os.umask(0o077)).stdout
     tenants = []
     for line in out.splitlines():
         if line.startswith("TENANTS"):
