@@ -403,7 +403,7 @@ class Agent:
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with open(path, "a", encoding="utf-8", opener=_private) as file:
-                file.write(json.dumps({"at": time.time(), "exit": message.model_dump(mode="json")}) + "\n")
+                file.write(_exit_line(time.time(), message))
             self._kept_exits += 1
             if self._kept_exits > 2 * RECENT_EXITS:
                 self._save_recent_exits()
@@ -414,8 +414,8 @@ class Agent:
         """Rewrite the file with the exits still remembered (it would otherwise grow for ever)."""
         path = self.runner.workdir / RECENT_EXITS_FILE
         now, wall = time.monotonic(), time.time()
-        lines = [json.dumps({"at": wall - (now - sent_at), "exit": message.model_dump(mode="json")}) + "\n"
-                 for sent_at, message in self._recent_exits if not message.absent]
+        lines = [_exit_line(wall - (now - sent_at), message) for sent_at, message in self._recent_exits
+                 if not message.absent]
         partial = path.with_suffix(".tmp")
         with open(partial, "w", encoding="utf-8", opener=_private) as file:
             file.writelines(lines)
@@ -870,6 +870,11 @@ def _entries(reply) -> list:
 
 def _text(value) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _exit_line(at: float, message: protocol.JobExited) -> str:
+    """One line of RECENT_EXITS_FILE: when the exit was sent (wall clock) and the exit."""
+    return json.dumps({"at": at, "exit": message.model_dump(mode="json")}) + "\n"
 
 
 def _private(path, flags):
