@@ -207,6 +207,10 @@ class Job(models.Model):
     run_class = models.CharField(max_length=16, choices=RunClass.choices, blank=True,
                                  help_text="How it was admitted when placed.")
     reserved_since = models.DateTimeField(null=True, blank=True, help_text="When its gang reservation began.")
+    # The GPUs a reclaim freed for it (the core's ``Promise``), kept while it waits for them: the
+    # next cycles place it there and nowhere else (``jobs.scheduling.snapshot.Promise``).
+    promised_gpus = models.JSONField(null=True, blank=True, editable=False,
+                                     help_text="Ids of the GPUs a reclaim freed for it, while it waits for them.")
     preempt_count = models.PositiveSmallIntegerField(default=0)
     attempt = models.PositiveIntegerField(
         default=0, help_text="Placements so far; the current one's launch command is launch-<id>-<attempt>.")
@@ -247,6 +251,8 @@ class Job(models.Model):
             models.Index(fields=["tenant", "state"], name="job_tenant_state"),
             # Every submission counts its owner's waiting jobs (COLONY_MAX_PENDING_PER_USER).
             models.Index(fields=["owner"], condition=Q(state="PENDING"), name="job_pending_by_owner"),
+            # Each cycle reads and rewrites the few promises (``promised_gpus``).
+            models.Index(fields=["id"], condition=Q(promised_gpus__isnull=False), name="job_promised"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive"),

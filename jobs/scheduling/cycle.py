@@ -48,7 +48,7 @@ from jobs.scheduling.placement import Choice, Placer, Shape, shape_of
 from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.reclaim import Reclaimer, memory_pressure_victims
 from jobs.scheduling.reservation import may_backfill
-from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass, JobRequest, TenantQuota
+from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass, JobRequest, Promise, TenantQuota
 from jobs.scheduling.duty_cycles import throttles
 from jobs.scheduling.topology import rendezvous_of, slices_of
 from jobs.scheduling.usage import weighted_share
@@ -160,12 +160,14 @@ class Cycle(Waiting):
                                             f"GPU {gpu_id} is short of memory for a guaranteed job"))
             self.reclaimer.borrowed[victim.tenant] -= victim.quota_milli
         queues = self._queues()
+        if self.snapshot.promises:
+            self._keep_promises(queues)
         self._guaranteed_pass(queues)
         self._borrowing_pass(queues)
         return Decisions(
             placements=tuple(self.state.placements), pending=tuple(self.state.pending), preemptions=tuple(self.state.preemptions),
             throttles=tuple(throttles(self.capacity, self.snapshot.running, self.state.leaving, self.config)),
-            reservations=tuple(self.state.reservations),
+            reservations=tuple(self.state.reservations), promises=tuple(self.state.promises),
         )
 
     def _queues(self) -> dict[str, list[Entry]]:
@@ -229,20 +231,61 @@ class Cycle(Waiting):
                 waits.append(Pending(job.id, reason))
         return queue, waits, smallest
 
+    def _keep_promises(self, queues: dict[str, list[Entry]]) -> None:
+        """Jobs that reclaimed GPUs in an earlier cycle come first, onto exactly those GPUs (as
+        Kubernetes' preemptors keep their nominated node): their victims were chosen for them, and
+        a guaranteed job placed by best fit first could take them and leave the reclaimer to
+        reclaim again. While the victims are still stopping the job waits and the GPUs stay
+        promised. A promise that no longer holds (a GPU gone or taken, the job past its guarantee,
+        at its array's or its user's limit) is dropped: the passes treat the job like any other."""
+        wanted = {promise.job_id: promise for promise in self.snapshot.promises}
+        found: list[Entry] = []
+        for tenant in sorted({promise.tenant for promise in wanted.values()}):
+            # (promised jobs ran within the guarantee: near the front of their queue)
+            found.extend(entry for entry in queues.get(tenant, ()) if entry[0].id in wanted)
+        found.sort(key=lambda entry: (-entry[0].priority, entry[0].submitted_at, entry[0].id))
+        by_id = self.capacity.by_id
+        for job, shape, need, _, _ in found:
+            if (job.opportunistic_only or need > self._guaranteed_room(job.tenant)
+                    or job.array_limit is not None and self._array_full(job)
+                    or self.users.why_waiting(job) is not None):
+                continue
+            promise = wanted[job.id]
+            gpus = [by_id.get(gpu_id) for gpu_id in promise.gpu_ids]
+            if None in gpus:
+                continue
+            choice = self.placer.on_gpus(gpus, shape, GUARANTEED)
+            if choice is not None:
+                self._place(job, shape, GUARANTEED, choice)
+            elif self.reclaimer.frees(gpus, shape):
+                for gpu in gpus:
+                    self.capacity.block(gpu)
+                self.state.handled.add(job.id)
+                self.state.promises.append(promise)
+                self._count(job, GUARANTEED)
+                self._wait(job, reasons.reclaiming(job.gpus, 0), eta=0.0)
+
+    def _guaranteed_room(self, tenant: str) -> int:
+        """Milli-GPUs the tenant may still start as guaranteed work."""
+        quota = self.quota(tenant)
+        return min(quota.guaranteed_milli - self.state.guaranteed_held[tenant], quota.ceiling_milli - self.state.held[tenant])
+
     def _guaranteed_pass(self, queues: dict[str, list[Entry]]) -> None:
         cursors = dict.fromkeys(queues, 0)
         heap: list[tuple] = []
 
+        handled = self.state.handled  # (jobs that kept a promise already are)
+
         def push_next(tenant: str) -> None:
-            quota, queue = self.quota(tenant), queues[tenant]
-            room = min(quota.guaranteed_milli - self.state.guaranteed_held[tenant], quota.ceiling_milli - self.state.held[tenant])
+            queue = queues[tenant]
+            room = self._guaranteed_room(tenant)
             if room < self.state.smallest_guaranteed_ask[tenant]:
                 return  # nothing left in this queue fits what is left of the guarantee
             position = cursors[tenant]
             while position < len(queue):
                 job, shape, need, _, _ = queue[position]
                 position += 1
-                if not job.opportunistic_only and need <= room:
+                if not job.opportunistic_only and need <= room and job.id not in handled:
                     heapq.heappush(heap, (-job.priority, job.submitted_at, job.id, tenant, job, shape))
                     break
             cursors[tenant] = position
@@ -281,6 +324,7 @@ class Cycle(Waiting):
                 self.state.preemptions.append(Preempt(
                     victim.id, PreemptReason.RECLAIM_FOR_GUARANTEE,
                     f"Tenant {job.tenant} needs its guaranteed GPUs back for job {job.id}", for_job_id=job.id))
+            self.state.promises.append(Promise(job.id, job.tenant, tuple(gpu.id for gpu in reclaim.gpus)))
             self._count(job, GUARANTEED)
             self._wait(job, reasons.reclaiming(job.gpus, len(reclaim.victims)), eta=0.0)
             return

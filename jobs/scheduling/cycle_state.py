@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from jobs.scheduling.capacity import NodeSlot
 from jobs.scheduling.decisions import Pending, Place, Preempt, Reservation
 from jobs.scheduling.placement import FailureMemo
-from jobs.scheduling.snapshot import JobRequest
+from jobs.scheduling.snapshot import JobRequest, Promise
 
 
 @dataclass(slots=True)
@@ -28,6 +28,7 @@ class CycleState:
     pending: list[Pending] = field(default_factory=list)
     preemptions: list[Preempt] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
+    promises: list[Promise] = field(default_factory=list)
     # Jobs the guaranteed pass settled (placed, reclaiming or waiting): the borrowing pass skips them.
     handled: set[int] = field(default_factory=set)
     searches: int = 0  # placement searches made (bounded by config.max_placement_searches)

@@ -12,7 +12,7 @@ from functools import partial
 from typing import NamedTuple
 
 from jobs.scheduling.reasons import PendingReason
-from jobs.scheduling.snapshot import JobClass
+from jobs.scheduling.snapshot import JobClass, Promise
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,3 +159,6 @@ class Decisions:
     preemptions: tuple[Preempt, ...] = field(default=())
     throttles: tuple[Throttle, ...] = field(default=())
     reservations: tuple[Reservation, ...] = field(default=())
+    # GPUs promised to reclaiming jobs, new or still held: the service keeps them with their jobs
+    # and puts them in the next snapshot (``ClusterSnapshot.promises``), replacing the old ones.
+    promises: tuple[Promise, ...] = field(default=())

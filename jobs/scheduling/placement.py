@@ -177,6 +177,28 @@ class Placer:
             return self._one_gpu(shape, job_class, pools, backfill)
         return self._gang(shape, pools, backfill, spread)
 
+    def on_gpus(self, gpus: list[GpuSlot], shape: Shape, job_class: JobClass) -> Choice | None:
+        """The job on exactly ``gpus`` (freed for it by a reclaim), if they take it now: the rules
+        of a search, applied to one answer."""
+        pools = self.pools_for(shape)
+        if len(gpus) != shape.gpus or len(set(gpus)) != len(gpus) or not all(g.node.indexed for g in gpus):
+            return None
+        if shape.gpus == 1:
+            gpu = gpus[0]
+            return self._single(gpu, shape, shared=bool(gpu.occupants)) if self.fits_gpu(gpu, shape, job_class, pools) else None
+        if any(g.occupants or g.blocked or g.pool not in pools for g in gpus):
+            return None  # a gang takes empty GPUs
+        if len({self.capacity.pools[g.pool][0] for g in gpus}) != 1:
+            return None  # ... of one model
+        by_node: dict[int, tuple[NodeSlot, list[GpuSlot]]] = {}
+        for gpu in sorted(gpus, key=lambda g: g.key):
+            by_node.setdefault(gpu.node.key, (gpu.node, []))[1].append(gpu)
+        if shape.max_nodes is not None and len(by_node) > shape.max_nodes:
+            return None
+        if shape.needs_host and any(filters.gpus_on(node, shape) < len(mine) for node, mine in by_node.values()):
+            return None
+        return self._gang_choice(list(by_node.values()), shape)
+
     def fits_on(self, nodes: list[NodeSlot], shape: Shape, job_class: JobClass) -> bool:
         """Would the job fit on these nodes alone (ignoring that they are held)?"""
         pools = self.pools_for(shape)

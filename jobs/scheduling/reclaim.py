@@ -127,6 +127,18 @@ class Reclaimer:
             return None
         return _total(self._progress(j) for j in victims), victims
 
+    def frees(self, gpus: list[GpuSlot], shape: Shape) -> bool:
+        """Will the job fit on ``gpus`` once the jobs already stopping there have left, with no
+        one else evicted? (A promise kept while its victims stop.)"""
+        pools = self.placer.pools_for(shape)
+        stopping = False
+        for gpu in gpus:
+            found = self._gpu_victims(gpu, shape, pools)
+            if found is None or found[1]:
+                return False
+            stopping = stopping or any(job.id in self.leaving for job in gpu.residents)
+        return stopping
+
     def _estimates(self) -> list[tuple[NodeSlot, list[Loss]]]:
         """Per node, the progress each GPU would lose if all its borrowers went, cheapest first.
 

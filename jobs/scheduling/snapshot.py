@@ -217,9 +217,25 @@ class UserLimit:
 
 
 @dataclass(frozen=True, slots=True)
+class Promise:
+    """GPUs a reclaim freed for a pending guaranteed job (``Decisions.promises``). The service
+    keeps each with its job and hands it back in later snapshots until the job is placed: the job
+    then goes onto those GPUs before anything else is placed, and while its victims are still
+    stopping nobody else may take them. Without it the next cycle no longer knew whom each freed
+    GPU was for: best fit could give one job's GPUs to another, and the first job reclaimed again
+    (more borrowed work lost, one more cycle of waiting)."""
+
+    job_id: int
+    tenant: str
+    gpu_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     nodes: tuple[NodeState, ...]
     pending: tuple[JobRequest, ...]
     tenants: tuple[TenantQuota, ...] = field(default=())
     running: tuple[RunningJob, ...] = field(default=())
     user_limits: tuple[UserLimit, ...] = field(default=())
+    # What earlier cycles' reclaims promised to jobs still pending (the service echoes them).
+    promises: tuple[Promise, ...] = field(default=())

@@ -45,6 +45,7 @@ def apply_decisions(decisions: Decisions) -> Applied:
         throttled = _throttle(decisions.throttles)
         queue = _queue()
         _store_reservations(decisions, queue.reserved)
+        _store_promises(decisions)
         _store_pending_reasons(decisions, queue, now.timestamp())
     return Applied(placed=placed, preempted=preempted, throttled=throttled)
 
@@ -100,6 +101,19 @@ def _store_reservations(decisions: Decisions, reserved: set[int]) -> None:
         Job.objects.filter(pk__in=job_ids, state=JobState.PENDING, reserved_since__isnull=True).update(
             reserved_since=datetime.fromtimestamp(since, tz=dt_timezone.utc)
         )
+
+
+def _store_promises(decisions: Decisions) -> None:
+    """Keep each promise with its job for the next snapshots (``Job.promised_gpus``); clear those
+    the core no longer holds (the job was placed, cancelled, or the promise lapsed)."""
+    held = {promise.job_id: list(promise.gpu_ids) for promise in decisions.promises}
+    stored = dict(Job.objects.filter(promised_gpus__isnull=False).values_list("id", "promised_gpus"))
+    lapsed = stored.keys() - held.keys()
+    if lapsed:
+        Job.objects.filter(pk__in=lapsed).update(promised_gpus=None)
+    for job_id, gpu_ids in held.items():
+        if stored.get(job_id) != gpu_ids:
+            Job.objects.filter(pk=job_id, state=JobState.PENDING).update(promised_gpus=gpu_ids)
 
 
 # ETAs are stored as absolute times rounded to this, so that an estimate that does not move does

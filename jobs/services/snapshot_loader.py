@@ -18,7 +18,7 @@ from jobs.choices import RunClass
 from jobs.choices import TERMINAL_STATES, JobState
 from jobs.models import Allocation, Job, JobArray, JobDependency, JobProfile, Membership, Tenant
 from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, NodeState, TenantQuota, UserLimit
-from jobs.scheduling.snapshot import JobClass, RecordedProfile, RunningJob
+from jobs.scheduling.snapshot import JobClass, Promise, RecordedProfile, RunningJob
 from jobs.services.bulk_rows import ids_in
 from jobs.services.row_versions import RowVersions, listing
 from monitoring.models import Gpu, JobUsage, Node
@@ -52,7 +52,24 @@ def build_snapshot(redis_client) -> ClusterSnapshot:
         ),
         running=_running(samples, gpu_nodes, gpu_memory, slugs, unfenced),
         user_limits=_user_limits(slugs),
+        promises=_promises(slugs),
     )
+
+
+# The most GPUs one promise may name: more than any job may ask for (``Job.gpus`` is validated far
+# below this); a longer list in the column is not the loop's and is ignored.
+MAX_PROMISED_GPUS = 4096
+
+
+def _promises(slugs: dict[int, str]) -> tuple[Promise, ...]:
+    """The GPUs earlier reclaims freed for jobs still pending (a handful: read by a partial index)."""
+    promises = []
+    for job_id, tenant_id, gpu_ids in (Job.objects.filter(promised_gpus__isnull=False, state=JobState.PENDING)
+                                       .order_by("id").values_list("id", "tenant_id", "promised_gpus")):
+        if (isinstance(gpu_ids, list) and 0 < len(gpu_ids) <= MAX_PROMISED_GPUS and tenant_id in slugs
+                and all(type(gpu_id) is int for gpu_id in gpu_ids)):
+            promises.append(Promise(job_id, slugs[tenant_id], tuple(gpu_ids)))
+    return tuple(promises)
 
 
 def _user_limits(slugs: dict[int, str]) -> tuple[UserLimit, ...]:

@@ -84,6 +84,29 @@ def test_guaranteed_tenant_reclaims_from_a_borrower_who_is_requeued(node4, redis
     assert relaunch.state == JobState.PENDING
 
 
+def test_the_gpus_a_reclaim_frees_are_kept_for_the_job_they_were_freed_for(node4, redis_client,
+                                                                          django_capture_on_commit_callbacks):
+    borrowing = TenantFactory(slug="nlp", guaranteed_gpus=0, max_gpus=4)
+    borrowers = [JobFactory(gpus=1, tenant=borrowing) for _ in range(4)]
+    cycle(django_capture_on_commit_callbacks)
+    owed = JobFactory(gpus=1, tenant=TenantFactory(slug="vision", guaranteed_gpus=1, max_gpus=1))
+    cycle(django_capture_on_commit_callbacks)
+    (victim,) = [job for job in borrowers if type(job).objects.get(pk=job.pk).state == JobState.PREEMPTING]
+    freed = Allocation.objects.get(job=victim, released_at__isnull=True).gpu
+    owed.refresh_from_db()
+    assert owed.promised_gpus == [freed.pk]
+    # Garbage in the column (not the loop's) is ignored by the next snapshot, then replaced.
+    type(owed).objects.filter(pk=owed.pk).update(promised_gpus=["x", -1])
+    cycle(django_capture_on_commit_callbacks)
+    owed.refresh_from_db()
+    assert owed.promised_gpus == [freed.pk] and owed.state == JobState.PENDING  # the victim is still stopping
+    exit_event(redis_client, victim, code=-15, stopped=True)
+    cycle(django_capture_on_commit_callbacks)
+    owed.refresh_from_db()
+    assert (owed.state, owed.run_class, owed.promised_gpus) == (JobState.PLACED, RunClass.GUARANTEED, None)
+    assert Allocation.objects.get(job=owed).gpu == freed
+
+
 def test_throttle_decision_reaches_the_agent(node4, redis_client, django_capture_on_commit_callbacks):
     """A guaranteed job slowed next to a borrower: the borrower's duty cycle is cut."""
     from monitoring.services import live

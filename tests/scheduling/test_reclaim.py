@@ -1,10 +1,14 @@
 """Reclaim: a tenant within its guarantee takes its GPUs back from borrowers (youngest first,
 never a guaranteed job), and memory pressure evicts borrowers squeezing a guaranteed job."""
 
+import dataclasses
+
 import pytest
 
 from jobs.scheduling import PreemptReason, decide
-from tests.scheduling.builders import cluster, codes, job, node, pending_of, placed, preempted, running, tenant
+from tests.scheduling.builders import (
+    classes, cluster, codes, gpu_index, job, node, pending_of, placed, preempted, running, tenant,
+)
 
 OWNER_AND_BORROWER = [tenant("owner", guaranteed=4, max_gpus=4), tenant("borrower", guaranteed=0, max_gpus=8)]
 
@@ -142,3 +146,75 @@ def test_a_spread_gang_reclaims_gpus_of_one_model_and_never_waits_on_a_reclaim_o
     assert placed(decisions) == {1: "n2"}
     assert preempted(decisions) == [9]
     assert pending_of(decisions, 2).reason.details == {"needed_gpus": 2, "victims": 1}
+
+
+# -- promises: the GPUs a reclaim freed belong to the job they were freed for ----------------------
+
+def _victims_gone(snapshot, decisions, still_stopping=()):
+    """What the service does between cycles: the victims have stopped (those in ``still_stopping``
+    are stopping yet) and the promises come back with the snapshot."""
+    gone = {p.job_id for p in decisions.preemptions} - set(still_stopping)
+    running = tuple(dataclasses.replace(j, preempting=True) if j.id in still_stopping else j
+                    for j in snapshot.running if j.id not in gone)
+    return dataclasses.replace(snapshot, running=running, promises=decisions.promises)
+
+
+def _three_nodes_all_borrowed():
+    """Nodes of 2 and 3 GPUs of model A and 3 of model B, a borrower on every GPU (B's the
+    youngest, then a3's first two); the owner, within its guarantee, queues 1, 2 and 2 GPUs."""
+    ages = {"a2": [95, 96], "a3": [10, 11, 90], "b3": [1, 2, 3]}  # seconds each borrower has run
+    jobs = [running(100 + 10 * n + i, on=name, gpus=[i], tenant="borrower", opportunistic=True, started_at=100 - age)
+            for n, (name, on_node) in enumerate(ages.items()) for i, age in enumerate(on_node)]
+    return cluster(node("a2", gpus=2, model="A"), node("a3", gpus=3, model="A"), node("b3", gpus=3, model="B"),
+                   tenants=[tenant("owner", guaranteed=5, max_gpus=5), tenant("borrower")], running=jobs,
+                   pending=[job(1, tenant="owner"), job(2, tenant="owner", gpus=2), job(3, tenant="owner", gpus=2)])
+
+
+def test_each_reclaiming_job_starts_on_the_gpus_freed_for_it_and_nobody_is_preempted_twice():
+    snapshot = _three_nodes_all_borrowed()
+    first = decide(snapshot, now=100)
+    assert codes(first) == {1: "reclaiming", 2: "reclaiming", 3: "reclaiming"}
+    where = gpu_index(snapshot)
+    promised = {p.job_id: sorted(where[g] for g in p.gpu_ids) for p in first.promises}
+    assert promised == {1: [("b3", 0)], 2: [("b3", 1), ("b3", 2)], 3: [("a3", 0), ("a3", 1)]}
+    # Best fit alone would put job 1 on a3 (the node with the fewest empty GPUs) and leave job 3
+    # to preempt another borrower there: the promise keeps it to the GPU freed for it.
+    second = decide(_victims_gone(snapshot, first), now=101)
+    assert preempted(second) == []
+    assert {p.job_id: sorted(where[g] for g in p.gpu_ids) for p in second.placements} == promised
+    assert classes(second) == {1: "guaranteed", 2: "guaranteed", 3: "guaranteed"}
+    assert second.promises == ()  # kept: nothing left to promise
+
+
+def test_a_promise_holds_while_its_victims_stop_and_nobody_else_takes_what_is_already_free():
+    snapshot = cluster(node("a", gpus=2), tenants=OWNER_AND_BORROWER + [tenant("third")],
+                       running=[running(10, on="a", gpus=[0], tenant="borrower", opportunistic=True, started_at=90),
+                                running(11, on="a", gpus=[1], tenant="borrower", opportunistic=True, started_at=80)],
+                       pending=[job(1, tenant="owner", gpus=2)])
+    first = decide(snapshot, now=100)
+    assert sorted(preempted(first)) == [10, 11]
+    # One victim has stopped, the other is still stopping; a third tenant now wants one GPU.
+    second_snapshot = _victims_gone(snapshot, first, still_stopping=[11])
+    second_snapshot = dataclasses.replace(second_snapshot, pending=second_snapshot.pending + (job(2, tenant="third"),))
+    second = decide(second_snapshot, now=101)
+    assert placed(second) == {} and preempted(second) == []
+    assert codes(second) == {1: "reclaiming", 2: "over_quota_cluster_full"}
+    assert "already stopping" in pending_of(second, 1).reason.message
+    assert second.promises == first.promises
+    stopped = dataclasses.replace(second_snapshot, running=(), promises=second.promises)
+    assert placed(decide(stopped, now=102)) == {1: "a"}
+
+
+def test_a_promise_that_no_longer_holds_is_dropped_and_the_job_is_scheduled_like_any_other():
+    snapshot = cluster(node("a", gpus=1), node("b", gpus=1), tenants=OWNER_AND_BORROWER,
+                       running=[running(10, on="a", tenant="borrower", opportunistic=True),
+                                running(11, on="b", tenant="borrower", opportunistic=True, started_at=50)],
+                       pending=[job(1, tenant="owner")])
+    first = decide(snapshot, now=100)
+    assert preempted(first) == [11]
+    # Before the job could start, an operator's guaranteed job was placed by hand on b's GPU.
+    taken = dataclasses.replace(_victims_gone(snapshot, first), running=(
+        snapshot.running[0], dataclasses.replace(snapshot.running[1], id=12, tenant="owner", job_class="guaranteed")))
+    second = decide(dataclasses.replace(taken, tenants=[tenant("owner", guaranteed=2), tenant("borrower")]), now=101)
+    assert preempted(second) == [10]  # reclaimed anew, elsewhere
+    assert [(p.job_id, p.gpu_ids) for p in second.promises] == [(1, (snapshot.nodes[0].gpus[0].id,))]

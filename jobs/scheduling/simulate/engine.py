@@ -197,6 +197,7 @@ class Replay:
         self.trace, self.policy, self.config = trace, policy, config
         # The production policy runs as the scheduling loop runs it: with what its last cycle left.
         self.carry = Carry() if policy is decide else None
+        self.promises: tuple = ()  # what the last cycle's reclaims promised, as the service keeps them
         self.interval, self.restart_overhead_s = interval, restart_overhead_s
         self.max_time = max_time
         self.interference, self.knowledge = interference, knowledge
@@ -566,7 +567,7 @@ class Replay:
             replace(self._quota(tenant), decayed_usage=self.usage[tenant]) for tenant in sorted(self.usage)
         )
         return ClusterSnapshot(nodes=tuple(nodes), pending=tuple(self.pending.values()), tenants=tenants,
-                               running=running)
+                               running=running, promises=self.promises)
 
     def _running_job(self, run: _Run) -> RunningJob:
         """The run as the core sees it, rebuilt only when its speed or duty cycle changed."""
@@ -611,6 +612,7 @@ class Replay:
         for place in decisions.placements:
             if place.job_id in self.pending:
                 self._start(place.job_id, place.gpu_ids, place.job_class, place.duty_cycle)
+        self.promises = decisions.promises
         reserved = {r.job_id: r.since for r in decisions.reservations}
         for job_id, request in self.pending.items():
             since = reserved.get(job_id)
