@@ -133,6 +133,8 @@ class Reclaimer:
         pools = self.placer.pools_for(shape)
         stopping = False
         for gpu in gpus:
+            if not gpu.node.schedulable:
+                return False  # lost or cordoned since: no use waiting there
             found = self._gpu_victims(gpu, shape, pools)
             if found is None or found[1]:
                 return False

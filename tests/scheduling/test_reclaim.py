@@ -218,3 +218,18 @@ def test_a_promise_that_no_longer_holds_is_dropped_and_the_job_is_scheduled_like
     second = decide(dataclasses.replace(taken, tenants=[tenant("owner", guaranteed=2), tenant("borrower")]), now=101)
     assert preempted(second) == [10]  # reclaimed anew, elsewhere
     assert [(p.job_id, p.gpu_ids) for p in second.promises] == [(1, (snapshot.nodes[0].gpus[0].id,))]
+
+
+def test_a_promise_on_a_node_cordoned_since_is_dropped_while_its_victim_stops():
+    snapshot = cluster(node("a", gpus=1), node("b", gpus=1), tenants=OWNER_AND_BORROWER,
+                       running=[running(10, on="a", tenant="borrower", opportunistic=True, started_at=10),
+                                running(11, on="b", tenant="borrower", opportunistic=True, started_at=50)],
+                       pending=[job(1, tenant="owner")])
+    first = decide(snapshot, now=100)
+    assert preempted(first) == [11]
+    waiting = _victims_gone(snapshot, first, still_stopping=[11])
+    cordoned = dataclasses.replace(waiting, nodes=(waiting.nodes[0], dataclasses.replace(waiting.nodes[1], cordoned=True)))
+    assert decide(waiting, now=101).promises == first.promises
+    second = decide(cordoned, now=101)
+    assert preempted(second) == [10]  # waiting on b would be for nothing
+    assert [p.gpu_ids for p in second.promises] == [(snapshot.nodes[0].gpus[0].id,)]
