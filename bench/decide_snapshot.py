@@ -19,6 +19,10 @@ before it, which ``--setup-only`` runs alone:
         python bench/decide_snapshot.py /tmp/loop.pkl --only steady --cycles 3 --setup-only   # then without
 
 and take (I refs without - I refs with) / 3, with PYTHONHASHSEED=0 for both.
+
+A change that should only be faster must not change a decision: ``--digest`` runs each kind's
+cycle once, untimed, and prints a sha256 of the repr of what ``decide()`` returned. Compare the
+digests of two trees, with PYTHONHASHSEED=0 for both.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import hashlib
 import pickle
 import statistics
 import sys
@@ -62,18 +67,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arrivals", type=int, default=20, help="jobs submitted before an arrivals cycle")
     parser.add_argument("--setup-only", action="store_true",
                         help="run each cycle's set-up (the cycle before it) but not the cycle: see above")
+    parser.add_argument("--digest", action="store_true",
+                        help="print a sha256 of each kind's decisions (one untimed cycle) instead of timing")
     args = parser.parse_args(argv)
     with open(args.snapshots, "rb") as file:
         saved = pickle.load(file)
     steady, churn, now, config = saved["steady"], saved["churn"], saved["now"], saved["config"]
     arrivals = with_arrivals(steady, args.arrivals, now)
 
-    def cycle(kind: str) -> float:
+    def setup(kind: str) -> tuple[ClusterSnapshot, Carry | None]:
         carry = None
         if kind not in ("fresh", "room"):
             carry = Carry()
             decide(steady, now, config, carry)  # what the cycle before left
         snapshot = {"churn": churn, "arrivals": arrivals, "room": saved.get("room")}.get(kind, steady)
+        return snapshot, carry
+
+    def cycle(kind: str) -> float:
+        snapshot, carry = setup(kind)
         gc.collect()
         started = time.process_time()
         if not args.setup_only:
@@ -85,6 +96,11 @@ def main(argv: list[str] | None = None) -> None:
     for kind in [args.only] if args.only else KINDS:
         if kind == "room" and "room" not in saved:
             continue  # (a file saved before the first snapshot was)
+        if args.digest:
+            snapshot, carry = setup(kind)
+            decisions = decide(snapshot, now, config, carry)
+            print(f"  {kind:7s}: sha256 {hashlib.sha256(repr(decisions).encode()).hexdigest()}")
+            continue
         cpu = [cycle(kind) for _ in range(args.cycles)]
         if cpu:
             print(f"  {kind:7s}: CPU min {min(cpu) * 1000:.0f} ms, median {statistics.median(cpu) * 1000:.0f} ms")

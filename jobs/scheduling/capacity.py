@@ -276,7 +276,8 @@ class Capacity:
         for gpu, memory in zip(gpus, memory_mib):
             if cpu_per_gpu or host_mb_per_gpu:
                 host_resources.take(gpu.node, cpu_per_gpu, host_mb_per_gpu)
-            self._unindex(gpu)
+            if gpu.opp_entry is not None or gpu.guar_entry is not None:  # (an empty GPU is in no index)
+                self._unindex(gpu)
             if gpu.occupants == 0:
                 gpu.node.empty.remove(gpu)
             gpu.occupants += 1

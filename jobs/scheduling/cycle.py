@@ -71,7 +71,20 @@ def _request_key(job: JobRequest) -> tuple:
             job.needs_runtime, job.cpu_milli, job.host_memory_mb, job.mig_profile, job.accepts_unfenced)
 
 
+def _queue_key(job: JobRequest) -> tuple:
+    """Equal for two jobs of one tenant when ``Cycle._entries`` makes the same entry of both, bar
+    the job itself, its dependencies and its expected runtime: the request key's fields (the
+    recorded profile's two apart, after the rest) and whether the job may run guaranteed.
+    (``_entries`` spells it out: it sees every pending job.)"""
+    key = (job.gpus, job.gpu_milli, job.gpu_memory_mib, job.gpu_models, job.max_nodes, job.shareable,
+           job.allreduce_bytes, job.needs_runtime, job.cpu_milli, job.host_memory_mb, job.mig_profile,
+           job.accepts_unfenced, job.opportunistic_only)
+    profile = job.profile
+    return key if profile is None else (key, profile.peak_memory_mib, profile.mean_utilisation)
+
+
 GUARANTEED, OPPORTUNISTIC = JobClass.GUARANTEED, JobClass.OPPORTUNISTIC
+_by_id, _by_submitted_at, _by_priority = attrgetter("id"), attrgetter("submitted_at"), attrgetter("priority")
 
 
 def decide(snapshot: ClusterSnapshot, now: float, config: SchedulerConfig = SchedulerConfig(),
@@ -195,9 +208,12 @@ class Cycle(Waiting):
 
     def _tenant_queue(self, tenant: str, jobs: list[JobRequest], ceiling: int) -> TenantQueue:
         ordered = list(jobs)
-        # Priority (high first), then submit time, then id: two C-level stable sorts.
-        ordered.sort(key=attrgetter("submitted_at", "id"))
-        ordered.sort(key=attrgetter("priority"), reverse=True)
+        # Priority (high first), then submit time, then id: three C-level stable sorts on one
+        # attribute each, the last key first (an int or float key compares in a few instructions,
+        # a tuple key through generic rich comparisons, which cost more than the extra passes).
+        ordered.sort(key=_by_id)
+        ordered.sort(key=_by_submitted_at)
+        ordered.sort(key=_by_priority, reverse=True)
         outcomes: dict = {}
         return TenantQueue(jobs, ceiling, *self._entries(tenant, ceiling, ordered, outcomes), outcomes)
 
@@ -209,27 +225,49 @@ class Cycle(Waiting):
         queue: list[Entry] = []
         waits: list[Pending] = []
         smallest = UNLIMITED_GPUS
-        shapes = self.carry.shapes
+        # This loop sees every pending job, and a tenant's 500 jobs come in a few dozen requests:
+        # what a job gets is worked out once per ``_queue_key`` and looked up after.
+        kinds: dict[tuple, tuple] = {}
+        append, append_wait = queue.append, waits.append
         for job in ordered:
-            if job.gpus * job.gpu_milli > ceiling and job.gpu_milli <= WHOLE_GPU_MILLI:  # more than the tenant may ever hold: say so first
-                waits.append(Pending(job.id, self._reason(reasons.over_max_gpus, tenant, ceiling, job.gpus * job.gpu_milli)))
-                continue
-            found = shapes.get(_request_key(job))  # inlined: this loop sees every pending job
-            shape, reason = found if found is not None else self._shape_and_reason(job)
-            if reason is None and job.waiting_for:
-                waits.append(Pending(job.id, self._reason(reasons.waiting_for_dependency, job.waiting_for)))
-            elif reason is None:
-                need, opportunistic_only = job.gpus * job.gpu_milli, job.opportunistic_only
-                outcome = outcomes.get((shape, opportunistic_only))
-                if outcome is None:
-                    outcome = outcomes[shape, opportunistic_only] = Outcome(tenant, shape, opportunistic_only)
-                queue.append((job, shape, need, outcome,
-                              job.expected_runtime_s is not None or (job.gpus > 1 and shape.max_nodes != 1)))
-                if not opportunistic_only and need < smallest:
-                    smallest = need
+            # (``_queue_key`` inlined; attributes read in bytecode, not by an attrgetter: the
+            # interpreter's specialised slot reads cost a fraction of an attrgetter's generic lookup)
+            key = (job.gpus, job.gpu_milli, job.gpu_memory_mib, job.gpu_models, job.max_nodes, job.shareable,
+                   job.allreduce_bytes, job.needs_runtime, job.cpu_milli, job.host_memory_mb, job.mig_profile,
+                   job.accepts_unfenced, job.opportunistic_only)
+            profile = job.profile
+            if profile is not None:
+                key = (key, profile.peak_memory_mib, profile.mean_utilisation)
+            kind = kinds.get(key)
+            if kind is None:
+                kind = kinds[key] = self._entry_kind(tenant, ceiling, job, outcomes)
+            shape, reason, need, outcome, spread_gang, ask = kind
+            if reason is not None:
+                append_wait(new_pending((job.id, reason, None)))
+            elif job.waiting_for:
+                append_wait(new_pending((job.id, self._reason(reasons.waiting_for_dependency, job.waiting_for), None)))
             else:
-                waits.append(Pending(job.id, reason))
+                append((job, shape, need, outcome, spread_gang or job.expected_runtime_s is not None))
+                if ask < smallest:
+                    smallest = ask
         return queue, waits, smallest
+
+    def _entry_kind(self, tenant: str, ceiling: int, job: JobRequest, outcomes: dict) -> tuple:
+        """What ``_entries`` makes of every job of ``tenant`` with ``job``'s ``_queue_key``:
+        (shape, the reason it waits before any pass or None, milli-GPUs it needs, its Outcome,
+        whether it is a gang that may spread, the ask it adds to the smallest guaranteed one)."""
+        need = job.gpus * job.gpu_milli
+        if need > ceiling and job.gpu_milli <= WHOLE_GPU_MILLI:  # more than the tenant may ever hold: say so first
+            return None, self._reason(reasons.over_max_gpus, tenant, ceiling, need), need, None, False, UNLIMITED_GPUS
+        shape, reason = self._shape_and_reason(job)
+        if reason is not None:
+            return shape, reason, need, None, False, UNLIMITED_GPUS
+        opportunistic_only = job.opportunistic_only
+        outcome = outcomes.get((shape, opportunistic_only))
+        if outcome is None:
+            outcome = outcomes[shape, opportunistic_only] = Outcome(tenant, shape, opportunistic_only)
+        return (shape, None, need, outcome, job.gpus > 1 and shape.max_nodes != 1,
+                UNLIMITED_GPUS if opportunistic_only else need)
 
     def _keep_promises(self, queues: dict[str, list[Entry]]) -> None:
         """Jobs that reclaimed GPUs in an earlier cycle come first, onto exactly those GPUs (as

@@ -8,11 +8,14 @@ ranks is 2(N-1)/N x B / (bandwidth of the slowest link in the ring).
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from jobs.scheduling.capacity import GpuSlot, NodeSlot
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.decisions import NodeSlice, Rendezvous
 
 Candidate = tuple[NodeSlot, list[GpuSlot]]
+_by_index = attrgetter("index")
 
 
 def allreduce_seconds(gpus: int, allreduce_bytes: int, gb_per_s: float) -> float:
@@ -74,7 +77,7 @@ def slices_of(choice: list[Candidate]) -> tuple[NodeSlice, ...]:
     slices = []
     first_rank = 0
     for node_rank, (node, gpus) in enumerate(choice):
-        gpus = sorted(gpus, key=lambda g: g.index)
+        gpus = sorted(gpus, key=_by_index)
         slices.append(NodeSlice(node=node.name, gpu_ids=tuple(g.id for g in gpus),
                                 gpu_indices=tuple(g.index for g in gpus), node_rank=node_rank, first_rank=first_rank))
         first_rank += len(gpus)

@@ -4,7 +4,7 @@ jobs' expected ends allow one."""
 import pytest
 
 from jobs.scheduling import ReasonCode, decide
-from tests.scheduling.builders import cluster, job, node, pending_of, running, tenant
+from tests.scheduling.builders import cluster, codes, job, node, pending_of, placed, running, tenant
 
 T = [tenant("nlp", guaranteed=2, max_gpus=4), tenant("cv", guaranteed=0, max_gpus=8), tenant("wide", guaranteed=0)]
 
@@ -131,3 +131,16 @@ def test_eta_counts_the_queue_ahead():
 def test_impossible_requests_have_no_eta():
     snapshot = cluster(node("a", mem_gib=32), tenants=T, pending=[job(1, tenant="nlp", mem_gib=40)])
     assert decide(snapshot, now=0).pending[0].eta_s is None
+
+
+def test_the_borrowing_pass_stops_searching_at_the_search_limit_and_says_so():
+    """The borrowing pass reads whether searches are left once per search, not once per job: the
+    job after the last search allowed is told it was not considered, not searched for."""
+    from jobs.scheduling.config import SchedulerConfig
+
+    snapshot = cluster(node("a", gpus=8), tenants=[tenant("nlp", guaranteed=0)],
+                       pending=[job(1, tenant="nlp", gpus=1), job(2, tenant="nlp", gpus=2),
+                                job(3, tenant="nlp", gpus=4), job(4, tenant="nlp", gpus=1)])
+    decisions = decide(snapshot, now=10, config=SchedulerConfig(max_placement_searches=2))
+    assert sorted(placed(decisions)) == [1, 2]
+    assert codes(decisions) == {3: "not_considered", 4: "not_considered"}
