@@ -28,10 +28,13 @@ $(CHROMIUM):
 
 # Uses PostgreSQL when one answers on 127.0.0.1:5432 (as CI does), SQLite otherwise; the tests
 # start their own private Redis either way. Two passes: the unit and integration tests on three
-# xdist workers, then the end-to-end tests (real worker, agent, Redis and web processes) one at a
-# time on a quiet machine: their heartbeats and timeouts are tight, and a CPU-bound test beside
-# them once stretched an agent restart past a node's heartbeat (XDIST= runs the first pass in one
-# process). Three workers on two cores, because the first pass waits on subprocesses (agents,
+# xdist workers, then the end-to-end tests (real worker, agent, Redis and web processes) on two,
+# whole files each (E2E_XDIST= runs them one at a time): their heartbeats and timeouts are tight,
+# and a CPU-bound test beside them once stretched an agent restart past a node's heartbeat, so they
+# never share the machine with the first pass. Two of them side by side mostly wait (together
+# about one core): 24 of 24 passed in each of four runs beside a helper's two valgrind processes
+# (load average 3.5-6.8), in 162-180 s against 228 s one at a time under the same load (XDIST=
+# runs the first pass in one process). Three workers on two cores, because the first pass waits on subprocesses (agents,
 # supervisors, timers) much of its time: on two workers the CPUs were idle nearly half of it
 # (122 s on two workers, 115 s on three, back to back on a quiet machine). The first pass hands
 # each worker whole test files (a file's tests share what they cache, e.g. the trace replays),
@@ -42,13 +45,14 @@ $(CHROMIUM):
 # and every worker, agent and supervisor the tests start, compiles the project from source again
 # (pytest's collection alone: 12 s of CPU instead of 6, three times a run).
 XDIST ?= -n 3 --dist loadfile --no-loadscope-reorder
+E2E_XDIST ?= -n 2 --dist loadfile
 test: $(STAMP) | $(CHROMIUM)
 	@unset PYTHONDONTWRITEBYTECODE; \
 	if [ -z "$$DATABASE_URL" ] && $(BIN)/python -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null; then \
 		export DATABASE_URL=postgres://postgres@127.0.0.1:5432/colony; echo "Testing on PostgreSQL (127.0.0.1:5432)"; \
 	else echo "Testing on $${DATABASE_URL:-SQLite}"; fi; \
 	$(BIN)/python -m pytest $(XDIST) -m "not e2e" $(PYTEST_ARGS); first=$$?; \
-	$(BIN)/python -m pytest -m e2e $(PYTEST_ARGS); second=$$?; \
+	$(BIN)/python -m pytest $(E2E_XDIST) -m e2e $(PYTEST_ARGS); second=$$?; \
 	for code in $$first $$second; do [ $$code -eq 0 ] || [ $$code -eq 5 ] || exit $$code; done
 
 # Re-pin after changing dependencies in pyproject.toml.
