@@ -126,15 +126,18 @@ class Carry:
         self._inventory: tuple | None = None
         self.shapes: dict[tuple, tuple] = {}  # request key -> (Shape, inventory reason or None)
         self.queues: dict[str, TenantQueue] = {}
+        # Shape -> the same request without CPU or host memory (``Waiting._host_shortage``),
+        # interned as the shapes are: the placer's caches key on identity.
+        self.plain_shapes: dict[Shape, Shape] = {}
 
     def begin(self, config: SchedulerConfig, capacity: Capacity) -> None:
         """Start a cycle: forget everything if the config or the inventory changed."""
         inventory = inventory_key(capacity)
         if config != self._config or inventory != self._inventory:
             self._config, self._inventory = config, inventory
-            self.shapes, self.queues = {}, {}
+            self.shapes, self.queues, self.plain_shapes = {}, {}, {}
         elif len(self.shapes) > MAX_SHAPES:
             # (the queues go too: a cycle interns one Shape per request key, and memos and the
             # search budget count by Shape identity, so a carried queue must hold the shapes
             # this table hands out)
-            self.shapes, self.queues = {}, {}
+            self.shapes, self.queues, self.plain_shapes = {}, {}, {}

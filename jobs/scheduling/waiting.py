@@ -100,8 +100,15 @@ class Waiting:
         known = self.memo.now(self.state.version)
         key = ("host", shape, job_class)
         if key not in known:
-            plain = replace(shape, cpu_per_gpu=0, host_mb_per_gpu=0)
-            choice = self.placer.find(plain, job_class, [])
+            # One plain shape per shape (the placer's caches key on identity), and a plain request
+            # that found nothing finds nothing for the rest of the cycle (capacity only shrinks).
+            plain = self.carry.plain_shapes.get(shape)
+            if plain is None:
+                plain = self.carry.plain_shapes[shape] = replace(shape, cpu_per_gpu=0, host_mb_per_gpu=0)
+            tag = ("host", job_class)
+            choice = None if self.memo.failed.fails(tag, plain) else self.placer.find(plain, job_class, [])
+            if choice is None:
+                self.memo.failed.record(tag, plain)
             known[key] = None if choice is None else next(
                 (short for node, gpus in choice.slices
                  if (short := host_resources.shortage([node], shape.cpu_per_gpu, shape.host_mb_per_gpu, len(gpus)))),

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from jobs.scheduling.carry import Carry
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.cycle import UNLIMITED_GPUS, decide
 from jobs.scheduling.decisions import Decisions
 from jobs.scheduling.snapshot import ClusterSnapshot, TenantQuota
 
 
-def packing_without_quotas(snapshot: ClusterSnapshot, now: float, config: SchedulerConfig = SchedulerConfig()) -> Decisions:
+def packing_without_quotas(snapshot: ClusterSnapshot, now: float, config: SchedulerConfig = SchedulerConfig(),
+                           carry: Carry | None = None) -> Decisions:
     tenants = {job.tenant for job in snapshot.pending} | {job.tenant for job in snapshot.running}
     weights = {t.name: t for t in snapshot.tenants}
     unlimited = tuple(
@@ -26,4 +28,4 @@ def packing_without_quotas(snapshot: ClusterSnapshot, now: float, config: Schedu
     )
     # Running jobs keep their class: in the trace replay everything this policy launched is
     # opportunistic anyway, and on a production snapshot guaranteed work stays protected.
-    return decide(replace(snapshot, tenants=unlimited), now, config)
+    return decide(replace(snapshot, tenants=unlimited), now, config, carry)

@@ -44,6 +44,7 @@ than it has is still carried out and counted as a violation, which tests assert 
 from __future__ import annotations
 
 import heapq
+import inspect
 import math
 from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
@@ -195,8 +196,9 @@ class Replay:
         if not 0.0 <= interference < 1.0:
             raise ValueError("interference is a share of speed lost per co-resident, in [0, 1)")
         self.trace, self.policy, self.config = trace, policy, config
-        # The production policy runs as the scheduling loop runs it: with what its last cycle left.
-        self.carry = Carry() if policy is decide else None
+        # The production policy runs as the scheduling loop runs it: with what its last cycle left
+        # (so does any policy built on it that takes a carry: the same decisions, sooner).
+        self.carry = Carry() if policy is decide or "carry" in inspect.signature(policy).parameters else None
         self.promises: tuple = ()  # what the last cycle's reclaims promised, as the service keeps them
         self.interval, self.restart_overhead_s = interval, restart_overhead_s
         self.max_time = max_time
