@@ -270,21 +270,30 @@ class Cycle(Waiting):
                 UNLIMITED_GPUS if opportunistic_only else need)
 
     def _keep_promises(self, queues: dict[str, list[Entry]]) -> None:
-        """Jobs that reclaimed GPUs in an earlier cycle come first, onto exactly those GPUs (as
-        Kubernetes' preemptors keep their nominated node): their victims were chosen for them, and
-        a guaranteed job placed by best fit first could take them and leave the reclaimer to
-        reclaim again. While the victims are still stopping the job waits and the GPUs stay
-        promised. A promise that no longer holds (a GPU gone or taken, the job past its guarantee,
-        at its array's or its user's limit) is dropped: the passes treat the job like any other."""
+        """Jobs that reclaimed GPUs in an earlier cycle come first, onto exactly those GPUs: their
+        victims were chosen for them, and another guaranteed job placed there by best fit would
+        leave them to reclaim again (more borrowed work lost). While a job's victims are still
+        stopping, its GPUs stay promised and nobody else may take them, but the job itself starts
+        elsewhere if it can. A promise yields to guaranteed work of its tenant queued since at a
+        higher priority that the guarantee cannot hold beside it, and lapses when it no longer
+        holds (a GPU gone, taken or on a node lost or cordoned since, the job past its guarantee or
+        at its array's or its user's limit): the passes then treat the job like any other."""
         wanted = {promise.job_id: promise for promise in self.snapshot.promises}
-        found: list[Entry] = []
+        found: list[tuple[Entry, int]] = []  # with the guaranteed milli-GPUs of higher priority ahead
         for tenant in sorted({promise.tenant for promise in wanted.values()}):
-            # (promised jobs ran within the guarantee: near the front of their queue)
-            found.extend(entry for entry in queues.get(tenant, ()) if entry[0].id in wanted)
-        found.sort(key=lambda entry: (-entry[0].priority, entry[0].submitted_at, entry[0].id))
-        by_id = self.capacity.by_id
-        for job, shape, need, _, _ in found:
-            if (job.opportunistic_only or need > self._guaranteed_room(job.tenant)
+            room, higher, level, level_priority = self._guaranteed_room(tenant), 0, 0, None
+            for entry in queues.get(tenant, ()):  # (by priority, high first)
+                job, need = entry[0], entry[2]
+                if job.priority != level_priority:
+                    higher, level, level_priority = higher + level, 0, job.priority
+                if job.id in wanted:
+                    found.append((entry, higher))
+                elif not job.opportunistic_only and need <= room:
+                    level += need
+        found.sort(key=lambda item: (-item[0][0].priority, item[0][0].submitted_at, item[0][0].id))
+        by_id, stopping = self.capacity.by_id, []
+        for (job, shape, need, _, _), ahead in found:
+            if (job.opportunistic_only or need + ahead > self._guaranteed_room(job.tenant)
                     or job.array_limit is not None and self._array_full(job)
                     or self.users.why_waiting(job) is not None):
                 continue
@@ -296,12 +305,19 @@ class Cycle(Waiting):
             if choice is not None:
                 self._place(job, shape, GUARANTEED, choice)
             elif self.reclaimer.frees(gpus, shape):
-                for gpu in gpus:
-                    self.capacity.block(gpu)
-                self.state.handled.add(job.id)
-                self.state.promises.append(promise)
-                self._count(job, GUARANTEED)
-                self._wait(job, reasons.reclaiming(job.gpus, 0), eta=0.0)
+                stopping.append((job, shape, promise, gpus))
+        for *_, gpus in stopping:  # (all of them first: no job may start on another's)
+            for gpu in gpus:
+                self.capacity.block(gpu)
+        for job, shape, promise, gpus in stopping:
+            choice = self._find(job, shape, GUARANTEED)
+            if isinstance(choice, Choice):
+                self._place(job, shape, GUARANTEED, choice)
+                continue
+            self.state.handled.add(job.id)
+            self.state.promises.append(promise)
+            self._count(job, GUARANTEED)
+            self._wait(job, reasons.reclaiming(job.gpus, 0), eta=0.0)
 
     def _guaranteed_room(self, tenant: str) -> int:
         """Milli-GPUs the tenant may still start as guaranteed work."""

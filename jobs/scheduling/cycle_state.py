@@ -29,7 +29,8 @@ class CycleState:
     preemptions: list[Preempt] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
     promises: list[Promise] = field(default_factory=list)
-    # Jobs the guaranteed pass settled (placed, reclaiming or waiting): the borrowing pass skips them.
+    # Jobs settled before the borrowing pass (placed, reclaiming or waiting, by the guaranteed pass
+    # or as the holders of a promise): the passes after skip them.
     handled: set[int] = field(default_factory=set)
     searches: int = 0  # placement searches made (bounded by config.max_placement_searches)
     reclaims: int = 0  # reclaim searches made (bounded by config.max_reclaims)

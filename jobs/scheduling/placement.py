@@ -197,7 +197,8 @@ class Placer:
             return None
         if shape.needs_host and any(filters.gpus_on(node, shape) < len(mine) for node, mine in by_node.values()):
             return None
-        return self._gang_choice(list(by_node.values()), shape)
+        # Largest share first, as a search orders them (the first node hosts the rendezvous).
+        return self._gang_choice(sorted(by_node.values(), key=lambda slice_: (-len(slice_[1]), slice_[0].key)), shape)
 
     def fits_on(self, nodes: list[NodeSlot], shape: Shape, job_class: JobClass) -> bool:
         """Would the job fit on these nodes alone (ignoring that they are held)?"""

@@ -9,9 +9,10 @@ Two ways a running job gets preempted, and never a guaranteed one:
   youngest jobs go first (least progress lost); among GPUs and nodes, the set that loses the
   fewest GPU-seconds of progress wins (nodes are ranked by an estimate made once per cycle and the
   best ``RECLAIM_NODES_EVALUATED`` that can host the job are compared exactly). The reclaiming
-  job stays pending (``RECLAIMING``) and the GPUs chosen are promised to it for the rest of the
-  cycle; once the victims have stopped, the next cycle places it there (guaranteed work is placed
-  before any borrowing).
+  job stays pending (``RECLAIMING``) and the GPUs chosen are promised to it
+  (``Decisions.promises``, kept by the service until it is placed): nothing else lands on them,
+  and once the victims have stopped, a later cycle places it there before any other placement
+  (``Cycle._keep_promises``).
 * **Memory pressure**: a GPU holding a guaranteed job whose residents no longer fit in memory
   (live usage grew past the plan) sheds opportunistic residents, youngest first.
 
@@ -129,7 +130,12 @@ class Reclaimer:
 
     def frees(self, gpus: list[GpuSlot], shape: Shape) -> bool:
         """Will the job fit on ``gpus`` once the jobs already stopping there have left, with no
-        one else evicted? (A promise kept while its victims stop.)"""
+        one else evicted? (A promise kept while its victims stop; the node's CPU and host memory
+        are checked when it is placed there.)"""
+        if len(gpus) != shape.gpus or len(set(gpus)) != len(gpus):
+            return False  # the job was edited since
+        if len({self.capacity.pools[gpu.pool][0] for gpu in gpus}) != 1:
+            return False  # a gang runs on one model
         pools = self.placer.pools_for(shape)
         stopping = False
         for gpu in gpus:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from jobs.scheduling import ClusterSnapshot, SchedulerConfig, decide
 from jobs.scheduling.carry import Carry
 from tests.scheduling.builders import job
-from tests.scheduling.test_invariants import launch, nodes, requests, tenants
+from tests.scheduling.test_invariants import check_invariants, launch, nodes, requests, tenants, warm_clusters
 
 EVENTS = ["launch", "launch", "end", "submit", "submit", "edit", "edit", "resolve", "ceiling", "cordon", "offline", "lose_node",
           "config", "reorder", "nothing"]
@@ -25,8 +25,13 @@ def step(draw, snapshot: ClusterSnapshot, decisions, event: str, now: float, nex
     """The next cycle's snapshot after ``event`` (jobs left alone stay the very same objects, as
     the snapshot loader keeps them)."""
     names = sorted({t.name for t in snapshot.tenants} | {"stranger"})
-    if event == "launch":
-        return launch(snapshot, decisions, now, draw)
+    if event == "launch":  # (some victims take their grace to stop: their GPUs stay promised)
+        preempted = [p.job_id for p in decisions.preemptions]
+        stopping = set(draw(st.lists(st.sampled_from(preempted), unique=True))) if preempted else set()
+        launched = launch(snapshot, dataclasses.replace(decisions, preemptions=tuple(
+            p for p in decisions.preemptions if p.job_id not in stopping)), now, draw)
+        return dataclasses.replace(launched, running=tuple(
+            dataclasses.replace(j, preempting=True) if j.id in stopping else j for j in launched.running))
     if event == "end" and snapshot.running:
         ended = set(draw(st.lists(st.sampled_from([j.id for j in snapshot.running]), max_size=3)))
         return dataclasses.replace(snapshot, running=tuple(j for j in snapshot.running if j.id not in ended))
@@ -99,14 +104,45 @@ def test_decisions_with_a_carry_equal_decisions_without(data):
             fresh = Carry()
             assert decisions == decide(snapshot, now, config, fresh)
             assert queues(carry) == queues(fresh)  # (what the next cycle starts from)
+            promised = [gpu for promise in decisions.promises for gpu in promise.gpu_ids]
+            assert len(promised) == len(set(promised))
+            assert not set(promised) & {gpu for place in decisions.placements for gpu in place.gpu_ids}
             event = draw(st.sampled_from(EVENTS))
             if event == "config":
                 config = draw(st.sampled_from(CONFIGS))
-            snapshot = step(draw, snapshot, decisions, event, now, next_id)
+            # (the service keeps the promises for the next cycle, whatever happened meanwhile)
+            snapshot = dataclasses.replace(step(draw, snapshot, decisions, event, now, next_id),
+                                           promises=decisions.promises)
             now += draw(st.sampled_from([1.0, 30.0, 600.0]))
             next_id += 10
     finally:
         carry_module.MAX_SHAPES, carry_module.MAX_ARRIVED_SHARE = bound, share
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_reclaim_promises_kept_over_cycles_hold_every_invariant_with_a_carry_as_without(data):
+    """Clusters mostly borrowed, where reclaims happen: the promises go round as the service keeps
+    them, some victims take their grace to stop, and whatever else happens between cycles a
+    promised GPU is never given to anyone else nor promised twice."""
+    draw = data.draw
+    snapshot, carry, config, now, next_id = draw(warm_clusters()), Carry(), CONFIGS[0], 1000.0, 5000
+    for _ in range(draw(st.integers(2, 6))):
+        decisions = decide(snapshot, now, config, carry)
+        assert decisions == decide(snapshot, now, config, Carry())
+        check_invariants(snapshot, decisions)
+        promised = [gpu for promise in decisions.promises for gpu in promise.gpu_ids]
+        assert len(promised) == len(set(promised))
+        assert not set(promised) & {gpu for place in decisions.placements for gpu in place.gpu_ids}
+        gpus = {job.id: job.gpus for job in snapshot.pending}
+        assert all(len(promise.gpu_ids) == gpus[promise.job_id] for promise in decisions.promises)
+        event = draw(st.sampled_from(EVENTS + ["launch"] * 4))
+        if event == "config":
+            config = draw(st.sampled_from(CONFIGS))
+        snapshot = dataclasses.replace(step(draw, snapshot, decisions, event, now, next_id),
+                                       promises=decisions.promises)
+        now += draw(st.sampled_from([1.0, 30.0, 600.0]))
+        next_id += 10
 
 
 def test_a_queue_that_only_lost_jobs_is_kept_not_rebuilt():

@@ -233,3 +233,44 @@ def test_a_promise_on_a_node_cordoned_since_is_dropped_while_its_victim_stops():
     second = decide(cordoned, now=101)
     assert preempted(second) == [10]  # waiting on b would be for nothing
     assert [p.gpu_ids for p in second.promises] == [(snapshot.nodes[0].gpus[0].id,)]
+
+
+def test_a_promised_job_starts_at_once_on_a_gpu_free_now_rather_than_wait_for_its_victim():
+    snapshot = cluster(node("a", gpus=2), tenants=[tenant("owner", guaranteed=1, max_gpus=1), tenant("borrower")],
+                       running=[running(10, on="a", gpus=[0], tenant="borrower", opportunistic=True, started_at=90),
+                                running(11, on="a", gpus=[1], tenant="borrower", opportunistic=True, started_at=10)],
+                       pending=[job(1, tenant="owner")])
+    first = decide(snapshot, now=100)
+    assert preempted(first) == [10]
+    # Job 10 takes its whole grace to stop; job 11 has ended meanwhile; a borrower queues again.
+    waiting = _victims_gone(snapshot, first, still_stopping=[10])
+    waiting = dataclasses.replace(waiting, running=tuple(j for j in waiting.running if j.id != 11),
+                                  pending=waiting.pending + (job(20, tenant="borrower"),))
+    second = decide(waiting, now=101)
+    assert placed(second) == {1: "a"} and pending_of(second, 20).reason.code == "over_quota_cluster_full"
+    assert second.promises == ()
+
+
+def test_a_promise_yields_to_a_higher_priority_job_of_its_tenant_queued_since():
+    snapshot = cluster(node("a", gpus=1), tenants=[tenant("owner", guaranteed=1, max_gpus=1), tenant("borrower")],
+                       running=[running(10, on="a", tenant="borrower", opportunistic=True)],
+                       pending=[job(1, tenant="owner")])
+    first = decide(snapshot, now=100)
+    urgent = dataclasses.replace(_victims_gone(snapshot, first), pending=(job(1, tenant="owner"),
+                                                                          job(2, tenant="owner", priority=10)))
+    second = decide(urgent, now=101)
+    assert placed(second) == {2: "a"} and codes(second) == {1: "at_max_gpus"}
+    assert second.promises == ()
+
+
+def test_a_promise_for_a_job_edited_since_to_more_gpus_is_dropped_and_the_job_reclaims_anew():
+    snapshot = cluster(node("a", gpus=2), tenants=OWNER_AND_BORROWER,
+                       running=[running(10, on="a", gpus=[0], tenant="borrower", opportunistic=True, started_at=90),
+                                running(11, on="a", gpus=[1], tenant="borrower", opportunistic=True, started_at=10)],
+                       pending=[job(1, tenant="owner")])
+    first = decide(snapshot, now=100)
+    edited = dataclasses.replace(_victims_gone(snapshot, first, still_stopping=[10]),
+                                 pending=(job(1, tenant="owner", gpus=2),))
+    second = decide(edited, now=101)
+    assert preempted(second) == [11]
+    assert [len(p.gpu_ids) for p in second.promises] == [2]
