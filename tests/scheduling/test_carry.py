@@ -71,6 +71,26 @@ def step(draw, snapshot: ClusterSnapshot, decisions, event: str, now: float, nex
     return snapshot
 
 
+def advance(draw, snapshot: ClusterSnapshot, decisions, events: list[str], config: SchedulerConfig, now: float,
+            next_id: int) -> tuple[ClusterSnapshot, SchedulerConfig, float, int]:
+    """The next cycle's snapshot, config, clock and first free job id, after an event drawn from
+    ``events``; the service keeps the promises for the next cycle, whatever happened meanwhile."""
+    event = draw(st.sampled_from(events))
+    if event == "config":
+        config = draw(st.sampled_from(CONFIGS))
+    snapshot = dataclasses.replace(step(draw, snapshot, decisions, event, now, next_id), promises=decisions.promises)
+    return snapshot, config, now + draw(st.sampled_from([1.0, 30.0, 600.0])), next_id + 10
+
+
+def check_promises(snapshot: ClusterSnapshot, decisions) -> None:
+    """No GPU promised twice, none both promised and placed, each promise the size of its job."""
+    promised = [gpu for promise in decisions.promises for gpu in promise.gpu_ids]
+    assert len(promised) == len(set(promised))
+    assert not set(promised) & {gpu for place in decisions.placements for gpu in place.gpu_ids}
+    gpus = {job.id: job.gpus for job in snapshot.pending}
+    assert all(len(promise.gpu_ids) == gpus[promise.job_id] for promise in decisions.promises)
+
+
 def queues(carry: Carry) -> dict:
     """Each tenant's queue as the next cycle starts from it: the order, the waits, the smallest ask,
     and which entries share one ``Outcome`` (the memo's key: by the first entry holding it)."""
@@ -104,17 +124,8 @@ def test_decisions_with_a_carry_equal_decisions_without(data):
             fresh = Carry()
             assert decisions == decide(snapshot, now, config, fresh)
             assert queues(carry) == queues(fresh)  # (what the next cycle starts from)
-            promised = [gpu for promise in decisions.promises for gpu in promise.gpu_ids]
-            assert len(promised) == len(set(promised))
-            assert not set(promised) & {gpu for place in decisions.placements for gpu in place.gpu_ids}
-            event = draw(st.sampled_from(EVENTS))
-            if event == "config":
-                config = draw(st.sampled_from(CONFIGS))
-            # (the service keeps the promises for the next cycle, whatever happened meanwhile)
-            snapshot = dataclasses.replace(step(draw, snapshot, decisions, event, now, next_id),
-                                           promises=decisions.promises)
-            now += draw(st.sampled_from([1.0, 30.0, 600.0]))
-            next_id += 10
+            check_promises(snapshot, decisions)
+            snapshot, config, now, next_id = advance(draw, snapshot, decisions, EVENTS, config, now, next_id)
     finally:
         carry_module.MAX_SHAPES, carry_module.MAX_ARRIVED_SHARE = bound, share
 
@@ -131,18 +142,9 @@ def test_reclaim_promises_kept_over_cycles_hold_every_invariant_with_a_carry_as_
         decisions = decide(snapshot, now, config, carry)
         assert decisions == decide(snapshot, now, config, Carry())
         check_invariants(snapshot, decisions)
-        promised = [gpu for promise in decisions.promises for gpu in promise.gpu_ids]
-        assert len(promised) == len(set(promised))
-        assert not set(promised) & {gpu for place in decisions.placements for gpu in place.gpu_ids}
-        gpus = {job.id: job.gpus for job in snapshot.pending}
-        assert all(len(promise.gpu_ids) == gpus[promise.job_id] for promise in decisions.promises)
-        event = draw(st.sampled_from(EVENTS + ["launch"] * 4))
-        if event == "config":
-            config = draw(st.sampled_from(CONFIGS))
-        snapshot = dataclasses.replace(step(draw, snapshot, decisions, event, now, next_id),
-                                       promises=decisions.promises)
-        now += draw(st.sampled_from([1.0, 30.0, 600.0]))
-        next_id += 10
+        check_promises(snapshot, decisions)
+        snapshot, config, now, next_id = advance(draw, snapshot, decisions, EVENTS + ["launch"] * 4, config, now,
+                                                 next_id)
 
 
 def test_a_queue_that_only_lost_jobs_is_kept_not_rebuilt():
