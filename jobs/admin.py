@@ -176,7 +176,8 @@ class JobAdmin(admin.ModelAdmin):
     list_filter = ("state", "run_class", "tenant")
     search_fields = ("name", "owner__username")
     list_select_related = ("tenant", "owner")
-    readonly_fields = ("submitted_at", "placed_at", "started_at", "finished_at", "pending_reason", "output_tail")
+    readonly_fields = ("submitted_at", "placed_at", "started_at", "finished_at", "pending_reason", "promised_gpus",
+                       "output_tail")
     inlines = [AllocationInline]
     actions = ["cancel_jobs", "requeue_jobs", "resubmit_jobs"]
 

@@ -84,6 +84,10 @@ def _queue_key(job: JobRequest) -> tuple:
 
 
 GUARANTEED, OPPORTUNISTIC = JobClass.GUARANTEED, JobClass.OPPORTUNISTIC
+
+
+def _node_names(gpus) -> tuple[str, ...]:
+    return tuple(sorted({gpu.node.name for gpu in gpus}))
 _by_id, _by_submitted_at, _by_priority = attrgetter("id"), attrgetter("submitted_at"), attrgetter("priority")
 
 
@@ -317,7 +321,7 @@ class Cycle(Waiting):
             self.state.handled.add(job.id)
             self.state.promises.append(promise)
             self._count(job, GUARANTEED)
-            self._wait(job, reasons.reclaiming(job.gpus, 0), eta=0.0)
+            self._wait(job, reasons.reclaiming(job.gpus, 0, _node_names(gpus)), eta=0.0)
 
     def _guaranteed_room(self, tenant: str) -> int:
         """Milli-GPUs the tenant may still start as guaranteed work."""
@@ -380,7 +384,7 @@ class Cycle(Waiting):
                     f"Tenant {job.tenant} needs its guaranteed GPUs back for job {job.id}", for_job_id=job.id))
             self.state.promises.append(Promise(job.id, job.tenant, tuple(gpu.id for gpu in reclaim.gpus)))
             self._count(job, GUARANTEED)
-            self._wait(job, reasons.reclaiming(job.gpus, len(reclaim.victims)), eta=0.0)
+            self._wait(job, reasons.reclaiming(job.gpus, len(reclaim.victims), _node_names(reclaim.gpus)), eta=0.0)
             return
         self._blocked(job, shape, GUARANTEED)
 

@@ -336,16 +336,18 @@ def waiting_for_free_gpus(gpus: int, needed_mib: int | None, one_node: bool, mos
     )
 
 
-def reclaiming(gpus: int, victims: int) -> PendingReason:
+def reclaiming(gpus: int, victims: int, nodes: tuple[str, ...] = ()) -> PendingReason:
+    """``nodes``: where the GPUs promised to it are (it starts there, or sooner elsewhere)."""
+    where = f" on {', '.join(nodes)}" if nodes else ""
     if victims:
-        source = f"reclaiming {_gpus(gpus)} from {victims} borrowed job{'s' if victims != 1 else ''}"
+        source = f"reclaiming {_gpus(gpus)}{where} from {victims} borrowed job{'s' if victims != 1 else ''}"
     else:
-        source = f"{_gpus(gpus)} are being released by borrowed jobs already stopping"
-    return PendingReason(
-        ReasonCode.RECLAIMING,
-        f"Within your guarantee: {source}; starts once they have stopped.",
-        {"needed_gpus": gpus, "victims": victims},
-    )
+        source = f"{_gpus(gpus)}{where} are being released by borrowed jobs already stopping"
+    details = {"needed_gpus": gpus, "victims": victims}
+    if nodes:
+        details["nodes"] = list(nodes)
+    return PendingReason(ReasonCode.RECLAIMING, f"Within your guarantee: {source}; starts once they have stopped.",
+                         details)
 
 
 def reserved_for_gang(holder_job: int, holder_gpus: int, nodes: tuple[str, ...]) -> PendingReason:

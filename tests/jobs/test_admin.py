@@ -96,6 +96,14 @@ def test_cancel_and_resubmit_jobs_from_the_admin(admin, alice, vision):
     assert (copy.state, copy.gpu_memory_mib, copy.priority, copy.owner) == (JobState.PENDING, 1000, 2, alice)
 
 
+def test_an_operator_sees_the_gpus_promised_to_a_reclaiming_job_and_cannot_edit_them(admin, alice, vision):
+    job = JobFactory(tenant=vision, owner=alice, promised_gpus=[4711, 4712])
+    page = admin.get(f"/admin/jobs/job/{job.pk}/change/")
+    assert page.status_code == 200
+    assert "Promised gpus" in page.content.decode() and "[4711, 4712]" in page.content.decode()
+    assert "promised_gpus" not in page.context["adminform"].form.fields
+
+
 @pytest.mark.parametrize("path", ["/admin/jobs/quotachange/", "/admin/jobs/tenant/add/", "/admin/monitoring/alert/",
                                   "/admin/monitoring/jobusage/", "/admin/monitoring/gpu/"])
 def test_admin_pages_load(admin, cluster, path):

@@ -145,7 +145,7 @@ def test_a_spread_gang_reclaims_gpus_of_one_model_and_never_waits_on_a_reclaim_o
     decisions = decide(snapshot, now=1002.0)
     assert placed(decisions) == {1: "n2"}
     assert preempted(decisions) == [9]
-    assert pending_of(decisions, 2).reason.details == {"needed_gpus": 2, "victims": 1}
+    assert pending_of(decisions, 2).reason.details == {"needed_gpus": 2, "victims": 1, "nodes": ["n0", "n1"]}
 
 
 # -- promises: the GPUs a reclaim freed belong to the job they were freed for ----------------------
@@ -174,6 +174,8 @@ def test_each_reclaiming_job_starts_on_the_gpus_freed_for_it_and_nobody_is_preem
     snapshot = _three_nodes_all_borrowed()
     first = decide(snapshot, now=100)
     assert codes(first) == {1: "reclaiming", 2: "reclaiming", 3: "reclaiming"}
+    assert pending_of(first, 3).reason.message == (
+        "Within your guarantee: reclaiming 2 GPUs on a3 from 2 borrowed jobs; starts once they have stopped.")
     where = gpu_index(snapshot)
     promised = {p.job_id: sorted(where[g] for g in p.gpu_ids) for p in first.promises}
     assert promised == {1: [("b3", 0)], 2: [("b3", 1), ("b3", 2)], 3: [("a3", 0), ("a3", 1)]}
