@@ -266,6 +266,14 @@ def main() -> None:
 
     rng = random.Random(7)
     populate(rng, args.nodes, args.tenants, args.running, args.pending)
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        # As autovacuum would within a minute of the load: a table never analysed has no
+        # statistics, and the planner then scans all 50,000 rows for the handful a partial index
+        # holds (the reclaim promises: 10 ms a query instead of 0.02).
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
     client = redis.Redis.from_url(redis_server.url)
 
     def heartbeats():
