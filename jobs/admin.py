@@ -7,7 +7,7 @@ from django.db.models import Count, OuterRef, Subquery, Sum
 from django.utils.html import format_html
 
 from jobs.choices import TERMINAL_STATES, RunClass, JobState
-from jobs.models import Allocation, Job, JobProfile, Membership, QuotaChange, Tenant
+from jobs.models import Allocation, Job, JobProfile, JobPromise, Membership, QuotaChange, Tenant
 from jobs.services.submission import NotCancellable, NotRequeueable, cancel_job, requeue_job, submit_job
 from monitoring.admin import NodeAdmin
 from monitoring.models import Node
@@ -178,6 +178,12 @@ class JobAdmin(admin.ModelAdmin):
     list_select_related = ("tenant", "owner")
     readonly_fields = ("submitted_at", "placed_at", "started_at", "finished_at", "pending_reason", "promised_gpus",
                        "output_tail")
+
+    @admin.display(description="Promised GPUs")
+    def promised_gpus(self, job: Job):
+        """The GPUs a reclaim freed for it, while it waits for them (``JobPromise``)."""
+        promise = JobPromise.objects.filter(job=job).first()
+        return promise.gpu_ids if promise else "-"
     inlines = [AllocationInline]
     actions = ["cancel_jobs", "requeue_jobs", "resubmit_jobs"]
 

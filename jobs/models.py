@@ -207,10 +207,6 @@ class Job(models.Model):
     run_class = models.CharField(max_length=16, choices=RunClass.choices, blank=True,
                                  help_text="How it was admitted when placed.")
     reserved_since = models.DateTimeField(null=True, blank=True, help_text="When its gang reservation began.")
-    # The GPUs a reclaim freed for it (the core's ``Promise``), kept while it waits for them: the
-    # next cycles place it there and nowhere else (``jobs.scheduling.snapshot.Promise``).
-    promised_gpus = models.JSONField(null=True, blank=True, editable=False,
-                                     help_text="Ids of the GPUs a reclaim freed for it, while it waits for them.")
     preempt_count = models.PositiveSmallIntegerField(default=0)
     attempt = models.PositiveIntegerField(
         default=0, help_text="Placements so far; the current one's launch command is launch-<id>-<attempt>.")
@@ -251,8 +247,6 @@ class Job(models.Model):
             models.Index(fields=["tenant", "state"], name="job_tenant_state"),
             # Every submission counts its owner's waiting jobs (COLONY_MAX_PENDING_PER_USER).
             models.Index(fields=["owner"], condition=Q(state="PENDING"), name="job_pending_by_owner"),
-            # Each cycle reads and rewrites the few promises (``promised_gpus``).
-            models.Index(fields=["id"], condition=Q(promised_gpus__isnull=False), name="job_promised"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive"),
@@ -263,6 +257,21 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
+
+
+class JobPromise(models.Model):
+    """The GPUs a reclaim freed for a pending job (the core's ``Promise``), kept while it waits for
+    them: the next cycles place it there, and nobody else, before anything else is placed. A
+    handful of rows, in a table of their own: each cycle reads them all, and a partial index on the
+    jobs table was only used once PostgreSQL had statistics for the new column (until the next
+    autovacuum analysis, each read scanned every job ever submitted). The loop deletes a promise
+    once the core no longer holds it (placed, cancelled, lapsed); Django deletes it with its job."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="promise")
+    gpu_ids = models.JSONField(help_text="Ids of the GPUs freed for it.")
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: GPUs {self.gpu_ids}"
 
 
 class JobWait(models.Model):

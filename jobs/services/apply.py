@@ -19,7 +19,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs.choices import TERMINAL_STATES, RunClass, JobState
-from jobs.models import Allocation, Job, JobWait
+from jobs.models import Allocation, Job, JobPromise, JobWait
 from jobs.scheduling import Decisions
 from jobs.scheduling.decisions import Throttle
 from jobs.services import lifecycle
@@ -104,16 +104,17 @@ def _store_reservations(decisions: Decisions, reserved: set[int]) -> None:
 
 
 def _store_promises(decisions: Decisions) -> None:
-    """Keep each promise with its job for the next snapshots (``Job.promised_gpus``); clear those
-    the core no longer holds (the job was placed, cancelled, or the promise lapsed)."""
+    """Keep each promise for the next snapshots (``JobPromise``); delete those the core no longer
+    holds (the job was placed, cancelled, or the promise lapsed)."""
     held = {promise.job_id: list(promise.gpu_ids) for promise in decisions.promises}
-    stored = dict(Job.objects.filter(promised_gpus__isnull=False).values_list("id", "promised_gpus"))
+    stored = dict(JobPromise.objects.values_list("job_id", "gpu_ids"))
     lapsed = stored.keys() - held.keys()
     if lapsed:
-        Job.objects.filter(pk__in=lapsed).update(promised_gpus=None)
-    for job_id, gpu_ids in held.items():
-        if stored.get(job_id) != gpu_ids:
-            Job.objects.filter(pk=job_id, state=JobState.PENDING).update(promised_gpus=gpu_ids)
+        JobPromise.objects.filter(job_id__in=lapsed).delete()
+    changed = {job_id: gpu_ids for job_id, gpu_ids in held.items() if stored.get(job_id) != gpu_ids}
+    if changed:  # (for jobs still pending: one cancelled since gets none)
+        for job_id in Job.objects.filter(pk__in=changed, state=JobState.PENDING).values_list("pk", flat=True):
+            JobPromise.objects.update_or_create(job_id=job_id, defaults={"gpu_ids": changed[job_id]})
 
 
 # ETAs are stored as absolute times rounded to this, so that an estimate that does not move does

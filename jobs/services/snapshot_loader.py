@@ -16,7 +16,7 @@ from django.db.models.functions import Cast, Coalesce
 
 from jobs.choices import RunClass
 from jobs.choices import TERMINAL_STATES, JobState
-from jobs.models import Allocation, Job, JobArray, JobDependency, JobProfile, Membership, Tenant
+from jobs.models import Allocation, Job, JobArray, JobDependency, JobProfile, JobPromise, Membership, Tenant
 from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, NodeState, TenantQuota, UserLimit
 from jobs.scheduling.snapshot import JobClass, Promise, RecordedProfile, RunningJob
 from jobs.services.bulk_rows import ids_in
@@ -57,16 +57,21 @@ def build_snapshot(redis_client) -> ClusterSnapshot:
 
 
 # The most GPUs one promise may name: more than any job may ask for (``Job.gpus`` is validated far
-# below this); a longer list in the column is not the loop's and is ignored.
+# below this); a longer list is not the loop's and is ignored.
 MAX_PROMISED_GPUS = 4096
 
 
 def _promises(slugs: dict[int, str]) -> tuple[Promise, ...]:
-    """The GPUs earlier reclaims freed for jobs still pending (a handful: read by a partial index)."""
+    """The GPUs earlier reclaims freed for jobs still pending (a handful of rows)."""
+    rows = list(JobPromise.objects.order_by("job_id").values_list("job_id", "gpu_ids"))
+    if not rows:
+        return ()  # (most cycles: no join with the jobs table, whose plan would depend on its statistics)
+    tenants = dict(Job.objects.filter(pk__in=[job_id for job_id, _ in rows], state=JobState.PENDING)
+                   .values_list("pk", "tenant_id"))
     promises = []
-    for job_id, tenant_id, gpu_ids in (Job.objects.filter(promised_gpus__isnull=False, state=JobState.PENDING)
-                                       .order_by("id").values_list("id", "tenant_id", "promised_gpus")):
-        if (isinstance(gpu_ids, list) and 0 < len(gpu_ids) <= MAX_PROMISED_GPUS and tenant_id in slugs
+    for job_id, gpu_ids in rows:
+        tenant_id = tenants.get(job_id)
+        if (tenant_id in slugs and isinstance(gpu_ids, list) and 0 < len(gpu_ids) <= MAX_PROMISED_GPUS
                 and all(type(gpu_id) is int for gpu_id in gpu_ids)):
             promises.append(Promise(job_id, slugs[tenant_id], tuple(gpu_ids)))
     return tuple(promises)

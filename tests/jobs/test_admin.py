@@ -3,7 +3,7 @@
 import pytest
 
 from jobs.choices import RunClass, JobState
-from jobs.models import Job, QuotaChange, Tenant
+from jobs.models import Job, JobPromise, QuotaChange, Tenant
 from monitoring.models import Node
 from tests.factories import JobFactory, TenantFactory, running_job
 
@@ -97,10 +97,11 @@ def test_cancel_and_resubmit_jobs_from_the_admin(admin, alice, vision):
 
 
 def test_an_operator_sees_the_gpus_promised_to_a_reclaiming_job_and_cannot_edit_them(admin, alice, vision):
-    job = JobFactory(tenant=vision, owner=alice, promised_gpus=[4711, 4712])
+    job = JobFactory(tenant=vision, owner=alice)
+    JobPromise.objects.create(job=job, gpu_ids=[4711, 4712])
     page = admin.get(f"/admin/jobs/job/{job.pk}/change/")
     assert page.status_code == 200
-    assert "Promised gpus" in page.content.decode() and "[4711, 4712]" in page.content.decode()
+    assert "Promised GPUs" in page.content.decode() and "[4711, 4712]" in page.content.decode()
     assert "promised_gpus" not in page.context["adminform"].form.fields
 
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from agents import protocol
 from jobs.choices import RunClass, JobState
-from jobs.models import Allocation, JobProfile
+from jobs.models import Allocation, JobProfile, JobPromise
 from jobs.services.agent_events import consume_events
 from jobs.services.scheduling_loop import run_scheduling_cycle
 from monitoring.models import JobUsage
@@ -93,18 +93,19 @@ def test_the_gpus_a_reclaim_frees_are_kept_for_the_job_they_were_freed_for(node4
     cycle(django_capture_on_commit_callbacks)
     (victim,) = [job for job in borrowers if type(job).objects.get(pk=job.pk).state == JobState.PREEMPTING]
     freed = Allocation.objects.get(job=victim, released_at__isnull=True).gpu
-    owed.refresh_from_db()
-    assert owed.promised_gpus == [freed.pk]
-    # Garbage in the column (not the loop's) is ignored by the next snapshot, then replaced.
-    type(owed).objects.filter(pk=owed.pk).update(promised_gpus=["x", -1])
+    assert list(JobPromise.objects.values_list("job_id", "gpu_ids")) == [(owed.pk, [freed.pk])]
+    # Garbage in the table (not the loop's) is ignored by the next snapshot, then replaced.
+    JobPromise.objects.filter(job=owed).update(gpu_ids=["x", -1])
     cycle(django_capture_on_commit_callbacks)
     owed.refresh_from_db()
-    assert owed.promised_gpus == [freed.pk] and owed.state == JobState.PENDING  # the victim is still stopping
+    assert owed.state == JobState.PENDING  # the victim is still stopping
+    assert list(JobPromise.objects.values_list("job_id", "gpu_ids")) == [(owed.pk, [freed.pk])]
     exit_event(redis_client, victim, code=-15, stopped=True)
     cycle(django_capture_on_commit_callbacks)
     owed.refresh_from_db()
-    assert (owed.state, owed.run_class, owed.promised_gpus) == (JobState.PLACED, RunClass.GUARANTEED, None)
+    assert (owed.state, owed.run_class) == (JobState.PLACED, RunClass.GUARANTEED)
     assert Allocation.objects.get(job=owed).gpu == freed
+    assert not JobPromise.objects.exists()  # kept: nothing left to keep
 
 
 def test_throttle_decision_reaches_the_agent(node4, redis_client, django_capture_on_commit_callbacks):
