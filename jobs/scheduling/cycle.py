@@ -38,7 +38,7 @@ from operator import attrgetter
 
 from jobs.scheduling import reasons
 from jobs.scheduling.capacity import Capacity
-from jobs.scheduling.carry import UNLIMITED_GPUS, Carry, Entry, Outcome, TenantQueue
+from jobs.scheduling.carry import UNLIMITED_GPUS, Carry, Entry, Outcome, TenantQueue, queue_order
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.cycle_state import CycleState, Memo
 from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason, new_pending
@@ -86,9 +86,11 @@ def _queue_key(job: JobRequest) -> tuple:
 GUARANTEED, OPPORTUNISTIC = JobClass.GUARANTEED, JobClass.OPPORTUNISTIC
 
 
+_by_id, _by_submitted_at, _by_priority = attrgetter("id"), attrgetter("submitted_at"), attrgetter("priority")
+
+
 def _node_names(gpus) -> tuple[str, ...]:
     return tuple(sorted({gpu.node.name for gpu in gpus}))
-_by_id, _by_submitted_at, _by_priority = attrgetter("id"), attrgetter("submitted_at"), attrgetter("priority")
 
 
 def decide(snapshot: ClusterSnapshot, now: float, config: SchedulerConfig = SchedulerConfig(),
@@ -294,7 +296,7 @@ class Cycle(Waiting):
                     found.append((entry, higher))
                 elif not job.opportunistic_only and need <= room:
                     level += need
-        found.sort(key=lambda item: (-item[0][0].priority, item[0][0].submitted_at, item[0][0].id))
+        found.sort(key=lambda item: queue_order(item[0][0]))
         by_id, stopping = self.capacity.by_id, []
         for (job, shape, need, _, _), ahead in found:
             if (job.opportunistic_only or need + ahead > self._guaranteed_room(job.tenant)
@@ -331,7 +333,6 @@ class Cycle(Waiting):
     def _guaranteed_pass(self, queues: dict[str, list[Entry]]) -> None:
         cursors = dict.fromkeys(queues, 0)
         heap: list[tuple] = []
-
         handled = self.state.handled  # (jobs that kept a promise already are)
 
         def push_next(tenant: str) -> None:

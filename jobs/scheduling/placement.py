@@ -186,10 +186,8 @@ class Placer:
         if shape.gpus == 1:
             gpu = gpus[0]
             return self._single(gpu, shape, shared=bool(gpu.occupants)) if self.fits_gpu(gpu, shape, job_class, pools) else None
-        if any(g.occupants or g.blocked or g.pool not in pools for g in gpus):
-            return None  # a gang takes empty GPUs
-        if len({self.capacity.pools[g.pool][0] for g in gpus}) != 1:
-            return None  # ... of one model
+        if any(g.occupants or g.blocked or g.pool not in pools for g in gpus) or not self.one_model(gpus):
+            return None  # a gang takes empty GPUs of one model
         by_node: dict[int, tuple[NodeSlot, list[GpuSlot]]] = {}
         for gpu in sorted(gpus, key=lambda g: g.key):
             by_node.setdefault(gpu.node.key, (gpu.node, []))[1].append(gpu)
@@ -296,6 +294,10 @@ class Placer:
             return next(iter(bucket))
         nodes = self.capacity.nodes
         return next((key for key in bucket if filters.gpus_on(nodes[key], shape) >= gpus), None)
+
+    def one_model(self, gpus: list[GpuSlot]) -> bool:
+        """Are ``gpus`` all of one model (as a gang's must be)?"""
+        return len({self.capacity.pools[gpu.pool][0] for gpu in gpus}) == 1
 
     def pools_by_model(self, pools: list[int]) -> list[list[int]]:
         """``pools`` grouped by GPU model, in first-seen order."""

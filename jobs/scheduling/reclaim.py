@@ -134,7 +134,7 @@ class Reclaimer:
         are checked when it is placed there.)"""
         if len(gpus) != shape.gpus or len(set(gpus)) != len(gpus):
             return False  # the job was edited since
-        if len({self.capacity.pools[gpu.pool][0] for gpu in gpus}) != 1:
+        if not self.placer.one_model(gpus):
             return False  # a gang runs on one model
         pools = self.placer.pools_for(shape)
         stopping = False

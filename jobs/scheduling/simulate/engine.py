@@ -53,7 +53,6 @@ import random
 
 from jobs.scheduling.carry import Carry
 from jobs.scheduling.config import SchedulerConfig
-from jobs.scheduling.cycle import decide
 from jobs.scheduling.decisions import Decisions
 from jobs.scheduling.simulate.trace import Trace, TraceJob
 from jobs.scheduling.snapshot import (
@@ -198,7 +197,7 @@ class Replay:
         self.trace, self.policy, self.config = trace, policy, config
         # The production policy runs as the scheduling loop runs it: with what its last cycle left
         # (so does any policy built on it that takes a carry: the same decisions, sooner).
-        self.carry = Carry() if policy is decide or "carry" in inspect.signature(policy).parameters else None
+        self.carry = Carry() if "carry" in inspect.signature(policy).parameters else None
         self.promises: tuple = ()  # what the last cycle's reclaims promised, as the service keeps them
         self.interval, self.restart_overhead_s = interval, restart_overhead_s
         self.max_time = max_time
