@@ -113,8 +113,9 @@ def _store_promises(decisions: Decisions) -> None:
         JobPromise.objects.filter(job_id__in=lapsed).delete()
     changed = {job_id: gpu_ids for job_id, gpu_ids in held.items() if stored.get(job_id) != gpu_ids}
     if changed:  # (for jobs still pending: one cancelled since gets none)
-        for job_id in Job.objects.filter(pk__in=changed, state=JobState.PENDING).values_list("pk", flat=True):
-            JobPromise.objects.update_or_create(job_id=job_id, defaults={"gpu_ids": changed[job_id]})
+        still_pending = Job.objects.filter(pk__in=changed, state=JobState.PENDING).values_list("pk", flat=True)
+        JobPromise.objects.bulk_create([JobPromise(job_id=job_id, gpu_ids=changed[job_id]) for job_id in still_pending],
+                                       update_conflicts=True, unique_fields=["job"], update_fields=["gpu_ids"])
 
 
 # ETAs are stored as absolute times rounded to this, so that an estimate that does not move does
