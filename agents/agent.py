@@ -470,7 +470,7 @@ class Agent:
         if self._next_sample <= now:  # first sample, or we fell behind: no burst to catch up
             self._next_sample = now + self.interval
         try:
-            reading = self.backend.sample(self.runner.processes())
+            reading = self.runner.isolation.readable(self.backend.sample(self.runner.processes()))
         except Exception as exc:  # a backend bug costs this sample, never the node's jobs
             self._sample_failed("the GPU backend failed", exc)
             return

@@ -1,12 +1,14 @@
 """On a real GPU node: does the agent's NVML backend attribute each job's GPU memory to that job?
 
-Runs the real agent (``python -m agents --backend nvml``) against a private Redis, launches two
-PyTorch jobs on GPU 0 through its command stream (as the scheduler would) and one PyTorch process
+Runs the real agent (``python -m agents --backend nvml``, with a node key) against a private Redis,
+launches two PyTorch jobs on GPU 0 through its command stream, signed as the control plane signs
+them (node, issue time, attempt, MAC), and one PyTorch process
 the agent did not launch, then reads what the agent streams. For each job it compares the memory
 the agent reports with what the job's own process says it holds (``torch.cuda.memory_reserved()``
 plus the CUDA context and cuBLAS workspace, read from NVML by the job itself once warmed up) and
 with ``nvidia-smi``'s per-process figure taken while the agent samples; the stranger's memory must
-show up as unattributed, not on either job.
+show up as unattributed, not on either job. Every message the agent writes must carry a valid
+signature by its key, as the control plane's fan-in requires.
 
     python bench/gpu_attribution.py --gib 6 --gib 12 --stranger-gib 3
 
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis  # noqa: E402
 
-from agents import protocol  # noqa: E402
+from agents import protocol, signing  # noqa: E402
 from agents.isolation import FLAGS as ISOLATION_FLAGS  # noqa: E402
 from cluster_ui.devstack.redis_server import PrivateRedis  # noqa: E402 (Django-free)
 
@@ -98,20 +100,25 @@ def wait_for(predicate, timeout: float, what: str):
 
 
 class Streams:
-    """Reads the events and metrics streams from the start, keeping everything parsed."""
+    """Reads the node's events and metrics streams from the start, keeping everything parsed;
+    a message not signed by the node's key is counted and dropped, as the fan-in drops it."""
 
-    def __init__(self, client: redis.Redis):
-        self.client = client
+    def __init__(self, client: redis.Redis, key: bytes):
+        self.client, self.key = client, key
         self.events: list = []
         self.samples: list[protocol.NodeSample] = []
-        self._last = {protocol.EVENTS_STREAM: "0-0", protocol.METRICS_STREAM: "0-0"}
+        self.unsigned = 0
+        self._events = protocol.node_events_stream(NODE)
+        self._last = {self._events: "0-0", protocol.node_metrics_stream(NODE): "0-0"}
 
     def poll(self) -> None:
         for stream, entries in self.client.xread(self._last, block=200) or []:
             name = stream.decode()
             for entry_id, fields in entries:
                 self._last[name] = entry_id
-                if name == protocol.EVENTS_STREAM:
+                if not signing.verify(self.key, fields.get(b"m", b""), fields.get(protocol.SIGNATURE_FIELD.encode())):
+                    self.unsigned += 1
+                elif name == self._events:
                     self.events.append(protocol.decode_event(fields))
                 else:
                     self.samples.append(protocol.decode_sample(fields))
@@ -134,30 +141,42 @@ def main() -> int:
     sizes = args.gib or [6.0, 12.0]
 
     work = Path(tempfile.mkdtemp(prefix="colony-gpu-proof-"))
+    key = os.urandom(signing.KEY_BYTES)
+    key_file = work / "agent.key"
+    key_file.touch(mode=0o600)
+    key_file.write_text(key.hex())
+
+    def command(message) -> dict[str, str]:
+        """``message`` as the control plane sends it: naming the node, issued now, MACed."""
+        stamped = message.model_copy(update={"node": NODE, "issued_at": time.time()})
+        return signing.signed_command(protocol.encode(stamped), key)
+
     with PrivateRedis(work / "redis") as server:
         client = redis.Redis.from_url(server.url)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         agent = subprocess.Popen(
             [sys.executable, "-m", "agents", "--node", NODE, "--backend", "nvml", "--redis", server.url,
              "--interval", "1", "--workdir", str(work / "agent"), "--allow-root-jobs", "--isolation", args.isolation,
+             "--key-file", str(key_file),
              "--pass-env", "PYTHONPATH"],
             cwd=Path(__file__).resolve().parent.parent, env=env,
             stdout=open(work / "agent.log", "wb"), stderr=subprocess.STDOUT)
         stranger = None
         try:
-            streams = Streams(client)
+            streams = Streams(client, key)
             registered = wait_for(lambda: streams.event("node_registered"), 60, "the agent to register")
             print(f"agent registered: backend={registered.backend}, {len(registered.gpus)} GPU(s): "
                   + ", ".join(f"{g.index}:{g.model} {g.memory_mib} MiB" for g in registered.gpus))
             print(f"topology links: {len(registered.topology)}")
+            rejected = lambda: [e for e in (streams.poll(), streams.events)[1] if e.kind == "command_rejected"]  # noqa: E731
 
             outs = {}
             for job_id, gib in enumerate(sizes, start=1):
                 outs[job_id] = work / f"job-{job_id}.json"
-                launch = protocol.LaunchJob(command_id=f"proof-{job_id}", job_id=job_id, gpu_indices=[0],
+                launch = protocol.LaunchJob(command_id=f"proof-{job_id}", job_id=job_id, gpu_indices=[0], attempt=1,
                                             argv=[sys.executable, "-c", JOB, str(gib), str(args.seconds),
                                                   str(outs[job_id])])
-                client.xadd(protocol.command_stream(NODE), protocol.encode(launch))
+                client.xadd(protocol.command_stream(NODE), command(launch))
             stranger_out = work / "stranger.json"
             stranger = subprocess.Popen([sys.executable, "-c", JOB, str(args.stranger_gib), str(args.seconds),
                                          str(stranger_out)], env={**env, "CUDA_VISIBLE_DEVICES": "0"})
@@ -209,15 +228,18 @@ def main() -> int:
 
             for job_id in held:
                 client.xadd(protocol.command_stream(NODE),
-                            protocol.encode(protocol.StopJob(command_id=f"stop-{job_id}", job_id=job_id,
-                                                             grace_seconds=5)))
+                            command(protocol.StopJob(command_id=f"stop-{job_id}", job_id=job_id, grace_seconds=5)))
             exits = {job_id: wait_for(lambda j=job_id: streams.event("job_exited", j), 60, f"job {job_id} to exit")
                      for job_id in held}
             print("exits: " + ", ".join(f"job {j}: code {e.exit_code}, stopped={e.stopped}" for j, e in exits.items()))
             if args.json:
                 args.json.write_text(json.dumps({"jobs": rows, "stranger_mib": stranger_truth,
                                                  "unattributed_mib": unattributed, "ok": ok}, indent=2))
-            print("PASS" if ok else f"FAIL: an attribution is off by more than {args.tolerance:.0%}")
+            print(f"signed by the node's key: {len(streams.events) + len(streams.samples)} messages; "
+                  f"unsigned or forged: {streams.unsigned}; commands refused: {len(rejected())}")
+            ok &= streams.unsigned == 0 and not rejected()
+            print("PASS" if ok else f"FAIL: an attribution is off by more than {args.tolerance:.0%}, or a message "
+                                    "was unsigned or a command refused")
             return 0 if ok else 1
         finally:
             if stranger and stranger.poll() is None:

@@ -20,12 +20,13 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from agents.isolation.cgroups import JobCgroups
 from agents.isolation.memory_limits import DriverMemoryLimits, MemoryLimitError
 from agents.isolation.mps import MPS_JOB_VARIABLES, MpsDaemons, MpsError, thread_percentage
+from agents.backends.base import BackendSample
 from agents.protocol import GpuInfo, LaunchJob
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,21 @@ class IsolationLayer:
         by_uuid = any(gpu.isolation == "mig" for gpu in self.gpus.values())
         return ",".join(self.gpus[i].uuid if i in self.gpus and (by_uuid or self.gpus[i].isolation == "mig")
                         else str(i) for i in indices)
+
+    def readable(self, reading: BackendSample) -> BackendSample:
+        """``reading`` with what NVML cannot measure on this node's GPUs made unknown.
+
+        On a GPU shared through MPS, NVML charges the SM time of every client to the MPS server:
+        each job's per-process utilisation reads 0% however hard it computes (measured on an H100,
+        driver 580: two clients at 98-100% GPU utilisation both read 0). A 0 would tell the
+        scheduler that a guaranteed job slowed by its neighbour is idle, and teach its profile that
+        it needs no compute; "unknown" makes the scheduler fall back to the GPU's own utilisation,
+        which MPS does not distort. Memory per client is exact under MPS and is kept."""
+        blind = {index for index, mode in self.modes.items() if mode == "mps" and index not in self._native}
+        if not blind or not any(job.gpu_index in blind and job.util_sm is not None for job in reading.jobs):
+            return reading
+        jobs = [job.model_copy(update={"util_sm": None}) if job.gpu_index in blind else job for job in reading.jobs]
+        return replace(reading, jobs=jobs)
 
     # ------------------------------------------------------------------ launches
 

@@ -17,7 +17,7 @@ from agents.runner import JobRunner
 
 from .conftest import RunningAgent
 from .fake_isolation import FakeCgroups, FakeMps, cgroup_root, fake_nvml
-from .helpers import events, launch, python, send, wait_for
+from .helpers import events, launch, python, samples, send, wait_for
 
 SLEEPER = python("import time; print('up', flush=True); time.sleep(60)")
 
@@ -126,3 +126,18 @@ def test_the_same_failure_on_an_unfenced_gpu_is_an_ordinary_failure(tmp_path, re
     send(redis_client, "n1", cmd)
     [done] = wait_for(lambda: exited(redis_client, cmd.job_id))
     assert done.exit_code == 1 and not done.oom and done.error is None
+
+
+def test_on_an_mps_gpu_a_job_s_utilisation_is_reported_unknown_not_the_0_nvml_gives(
+        tmp_path, redis_url, redis_client, agents, mps):
+    # On an H100 (driver 580) NVML charged both MPS clients' SM time to the MPS server: each job
+    # read 0% at 98-100% GPU utilisation. The agent must not pass that 0 on as "idle".
+    start(agents, tmp_path, redis_url, "mps", mps_control=mps.path, nvml=fake_nvml("missing"), base_env=mps.env)
+    wait_for(lambda: events(redis_client, "node_registered"))
+    cmd = launch(SLEEPER, gpus=[0], compute_share=0.5, gpu_memory_limit_mib=4096)
+    send(redis_client, "n1", cmd)
+    readings = wait_for(lambda: [(job, gpu) for sample in samples(redis_client) for job in sample.jobs
+                                 for gpu in sample.gpus if job.job_id == cmd.job_id and gpu.index == 0
+                                 and job.mem_used_mib > 0])
+    assert all(job.util_sm is None for job, _gpu in readings)
+    assert any(gpu.util_sm for _job, gpu in readings)  # the GPU's own reading is kept: MPS does not distort it

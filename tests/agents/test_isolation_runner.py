@@ -212,3 +212,23 @@ def test_a_runner_without_a_configured_layer_keeps_what_the_backend_enforces_its
     finally:
         runner.close()
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/own-mps"
+
+
+def test_per_job_utilisation_is_unknown_on_mps_gpus_only():
+    from agents.backends.base import BackendSample
+    from agents.isolation.layer import IsolationLayer
+    from agents.protocol import GpuSample, JobGpuSample
+
+    gpus = [GpuInfo(index=i, uuid=f"GPU-{i}", model="T4", memory_mib=15360) for i in range(3)]
+    layer = IsolationLayer(gpus, {0: "mps", 1: "memory_limit"})
+    reading = BackendSample(gpus=[GpuSample(index=i, util_sm=99.0) for i in range(3)],
+                            jobs=[JobGpuSample(job_id=7, gpu_index=0, mem_used_mib=900, util_sm=0.0),
+                                  JobGpuSample(job_id=7, gpu_index=1, mem_used_mib=800, util_sm=61.0),
+                                  JobGpuSample(job_id=8, gpu_index=2, mem_used_mib=700, util_sm=35.0)],
+                            unattributed_mib={0: 66})
+    seen = layer.readable(reading)
+    assert [(j.job_id, j.gpu_index, j.mem_used_mib, j.util_sm) for j in seen.jobs] == [
+        (7, 0, 900, None), (7, 1, 800, 61.0), (8, 2, 700, 35.0)]
+    assert seen.gpus == reading.gpus and seen.unattributed_mib == {0: 66}
+    unfenced = BackendSample(gpus=reading.gpus, jobs=reading.jobs[1:])
+    assert layer.readable(unfenced) is unfenced  # nothing on an MPS GPU: the reading as it came

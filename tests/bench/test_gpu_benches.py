@@ -61,10 +61,84 @@ def test_duty_verdict_names_the_worst_step():
     assert not ok
     assert lines[0] == ("FAIL: the opportunistic job tracks its duty cycle within 10% "
                         "(worst: 20.0% of solo at duty 0.25, off by 20.0%)")
-    assert lines[1].startswith("PASS: the guaranteed job keeps >= 95% of its solo throughput")
-    assert "(worst: 96.0%, shared at 1.00)" in lines[1]
+    assert lines[1].startswith("PASS: at duty 0.25 the guaranteed job keeps >= 95% of its solo throughput (99.0%")
+    assert "worst step: 96.0%, shared at 1.00" in lines[1]
+    assert len(lines) == 2  # nothing slowed past the margin: no signal to check
     table = duty.table(steps, 100.0, 100.0)
     assert "shared         1.00 |       50.0   50.0%" in table
+
+
+def shared_steps(guaranteed_util_at_full: float | None, gpu_util: float | None = 90.0) -> list:
+    """The H100's shape: an unthrottled neighbour costs the guaranteed job a third, the floor ~3%."""
+    return [duty.Step("duty alone", 1.0, opportunistic=390.0), duty.Step("duty alone", 0.1, opportunistic=40.0),
+            duty.Step("shared", 1.0, opportunistic=200.0, guaranteed=380.0, guaranteed_util=guaranteed_util_at_full,
+                      gpu_util=gpu_util),
+            duty.Step("shared", 0.1, opportunistic=20.0, guaranteed=560.0, guaranteed_util=97.0, gpu_util=gpu_util)]
+
+
+def judge(steps, solo_util):
+    return duty.verdict(steps, 390.0, 573.0, tolerance=0.10, guaranteed_target=0.95, slowdown_margin=0.1,
+                        saturated_utilisation=0.95, solo_guaranteed_util=solo_util)
+
+
+def test_a_slowdown_the_scheduler_can_see_passes_and_one_it_cannot_fails():
+    ok, lines = judge(shared_steps(60.0), 100.0)
+    assert ok, lines
+    assert lines[1].startswith("PASS: at duty 0.10 the guaranteed job keeps >= 95% of its solo throughput (97.7%")
+    assert "worst step: 66.3%, shared at 1.00" in lines[1]
+    assert lines[2] == ("PASS: the scheduler sees each of the 1 slowdowns of the guaranteed job past 10%: 1 by its "
+                        "own utilisation (more than 10 points below solo, 100%), 0 by the GPU's (>= 95%)")
+
+    # NVML still says ~100% for a job that time-slicing slowed by a third, and the GPU is not
+    # saturated: throttling never starts.
+    ok, lines = judge(shared_steps(95.0), 100.0)
+    assert not ok
+    assert lines[2] == ("FAIL: the scheduler cannot see the guaranteed job's slowdown (solo reading 100%; "
+                        "shared at 1.00: 66% of solo throughput, job 95%, GPU 90%)")
+
+    # On an MPS GPU per-job utilisation is unknown: the GPU's saturation is what is left.
+    ok, lines = judge(shared_steps(None, gpu_util=None), None)
+    assert not ok and lines[2].endswith("(solo reading no reading; shared at 1.00: 66% of solo throughput, "
+                                        "job ?, GPU ?)")
+    ok, lines = judge(shared_steps(None, gpu_util=99.0), None)
+    assert ok and lines[2].endswith("0 by its own utilisation (more than 10 points below solo, no reading), "
+                                    "1 by the GPU's (>= 95%)")
+
+
+def test_the_bench_reads_utilisation_through_the_agent_s_backend(monkeypatch):
+    from types import SimpleNamespace
+
+    from agents.backends.base import BackendSample
+    from agents.isolation.layer import IsolationLayer
+    from agents.protocol import GpuInfo, GpuSample, JobGpuSample
+
+    readings = iter([(90.0, 40.0), (70.0, 50.0), (80.0, 45.0)])
+
+    class Backend:
+        def sample(self, jobs):
+            assert set(jobs) == {11, 12}  # what the runner says runs, as the agent passes it
+            guaranteed, opportunistic = next(readings)
+            return BackendSample(gpus=[GpuSample(index=0, util_sm=99.0)],
+                                 jobs=[JobGpuSample(job_id=11, gpu_index=0, mem_used_mib=1, util_sm=guaranteed),
+                                       JobGpuSample(job_id=12, gpu_index=0, mem_used_mib=1, util_sm=opportunistic),
+                                       JobGpuSample(job_id=12, gpu_index=1, mem_used_mib=1, util_sm=1.0)])
+
+    clock = [1000.0]
+    monkeypatch.setattr(duty.time, "time", lambda: clock[0])
+    monkeypatch.setattr(duty.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    runner = SimpleNamespace(processes=lambda: {11: object(), 12: object()})
+    gpu = GpuInfo(index=0, uuid="GPU-0", model="H100", memory_mib=81559)
+    bench = duty.Bench.__new__(duty.Bench)
+    bench.node = SimpleNamespace(backend=Backend(), runner=runner, layer=IsolationLayer([gpu], {0: "unfenced"}))
+    bench.args = SimpleNamespace(gpu=0)
+    assert bench.read_agent({duty.GUARANTEED: 11, duty.OPPORTUNISTIC: 12}, until=1003.0) == {
+        f"util_{duty.GUARANTEED}": 80.0, f"util_{duty.OPPORTUNISTIC}": 45.0, "util_gpu": 99.0}
+
+    # On an MPS GPU the agent reports per-job utilisation as unknown; so does the bench.
+    readings = iter([(90.0, 40.0)] * 3)
+    bench.node.layer = IsolationLayer([gpu], {0: "mps"})
+    assert bench.read_agent({duty.GUARANTEED: 11, duty.OPPORTUNISTIC: 12}, until=1006.0) == {
+        f"util_{duty.GUARANTEED}": None, f"util_{duty.OPPORTUNISTIC}": None, "util_gpu": 99.0}
 
 
 # ---------------------------------------------------------------- who got the OOM
