@@ -88,7 +88,8 @@ def _database(url: str) -> dict:
 
 
 # URLs may hold a password: each also comes from the file NAME_FILE names (as the dev stack passes them).
-DATABASES = {"default": _database(env_secret("DATABASE_URL", f"sqlite:///{VAR_DIR / 'colony.sqlite3'}"))}
+# Set but empty (`DATABASE_URL=` in a .env or compose file) means unset, not a URL with no scheme.
+DATABASES = {"default": _database(env_secret("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'colony.sqlite3'}")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -175,7 +176,7 @@ SPECTACULAR_SETTINGS = {
 
 # ---------------------------------------------------------------- Redis, Celery, scheduler
 # With a password in it, pass REDIS_URL_FILE (a file only Colony's account can read) instead.
-REDIS_URL = env_secret("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = env_secret("REDIS_URL") or "redis://127.0.0.1:6379/0"
 
 # Throttle counters live in the cache; production shares one Redis cache between web workers.
 _cache_url = env_secret("COLONY_CACHE_URL", "")
