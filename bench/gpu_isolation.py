@@ -242,8 +242,10 @@ def run(node: Node, args: argparse.Namespace) -> Outcome:
     node.launch(GUARANTEED, GUARANTEED_JOB,
                 [str(args.guaranteed_gib), str(args.grow_gib), str(files["g-progress"]), str(files["g-status"]),
                  str(files["grow"])], args.gpu, gpu_memory_limit_mib=reservation)
-    wait_until(lambda: "ready" in files["g-status"].read_text(), args.timeout, "the guaranteed job to allocate",
-               node, GUARANTEED)
+    # Ready and iterating: its rate before the opportunistic job starts needs a progress line
+    # from before then (its first product, cuBLAS set-up included, can take a while).
+    wait_until(lambda: "ready" in files["g-status"].read_text() and parse_progress(files["g-progress"].read_text()),
+               args.timeout, "the guaranteed job to allocate and compute", node, GUARANTEED)
     print(f"guaranteed job: holds {args.guaranteed_gib} GiB, reservation {reservation} MiB", flush=True)
 
     before_start = time.time()
