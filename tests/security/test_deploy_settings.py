@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OURS = ("DJANGO_SETTINGS_MODULE", "DJANGO_DEBUG", "DJANGO_SECRET_KEY", "DJANGO_SECRET_KEY_FILE",
         "DJANGO_ALLOWED_HOSTS", "COLONY_HTTPS", "COLONY_HSTS_SECONDS", "COLONY_HSTS_INCLUDE_SUBDOMAINS",
         "COLONY_HSTS_PRELOAD", "COLONY_TRUST_X_FORWARDED_PROTO", "COLONY_AGENT_SECRET",
-        "COLONY_AGENT_SECRET_FILE", "COLONY_AGENT_AUTH")
+        "COLONY_AGENT_SECRET_FILE", "COLONY_AGENT_AUTH", "DATABASE_URL", "DATABASE_URL_FILE")
 SHOWN = ("DEBUG", "SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "SECURE_HSTS_SECONDS",
          "SECURE_PROXY_SSL_HEADER", "X_FRAME_OPTIONS")
 
@@ -41,7 +41,8 @@ def manage(tmp_path, *argv, **env) -> subprocess.CompletedProcess:
 
 def production(**extra) -> dict:
     return {"DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": secrets.token_urlsafe(64),
-            "DJANGO_ALLOWED_HOSTS": "colony.example.org", "COLONY_AGENT_SECRET": secrets.token_hex(32), **extra}
+            "DJANGO_ALLOWED_HOSTS": "colony.example.org", "COLONY_AGENT_SECRET": secrets.token_hex(32),
+            "DATABASE_URL": "postgres://colony@db.example.org:5432/colony", **extra}
 
 
 def settings_in(tmp_path, **env) -> dict:
@@ -64,6 +65,18 @@ def test_check_deploy_flags_agents_that_need_no_key(tmp_path):
     done = manage(tmp_path, "check", "--deploy", "--fail-level", "WARNING", **env)
     assert done.returncode != 0
     assert "colony.W001" in done.stderr and "agent_key" in done.stderr
+
+
+@pytest.mark.parametrize("database_url", [None, ""])
+def test_check_deploy_flags_a_production_left_on_sqlite(tmp_path, database_url):
+    env = production()
+    if database_url is None:
+        del env["DATABASE_URL"]
+    else:
+        env["DATABASE_URL"] = database_url  # `DATABASE_URL=` in a compose file: the default, flagged
+    done = manage(tmp_path, "check", "--deploy", "--fail-level", "WARNING", **env)
+    assert done.returncode != 0
+    assert "colony.W002" in done.stderr and "DATABASE_URL is unset or empty" in done.stderr
 
 
 def test_check_deploy_flags_the_development_secret_key(tmp_path):
