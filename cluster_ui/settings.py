@@ -5,6 +5,7 @@ sets ``DATABASE_URL`` (PostgreSQL), ``REDIS_URL``, ``DJANGO_SECRET_KEY`` and ``D
 ``python manage.py check --deploy`` must then report no issues (tests/security checks that it does).
 """
 
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -87,9 +88,23 @@ def _database(url: str) -> dict:
     return config
 
 
+def _url(name: str, default: str) -> str:
+    """``name`` (or the file ``name_FILE`` names), ``default`` when unset. Set but empty (`NAME=`
+    in a .env or compose file, a secret file that mounted empty) is refused with the reason: it
+    is no URL, and falling back to the developer default would run a deployment on SQLite or on
+    a local Redis without a word."""
+    value = env_secret(name)
+    if value is None:
+        return default
+    if not value.strip():
+        source = f"the file {name}_FILE names" if os.environ.get(f"{name}_FILE") else name
+        raise ImproperlyConfigured(f"{name} is set but empty ({source}): set it to a URL, or unset it for "
+                                   f"the embedded default ({default.split('://')[0]})")
+    return value
+
+
 # URLs may hold a password: each also comes from the file NAME_FILE names (as the dev stack passes them).
-# Set but empty (`DATABASE_URL=` in a .env or compose file) means unset, not a URL with no scheme.
-DATABASES = {"default": _database(env_secret("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'colony.sqlite3'}")}
+DATABASES = {"default": _database(_url("DATABASE_URL", f"sqlite:///{VAR_DIR / 'colony.sqlite3'}"))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -176,7 +191,7 @@ SPECTACULAR_SETTINGS = {
 
 # ---------------------------------------------------------------- Redis, Celery, scheduler
 # With a password in it, pass REDIS_URL_FILE (a file only Colony's account can read) instead.
-REDIS_URL = env_secret("REDIS_URL") or "redis://127.0.0.1:6379/0"
+REDIS_URL = _url("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 # Throttle counters live in the cache; production shares one Redis cache between web workers.
 _cache_url = env_secret("COLONY_CACHE_URL", "")

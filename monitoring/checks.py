@@ -19,12 +19,12 @@ def agent_authentication(app_configs, **kwargs):
 
 @register(Tags.database, deploy=True)
 def production_database(app_configs, **kwargs):
-    """SQLite is the embedded developer default; a deployment that forgot DATABASE_URL (or left it
-    empty) would otherwise run on a file inside the container, and lose it with the container."""
+    """SQLite is the embedded developer default; a deployment that forgot DATABASE_URL would
+    otherwise run on a file inside the container, and lose it with the container."""
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
         return []
     return [Warning(
-        "The database is SQLite (the developer default): DATABASE_URL is unset or empty.",
+        "The database is SQLite (the developer default): DATABASE_URL is unset.",
         hint="Set DATABASE_URL (or DATABASE_URL_FILE) to the PostgreSQL database, e.g. "
              "postgres://colony@db:5432/colony (README, 'Settings').",
         id="colony.W002",
