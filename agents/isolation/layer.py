@@ -125,18 +125,30 @@ class IsolationLayer:
                         else str(i) for i in indices)
 
     def readable(self, reading: BackendSample) -> BackendSample:
-        """``reading`` with what NVML cannot measure on this node's GPUs made unknown.
+        """``reading`` with per-job utilisation that NVML gets wrong under MPS put right.
 
-        On a GPU shared through MPS, NVML charges the SM time of every client to the MPS server:
-        each job's per-process utilisation reads 0% however hard it computes (measured on an H100,
-        driver 580: two clients at 98-100% GPU utilisation both read 0). A 0 would tell the
-        scheduler that a guaranteed job slowed by its neighbour is idle, and teach its profile that
-        it needs no compute; "unknown" makes the scheduler fall back to the GPU's own utilisation,
-        which MPS does not distort. Memory per client is exact under MPS and is kept."""
-        blind = {index for index, mode in self.modes.items() if mode == "mps" and index not in self._native}
-        if not blind or not any(job.gpu_index in blind and job.util_sm is not None for job in reading.jobs):
+        NVML charges the SM time of every MPS client to the MPS server: each client's own
+        utilisation reads 0% however hard it computes (measured on an H100, driver 580: two
+        clients at 98-100% GPU utilisation both read 0). A 0 would tell the scheduler that a
+        guaranteed job slowed by its neighbour is idle, and teach its profile that it needs no
+        compute. So an MPS client that is its GPU's only job gets the GPU's own utilisation (what
+        it is, then), and one that shares its GPU with other jobs gets "unknown": the scheduler
+        then goes by the GPU's utilisation, which MPS does not distort. Jobs that are no MPS
+        clients (several GPUs, or another mode) keep NVML's reading, as does every job's memory,
+        which NVML reports exactly per client."""
+        clients = self._mps_clients
+        if not clients or not any(job.job_id in clients for job in reading.jobs):
             return reading
-        jobs = [job.model_copy(update={"util_sm": None}) if job.gpu_index in blind else job for job in reading.jobs]
+        per_gpu: dict[int, int] = {}
+        for job in reading.jobs:
+            per_gpu[job.gpu_index] = per_gpu.get(job.gpu_index, 0) + 1
+        gpu_util = {gpu.index: gpu.util_sm for gpu in reading.gpus}
+        jobs = []
+        for job in reading.jobs:
+            if clients.get(job.job_id) == job.gpu_index:
+                alone = per_gpu[job.gpu_index] == 1
+                job = job.model_copy(update={"util_sm": gpu_util.get(job.gpu_index) if alone else None})
+            jobs.append(job)
         return replace(reading, jobs=jobs)
 
     # ------------------------------------------------------------------ launches

@@ -128,16 +128,24 @@ def test_the_same_failure_on_an_unfenced_gpu_is_an_ordinary_failure(tmp_path, re
     assert done.exit_code == 1 and not done.oom and done.error is None
 
 
-def test_on_an_mps_gpu_a_job_s_utilisation_is_reported_unknown_not_the_0_nvml_gives(
+def test_on_mps_gpus_a_job_alone_reads_its_gpu_s_utilisation_and_jobs_sharing_one_read_unknown(
         tmp_path, redis_url, redis_client, agents, mps):
     # On an H100 (driver 580) NVML charged both MPS clients' SM time to the MPS server: each job
     # read 0% at 98-100% GPU utilisation. The agent must not pass that 0 on as "idle".
     start(agents, tmp_path, redis_url, "mps", mps_control=mps.path, nvml=fake_nvml("missing"), base_env=mps.env)
     wait_for(lambda: events(redis_client, "node_registered"))
-    cmd = launch(SLEEPER, gpus=[0], compute_share=0.5, gpu_memory_limit_mib=4096)
-    send(redis_client, "n1", cmd)
-    readings = wait_for(lambda: [(job, gpu) for sample in samples(redis_client) for job in sample.jobs
-                                 for gpu in sample.gpus if job.job_id == cmd.job_id and gpu.index == 0
-                                 and job.mem_used_mib > 0])
-    assert all(job.util_sm is None for job, _gpu in readings)
-    assert any(gpu.util_sm for _job, gpu in readings)  # the GPU's own reading is kept: MPS does not distort it
+    sharing = [launch(SLEEPER, gpus=[0], compute_share=0.5, gpu_memory_limit_mib=4096) for _ in range(2)]
+    alone = launch(SLEEPER, gpus=[1], compute_share=0.5, gpu_memory_limit_mib=4096)
+    for cmd in (*sharing, alone):
+        send(redis_client, "n1", cmd)
+    ids = {cmd.job_id for cmd in (*sharing, alone)}
+
+    def all_three():
+        return [sample for sample in samples(redis_client) if {job.job_id for job in sample.jobs} >= ids]
+
+    sample = wait_for(all_three)[-1]
+    gpu_util = {gpu.index: gpu.util_sm for gpu in sample.gpus}
+    read = {job.job_id: job for job in sample.jobs}
+    assert [read[cmd.job_id].util_sm for cmd in sharing] == [None, None]
+    assert all(read[cmd.job_id].mem_used_mib > 0 for cmd in (*sharing, alone))  # memory is exact per client
+    assert gpu_util[0] and read[alone.job_id].util_sm == gpu_util[1] and gpu_util[1] is not None

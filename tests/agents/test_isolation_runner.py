@@ -214,21 +214,30 @@ def test_a_runner_without_a_configured_layer_keeps_what_the_backend_enforces_its
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/own-mps"
 
 
-def test_per_job_utilisation_is_unknown_on_mps_gpus_only():
+def test_an_mps_client_reads_its_gpu_s_utilisation_alone_and_unknown_beside_others():
     from agents.backends.base import BackendSample
     from agents.isolation.layer import IsolationLayer
     from agents.protocol import GpuSample, JobGpuSample
 
     gpus = [GpuInfo(index=i, uuid=f"GPU-{i}", model="T4", memory_mib=15360) for i in range(3)]
-    layer = IsolationLayer(gpus, {0: "mps", 1: "memory_limit"})
-    reading = BackendSample(gpus=[GpuSample(index=i, util_sm=99.0) for i in range(3)],
+    layer = IsolationLayer(gpus, {0: "mps", 1: "mps", 2: "memory_limit"})
+    layer.adopt(launch(python("pass"), job_id=7, gpus=[0]))  # MPS clients, as a launch or an adoption makes them
+    layer.adopt(launch(python("pass"), job_id=8, gpus=[1]))
+    layer.adopt(launch(python("pass"), job_id=9, gpus=[1, 2]))  # several GPUs: no MPS client
+    reading = BackendSample(gpus=[GpuSample(index=0, util_sm=93.0), GpuSample(index=1, util_sm=99.0),
+                                  GpuSample(index=2, util_sm=40.0)],
                             jobs=[JobGpuSample(job_id=7, gpu_index=0, mem_used_mib=900, util_sm=0.0),
-                                  JobGpuSample(job_id=7, gpu_index=1, mem_used_mib=800, util_sm=61.0),
-                                  JobGpuSample(job_id=8, gpu_index=2, mem_used_mib=700, util_sm=35.0)],
+                                  JobGpuSample(job_id=8, gpu_index=1, mem_used_mib=800, util_sm=0.0),
+                                  JobGpuSample(job_id=9, gpu_index=1, mem_used_mib=700, util_sm=35.0),
+                                  JobGpuSample(job_id=9, gpu_index=2, mem_used_mib=700, util_sm=38.0)],
                             unattributed_mib={0: 66})
     seen = layer.readable(reading)
     assert [(j.job_id, j.gpu_index, j.mem_used_mib, j.util_sm) for j in seen.jobs] == [
-        (7, 0, 900, None), (7, 1, 800, 61.0), (8, 2, 700, 35.0)]
+        (7, 0, 900, 93.0),  # alone on its GPU: the GPU's reading is its own
+        (8, 1, 800, None),  # beside another job: NVML's 0 is no reading
+        (9, 1, 700, 35.0), (9, 2, 700, 38.0)]  # no MPS client: NVML reads it right
     assert seen.gpus == reading.gpus and seen.unattributed_mib == {0: 66}
-    unfenced = BackendSample(gpus=reading.gpus, jobs=reading.jobs[1:])
-    assert layer.readable(unfenced) is unfenced  # nothing on an MPS GPU: the reading as it came
+    layer.release(7)
+    layer.release(8)
+    others = BackendSample(gpus=reading.gpus, jobs=reading.jobs[2:])
+    assert layer.readable(others) is others  # no MPS client left: the reading as it came

@@ -110,7 +110,7 @@ def test_the_bench_reads_utilisation_through_the_agent_s_backend(monkeypatch):
 
     from agents.backends.base import BackendSample
     from agents.isolation.layer import IsolationLayer
-    from agents.protocol import GpuInfo, GpuSample, JobGpuSample
+    from agents.protocol import GpuInfo, GpuSample, JobGpuSample, LaunchJob
 
     readings = iter([(90.0, 40.0), (70.0, 50.0), (80.0, 45.0)])
 
@@ -134,9 +134,11 @@ def test_the_bench_reads_utilisation_through_the_agent_s_backend(monkeypatch):
     assert bench.read_agent({duty.GUARANTEED: 11, duty.OPPORTUNISTIC: 12}, until=1003.0) == {
         f"util_{duty.GUARANTEED}": 80.0, f"util_{duty.OPPORTUNISTIC}": 45.0, "util_gpu": 99.0}
 
-    # On an MPS GPU the agent reports per-job utilisation as unknown; so does the bench.
+    # Two MPS clients on one GPU: the agent reports their utilisation as unknown; so does the bench.
     readings = iter([(90.0, 40.0)] * 3)
     bench.node.layer = IsolationLayer([gpu], {0: "mps"})
+    for job_id in (11, 12):
+        bench.node.layer.adopt(LaunchJob(command_id=f"c{job_id}", job_id=job_id, argv=["x"], gpu_indices=[0]))
     assert bench.read_agent({duty.GUARANTEED: 11, duty.OPPORTUNISTIC: 12}, until=1006.0) == {
         f"util_{duty.GUARANTEED}": None, f"util_{duty.OPPORTUNISTIC}": None, "util_gpu": 99.0}
 
