@@ -170,6 +170,14 @@ def main() -> int:
             print(f"topology links: {len(registered.topology)}")
             rejected = lambda: [e for e in (streams.poll(), streams.events)[1] if e.kind == "command_rejected"]  # noqa: E731
 
+            def unless_refused(predicate):
+                """``predicate``, but a command the agent refused ends the bench at once, with why."""
+                def check():
+                    if refused := rejected():
+                        raise SystemExit("the agent refused a command: " + "; ".join(e.reason for e in refused))
+                    return predicate()
+                return check
+
             outs = {}
             for job_id, gib in enumerate(sizes, start=1):
                 outs[job_id] = work / f"job-{job_id}.json"
@@ -181,7 +189,7 @@ def main() -> int:
             stranger = subprocess.Popen([sys.executable, "-c", JOB, str(args.stranger_gib), str(args.seconds),
                                          str(stranger_out)], env={**env, "CUDA_VISIBLE_DEVICES": "0"})
 
-            held = {job_id: json.loads(wait_for(lambda p=path: p.exists() and p.read_text(), 120,
+            held = {job_id: json.loads(wait_for(unless_refused(lambda p=path: p.exists() and p.read_text()), 120,
                                                 f"job {job_id} to allocate")) for job_id, path in outs.items()}
             stranger_held = json.loads(wait_for(lambda: stranger_out.exists() and stranger_out.read_text(), 120,
                                                 "the stranger to allocate"))
@@ -229,7 +237,8 @@ def main() -> int:
             for job_id in held:
                 client.xadd(protocol.command_stream(NODE),
                             command(protocol.StopJob(command_id=f"stop-{job_id}", job_id=job_id, grace_seconds=5)))
-            exits = {job_id: wait_for(lambda j=job_id: streams.event("job_exited", j), 60, f"job {job_id} to exit")
+            exits = {job_id: wait_for(unless_refused(lambda j=job_id: streams.event("job_exited", j)), 60,
+                                      f"job {job_id} to exit")
                      for job_id in held}
             print("exits: " + ", ".join(f"job {j}: code {e.exit_code}, stopped={e.stopped}" for j, e in exits.items()))
             if args.json:

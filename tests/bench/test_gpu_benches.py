@@ -86,8 +86,9 @@ def test_a_slowdown_the_scheduler_can_see_passes_and_one_it_cannot_fails():
     assert ok, lines
     assert lines[1].startswith("PASS: at duty 0.10 the guaranteed job keeps >= 95% of its solo throughput (97.7%")
     assert "worst step: 66.3%, shared at 1.00" in lines[1]
-    assert lines[2] == ("PASS: the scheduler sees each of the 1 slowdowns of the guaranteed job past 10%: 1 by its "
-                        "own utilisation (more than 10 points below solo, 100%), 0 by the GPU's (>= 95%)")
+    assert lines[2] == ("PASS: the scheduler throttles at each of the 1 slowdowns of the guaranteed job past 10%: "
+                        "1 seen in its own utilisation (more than 10 points below solo, 100%), 0 with the GPU "
+                        "saturated (>= 95%, a rule that fires slowed or not)")
 
     # NVML still says ~100% for a job that time-slicing slowed by a third, and the GPU is not
     # saturated: throttling never starts.
@@ -101,11 +102,11 @@ def test_a_slowdown_the_scheduler_can_see_passes_and_one_it_cannot_fails():
     assert not ok and lines[2].endswith("(solo reading no reading; shared at 1.00: 66% of solo throughput, "
                                         "job ?, GPU ?)")
     ok, lines = judge(shared_steps(None, gpu_util=99.0), None)
-    assert ok and lines[2].endswith("0 by its own utilisation (more than 10 points below solo, no reading), "
-                                    "1 by the GPU's (>= 95%)")
+    assert ok and lines[2].endswith("0 seen in its own utilisation (more than 10 points below solo, no reading), "
+                                    "1 with the GPU saturated (>= 95%, a rule that fires slowed or not)")
 
 
-def test_the_bench_reads_utilisation_through_the_agent_s_backend(monkeypatch):
+def test_the_bench_reads_utilisation_through_the_agent_s_backend():
     from types import SimpleNamespace
 
     from agents.backends.base import BackendSample
@@ -124,11 +125,11 @@ def test_the_bench_reads_utilisation_through_the_agent_s_backend(monkeypatch):
                                        JobGpuSample(job_id=12, gpu_index=1, mem_used_mib=1, util_sm=1.0)])
 
     clock = [1000.0]
-    monkeypatch.setattr(duty.time, "time", lambda: clock[0])
-    monkeypatch.setattr(duty.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
     runner = SimpleNamespace(processes=lambda: {11: object(), 12: object()})
     gpu = GpuInfo(index=0, uuid="GPU-0", model="H100", memory_mib=81559)
     bench = duty.Bench.__new__(duty.Bench)
+    bench.clock = lambda: clock[0]
+    bench.sleep = lambda seconds: clock.__setitem__(0, clock[0] + seconds)
     bench.node = SimpleNamespace(backend=Backend(), runner=runner, layer=IsolationLayer([gpu], {0: "unfenced"}))
     bench.args = SimpleNamespace(gpu=0)
     assert bench.read_agent({duty.GUARANTEED: 11, duty.OPPORTUNISTIC: 12}, until=1003.0) == {
