@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.replay                          # both presets, quick: 1 seed, ~4 min CPU
     .venv/bin/python -m bench.replay --preset fgd --seeds 10 --pods default,gpushare40,multigpu50
     .venv/bin/python -m bench.replay --preset philly --seeds 3 --windows all
+    .venv/bin/python -m bench.replay --preset philly --interference 0.2,0.5   # beside what a GPU measured
 
 Presets:
 
@@ -63,13 +64,14 @@ def fgd_preset(pod_lists: list[str], seeds: list[int], out: Path) -> None:
         (out / f"fgd-{pods_name}.json").write_text(json.dumps(document, indent=1, default=float))
 
 
-def philly_preset(windows: list[str], seeds: list[int], out: Path) -> None:
+def philly_preset(windows: list[str], seeds: list[int], out: Path,
+                  interferences: tuple[float, ...] = (0.0, DEFAULT_INTERFERENCE)) -> None:
     policies = {name: POLICIES[name] for name in WINDOW_POLICIES}
     made = [(f"Philly from {day} ({PHILLY_WINDOWS.get(day, '')})",
              lambda seed, day=day: loaders.load_philly(nodes=16, since=day, first=1000, seed=seed))
             for day in windows]
     document = protocol.windows(
-        made, policies, seeds, (0.0, DEFAULT_INTERFERENCE),
+        made, policies, seeds, interferences,
         progress=lambda label, i, name, row: print(f"  {label} i={i}: {name} {row['cpu_s']:.1f} CPU s", flush=True))
     print(protocol.windows_table(document), flush=True)
     (out / "philly-windows.json").write_text(json.dumps(document, indent=1, default=float))
@@ -82,8 +84,18 @@ def main() -> None:
     parser.add_argument("--pods", default="default", help="fgd: comma-separated pod lists (default, gpushare40, multigpu50)")
     parser.add_argument("--windows", default=",".join(QUICK_WINDOWS),
                         help=f"philly: comma-separated first days, or 'all' ({', '.join(PHILLY_WINDOWS)})")
+    parser.add_argument("--interference", default=f"0,{DEFAULT_INTERFERENCE}",
+                        help="philly: comma-separated interference coefficients (a co-resident slows its "
+                             "neighbours by this x its duty cycle; measured on an H100 for two compute-bound "
+                             "jobs: 0.3-0.4 under MPS, 0.52-0.55 time-sliced)")
     parser.add_argument("--out", type=Path, default=Path("var/bench-replay"))
     args = parser.parse_args()
+    try:
+        interferences = tuple(float(x) for x in args.interference.split(","))
+    except ValueError:
+        parser.error(f"--interference takes numbers separated by commas, e.g. 0,0.2,0.5; got {args.interference!r}")
+    if not interferences or not all(0 <= x <= 1 for x in interferences):
+        parser.error("each --interference must be in [0, 1]")
     args.out.mkdir(parents=True, exist_ok=True)
     seeds = list(range(args.seeds))
     wall, cpu = time.perf_counter(), time.process_time()
@@ -91,7 +103,7 @@ def main() -> None:
         fgd_preset(args.pods.split(","), seeds, args.out)
     if args.preset in ("philly", "all"):
         windows = list(PHILLY_WINDOWS) if args.windows == "all" else args.windows.split(",")
-        philly_preset(windows, seeds, args.out)
+        philly_preset(windows, seeds, args.out, interferences)
     print(f"\nbench: {time.perf_counter() - wall:.0f} s wall, {time.process_time() - cpu:.0f} s CPU (one process)")
 
 
