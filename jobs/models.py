@@ -370,6 +370,9 @@ class JobProfile(models.Model):
     runs = models.PositiveIntegerField(default=0)
     peak_gpu_memory_mib = models.PositiveIntegerField()
     mean_util = models.FloatField(null=True, blank=True, help_text="0..1")
+    # Runs that brought a utilisation reading (not every run does: MPS clients sharing a GPU, MIG
+    # instances): the mean is over these, so runs without one do not shrink a new reading's weight.
+    util_runs = models.PositiveIntegerField(default=0)
     mean_runtime_s = models.FloatField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 

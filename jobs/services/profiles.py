@@ -26,7 +26,7 @@ def record_profile(job_id: int) -> JobProfile | None:
     util = usage.mean_util / 100.0 if usage.mean_util is not None else None
     profile, created = JobProfile.objects.select_for_update().get_or_create(
         tenant=job.tenant, key=job.profile_key,
-        defaults={"runs": 1, "peak_gpu_memory_mib": peak, "mean_util": util,
+        defaults={"runs": 1, "peak_gpu_memory_mib": peak, "mean_util": util, "util_runs": int(util is not None),
                   "mean_runtime_s": runtime},
     )
     if created:
@@ -35,7 +35,8 @@ def record_profile(job_id: int) -> JobProfile | None:
     # Peak memory keeps the largest seen (a placement must fit the worst run); the rest average.
     # A stored peak no GPU in the cluster has (recorded before readings were bounded) heals here.
     profile.peak_gpu_memory_mib = max(min(profile.peak_gpu_memory_mib, _largest_gpu_mib() or peak), peak)
-    profile.mean_util = _mean(profile.mean_util, util, profile.runs)
+    profile.mean_util = _mean(profile.mean_util, util, profile.util_runs)
+    profile.util_runs += util is not None
     profile.mean_runtime_s = _mean(profile.mean_runtime_s, runtime, profile.runs)
     profile.runs = runs
     profile.save()

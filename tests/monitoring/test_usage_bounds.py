@@ -173,3 +173,18 @@ def test_an_operator_resets_a_profile_by_deleting_it_in_the_admin(n1, client):
     response = client.post(f"/admin/jobs/jobprofile/{profile.pk}/delete/", {"post": "yes"})
     assert response.status_code == 302
     assert not JobProfile.objects.exists()
+
+
+def test_a_run_without_a_utilisation_reading_does_not_dilute_the_profile_s_mean(n1):
+    # MPS clients sharing a GPU (and MIG instances) report no per-job utilisation: such a run
+    # adds to the profile's runs and memory, but the mean is over the runs that had a reading.
+    tenant = JobFactory(gpus=1).tenant
+    for percent in (80.0, None, 20.0):
+        job = JobFactory(gpus=1, profile_key="train-resnet", tenant=tenant, state=JobState.SUCCEEDED,
+                         started_at=timezone.now() - timedelta(hours=1), finished_at=timezone.now())
+        JobUsage.objects.create(job_id=job.pk, peak_gpu_memory_mib=9000, first_seen_at=timezone.now(),
+                                last_seen_at=timezone.now(), util_sum=percent or 0.0, util_n=int(percent is not None))
+        record_profile(job.pk)
+    profile = JobProfile.objects.get(tenant=tenant, key="train-resnet")
+    assert (profile.runs, profile.util_runs) == (3, 2)
+    assert profile.mean_util == pytest.approx(0.5)  # not 0.6: the run without a reading weighs nothing
