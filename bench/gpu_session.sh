@@ -17,9 +17,10 @@ set -u
 export PYTHONUNBUFFERED=1
 out=${OUT:-gpu-session}
 mkdir -p "$out"
-if ls .whl/*.whl >/dev/null 2>&1; then
+wheels=${WHEELS:-.whl}  # (WHEELS=none: use the interpreter's own packages)
+if ls "$wheels"/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl 2>/dev/null || { echo "cannot install the carried wheels"; exit 9; }
+        "$wheels"/*.whl 2>/dev/null || { echo "cannot install the carried wheels in $wheels"; exit 9; }
     export PYTHONPATH=/tmp/site:$PWD
 fi
 started=$(date +%s)

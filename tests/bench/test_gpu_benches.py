@@ -174,3 +174,22 @@ def test_unfenced_the_guaranteed_job_pays():
                         "CUDA out of memory. Tried to allocate 4.00 GiB")
     assert lines[-1] == ("FAIL: the guaranteed job (and the opportunistic one) got the OOM; "
                          "the guaranteed job did not run on")
+
+
+def test_the_gpu_session_script_runs_every_gpu_bench_and_each_says_at_once_why_not_here(tmp_path):
+    # What a session lent a GPU runs first (bench/gpu_session.sh): kept runnable here, where it can
+    # only fail fast, so that it has not rotted by the time a GPU is lent.
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(root), "WHEELS": "none"}
+    done = subprocess.run(["bash", str(root / "bench" / "gpu_session.sh")], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "all.log").read_text()
+    for bench, runs in (("gpu_isolation", 3), ("gpu_duty_cycle", 2), ("gpu_attribution", 2)):
+        assert log.count(f"{bench}: it needs an NVIDIA GPU, and NVML finds none") == runs, log
+    assert log.count("rc=2") == 7 and "=== end" in log
