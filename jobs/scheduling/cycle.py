@@ -361,12 +361,10 @@ class Cycle(Waiting):
             elif (capped := self.users.why_waiting(job)) is not None:
                 self._wait(job, *capped)
             else:
-                self._admit_guaranteed(job, shape, lambda t=tenant: queues[t][cursors[t]:])
+                self._admit_guaranteed(job, shape)
             push_next(tenant)
 
-    def _admit_guaranteed(self, job: JobRequest, shape: Shape, behind=None) -> None:
-        """Place the job, else reclaim for it, else say why it waits. ``behind``: the tenant's
-        queue entries after it (made only for a reclaim), whose gangs a reclaim keeps room for."""
+    def _admit_guaranteed(self, job: JobRequest, shape: Shape) -> None:
         choice = self._find(job, shape, GUARANTEED)
         if isinstance(choice, OneNodeWait):
             self._wait_for_one_node(job, choice)
@@ -377,7 +375,7 @@ class Cycle(Waiting):
         reclaim = None
         if self.state.reclaims < self.config.max_reclaims and not self.memo.failed.fails("reclaim", shape):
             self.state.reclaims += 1
-            reclaim = self.reclaimer.find(job.id, shape, self._gangs_behind(job, behind()) if behind else None)
+            reclaim = self.reclaimer.find(job.id, shape)
             if reclaim is None:
                 self.memo.failed.record("reclaim", shape)
         if reclaim is not None:
@@ -390,21 +388,6 @@ class Cycle(Waiting):
             self._wait(job, reasons.reclaiming(job.gpus, len(reclaim.victims), _node_names(reclaim.gpus)), eta=0.0)
             return
         self._blocked(job, shape, GUARANTEED)
-
-    def _gangs_behind(self, job: JobRequest, entries: list[Entry]) -> dict[str, tuple[int, int]]:
-        """Per GPU model, the gangs among ``entries`` (the tenant's queue after ``job``) that its
-        guarantee could still hold once ``job`` runs: (the largest, the GPUs all of them need).
-        A gang that may run on several models counts for each."""
-        room = self._guaranteed_room(job.tenant) - job.gpus * job.gpu_milli
-        keep: dict[str, tuple[int, int]] = {}
-        pools = self.capacity.pools
-        for queued, shape, need, _, _ in entries:
-            if queued.gpus < 2 or queued.opportunistic_only or need > room or queued.id in self.state.handled:
-                continue
-            for model in {pools[pool][0] for pool in self.placer.pools_for(shape)}:
-                largest, total = keep.get(model, (0, 0))
-                keep[model] = (max(largest, queued.gpus), total + queued.gpus)
-        return keep
 
     def _borrowing_pass(self, queues: dict[str, list[Entry]]) -> None:
         cursors = dict.fromkeys(queues, 0)

@@ -168,11 +168,7 @@ class Reclaimer:
                     self._node_estimates.append((node, sorted(costs)))
         return self._node_estimates
 
-    def find(self, job_id: int, shape: Shape, keep: dict[str, tuple[int, int]] | None = None) -> Reclaim | None:
-        """GPUs to free for the job, and whom that evicts; None if no borrower can make room.
-        ``keep``: per GPU model, the gangs its tenant queued behind it (the largest, and the GPUs
-        they need together): among nodes within ``reclaim_loss_margin_s`` of the least progress
-        lost, one where the job leaves them what they need is preferred (:meth:`_breaks`)."""
+    def find(self, job_id: int, shape: Shape) -> Reclaim | None:
         pools = self.placer.pools_for(shape)
         n = shape.gpus
         ranked = self._ranked.get(n)
@@ -181,7 +177,7 @@ class Reclaimer:
                 (_total(costs[:n]), node.key, node) for node, costs in self._estimates() if len(costs) >= n)]
         candidates = [node for node in ranked if node.indexed]
         per_node = self._evaluate(candidates, shape, pools, enough=RECLAIM_NODES_EVALUATED)
-        chosen = self._choose(shape, per_node, keep) if per_node else None
+        chosen = self._choose(shape, per_node) if per_node else None
         if chosen is None and n > 1 and shape.max_nodes != 1:
             # Spreading over nodes: every node's reclaimable GPUs may be needed.
             every = [node for node, _ in self._estimates() if node.indexed]
@@ -208,10 +204,9 @@ class Reclaimer:
                     break
         return per_node
 
-    def _choose(self, shape: Shape, per_node,
-                keep: dict[str, tuple[int, int]] | None = None) -> list[tuple[GpuSlot, list[RunningJob]]] | None:
+    def _choose(self, shape: Shape, per_node) -> list[tuple[GpuSlot, list[RunningJob]]] | None:
         n = shape.gpus
-        fits = []
+        best = None
         for node, options in per_node:
             if len(options) < n or not any(o[3] for o in options[:n]) and not self._stopping(options[:n]):
                 continue  # nothing to reclaim on this node: plain placement already said no
@@ -220,17 +215,11 @@ class Reclaimer:
                 continue
             lost = _total(self._progress(v) for v in {v.id: v for o in picked for v in o[3]}.values())
             cost = allreduce_seconds(n, shape.allreduce_bytes, node.gb_per_s)
-            fits.append(((lost, cost, node.key), options, picked))
-        if fits:
-            best = min(fits, key=lambda fit: fit[0])
-            totals = self._by_model(o for _, options in per_node for o in options) if keep else {}
-            if keep and self._breaks(best[1], best[2], keep, totals):
-                least, margin = best[0][0], self.config.reclaim_loss_margin_s
-                whole = [fit for fit in fits if fit[0][0][0] <= least[0] + margin and fit[0][0][1] <= least[1] + margin
-                         and not self._breaks(fit[1], fit[2], keep, totals)]
-                if whole:
-                    best = min(whole, key=lambda fit: fit[0])
-            return [(o[2], o[3]) for o in best[2]]
+            key = (lost, cost, node.key)
+            if best is None or key < best[0]:
+                best = (key, picked)
+        if best is not None:
+            return [(o[2], o[3]) for o in best[1]]
         if n == 1 or shape.max_nodes == 1:
             return None
         by_key = {o[1]: o for _, options in per_node for o in options}
@@ -256,30 +245,6 @@ class Reclaimer:
             if best is None or key < best[0]:
                 best = (key, picked)
         return None if best is None else [(o[2], o[3]) for o in best[1]]
-
-    def _by_model(self, options) -> dict[str, int]:
-        pools = self.capacity.pools
-        counts: dict[str, int] = {}
-        for option in options:
-            model = pools[option[2].pool][0]
-            counts[model] = counts.get(model, 0) + 1
-        return counts
-
-    def _breaks(self, options, picked, keep: dict[str, tuple[int, int]], totals: dict[str, int]) -> bool:
-        """Would taking ``picked`` out of a node's ``options`` leave the gangs in ``keep`` short of
-        a model they had enough of: the node's group of it smaller than the largest gang, or the
-        GPUs of it there are to reclaim (``totals``, over the nodes evaluated) fewer than all of
-        them need?"""
-        here, taken = self._by_model(options), self._by_model(picked)
-        for model, used in taken.items():
-            if model not in keep:
-                continue
-            largest, need = keep[model]
-            if here.get(model, 0) >= largest > here.get(model, 0) - used:
-                return True
-            if totals.get(model, 0) >= need > totals.get(model, 0) - used:
-                return True
-        return False
 
     @staticmethod
     def _host_allows(node: NodeSlot, shape: Shape, options) -> int:

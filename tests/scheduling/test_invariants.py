@@ -241,12 +241,10 @@ def borrowed_clusters(draw, pairs_first: bool = True):
     full = launch(empty, decide(empty, now=0.0), now=500.0, draw=draw)
     # A gang runs on GPUs of one model, so the owner's pairs must fit together: no more of them
     # than the cluster has pairs of one model (three pairs on five GPUs of one model and one of
-    # another can never all run). Reclaim keeps the groups the pairs queued behind a single need
-    # (``Reclaimer._breaks``: 3 seeds x 3,000 and 10,000 examples in any order found no reclaim
-    # at fault), but plain placement is greedy: a single queued first takes a free GPU next to a
-    # borrower in the only pair of a model (found at 10,000 examples), and the pair then waits
-    # for that node rather than reclaim. Only with the pairs first does every job reclaim in the
-    # first cycle.
+    # another can never all run). A single queued ahead of a pair may reclaim a GPU out of the one
+    # pair of a model the pair needed (reclaim is greedy in queue order: the single loses the
+    # least progress there, by a second, found at 4,000 examples), so only with the pairs first
+    # does every job reclaim in the first cycle.
     pairs = sum(count // 2 for count in Counter(g.model for n in node_states for g in n.gpus).values())
     sizes, demand = [], 0
     while demand < guarantee and draw(st.booleans()) or not sizes:

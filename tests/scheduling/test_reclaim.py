@@ -6,7 +6,6 @@ import dataclasses
 import pytest
 
 from jobs.scheduling import PreemptReason, decide
-from jobs.scheduling.config import SchedulerConfig
 from tests.scheduling.builders import (
     classes, cluster, codes, gpu_index, job, node, pending_of, placed, preempted, running, tenant,
 )
@@ -44,38 +43,6 @@ def test_reclaim_prefers_the_node_where_least_progress_is_lost():
                                 running(11, on="young", gpus=[0], tenant="borrower", opportunistic=True, started_at=90)],
                        pending=[job(1, tenant="owner", gpus=2)])
     assert preempted(decide(snapshot, now=100)) == [11]  # young has a free GPU plus a 10 s-old job
-
-
-def _one_a_and_two_b_all_borrowed(pending):
-    return cluster(node("x", gpus=1, model="A"), node("y", gpus=2, model="B"),
-                   tenants=[tenant("owner", guaranteed=3, max_gpus=3), tenant("borrower", guaranteed=0)],
-                   running=[running(10, on="x", gpus=[0], tenant="borrower", opportunistic=True, started_at=50),
-                            running(11, on="y", gpus=[0], tenant="borrower", opportunistic=True, started_at=51),
-                            running(12, on="y", gpus=[1], tenant="borrower", opportunistic=True, started_at=40)],
-                   pending=pending)
-
-
-def test_a_single_reclaims_where_it_leaves_whole_the_pair_its_tenant_queued_behind_it():
-    # (The any-order property in test_invariants found it at 4,000 examples.) One borrowed A GPU
-    # and the only two B GPUs, borrowed too; the owner queues a single, then a pair. The B
-    # borrower is a second younger, so least progress alone sent the single to B, and the pair
-    # had no two GPUs of one model left to reclaim.
-    snapshot = _one_a_and_two_b_all_borrowed([job(1, tenant="owner", submitted_at=1),
-                                               job(2, tenant="owner", gpus=2, submitted_at=2)])
-    decisions = decide(snapshot, now=100)
-    assert sorted(preempted(decisions)) == [10, 11, 12]
-    assert codes(decisions) == {1: "reclaiming", 2: "reclaiming"}
-    where, by_job = gpu_index(snapshot), {promise.job_id: promise.gpu_ids for promise in decisions.promises}
-    assert {where[gpu] for gpu in by_job[1]} == {("x", 0)}
-    assert {where[gpu] for gpu in by_job[2]} == {("y", 0), ("y", 1)}
-
-    # Without a pair behind it, least progress decides, as before.
-    alone = decide(_one_a_and_two_b_all_borrowed([job(1, tenant="owner", submitted_at=1)]), now=100)
-    assert preempted(alone) == [11]
-    # Nor is more than the margin of another borrower's progress given up for the pair.
-    config = dataclasses.replace(SchedulerConfig(), reclaim_loss_margin_s=0.5)
-    decisions = decide(snapshot, now=100, config=config)
-    assert preempted(decisions) == [11] and codes(decisions)[2] != "reclaiming"
 
 
 def test_reclaim_never_preempts_guaranteed_jobs():
