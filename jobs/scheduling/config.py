@@ -67,3 +67,10 @@ class SchedulerConfig:
     max_reclaims: int = 64
     # Pause Python's cyclic garbage collector during a cycle (see ``cycle.decide``).
     pause_gc: bool = True
+
+    # (Last: a config pickled before it, in a bench snapshot, keeps its other fields in place.)
+    # Reclaim: a node whose victims lose at most this many GPU-seconds of progress more than the
+    # least is as good, if taking the GPUs there leaves whole the group of one model that a gang
+    # of the tenant queued behind the job needs (a single that took a GPU out of the only
+    # borrowed pair of a model left the pair behind it nothing to reclaim). 0: progress alone.
+    reclaim_loss_margin_s: float = 600.0

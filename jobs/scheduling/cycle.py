@@ -46,7 +46,7 @@ from jobs.scheduling.eta import QueueEta, ReleaseTimeline
 from jobs.scheduling.explain import InventoryCheck, invalid_request
 from jobs.scheduling.placement import Choice, Placer, Shape, shape_of
 from jobs.scheduling.reasons import PendingReason
-from jobs.scheduling.reclaim import Reclaimer, memory_pressure_victims
+from jobs.scheduling.reclaim import RECLAIM_LOOKAHEAD, Gang, Reclaimer, memory_pressure_victims
 from jobs.scheduling.reservation import may_backfill
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass, JobRequest, Promise, TenantQuota
 from jobs.scheduling.duty_cycles import throttles
@@ -361,10 +361,12 @@ class Cycle(Waiting):
             elif (capped := self.users.why_waiting(job)) is not None:
                 self._wait(job, *capped)
             else:
-                self._admit_guaranteed(job, shape)
+                self._admit_guaranteed(job, shape, lambda t=tenant: queues[t][cursors[t]:cursors[t] + RECLAIM_LOOKAHEAD])
             push_next(tenant)
 
-    def _admit_guaranteed(self, job: JobRequest, shape: Shape) -> None:
+    def _admit_guaranteed(self, job: JobRequest, shape: Shape, behind=None) -> None:
+        """Place the job, else reclaim for it, else say why it waits. ``behind``: the tenant's
+        queue entries after it (made only for a reclaim), whose gangs a reclaim keeps room for."""
         choice = self._find(job, shape, GUARANTEED)
         if isinstance(choice, OneNodeWait):
             self._wait_for_one_node(job, choice)
@@ -375,7 +377,7 @@ class Cycle(Waiting):
         reclaim = None
         if self.state.reclaims < self.config.max_reclaims and not self.memo.failed.fails("reclaim", shape):
             self.state.reclaims += 1
-            reclaim = self.reclaimer.find(job.id, shape)
+            reclaim = self.reclaimer.find(job.id, shape, self._gangs_behind(job, behind()) if behind else None)
             if reclaim is None:
                 self.memo.failed.record("reclaim", shape)
         if reclaim is not None:
@@ -388,6 +390,25 @@ class Cycle(Waiting):
             self._wait(job, reasons.reclaiming(job.gpus, len(reclaim.victims), _node_names(reclaim.gpus)), eta=0.0)
             return
         self._blocked(job, shape, GUARANTEED)
+
+    def _gangs_behind(self, job: JobRequest, entries: list[Entry]) -> list[Gang]:
+        """The gangs among the first ``RECLAIM_LOOKAHEAD`` of ``entries`` (the tenant's queue after
+        ``job``) that its guarantee can still hold once ``job`` runs, the jobs queued between them
+        taking their share of it first; one capped by its array or its user does not count."""
+        room = self._guaranteed_room(job.tenant) - job.gpus * job.gpu_milli
+        gangs: list[Gang] = []
+        handled = self.state.handled
+        for queued, shape, need, _, _ in entries[:RECLAIM_LOOKAHEAD]:
+            if room <= 0:
+                break
+            if queued.opportunistic_only or need > room or queued.id in handled:
+                continue
+            if (queued.array_limit is not None and self._array_full(queued)) or self.users.at_limit(queued):
+                continue
+            room -= need
+            if queued.gpus > 1:
+                gangs.append(Gang(queued.gpus, tuple(self.placer.pools_for(shape)), shape.max_nodes != 1))
+        return gangs
 
     def _borrowing_pass(self, queues: dict[str, list[Entry]]) -> None:
         cursors = dict.fromkeys(queues, 0)

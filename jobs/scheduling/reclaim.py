@@ -42,6 +42,18 @@ from jobs.scheduling.topology import allreduce_seconds, choose_nodes
 # Nodes evaluated exactly per reclaim, cheapest estimate first: the least progress lost among
 # them wins. Bounds a reclaim to a few hundred GPU checks on a cluster of thousands.
 RECLAIM_NODES_EVALUATED = 16
+# Queue entries after a reclaiming job looked at for the gangs it should leave room for: the
+# few its tenant's guarantee can hold next, not a 50,000-job queue per reclaim.
+RECLAIM_LOOKAHEAD = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """A gang its tenant queued behind a reclaiming job: what a reclaim should leave it room for."""
+
+    gpus: int
+    pools: tuple[int, ...]  # the capacity pools its filters admit (it runs on one model of them)
+    may_spread: bool  # over several nodes (of one model), when no one node has room
 
 
 @dataclass(slots=True)
@@ -168,7 +180,12 @@ class Reclaimer:
                     self._node_estimates.append((node, sorted(costs)))
         return self._node_estimates
 
-    def find(self, job_id: int, shape: Shape) -> Reclaim | None:
+    def find(self, job_id: int, shape: Shape, keep: list[Gang] | None = None) -> Reclaim | None:
+        """GPUs to free for the job, and whom that evicts; None if no borrower can make room.
+        ``keep``: the gangs its tenant queued behind it that its guarantee can still hold: among
+        nodes within ``reclaim_loss_margin_s`` of the least progress lost, one where the job
+        leaves as many of them room as before is tried first (:meth:`_breaks`), the least loss
+        if that cannot commit."""
         pools = self.placer.pools_for(shape)
         n = shape.gpus
         ranked = self._ranked.get(n)
@@ -177,14 +194,16 @@ class Reclaimer:
                 (_total(costs[:n]), node.key, node) for node, costs in self._estimates() if len(costs) >= n)]
         candidates = [node for node in ranked if node.indexed]
         per_node = self._evaluate(candidates, shape, pools, enough=RECLAIM_NODES_EVALUATED)
-        chosen = self._choose(shape, per_node) if per_node else None
-        if chosen is None and n > 1 and shape.max_nodes != 1:
+        choices = self._choose(shape, per_node, keep) if per_node else []
+        if not choices and n > 1 and shape.max_nodes != 1:
             # Spreading over nodes: every node's reclaimable GPUs may be needed.
             every = [node for node, _ in self._estimates() if node.indexed]
-            chosen = self._choose(shape, self._evaluate(every, shape, pools, enough=len(every)))
-        if chosen is None:
-            return None
-        return self._commit(job_id, chosen)
+            choices = self._choose(shape, self._evaluate(every, shape, pools, enough=len(every)))
+        for chosen in choices:
+            reclaim = self._commit(job_id, chosen)
+            if reclaim is not None:
+                return reclaim
+        return None
 
     def _evaluate(self, nodes: list[NodeSlot], shape: Shape, pools: list[int], enough: int):
         """Exact victims per GPU on ``nodes``, until ``enough`` nodes could host the job alone."""
@@ -204,9 +223,11 @@ class Reclaimer:
                     break
         return per_node
 
-    def _choose(self, shape: Shape, per_node) -> list[tuple[GpuSlot, list[RunningJob]]] | None:
+    def _choose(self, shape: Shape, per_node,
+                keep: list[Gang] | None = None) -> list[list[tuple[GpuSlot, list[RunningJob]]]]:
+        """The choices to try, best first (none: no node will do)."""
         n = shape.gpus
-        best = None
+        fits = []
         for node, options in per_node:
             if len(options) < n or not any(o[3] for o in options[:n]) and not self._stopping(options[:n]):
                 continue  # nothing to reclaim on this node: plain placement already said no
@@ -215,13 +236,23 @@ class Reclaimer:
                 continue
             lost = _total(self._progress(v) for v in {v.id: v for o in picked for v in o[3]}.values())
             cost = allreduce_seconds(n, shape.allreduce_bytes, node.gb_per_s)
-            key = (lost, cost, node.key)
-            if best is None or key < best[0]:
-                best = (key, picked)
-        if best is not None:
-            return [(o[2], o[3]) for o in best[1]]
+            fits.append(((lost, cost, node.key), node, picked))
+        if fits:
+            best = min(fits, key=lambda fit: fit[0])
+            choices = [best]
+            if keep:
+                groups = self._gang_groups(per_node, keep)
+                fitting = self._gangs_fitting(keep, groups)
+                if self._breaks(best[1], best[2], keep, groups, fitting):
+                    least, margin = best[0][0], self.config.reclaim_loss_margin_s
+                    whole = [fit for fit in fits if fit[0][0][0] <= least[0] + margin
+                             and fit[0][0][1] <= least[1] + margin
+                             and not self._breaks(fit[1], fit[2], keep, groups, fitting)]
+                    if whole:
+                        choices.insert(0, min(whole, key=lambda fit: fit[0]))
+            return [[(o[2], o[3]) for o in fit[2]] for fit in choices]
         if n == 1 or shape.max_nodes == 1:
-            return None
+            return []
         by_key = {o[1]: o for _, options in per_node for o in options}
         # Spread over nodes, a gang still runs on GPUs of one model (see Placer._gang): each model
         # is tried on its own, fewest nodes then least progress lost. A choice that evicts nobody
@@ -244,7 +275,93 @@ class Reclaimer:
             key = (len(choice), lost)
             if best is None or key < best[0]:
                 best = (key, picked)
-        return None if best is None else [(o[2], o[3]) for o in best[1]]
+        return [] if best is None else [[(o[2], o[3]) for o in best[1]]]
+
+    def _whole(self, gpu: GpuSlot) -> bool:
+        """Could a gang have ``gpu``: empty, or emptied by evicting borrowers (nobody stays)?"""
+        if gpu.blocked or gpu.exclusive or gpu.guaranteed_count:
+            return False
+        return all(j.id in self.leaving or self._evictable(j) for j in gpu.residents)
+
+    def _gang_groups(self, per_node, keep: list[Gang]) -> dict[int, dict[int, int]]:
+        """Per pool the gangs in ``keep`` may use, per node (by key), how many GPUs a gang could
+        have there: every free one on a schedulable node, and the evaluated ones that evicting
+        borrowers would empty (:meth:`_whole`)."""
+        wanted = {pool for gang in keep for pool in gang.pools}
+        groups: dict[int, dict[int, int]] = {}
+
+        def add(gpu: GpuSlot, node: NodeSlot) -> None:
+            by_node = groups.setdefault(gpu.pool, {})
+            by_node[node.key] = by_node.get(node.key, 0) + 1
+
+        for node in self.capacity.nodes:
+            if node.indexed:
+                for gpu in node.empty:
+                    if gpu.pool in wanted and not gpu.blocked:
+                        add(gpu, node)
+        for node, options in per_node:
+            for option in options:
+                gpu = option[2]
+                if gpu.occupants and gpu.pool in wanted and self._whole(gpu):
+                    add(gpu, node)
+        return groups
+
+    def _gangs_fitting(self, gangs: list[Gang], groups: dict[int, dict[int, int]]) -> int:
+        """How many of ``gangs`` the GPUs in ``groups`` (per pool, per node) could hold at once:
+        largest first (one that must stay on one node before one that may spread), each on the
+        one node of one model of its pools it fits best, else, if it may, over nodes of one model."""
+        free = {pool: dict(by_node) for pool, by_node in groups.items()}
+        fitted = 0
+        for gang in sorted(gangs, key=lambda g: (-g.gpus, g.may_spread, g.pools)):
+            by_model: dict[str, dict[int, list[int]]] = {}  # model -> node -> its pools there
+            for pool in gang.pools:
+                for node, count in free.get(pool, {}).items():
+                    if count > 0:
+                        by_model.setdefault(self.capacity.pools[pool][0], {}).setdefault(node, []).append(pool)
+            spots = sorted((sum(free[p][node] for p in node_pools), model, node)
+                           for model, nodes in by_model.items() for node, node_pools in nodes.items())
+            spot = next((s for s in spots if s[0] >= gang.gpus), None)
+            if spot is not None:
+                self._take(free, by_model[spot[1]][spot[2]], spot[2], gang.gpus)
+                fitted += 1
+                continue
+            if not gang.may_spread:
+                continue
+            for model in sorted(by_model):
+                nodes = by_model[model]
+                if sum(free[p][node] for node, node_pools in nodes.items() for p in node_pools) >= gang.gpus:
+                    left = gang.gpus
+                    for node in sorted(nodes, key=lambda key: (-sum(free[p][key] for p in nodes[key]), key)):
+                        left = self._take(free, nodes[node], node, left)
+                        if not left:
+                            break
+                    fitted += 1
+                    break
+        return fitted
+
+    @staticmethod
+    def _take(free: dict[int, dict[int, int]], pools: list[int], node: int, want: int) -> int:
+        """Take up to ``want`` GPUs of ``pools`` on ``node`` out of ``free``; what is still wanted."""
+        for pool in pools:
+            took = min(want, free[pool][node])
+            free[pool][node] -= took
+            want -= took
+            if not want:
+                break
+        return want
+
+    def _breaks(self, node: NodeSlot, picked, keep: list[Gang], groups: dict[int, dict[int, int]],
+                fitting: int) -> bool:
+        """Would taking ``picked`` on ``node`` leave room for fewer of the gangs in ``keep`` than
+        the ``fitting`` there is now (:meth:`_gang_groups`)?"""
+        after = {pool: dict(by_node) for pool, by_node in groups.items()}
+        touched = False
+        for option in picked:
+            by_node = after.get(option[2].pool)
+            if by_node and by_node.get(node.key, 0) > 0 and self._whole(option[2]):
+                by_node[node.key] -= 1
+                touched = True
+        return touched and self._gangs_fitting(keep, after) < fitting
 
     @staticmethod
     def _host_allows(node: NodeSlot, shape: Shape, options) -> int:

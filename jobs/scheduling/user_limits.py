@@ -31,17 +31,27 @@ class UserLimits:
                     if not job.preempting and job.expected_end is not None:
                         self.ends[key].append(max(now, job.expected_end))
 
-    def why_waiting(self, job: JobRequest) -> tuple[PendingReason, float | None] | None:
-        """The reason and ETA when ``job``'s owner is at a limit; None when it may start."""
+    def _over(self, job: JobRequest) -> tuple[bool, bool]:
+        """(over its running-jobs limit, over its GPU limit) for ``job``'s owner, as things stand."""
         limit = self.limits.get((job.tenant, job.user)) if self.limits else None
         if limit is None:
-            return None
+            return False, False
         key = (job.tenant, job.user)
-        running, milli = self.running[key], self.milli[key]
-        over_jobs = limit.max_running is not None and running >= limit.max_running
-        over_gpus = limit.max_gpus is not None and milli + job.quota_milli > limit.max_gpus * WHOLE_GPU_MILLI
+        return (limit.max_running is not None and self.running[key] >= limit.max_running,
+                limit.max_gpus is not None and self.milli[key] + job.quota_milli > limit.max_gpus * WHOLE_GPU_MILLI)
+
+    def at_limit(self, job: JobRequest) -> bool:
+        """Whether ``job``'s owner is at a limit now; unlike :meth:`why_waiting`, counts no wait."""
+        return any(self._over(job))
+
+    def why_waiting(self, job: JobRequest) -> tuple[PendingReason, float | None] | None:
+        """The reason and ETA when ``job``'s owner is at a limit; None when it may start."""
+        over_jobs, over_gpus = self._over(job)
         if not (over_jobs or over_gpus):
             return None
+        limit = self.limits[(job.tenant, job.user)]
+        key = (job.tenant, job.user)
+        running, milli = self.running[key], self.milli[key]
         # The i-th waiting job of this member starts (at the earliest) once i + 1 of theirs ended.
         position = self.blocked[key]
         self.blocked[key] += 1

@@ -6,6 +6,8 @@ import dataclasses
 import pytest
 
 from jobs.scheduling import PreemptReason, decide
+from jobs.scheduling.config import SchedulerConfig
+from jobs.scheduling.snapshot import UserLimit
 from tests.scheduling.builders import (
     classes, cluster, codes, gpu_index, job, node, pending_of, placed, preempted, running, tenant,
 )
@@ -43,6 +45,148 @@ def test_reclaim_prefers_the_node_where_least_progress_is_lost():
                                 running(11, on="young", gpus=[0], tenant="borrower", opportunistic=True, started_at=90)],
                        pending=[job(1, tenant="owner", gpus=2)])
     assert preempted(decide(snapshot, now=100)) == [11]  # young has a free GPU plus a 10 s-old job
+
+
+def _one_a_and_two_b_all_borrowed(pending):
+    return cluster(node("x", gpus=1, model="A"), node("y", gpus=2, model="B"),
+                   tenants=[tenant("owner", guaranteed=3, max_gpus=3), tenant("borrower", guaranteed=0)],
+                   running=[running(10, on="x", gpus=[0], tenant="borrower", opportunistic=True, started_at=50),
+                            running(11, on="y", gpus=[0], tenant="borrower", opportunistic=True, started_at=51),
+                            running(12, on="y", gpus=[1], tenant="borrower", opportunistic=True, started_at=40)],
+                   pending=pending)
+
+
+def test_a_single_reclaims_where_it_leaves_whole_the_pair_its_tenant_queued_behind_it():
+    # (The any-order property in test_invariants found it at 4,000 examples.) One borrowed A GPU
+    # and the only two B GPUs, borrowed too; the owner queues a single, then a pair. The B
+    # borrower is a second younger, so least progress alone sent the single to B, and the pair
+    # had no two GPUs of one model left to reclaim.
+    snapshot = _one_a_and_two_b_all_borrowed([job(1, tenant="owner", submitted_at=1),
+                                               job(2, tenant="owner", gpus=2, submitted_at=2)])
+    decisions = decide(snapshot, now=100)
+    assert sorted(preempted(decisions)) == [10, 11, 12]
+    assert codes(decisions) == {1: "reclaiming", 2: "reclaiming"}
+    where, by_job = gpu_index(snapshot), {promise.job_id: promise.gpu_ids for promise in decisions.promises}
+    assert {where[gpu] for gpu in by_job[1]} == {("x", 0)}
+    assert {where[gpu] for gpu in by_job[2]} == {("y", 0), ("y", 1)}
+
+    # Without a pair behind it, least progress decides, as before.
+    alone = decide(_one_a_and_two_b_all_borrowed([job(1, tenant="owner", submitted_at=1)]), now=100)
+    assert preempted(alone) == [11]
+    # Nor is more than the margin of another borrower's progress given up for the pair.
+    config = dataclasses.replace(SchedulerConfig(), reclaim_loss_margin_s=0.5)
+    decisions = decide(snapshot, now=100, config=config)
+    assert preempted(decisions) == [11] and codes(decisions)[2] != "reclaiming"
+
+
+# From a review of the first version of the rule: each of these failed on it.
+PROGRESS_ONLY = dataclasses.replace(SchedulerConfig(), reclaim_loss_margin_s=0.0)  # the choice before the rule
+
+
+def _lost(snapshot, decisions, now):
+    started = {j.id: j.started_at for j in snapshot.running}
+    return sum(now - started[victim] for victim in preempted(decisions))
+
+
+def _x_and_a_young_b_pair(pending, user_limits=()):
+    snapshot = cluster(node("x", gpus=1, model="A"), node("y", gpus=2, model="B"),
+                       tenants=[tenant("owner", guaranteed=3, max_gpus=3), tenant("borrower", guaranteed=0)],
+                       running=[running(10, on="x", gpus=[0], tenant="borrower", opportunistic=True, started_at=500),
+                                running(11, on="y", gpus=[0], tenant="borrower", opportunistic=True, started_at=998),
+                                running(12, on="y", gpus=[1], tenant="borrower", opportunistic=True, started_at=999)],
+                       pending=pending)
+    return dataclasses.replace(snapshot, user_limits=tuple(user_limits))
+
+
+def test_no_progress_is_given_up_for_a_gang_the_guarantee_cannot_hold_after_the_jobs_queued_before_it():
+    snapshot = _x_and_a_young_b_pair([job(1, tenant="owner", submitted_at=1), job(2, tenant="owner", submitted_at=2),
+                                      job(3, tenant="owner", gpus=2, submitted_at=3)])
+    assert _lost(snapshot, decide(snapshot, now=1000), 1000) == 3  # the two young B borrowers, as before
+    assert _lost(snapshot, decide(snapshot, now=1000, config=PROGRESS_ONLY), 1000) == 3
+
+
+def test_no_progress_is_given_up_for_a_gang_its_user_s_limit_holds_back():
+    pending = [job(1, tenant="owner", submitted_at=1),
+               dataclasses.replace(job(3, tenant="owner", gpus=2, submitted_at=3), user="bob")]
+    snapshot = _x_and_a_young_b_pair(pending, [UserLimit("owner", "bob", max_gpus=1)])
+    assert preempted(decide(snapshot, now=1000)) == preempted(decide(snapshot, now=1000, config=PROGRESS_ONLY)) == [12]
+
+
+def test_no_progress_is_given_up_while_other_groups_of_the_model_can_take_the_gang():
+    pairs = [running(20 + 2 * i + g, on=f"y{i}", gpus=[g], tenant="borrower", opportunistic=True, started_at=998 + g)
+             for i in range(3) for g in range(2)]
+    snapshot = cluster(node("x", gpus=1, model="A"), *(node(f"y{i}", gpus=2, model="B") for i in range(3)),
+                       tenants=[tenant("owner", guaranteed=3, max_gpus=3), tenant("borrower", guaranteed=0)],
+                       running=[running(10, on="x", gpus=[0], tenant="borrower", opportunistic=True, started_at=500),
+                                *pairs],
+                       pending=[job(1, tenant="owner", submitted_at=1), job(3, tenant="owner", gpus=2, submitted_at=3)])
+    decisions = decide(snapshot, now=1000)
+    assert _lost(snapshot, decisions, 1000) == _lost(snapshot, decide(snapshot, now=1000, config=PROGRESS_ONLY), 1000)
+    assert codes(decisions) == {1: "reclaiming", 3: "reclaiming"}
+
+
+def test_a_node_whose_eviction_cannot_commit_leaves_the_job_the_least_loss_choice():
+    # On x the only borrower of tenant d would drop below its guarantee: x is no choice after all.
+    snapshot = cluster(node("x", gpus=1, model="A"), node("y", gpus=2, model="B"), node("z", gpus=1, model="C"),
+                       tenants=[tenant("owner", guaranteed=3, max_gpus=3), tenant("borrower", guaranteed=0),
+                                tenant("d", guaranteed=1)],
+                       running=[running(20, on="z", gpus=[0], tenant="d", milli=500, mem_gib=80, started_at=0),
+                                running(21, on="x", gpus=[0], tenant="d", opportunistic=True, milli=500, mem_gib=40,
+                                        started_at=900),
+                                running(22, on="x", gpus=[0], tenant="d", opportunistic=True, milli=500, mem_gib=40,
+                                        started_at=901),
+                                running(11, on="y", gpus=[0], tenant="borrower", opportunistic=True, started_at=998),
+                                running(12, on="y", gpus=[1], tenant="borrower", opportunistic=True, started_at=999)],
+                       pending=[job(1, tenant="owner", submitted_at=1),
+                                job(2, tenant="owner", submitted_at=2, models=("A", "B")),
+                                job(3, tenant="owner", gpus=2, submitted_at=3)])
+    assert codes(decide(snapshot, now=1000))[1] == "reclaiming"
+
+
+def test_a_gpu_shared_with_a_job_that_stays_is_no_room_for_a_gang():
+    snapshot = cluster(node("x", gpus=1, model="A"), node("y", gpus=3, model="B"),
+                       tenants=[tenant("owner", guaranteed=3, max_gpus=3), tenant("borrower", guaranteed=0),
+                                tenant("e", guaranteed=4)],
+                       running=[running(10, on="x", gpus=[0], tenant="borrower", opportunistic=True, started_at=900),
+                                running(11, on="y", gpus=[0], tenant="borrower", opportunistic=True, started_at=999),
+                                running(12, on="y", gpus=[1], tenant="borrower", opportunistic=True, started_at=990),
+                                running(13, on="y", gpus=[2], tenant="e", opportunistic=True, milli=500, mem_gib=20,
+                                        started_at=0),
+                                running(14, on="y", gpus=[2], tenant="borrower", opportunistic=True, milli=500,
+                                        mem_gib=40, started_at=0)],
+                       pending=[job(1, tenant="owner", submitted_at=1, mem_gib=40),
+                                job(3, tenant="owner", gpus=2, submitted_at=3)])
+    assert codes(decide(snapshot, now=1000))[3] == "reclaiming"
+
+
+def _y_pair_and_an_old_w(*extra_nodes, extra_running=(), pending=()):
+    return cluster(node("y", gpus=2, model="B"), node("w", gpus=1, model="B"), *extra_nodes,
+                   tenants=[tenant("owner", guaranteed=3, max_gpus=3), tenant("borrower", guaranteed=0),
+                            tenant("g", guaranteed=2)],
+                   running=[running(11, on="y", gpus=[0], tenant="borrower", opportunistic=True, started_at=998),
+                            running(12, on="y", gpus=[1], tenant="borrower", opportunistic=True, started_at=999),
+                            running(13, on="w", gpus=[0], tenant="borrower", opportunistic=True, started_at=700),
+                            *extra_running],
+                   pending=list(pending))
+
+
+def test_gpus_of_the_model_that_the_gang_s_filters_refuse_are_no_room_for_it():
+    # (From the second review.) The image gang can only run on v (docker): y's pair is no use to it.
+    snapshot = _y_pair_and_an_old_w(node("v", gpus=2, model="B", runtimes=("docker",)),
+                                    extra_running=[running(14, on="v", gpus=[0, 1], tenant="g", started_at=0)],
+                                    pending=[job(1, tenant="owner", submitted_at=1),
+                                             job(2, tenant="owner", gpus=2, image=True, max_nodes=1, submitted_at=2)])
+    assert preempted(decide(snapshot, now=1000)) == preempted(decide(snapshot, now=1000, config=PROGRESS_ONLY)) == [12]
+
+
+def test_free_gpus_the_gang_may_use_elsewhere_are_room_for_it():
+    # (From the second review.) The gang may run on z's free C pair, which the single cannot use.
+    snapshot = _y_pair_and_an_old_w(node("z", gpus=2, model="C"),
+                                    pending=[job(1, tenant="owner", models=("B",), submitted_at=1),
+                                             job(2, tenant="owner", gpus=2, models=("B", "C"), max_nodes=1,
+                                                 submitted_at=2)])
+    decisions = decide(snapshot, now=1000)
+    assert preempted(decisions) == [12] and placed(decisions) == {2: "z"}
 
 
 def test_reclaim_never_preempts_guaranteed_jobs():
