@@ -393,19 +393,32 @@ class Cycle(Waiting):
 
     def _gangs_behind(self, job: JobRequest, entries: list[Entry]) -> list[Gang]:
         """The gangs among the first ``RECLAIM_LOOKAHEAD`` of ``entries`` (the tenant's queue after
-        ``job``) that its guarantee can still hold once ``job`` runs, the jobs queued between them
-        taking their share of it first; one capped by its array or its user does not count."""
+        ``job``) that could run next: the tenant's guarantee holds them once ``job`` and the jobs
+        queued between them run, and so do their user's and array's limits (counting those jobs)."""
         room = self._guaranteed_room(job.tenant) - job.gpus * job.gpu_milli
         gangs: list[Gang] = []
         handled = self.state.handled
+        # What ``job`` and the entries counted so far will hold, per user and per array.
+        users: dict[str, list[int]] = {job.user: [1, job.quota_milli]}
+        arrays: dict[int, int] = {job.array_id: 1} if job.array_id is not None else {}
         for queued, shape, need, _, _ in entries[:RECLAIM_LOOKAHEAD]:
             if room <= 0:
                 break
             if queued.opportunistic_only or need > room or queued.id in handled:
                 continue
-            if (queued.array_limit is not None and self._array_full(queued)) or self.users.at_limit(queued):
+            array = queued.array_id
+            if queued.array_limit is not None and (
+                    self.state.array_running[array] + arrays.get(array, 0) >= queued.array_limit):
+                continue
+            more = users.get(queued.user, (0, 0))
+            if self.users.at_limit(queued, more[0], more[1]):
                 continue
             room -= need
+            held = users.setdefault(queued.user, [0, 0])
+            held[0] += 1
+            held[1] += queued.quota_milli
+            if array is not None:
+                arrays[array] = arrays.get(array, 0) + 1
             if queued.gpus > 1:
                 gangs.append(Gang(queued.gpus, tuple(self.placer.pools_for(shape)), shape.max_nodes != 1))
         return gangs

@@ -244,9 +244,10 @@ class Reclaimer:
                 groups = self._gang_groups(per_node, keep)
                 fitting = self._gangs_fitting(keep, groups)
                 if self._breaks(best[1], best[2], keep, groups, fitting):
+                    # Within the margin in all (and so in work that is not checkpointed too).
                     least, margin = best[0][0], self.config.reclaim_loss_margin_s
-                    whole = [fit for fit in fits if fit[0][0][0] <= least[0] + margin
-                             and fit[0][0][1] <= least[1] + margin
+                    whole = [fit for fit in fits if fit[0][0][0] + fit[0][0][1] <= least[0] + least[1] + margin
+                             and fit[0][0][0] <= least[0] + margin
                              and not self._breaks(fit[1], fit[2], keep, groups, fitting)]
                     if whole:
                         choices.insert(0, min(whole, key=lambda fit: fit[0]))

@@ -31,18 +31,21 @@ class UserLimits:
                     if not job.preempting and job.expected_end is not None:
                         self.ends[key].append(max(now, job.expected_end))
 
-    def _over(self, job: JobRequest) -> tuple[bool, bool]:
-        """(over its running-jobs limit, over its GPU limit) for ``job``'s owner, as things stand."""
+    def _over(self, job: JobRequest, more_jobs: int = 0, more_milli: int = 0) -> tuple[bool, bool]:
+        """(over its running-jobs limit, over its GPU limit) for ``job``'s owner, as things stand
+        plus ``more_jobs`` jobs holding ``more_milli`` more."""
         limit = self.limits.get((job.tenant, job.user)) if self.limits else None
         if limit is None:
             return False, False
         key = (job.tenant, job.user)
-        return (limit.max_running is not None and self.running[key] >= limit.max_running,
-                limit.max_gpus is not None and self.milli[key] + job.quota_milli > limit.max_gpus * WHOLE_GPU_MILLI)
+        return (limit.max_running is not None and self.running[key] + more_jobs >= limit.max_running,
+                limit.max_gpus is not None
+                and self.milli[key] + more_milli + job.quota_milli > limit.max_gpus * WHOLE_GPU_MILLI)
 
-    def at_limit(self, job: JobRequest) -> bool:
-        """Whether ``job``'s owner is at a limit now; unlike :meth:`why_waiting`, counts no wait."""
-        return any(self._over(job))
+    def at_limit(self, job: JobRequest, more_jobs: int = 0, more_milli: int = 0) -> bool:
+        """Whether ``job``'s owner would be at a limit with ``more_jobs`` more of theirs holding
+        ``more_milli`` more; unlike :meth:`why_waiting`, counts no wait."""
+        return any(self._over(job, more_jobs, more_milli))
 
     def why_waiting(self, job: JobRequest) -> tuple[PendingReason, float | None] | None:
         """The reason and ETA when ``job``'s owner is at a limit; None when it may start."""

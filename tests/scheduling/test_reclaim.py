@@ -189,6 +189,38 @@ def test_free_gpus_the_gang_may_use_elsewhere_are_room_for_it():
     assert preempted(decisions) == [12] and placed(decisions) == {2: "z"}
 
 
+def test_no_progress_is_given_up_for_a_gang_its_user_cannot_run_beside_the_job_reclaiming():
+    # (From the third review.) Bob may run one job: his pair cannot start while his single runs.
+    bob = [dataclasses.replace(job(1, tenant="owner", submitted_at=1), user="bob"),
+           dataclasses.replace(job(3, tenant="owner", gpus=2, submitted_at=3), user="bob")]
+    snapshot = _x_and_a_young_b_pair(bob, [UserLimit("owner", "bob", max_running=1)])
+    assert preempted(decide(snapshot, now=1000)) == preempted(decide(snapshot, now=1000, config=PROGRESS_ONLY)) == [12]
+
+
+def test_no_progress_is_given_up_for_a_gang_its_array_cannot_run_beside_the_job_reclaiming():
+    snapshot = _x_and_a_young_b_pair([job(1, tenant="owner", submitted_at=1, array=(7, 1)),
+                                      job(3, tenant="owner", gpus=2, submitted_at=3, array=(7, 1))])
+    assert preempted(decide(snapshot, now=1000)) == [12]
+
+
+def test_the_margin_bounds_all_the_progress_given_up_not_each_kind_of_it():
+    # (From the third review.) x: 590 s of work that is lost and 590 s that is checkpointed; y:
+    # young checkpointing borrowers. Each kind is within 600 of y's, but together they are not.
+    snapshot = cluster(node("x", gpus=1, model="A"), node("y", gpus=2, model="B"),
+                       tenants=[tenant("owner", guaranteed=3, max_gpus=3), tenant("borrower", guaranteed=0)],
+                       running=[running(10, on="x", gpus=[0], tenant="borrower", opportunistic=True, started_at=410,
+                                        mem_gib=20),
+                                running(13, on="x", gpus=[0], tenant="borrower", opportunistic=True, started_at=410,
+                                        mem_gib=20, checkpoints=True),
+                                running(11, on="y", gpus=[0], tenant="borrower", opportunistic=True, started_at=998,
+                                        checkpoints=True),
+                                running(12, on="y", gpus=[1], tenant="borrower", opportunistic=True, started_at=999,
+                                        checkpoints=True)],
+                       pending=[job(1, tenant="owner", submitted_at=1, mem_gib=80),
+                                job(2, tenant="owner", gpus=2, submitted_at=2)])
+    assert 10 not in preempted(decide(snapshot, now=1000))
+
+
 def test_reclaim_never_preempts_guaranteed_jobs():
     snapshot = cluster(node("a", gpus=2), tenants=[tenant("owner", guaranteed=1), tenant("other", guaranteed=2)],
                        running=[running(9, on="a", gpus=[0, 1], tenant="other")],
