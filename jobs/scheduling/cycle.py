@@ -301,7 +301,7 @@ class Cycle(Waiting):
         for (job, shape, need, _, _), ahead in found:
             if (job.opportunistic_only or need + ahead > self._guaranteed_room(job.tenant)
                     or job.array_limit is not None and self._array_full(job)
-                    or self.users.why_waiting(job) is not None):
+                    or self.users.at_limit(job)):  # (the passes say why, and count its place in line)
                 continue
             promise = wanted[job.id]
             gpus = [by_id.get(gpu_id) for gpu_id in promise.gpu_ids]

@@ -42,3 +42,20 @@ def test_limits_of_one_tenant_do_not_touch_a_member_of_the_same_name_elsewhere()
                                pending=[mine(job(1, tenant="nlp")), mine(job(2, tenant="nlp"))]),
                        user_limits=(UserLimit("vision", "alice", max_running=0),))
     assert set(placed(decide(snapshot, now=100))) == {1, 2}
+
+
+def test_a_promised_job_at_its_user_s_limit_takes_one_place_in_their_line_not_two():
+    # Alice runs 2 (her cap), ending at 600 and 900. Job 1 holds a promise from an earlier
+    # reclaim; job 2 is queued behind it. Each waiting job gets the next of her ends.
+    from jobs.scheduling import Promise
+
+    snapshot = replace(cluster(
+        node("a", gpus=4), tenants=TENANTS,
+        running=[running(8, on="a", gpus=[0], runtime=600), running(9, on="a", gpus=[1], runtime=900)],
+        pending=[mine(job(1, submitted_at=1)), mine(job(2, submitted_at=2))]),
+        user_limits=(UserLimit("vision", "alice", name="alice", max_running=2),))
+    snapshot = replace(snapshot, running=tuple(replace(r, user="alice") for r in snapshot.running),
+                       promises=(Promise(1, "vision", (snapshot.nodes[0].gpus[2].id,)),))
+    decisions = decide(snapshot, now=100)
+    assert codes(decisions) == {1: "user_limit", 2: "user_limit"}
+    assert (pending_of(decisions, 1).eta_s, pending_of(decisions, 2).eta_s) == (500.0, 800.0)
