@@ -407,8 +407,7 @@ class Cycle(Waiting):
             if queued.opportunistic_only or need > room or queued.id in handled:
                 continue
             array = queued.array_id
-            if queued.array_limit is not None and (
-                    self.state.array_running[array] + arrays.get(array, 0) >= queued.array_limit):
+            if queued.array_limit is not None and self._array_full(queued, arrays.get(array, 0)):
                 continue
             more = users.get(queued.user, (0, 0))
             if self.users.at_limit(queued, more[0], more[1]):
@@ -593,8 +592,9 @@ class Cycle(Waiting):
         return (f"{spread} after waiting {reasons.duration(self.now - job.submitted_at)} for one node "
                 f"with {job.gpus} free GPUs.")
 
-    def _array_full(self, job: JobRequest) -> bool:
-        return self.state.array_running[job.array_id] >= job.array_limit
+    def _array_full(self, job: JobRequest, more: int = 0) -> bool:
+        """Is ``job``'s array at its limit (with ``more`` of its jobs about to run)?"""
+        return self.state.array_running[job.array_id] + more >= job.array_limit
 
     def _wait_for_array(self, job: JobRequest) -> None:
         array, limit = job.array_id, job.array_limit
