@@ -25,7 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -147,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CANNOT_RUN
     sizes = args.gib or [6.0, 12.0]
 
+    # A `timeout` (SIGTERM) unwinds like Ctrl-C, so the agent and the private Redis are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     work = Path(tempfile.mkdtemp(prefix="colony-gpu-proof-"))
     key = os.urandom(signing.KEY_BYTES)
     key_file = work / "agent.key"
@@ -158,11 +162,16 @@ def main(argv: list[str] | None = None) -> int:
         stamped = message.model_copy(update={"node": NODE, "issued_at": time.time()})
         return signing.signed_command(protocol.encode(stamped), key)
 
-    with PrivateRedis(work / "redis") as server:
+    # As a node runs it: the Redis password and the node key in files only this account can read,
+    # never on a command line (/proc/<pid>/cmdline is world-readable).
+    redis_file = work / "redis-url"
+    redis_file.touch(mode=0o600)
+    with PrivateRedis(work / "redis", password=secrets.token_hex(16)) as server:
+        redis_file.write_text(server.url)
         client = redis.Redis.from_url(server.url)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         agent = subprocess.Popen(
-            [sys.executable, "-m", "agents", "--node", NODE, "--backend", "nvml", "--redis", server.url,
+            [sys.executable, "-m", "agents", "--node", NODE, "--backend", "nvml", "--redis-file", str(redis_file),
              "--interval", "1", "--workdir", str(work / "agent"), "--allow-root-jobs", "--isolation", args.isolation,
              "--key-file", str(key_file),
              "--pass-env", "PYTHONPATH"],
