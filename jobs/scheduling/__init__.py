@@ -3,8 +3,9 @@
 No Django, no Redis, no clock: ``now`` is an argument. The production loop
 (``jobs.services.scheduling_loop``) and the trace-replay simulator drive the same functions.
 
-Map: ``snapshot`` + ``config`` (inputs) -> ``cycle.decide`` (the passes, with what they change in
-``cycle_state.CycleState`` and what they reuse in ``cycle_state.Memo``) using ``capacity`` (indexed
+Map: ``snapshot`` + ``config`` (inputs) -> ``cycle.decide`` (the passes, the borrowing one in
+``borrowing``, with what they change in ``cycle_state.CycleState``, what they reuse in
+``cycle_state.Memo`` and what the next cycle may reuse in ``carry``) using ``capacity`` (indexed
 working copy), ``filters`` (one module per constraint: GPU model and memory, gang width, container
 runtime, compute room, exclusivity, cordon, CPU and host memory), ``placement`` + ``topology``
 (where), ``reclaim`` (victims), ``reservation`` (gang starvation guard), ``user_limits`` (a lead's

@@ -10,7 +10,9 @@ under the same config. What ``decide()`` derives from those alone is kept here:
   are compared by identity, so a carried queue holds the very objects this table gives out);
 * each tenant's ordered queue and the reasons its jobs got before any pass (dependencies,
   over the ceiling, impossible on this inventory): valid while the tenant's pending jobs, its
-  ceiling, the config and the inventory stay the same.
+  ceiling, the config and the inventory stay the same; with it, the queue as columns
+  (``QueueColumns``) and the memo keys the borrowing pass last made from them (made again when
+  a gang grows old or a hold allows other backfill).
 
 Anything else a cycle computes depends on what is free or held now and is never carried. A carry
 only ever answers with what a cycle without one would have computed: ``decide(s, now, config,
@@ -22,9 +24,11 @@ at once).
 
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_left, insort
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter, itemgetter
 
 from jobs.scheduling.capacity import Capacity
 from jobs.scheduling.config import SchedulerConfig
@@ -45,13 +49,34 @@ class Outcome:
     (opportunistic only or not). Interned per queue and hashed by identity: most of 50,000 jobs
     are settled by a lookup under it, and a tuple key would be built and hashed per job."""
 
-    __slots__ = ("tenant", "shape", "opportunistic_only")
+    __slots__ = ("tenant", "shape", "opportunistic_only", "spread_gang", "keyed")
 
     def __init__(self, tenant: str, shape: Shape, opportunistic_only: bool):
         self.tenant, self.shape, self.opportunistic_only = tenant, shape, opportunistic_only
+        self.spread_gang = shape.gpus > 1 and shape.max_nodes != 1  # (may wait for one node while young)
+        # The memo keys of its jobs whose answer also depends on the hold or the clock, by
+        # (may backfill the hold, a gang still young enough to wait for one node): made once,
+        # hashed by identity, and holding no reference back (a cycle would wait for the collector).
+        self.keyed = {flags: FlaggedOutcome(*flags) for flags in ((True, False), (False, True), (True, True))}
+
+    def key(self, backfill: bool, young: bool) -> Outcome | FlaggedOutcome:
+        """The memo key of a job of this outcome that may backfill and / or is a young gang."""
+        return self.keyed[backfill, young] if backfill or young else self
 
     def __repr__(self) -> str:
         return f"Outcome({self.tenant!r}, {self.shape!r}, opportunistic_only={self.opportunistic_only})"
+
+
+class FlaggedOutcome:
+    """The memo key of an ``Outcome``'s jobs that may backfill the hold and / or are young gangs."""
+
+    __slots__ = ("backfill", "young")
+
+    def __init__(self, backfill: bool, young: bool):
+        self.backfill, self.young = backfill, young
+
+    def __repr__(self) -> str:
+        return f"FlaggedOutcome(backfill={self.backfill}, young={self.young})"
 
 
 # A queue entry: the job, its shape, the milli-GPUs it needs, its ``Outcome`` and whether its
@@ -69,9 +94,10 @@ def queue_order(job: JobRequest) -> tuple:
 MAX_ARRIVED_SHARE = 0.25
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TenantQueue:
-    """One tenant's pending jobs (in the snapshot's order) and what the queue step made of them."""
+    """One tenant's pending jobs (in the snapshot's order) and what the queue step made of them
+    (read-only once made, bar ``columns``, made the first time a borrowing pass needs them)."""
 
     jobs: list[JobRequest]
     ceiling_milli: int
@@ -79,6 +105,12 @@ class TenantQueue:
     waits: list[Pending]  # told before any pass, in queue order
     smallest_guaranteed_ask: int  # milli-GPUs of the smallest job in ``queue`` that may run guaranteed
     outcomes: dict[tuple[Shape, bool], Outcome]  # the queue's interned outcomes
+    columns: QueueColumns | None = field(default=None, compare=False, repr=False)
+
+    def columns_of(self) -> QueueColumns:
+        if self.columns is None:
+            self.columns = QueueColumns(self.queue)
+        return self.columns
 
     def updated(self, jobs: list[JobRequest], entries_of: Callable) -> TenantQueue | None:
         """The same queue for ``jobs``, if most of them are this queue's very jobs: the jobs that
@@ -104,6 +136,78 @@ class TenantQueue:
                 insort(waits, wait, key=lambda pending: queue_order(now_by_id[pending.job_id]))
         smallest = min((need for job, _, need, _, _ in queue if not job.opportunistic_only), default=UNLIMITED_GPUS)
         return TenantQueue(jobs, self.ceiling_milli, queue, waits, smallest, self.outcomes)
+
+
+class QueueColumns:
+    """A queue's entries as columns, for the borrowing pass to settle many at once (C-level slices
+    and maps instead of a Python step per job): ids, milli-GPUs needed and memo keys in queue
+    order, and what a cycle needs to find the entries whose memo key depends on it (young gangs,
+    jobs that may backfill a hold) or that are always settled one by one (jobs of arrays, whose
+    limit is counted per job). Built with maps over the queue: it is made for every queue of a
+    restarted scheduler (50,000 jobs)."""
+
+    __slots__ = ("ids", "needs", "outcomes", "gangs", "gang_submitted", "backfills", "backfill_runtimes",
+                 "arrays", "_keys")
+
+    def __init__(self, queue: list[Entry]):
+        jobs = list(map(itemgetter(0), queue))
+        self.ids = list(map(_id, jobs))
+        self.needs = list(map(itemgetter(2), queue))
+        self.outcomes = list(map(itemgetter(3), queue))
+        # Gangs by submit time and jobs with a runtime by runtime: the young gangs are the last
+        # ones, the jobs that may backfill a hold the first ones (queue order is by priority first,
+        # so these sorts mostly merge runs).
+        gangs = list(compress(range(len(queue)), map(_spread_gang, self.outcomes)))
+        submitted = list(map(_submitted_at, map(jobs.__getitem__, gangs)))
+        order = sorted(range(len(gangs)), key=submitted.__getitem__)
+        self.gangs = [gangs[i] for i in order]
+        self.gang_submitted = [submitted[i] for i in order]
+        runtimes = list(map(_expected_runtime_s, jobs))
+        with_runtime = [position for position, runtime in enumerate(runtimes) if runtime is not None]
+        with_runtime.sort(key=runtimes.__getitem__)
+        self.backfills = with_runtime
+        self.backfill_runtimes = list(map(runtimes.__getitem__, with_runtime))
+        arrays = list(map(_array_limit, jobs))
+        self.arrays = ([position for position, limit in enumerate(arrays) if limit is not None]
+                       if arrays.count(None) < len(arrays) else [])
+        self._keys: tuple | None = None  # (what the last keys were made for, the keys)
+
+    def keys(self, now: float, one_node_wait_s: float, backfill_until: float | None, one_by_one: tuple[int, ...],
+             alone: object) -> list:
+        """Each entry's memo key in a cycle at ``now`` with a hold that jobs expected to end
+        within ``backfill_until`` seconds may backfill (None: no hold, or none may), and ``alone``
+        at the positions ``one_by_one`` and those of array jobs: the key ``Borrowing._memo_key``
+        gives. Found by two bisections with ``_memo_key``'s very tests (a gang is young while
+        ``now - submitted_at < one_node_wait_s``; a job may backfill if ``runtime <=
+        backfill_until``), and kept for the next cycle that finds the same."""
+        young = bisect_left(self.gang_submitted, True, key=lambda submitted_at: now - submitted_at < one_node_wait_s)
+        backfill = 0 if backfill_until is None else bisect_left(
+            self.backfill_runtimes, True, key=lambda runtime: not runtime <= backfill_until)
+        made_for = (young, backfill, one_by_one)
+        if self._keys is not None and self._keys[0] == made_for:
+            return self._keys[1]
+        if young == len(self.gangs) and not (backfill or one_by_one or self.arrays):
+            keys = self.outcomes
+        else:
+            keys, outcomes = list(self.outcomes), self.outcomes
+            young_gangs = self.gangs[young:]
+            for position in young_gangs:
+                keys[position] = outcomes[position].keyed[False, True]
+            if backfill:
+                young_gangs = set(young_gangs)
+                for position in self.backfills[:backfill]:
+                    keys[position] = outcomes[position].keyed[True, position in young_gangs]
+            for position in one_by_one:
+                keys[position] = alone
+            for position in self.arrays:
+                keys[position] = alone
+        self._keys = (made_for, keys)
+        return keys
+
+
+_id, _submitted_at = attrgetter("id"), attrgetter("submitted_at")
+_expected_runtime_s, _array_limit = attrgetter("expected_runtime_s"), attrgetter("array_limit")
+_spread_gang = attrgetter("spread_gang")
 
 
 def _entry_order(entry: Entry) -> tuple:

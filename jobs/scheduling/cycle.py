@@ -32,11 +32,11 @@ from __future__ import annotations
 import gc
 import heapq
 from collections import defaultdict
-from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
 
 from jobs.scheduling import reasons
+from jobs.scheduling.borrowing import Borrowing
 from jobs.scheduling.capacity import Capacity
 from jobs.scheduling.carry import UNLIMITED_GPUS, Carry, Entry, Outcome, TenantQueue, queue_order
 from jobs.scheduling.config import SchedulerConfig
@@ -44,7 +44,7 @@ from jobs.scheduling.cycle_state import CycleState, Memo
 from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason, new_pending
 from jobs.scheduling.eta import QueueEta, ReleaseTimeline
 from jobs.scheduling.explain import InventoryCheck, invalid_request
-from jobs.scheduling.placement import Choice, Placer, Shape, shape_of
+from jobs.scheduling.placement import Choice, OneNodeWait, Placer, Shape, shape_of
 from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.reclaim import RECLAIM_LOOKAHEAD, Gang, Reclaimer, memory_pressure_victims
 from jobs.scheduling.reservation import may_backfill
@@ -54,13 +54,6 @@ from jobs.scheduling.topology import rendezvous_of, slices_of
 from jobs.scheduling.usage import weighted_share
 from jobs.scheduling.user_limits import UserLimits
 from jobs.scheduling.waiting import Waiting
-
-@dataclass(frozen=True, slots=True)
-class OneNodeWait:
-    """What ``Cycle._find`` returns for a young gang that could only be spread: wait instead."""
-
-    spread_nodes: int
-
 
 def _request_key(job: JobRequest) -> tuple:
     """Everything about a request that placement looks at (equal keys share one Shape). Plain
@@ -114,7 +107,7 @@ def decide(snapshot: ClusterSnapshot, now: float, config: SchedulerConfig = Sche
             gc.enable()
 
 
-class Cycle(Waiting):
+class Cycle(Waiting, Borrowing):
     """One run of the passes. Fixed for the cycle: ``snapshot``, ``now``, ``config``, the capacity
     indexes, the placer, the inventory check, quotas, the reclaimer and the release timeline.
     What changes is in ``state`` (decisions so far, what each tenant holds, the hold); what is
@@ -272,7 +265,7 @@ class Cycle(Waiting):
         outcome = outcomes.get((shape, opportunistic_only))
         if outcome is None:
             outcome = outcomes[shape, opportunistic_only] = Outcome(tenant, shape, opportunistic_only)
-        return (shape, None, need, outcome, job.gpus > 1 and shape.max_nodes != 1,
+        return (shape, None, need, outcome, outcome.spread_gang,
                 UNLIMITED_GPUS if opportunistic_only else need)
 
     def _keep_promises(self, queues: dict[str, list[Entry]]) -> None:
@@ -421,86 +414,6 @@ class Cycle(Waiting):
             if queued.gpus > 1:
                 gangs.append(Gang(queued.gpus, tuple(self.placer.pools_for(shape)), shape.max_nodes != 1))
         return gangs
-
-    def _borrowing_pass(self, queues: dict[str, list[Entry]]) -> None:
-        cursors = dict.fromkeys(queues, 0)
-        heap = [(self._share(t), t) for t in queues]
-        heapq.heapify(heap)
-        state, memo, now = self.state, self.memo, self.now
-        handled, held, limit = state.handled, state.held, self.config.max_placement_searches
-        one_node_wait = self.config.gang_single_node_wait_s
-        users_limited = bool(self.users.limits)
-        append_pending, queue_eta = state.pending.append, self.queue_eta
-        # The memo's answers at ``version`` (see below), and until when a job may backfill the hold.
-        version, backfill_until, known = -1, None, {}
-        while heap:
-            _, tenant = heapq.heappop(heap)
-            queue, quota = queues[tenant], self.quota(tenant)
-            ceiling = quota.ceiling_milli
-            position, end = cursors[tenant], len(queue)
-            if held[tenant] >= ceiling:  # at the ceiling: nothing more of this tenant can run
-                self._all_at_ceiling(queue[position:], quota)
-                continue
-            # What the tenant holds moves only with a placement, which ends this loop.
-            room, by_need, cursor = ceiling - held[tenant], None, end
-            for position in range(position, end):
-                job, shape, need, outcome, depends = queue[position]
-                if job.id in handled:
-                    continue
-                if job.array_limit is not None and self._array_full(job):
-                    self._wait_for_array(job)
-                elif users_limited and (capped := self.users.why_waiting(job)) is not None:
-                    self._wait(job, *capped)
-                elif need > room:
-                    # (inlined: a tenant just under its ceiling sends most of its queue here)
-                    if by_need is None:
-                        by_need = self._ceiling_waits(tenant)
-                    found = by_need.get(need)
-                    append_pending(new_pending((job.id, *(found or self._ceiling_wait(quota, need)))))
-                elif state.searches >= limit:
-                    self._wait(job, self._reason(reasons.not_considered, limit))
-                else:
-                    # Until something changes (a placement, a hold: both move the version), a
-                    # tenant's requests of one shape get the same answer: most of 50,000 pending
-                    # jobs are settled by this lookup, so it is made here, without a call per job
-                    # (``may_backfill`` and ``_young_gang`` spelled out).
-                    if state.version != version:
-                        version, holder = state.version, state.holder
-                        backfill_until = None if holder is None else holder[2]
-                        known = memo.now(version)
-                    key = outcome
-                    if depends:
-                        backfill = (backfill_until is not None and (runtime := job.expected_runtime_s) is not None
-                                    and runtime <= backfill_until)
-                        young = job.gpus > 1 and shape.max_nodes != 1 and now - job.submitted_at < one_node_wait
-                        if backfill or young:
-                            key = (outcome, backfill, young)
-                    reason = known.get(key)
-                    if reason is not None:
-                        append_pending(new_pending((job.id, reason, None if queue_eta.exhausted else queue_eta.next(need))))
-                    elif self._admit_borrowing(job, shape, key):
-                        cursor = position + 1  # placed: the tenant goes back in line at its new share
-                        break
-            cursors[tenant] = cursor
-            if cursor < end:
-                heapq.heappush(heap, (self._share(tenant), tenant))
-
-    def _admit_borrowing(self, job: JobRequest, shape: Shape, key: Outcome | tuple) -> bool:
-        """A job whose outcome under ``key`` is not known at this version: search, then place it or
-        say why not (and remember that answer for the same key)."""
-        version = self.state.version
-        choice = self._find(job, shape, OPPORTUNISTIC)
-        if isinstance(choice, OneNodeWait):
-            self._wait_for_one_node(job, choice)  # not memoised: its ETA is its own
-            return False
-        if choice is not None:
-            self._place(job, shape, OPPORTUNISTIC, choice)
-            self.state.borrowing_tenants.add(job.tenant)
-            return True
-        reason = self._blocked(job, shape, OPPORTUNISTIC)
-        if self.state.version == version:  # (a hold taken meanwhile changed the answer)
-            self.memo.now(version)[key] = reason
-        return False
 
     # -- outcomes ----------------------------------------------------------------------------------
 

@@ -72,6 +72,7 @@ class Memo:
         self.fits_one_node: dict = {}  # shape -> does some node have room for the whole gang
         self.fits_reserved: dict = {}  # (class, shape) -> would it fit on the held nodes
         self.not_on_reserved = FailureMemo()
+        self.keys: dict[str, tuple] = {}  # tenant -> (the hold's backfill bound, its queue's memo keys)
         # Until the version moves.
         self._now: dict[tuple, object] = {}
         self._now_at = 0

@@ -135,6 +135,13 @@ class Choice:
     allreduce_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class OneNodeWait:
+    """What ``Cycle._find`` returns for a young gang that could only be spread: wait instead."""
+
+    spread_nodes: int
+
+
 class Placer:
     def __init__(self, capacity: Capacity, config: SchedulerConfig):
         self.capacity = capacity

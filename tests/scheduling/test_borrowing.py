@@ -1,0 +1,107 @@
+"""The borrowing pass settles most jobs many at a time, by the answer the first job of their memo
+key got (``jobs.scheduling.borrowing``). That must change no decision: on random long queues of
+few distinct requests (as 50,000 pending jobs are), with young gangs, jobs that may backfill a
+hold, arrays, members at their user limits, a small search budget and ETAs that run out, over
+cycles that keep a carry, the decisions equal those of settling every job one by one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from jobs.scheduling import ClusterSnapshot, Promise, SchedulerConfig, UserLimit, decide
+from jobs.scheduling.carry import Carry
+from jobs.scheduling.cycle import Cycle
+from tests.scheduling.builders import cluster, job, node, running, tenant
+from tests.scheduling.test_invariants import launch, requests, warm_clusters
+
+NOW = 1200.0
+CONFIGS = [SchedulerConfig(), SchedulerConfig(max_placement_searches=3), SchedulerConfig(gang_single_node_wait_s=0.0),
+           SchedulerConfig(gang_reservation_max_s=0.0)]
+
+
+def one_by_one(snapshot: ClusterSnapshot, now: float, config: SchedulerConfig):
+    Cycle.settle_in_bulk = False
+    try:
+        return decide(snapshot, now, config)
+    finally:
+        Cycle.settle_in_bulk = True
+
+
+@st.composite
+def long_queues(draw, first_id: int, names: list[str]):
+    """Copies of a few requests under new ids: older and younger than the wait for one node, some
+    expected to end soon (they may backfill a hold), some in an array, from two members."""
+    templates = draw(requests(first_id, names, 5))
+    assume(templates)
+    queue = []
+    for i in range(draw(st.integers(8, 70))):
+        template = draw(st.sampled_from(templates))
+        array = draw(st.sampled_from([None, None, None, (7, 1), (8, 2)]))
+        queue.append(dataclasses.replace(
+            template, id=first_id + 100 + i, priority=draw(st.integers(0, 1)), user=draw(st.sampled_from(["ann", "bob"])),
+            submitted_at=draw(st.sampled_from([10.0, NOW - 300.0, NOW - 100.0 + i])),
+            expected_runtime_s=draw(st.sampled_from([None, template.expected_runtime_s, 30.0, 5000.0])),
+            array_id=array and array[0], array_limit=array and array[1]))
+    return queue
+
+
+def user_limits(draw, names: list[str]) -> tuple[UserLimit, ...]:
+    return tuple(UserLimit(tenant=name, user="ann", max_running=draw(st.sampled_from([None, 0, 1])),
+                           max_gpus=draw(st.sampled_from([None, 1, 3])))
+                 for name in draw(st.lists(st.sampled_from(names), unique=True, max_size=2)))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_settling_in_bulk_decides_as_settling_one_by_one(data):
+    draw = data.draw
+    snapshot = draw(warm_clusters())
+    names = [t.name for t in snapshot.tenants] + ["stranger"]
+    snapshot = dataclasses.replace(snapshot, pending=snapshot.pending + tuple(draw(long_queues(10_000, names))),
+                                   user_limits=user_limits(draw, names))
+    config, carry, now = draw(st.sampled_from(CONFIGS)), Carry(), NOW
+    for cycle in range(draw(st.integers(1, 3))):
+        decisions = decide(snapshot, now, config, carry)
+        assert decisions == one_by_one(snapshot, now, config)
+        snapshot = launch(snapshot, decisions, now, draw)
+        snapshot = dataclasses.replace(snapshot, pending=snapshot.pending + tuple(
+            draw(long_queues(20_000 + 1000 * cycle, names))), promises=decisions.promises)
+        now += draw(st.sampled_from([1.0, 250.0]))
+
+
+def test_a_long_queue_waits_with_the_reason_and_the_queue_eta_each_job_would_get_alone():
+    # Two GPUs, both busy with a borrower's jobs ending in 100 s and 200 s; 40 jobs of one request
+    # queue behind: each is told the same reason, and the first two the ETAs of those two ends.
+    snapshot = cluster(node("a", gpus=2), tenants=[tenant("nlp", guaranteed=0), tenant("cv", guaranteed=0)],
+                       pending=[job(i, tenant="nlp", submitted_at=float(i)) for i in range(1, 41)])
+    warm = launch(snapshot, decide(snapshot, 0.0), 0.0, None)
+    warm = dataclasses.replace(warm, running=tuple(
+        dataclasses.replace(running, expected_runtime_s=100.0 * (k + 1)) for k, running in enumerate(warm.running)))
+    decisions = decide(warm, 0.0)
+    assert decisions == one_by_one(warm, 0.0, SchedulerConfig())
+    assert len(decisions.pending) == 38
+    assert len({p.reason.message for p in decisions.pending}) == 1
+    assert [p.eta_s for p in decisions.pending[:3]] == [100.0, 200.0, None]
+
+
+def test_a_job_deep_in_a_queue_that_kept_its_promise_waits_once_as_reclaiming():
+    # nlp's job 6 reclaimed GPU 0 (its borrower is still stopping) and keeps that promise; its
+    # guarantee is then spent, so the identical jobs queued around it borrow and wait, each told
+    # once, job 6 among them only as the job its GPUs are being freed for.
+    snapshot = cluster(
+        node("a", gpus=2),
+        tenants=[tenant("nlp", guaranteed=1, max_gpus=10), tenant("cv", guaranteed=1)],
+        running=[running(50, on="a", gpus=[0], tenant="cv", opportunistic=True, preempting=True),
+                 running(51, on="a", gpus=[1], tenant="cv")],
+        pending=[job(i, tenant="nlp", submitted_at=float(i)) for i in range(1, 21)])
+    gpu0 = snapshot.nodes[0].gpus[0].id
+    snapshot = dataclasses.replace(snapshot, promises=(Promise(6, "nlp", (gpu0,)),))
+    decisions = decide(snapshot, 100.0)
+    assert decisions == one_by_one(snapshot, 100.0, SchedulerConfig())
+    told = [p.job_id for p in decisions.pending]
+    assert sorted(told) == list(range(1, 21))
+    assert next(p for p in decisions.pending if p.job_id == 6).reason.code == "reclaiming"
+    assert decisions.promises == snapshot.promises
