@@ -6,10 +6,21 @@ nodes of GPUs."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import redis as redis_lib
+from hypothesis import settings
 
 from cluster_ui.devstack.redis_server import PrivateRedis
+
+# On CI the property tests draw the same examples every run: a submission lands or not on what it
+# changed, not on the one random draw in thousands that finds an old corner (run them locally, or
+# with HYPOTHESIS_PROFILE=explore, to search further). Loaded here, before any test module builds
+# its settings from the default.
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "explore"))
 
 
 def pytest_ignore_collect(collection_path, config):

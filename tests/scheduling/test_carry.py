@@ -83,12 +83,20 @@ def advance(draw, snapshot: ClusterSnapshot, decisions, events: list[str], confi
 
 
 def check_promises(snapshot: ClusterSnapshot, decisions) -> None:
-    """No GPU promised twice, none both promised and placed, each promise the size of its job."""
+    """No GPU promised twice, each promise the size of its job, and none both promised and placed
+    unless the promise is new and for a fraction of a GPU where a fraction was placed earlier in
+    the cycle (the reclaim counted it; a GPU promised from an earlier cycle takes nobody else, nor
+    does a GPU once the reclaim promised it)."""
     promised = [gpu for promise in decisions.promises for gpu in promise.gpu_ids]
     assert len(promised) == len(set(promised))
-    assert not set(promised) & {gpu for place in decisions.placements for gpu in place.gpu_ids}
-    gpus = {job.id: job.gpus for job in snapshot.pending}
-    assert all(len(promise.gpu_ids) == gpus[promise.job_id] for promise in decisions.promises)
+    requests = {job.id: job for job in snapshot.pending}
+    assert all(len(promise.gpu_ids) == requests[promise.job_id].gpus for promise in decisions.promises)
+    placed_on = {gpu: place.job_id for place in decisions.placements for gpu in place.gpu_ids}
+    earlier = {promise.job_id for promise in snapshot.promises}
+    for promise in decisions.promises:
+        for gpu in set(promise.gpu_ids) & set(placed_on):
+            assert promise.job_id not in earlier
+            assert requests[promise.job_id].gpu_milli < 1000 and requests[placed_on[gpu]].gpu_milli < 1000
 
 
 def queues(carry: Carry) -> dict:
