@@ -452,3 +452,27 @@ def test_a_promise_for_a_job_edited_since_to_more_gpus_is_dropped_and_the_job_re
     second = decide(edited, now=101)
     assert preempted(second) == [11]
     assert [len(p.gpu_ids) for p in second.promises] == [2]
+
+
+def test_a_fraction_reclaims_room_on_the_gpu_a_fraction_of_its_tenant_just_took_and_joins_it_there():
+    # (found by hypothesis) GPU 0 holds a borrower's 10 GiB; nlp's first quarter-GPU job takes the
+    # 4 GiB left, its second finds no room and reclaims that borrower rather than the one holding
+    # two whole GPUs: the same GPU is placed and promised in one cycle, and the next cycle starts
+    # the second job there beside the first, within the GPU's memory.
+    snapshot = cluster(
+        node("a", gpus=3, mem_gib=16), tenants=[tenant("nlp", guaranteed=1, max_gpus=1)],
+        running=[running(1, on="a", gpus=[0], tenant="stranger", opportunistic=True, mem_gib=10, milli=250,
+                         shareable=True, duty=0.1),
+                 running(2, on="a", gpus=[1, 2], tenant="stranger", opportunistic=True, mem_gib=16, duty=0.1)],
+        pending=[job(100, tenant="nlp", milli=250), job(101, tenant="nlp", milli=250)])
+    decisions = decide(snapshot, now=1000.0)
+    assert placed(decisions) == {100: "a"} and preempted(decisions) == [1]
+    (promise,) = decisions.promises
+    assert promise.job_id == 101 and promise.gpu_ids == decisions.placements[0].gpu_ids
+    first = decisions.placements[0]
+    after = dataclasses.replace(snapshot, pending=snapshot.pending[1:], promises=decisions.promises, running=(
+        snapshot.running[1], dataclasses.replace(snapshot.running[1], id=100, tenant="nlp", job_class=first.job_class,
+                                                 gpu_ids=first.gpu_ids, memory_mib=4 * 1024, gpu_milli=250,
+                                                 duty_cycle=1.0)))
+    following = decide(after, now=1001.0)
+    assert following.placements[0].job_id == 101 and following.placements[0].gpu_ids == promise.gpu_ids
