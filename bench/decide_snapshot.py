@@ -7,7 +7,8 @@ loop runs it, with the carry its previous cycle left.
 ``steady``: nothing changed since the cycle before (the carry of that cycle); ``churn``: 8 jobs
 ended since (the carry of a steady cycle); ``arrivals``: ``--arrivals`` jobs were submitted since,
 one to each of as many tenants (copies of queued requests, submitted now: what a busy cluster sees
-every cycle); ``fresh``: the steady snapshot without a carry (a restarted scheduler); ``room``:
+every cycle); ``cordon``: one node was cordoned since (the inventory changed, no request became
+impossible); ``fresh``: the steady snapshot without a carry (a restarted scheduler); ``room``:
 the loop's first snapshot, a cluster with room (some 2,700 placements), without a carry. Prints
 min and median CPU.
 
@@ -44,7 +45,7 @@ from jobs.scheduling.carry import Carry  # noqa: E402
 from jobs.scheduling.snapshot import ClusterSnapshot, JobRequest  # noqa: E402
 
 
-KINDS = ["steady", "churn", "arrivals", "fresh", "room"]
+KINDS = ["steady", "churn", "arrivals", "cordon", "fresh", "room"]
 
 
 def with_arrivals(snapshot: ClusterSnapshot, count: int, now: float) -> ClusterSnapshot:
@@ -74,13 +75,15 @@ def main(argv: list[str] | None = None) -> None:
         saved = pickle.load(file)
     steady, churn, now, config = saved["steady"], saved["churn"], saved["now"], saved["config"]
     arrivals = with_arrivals(steady, args.arrivals, now)
+    cordon = dataclasses.replace(steady, nodes=(dataclasses.replace(steady.nodes[0], cordoned=True),
+                                                *steady.nodes[1:]))
 
     def setup(kind: str) -> tuple[ClusterSnapshot, Carry | None]:
         carry = None
         if kind not in ("fresh", "room"):
             carry = Carry()
             decide(steady, now, config, carry)  # what the cycle before left
-        snapshot = {"churn": churn, "arrivals": arrivals, "room": saved.get("room")}.get(kind, steady)
+        snapshot = {"churn": churn, "arrivals": arrivals, "cordon": cordon, "room": saved.get("room")}.get(kind, steady)
         return snapshot, carry
 
     def cycle(kind: str) -> float:

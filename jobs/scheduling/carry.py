@@ -34,6 +34,7 @@ from jobs.scheduling.capacity import Capacity
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.decisions import Pending
 from jobs.scheduling.placement import Shape
+from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.snapshot import JobRequest
 
 
@@ -228,16 +229,23 @@ class Carry:
     def __init__(self) -> None:
         self._config: SchedulerConfig | None = None
         self._inventory: tuple | None = None
-        self.shapes: dict[tuple, tuple] = {}  # request key -> (Shape, inventory reason or None)
+        # Request key -> (Shape, why it can never run here or None, whether that is the request's
+        # own fault, not the inventory's).
+        self.shapes: dict[tuple, tuple] = {}
         self.queues: dict[str, TenantQueue] = {}
         # Shape -> the same request without CPU or host memory (``Waiting._host_shortage``),
         # interned as the shapes are: the placer's caches key on identity.
         self.plain_shapes: dict[Shape, Shape] = {}
 
-    def begin(self, config: SchedulerConfig, capacity: Capacity) -> None:
-        """Start a cycle: forget everything if the config or the inventory changed."""
+    def begin(self, config: SchedulerConfig, capacity: Capacity,
+              inventory_reason: Callable[[Shape], PendingReason | None]) -> None:
+        """Start a cycle: forget everything if the config changed. If the inventory did (a node
+        cordoned, gone or back), the shapes stay (a request and the config make them) and
+        ``inventory_reason`` tells again which can never run here: the queues stay too where
+        every answer is the same (most changes to a cluster of 1,024 nodes leave every request
+        as possible as it was), else they are built again."""
         inventory = inventory_key(capacity)
-        if config != self._config or inventory != self._inventory:
+        if config != self._config:
             self._config, self._inventory = config, inventory
             self.shapes, self.queues, self.plain_shapes = {}, {}, {}
         elif len(self.shapes) > MAX_SHAPES:
@@ -245,3 +253,10 @@ class Carry:
             # search budget count by Shape identity, so a carried queue must hold the shapes
             # this table hands out)
             self.shapes, self.queues, self.plain_shapes = {}, {}, {}
+        if inventory != self._inventory:
+            self._inventory = inventory
+            shapes = self.shapes
+            for key, (shape, reason, invalid) in shapes.items():
+                if not invalid and (now := inventory_reason(shape)) != reason:
+                    shapes[key] = (shape, now, False)
+                    self.queues = {}

@@ -116,13 +116,13 @@ class Cycle(Waiting, Borrowing):
     def __init__(self, snapshot: ClusterSnapshot, now: float, config: SchedulerConfig, carry: Carry | None = None):
         self.snapshot, self.now, self.config = snapshot, now, config
         self.capacity = Capacity(snapshot, config)
+        self.placer = Placer(self.capacity, config)
+        self.inventory = InventoryCheck(self.capacity, self.placer)
         if carry is None:
             carry = Carry()  # (kept for this cycle only: nothing to check it against)
         else:
-            carry.begin(config, self.capacity)
+            carry.begin(config, self.capacity, self.inventory.reason)
         self.carry = carry
-        self.placer = Placer(self.capacity, config)
-        self.inventory = InventoryCheck(self.capacity, self.placer)
         self.quotas = {t.name: t for t in snapshot.tenants}
         self.state = state = CycleState(leaving={job.id for job in snapshot.running if job.preempting})
         self.memo = Memo()
@@ -160,9 +160,9 @@ class Cycle(Waiting, Borrowing):
         key = _request_key(job)
         found = self.carry.shapes.get(key)
         if found is None:
-            shape = shape_of(job, self.config)
-            found = self.carry.shapes[key] = (shape, invalid_request(job) or self.inventory.reason(shape))
-        return found
+            shape, invalid = shape_of(job, self.config), invalid_request(job)
+            found = self.carry.shapes[key] = (shape, invalid or self.inventory.reason(shape), invalid is not None)
+        return found[0], found[1]
 
     # -- the cycle ---------------------------------------------------------------------------------
 

@@ -276,3 +276,31 @@ def test_one_id_twice_in_the_queue_is_decided_as_a_fresh_cycle_would():
         decide(cluster(*nodes, tenants=[tenant("t")], pending=before), 10.0, carry=carry)
         snapshot = cluster(*nodes, tenants=[tenant("t")], pending=after)
         assert decide(snapshot, 11.0, carry=carry) == decide(snapshot, 11.0)
+
+
+def test_a_node_cordoned_keeps_the_queues_unless_a_request_can_no_longer_run_anywhere():
+    """Nodes come and go all day on a large cluster: a change that leaves every request as possible
+    as it was keeps the carried queues; one that leaves a request nowhere to run tells its jobs so."""
+    from tests.scheduling.builders import cluster, node, tenant
+
+    snapshot = cluster(node("a", gpus=2, busy=2, model="A"), node("b", gpus=2, busy=2, model="A"),
+                       node("c", gpus=2, busy=2, model="B"), tenants=[tenant("nlp", max_gpus=8)],
+                       pending=[job(1, tenant="nlp", models=("A",)), job(2, tenant="nlp", models=("B",)),
+                                job(3, tenant="nlp", models=("A",))])
+    carry = Carry()
+    decide(snapshot, 0.0, carry=carry)
+    queue = carry.queues["nlp"]
+
+    def cordoned(*names: str) -> ClusterSnapshot:
+        return dataclasses.replace(snapshot, nodes=tuple(dataclasses.replace(n, cordoned=n.name in names)
+                                                         for n in snapshot.nodes))
+
+    one_a = cordoned("a")
+    assert decide(one_a, 1.0, carry=carry) == decide(one_a, 1.0)
+    assert carry.queues["nlp"] is queue  # (model A still has node b: nothing to tell anyone)
+    only_b_cordoned = cordoned("c")
+    decisions = decide(only_b_cordoned, 2.0, carry=carry)
+    assert decisions == decide(only_b_cordoned, 2.0)
+    assert carry.queues["nlp"] is not queue
+    assert {p.job_id: p.reason.code for p in decisions.pending} == {
+        1: "over_quota_cluster_full", 2: "needs_cordoned_nodes", 3: "over_quota_cluster_full"}
