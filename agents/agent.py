@@ -655,12 +655,17 @@ class Agent:
             self._dead_letter(entry_id, fields, f"command {command.command_id} refused: launch attempt "
                               f"{command.attempt} of job {command.job_id} is older than attempt {seen} seen here")
             return
+        taken_not_started = False
         if command.command_id in self._applied_commands:
-            log.info("command %s already applied; skipping", command.command_id)
-            if isinstance(command, protocol.LaunchJob):
-                self._answer_resent_launch(command)
-            return
-        if isinstance(command, protocol.LaunchJob) and command.attempt is not None:
+            taken_not_started = isinstance(command, protocol.LaunchJob) and self._taken_not_started(command)
+            if not taken_not_started:
+                log.info("command %s already applied; skipping", command.command_id)
+                if isinstance(command, protocol.LaunchJob):
+                    self._answer_resent_launch(command)
+                return
+            log.warning("launch %s: an earlier agent on this node took it and stopped before starting job %d; "
+                        "starting it now", command.command_id, command.job_id)
+        if isinstance(command, protocol.LaunchJob) and command.attempt is not None and not taken_not_started:
             if seen is not None and command.attempt <= seen:
                 self._dead_letter(entry_id, fields, f"command {command.command_id} refused: launch attempt "
                                   f"{command.attempt} of job {command.job_id} is not newer than attempt {seen} "
@@ -801,6 +806,15 @@ class Agent:
         self._publish(self._attempt_report(command.job_id, command.launch_id) or protocol.JobExited(
             node=self.node, job_id=command.job_id, exit_code=None, absent=True, launch_id=command.launch_id,
             error="this node does not know that attempt", finished_at=time.time()))
+
+    def _taken_not_started(self, command: protocol.LaunchJob) -> bool:
+        """A re-sent launch that an earlier agent on this node took (this agent remembers it as
+        applied, from its launch record) and died before starting: nothing ran and nothing will
+        report, so the job would stay PLACED for ever. Not one this agent applied itself, nor one
+        whose attempt this node can say anything about."""
+        return (command.command_id not in self._launched_at
+                and self._attempt_report(command.job_id, command.command_id) is None
+                and self.runner.never_started(command))
 
     def _answer_resent_launch(self, command: protocol.LaunchJob) -> None:
         """The control plane re-sends a launch when the job has not been seen to start: its start,

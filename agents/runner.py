@@ -87,6 +87,9 @@ PROCESS_RECORD = supervise.PROCESS_RECORD
 EXIT_RECORD = supervise.EXIT_RECORD
 STOP_RECORD = supervise.STOP_RECORD
 LAUNCH_RECORD = "launch.json"
+# Written just before the job's supervisor is spawned, kept until the job's next attempt: a
+# launch record without it is a launch an agent took and died before starting (nothing ran).
+SPAWN_RECORD = "spawned.json"
 NOTICE_DIR = "notice"
 PREEMPT_FILE = "preempt_at"
 
@@ -309,7 +312,7 @@ class JobRunner:
         job_dir, work_dir = self.job_dir(cmd.job_id), self.work_dir(cmd.job_id)
         try:
             self._prepare_directories(job_dir, work_dir, account)
-            for name in (PROCESS_RECORD, EXIT_RECORD, STOP_RECORD):  # an earlier attempt's
+            for name in (PROCESS_RECORD, EXIT_RECORD, STOP_RECORD, SPAWN_RECORD):  # an earlier attempt's
                 (job_dir / name).unlink(missing_ok=True)
             self.preempt_file(cmd.job_id).unlink(missing_ok=True)  # an earlier attempt's notice
             self._reported.pop(cmd.job_id, None)
@@ -347,6 +350,7 @@ class JobRunner:
                        code_archive: bytes | None, fence: JobFence) -> int:
         start_dir, argv, env, cleanup = self._start(cmd, account, work_dir, code_archive, fence)
         try:
+            supervise.write_json_atomically(job_dir / SPAWN_RECORD, {"launch_id": cmd.command_id}, mode=0o600)
             supervisor_log = os.open(job_dir / supervise.SUPERVISOR_LOG,
                                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
@@ -601,6 +605,18 @@ class JobRunner:
             except (OSError, ValueError) as exc:
                 log.warning("%s: unreadable launch record (%s); ignored", path, exc)
         return launches
+
+    def never_started(self, cmd: LaunchJob) -> bool:
+        """Whether ``cmd`` was taken here (its launch record written) by an agent that died before
+        spawning the job's supervisor: nothing of it ran, and nothing will report it. (Once a
+        supervisor is about to start, its spawn record says so for as long as the records are
+        kept: an attempt that ran and ended is never taken for one that did not.)"""
+        if cmd.job_id in self._jobs:
+            return False
+        job_dir = self.job_dir(cmd.job_id)
+        taken = self._launch_record(cmd.job_id)
+        return (taken is not None and taken.command_id == cmd.command_id
+                and not any((job_dir / name).exists() for name in (SPAWN_RECORD, PROCESS_RECORD, EXIT_RECORD)))
 
     def launch_of(self, job_id: int) -> LaunchJob | None:
         """The launch the job's running attempt came from; None when it does not run here."""

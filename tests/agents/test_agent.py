@@ -409,3 +409,31 @@ def test_the_exits_kept_on_disk_are_bounded_and_read_back_by_the_next_agent(tmp_
     later._load_recent_exits()
     assert [m.job_id for _, m in later._recent_exits] == [27, 28, 29, 30]
     assert later._recent_exit(30, "launch-30-0").exit_code == 0 and later._recent_exit(3, "launch-3-0") is None
+
+
+def test_a_launch_an_earlier_agent_took_but_died_before_starting_runs_when_resent(
+        redis_url, redis_client, start_agent, tmp_path):
+    """An agent killed between writing a launch's record and spawning its supervisor left a job that
+    never ran; the next agent remembered the launch as applied and skipped every re-send, so the
+    job stayed PLACED for ever (found by the chaos test). It now runs it, once."""
+    from agents import supervise
+
+    runs = tmp_path / "runs.txt"
+    first_agent = start_agent(redis_url)
+    wait_for(lambda: events(redis_client, "node_registered"))
+    cmd = launch(python(f"open({str(runs)!r}, 'a').write('run\\n')"), attempt=1, command_id="launch-81-1", job_id=81)
+    job_dir = first_agent.agent.runner.job_dir(81)
+    job_dir.mkdir(parents=True)
+    supervise.write_json_atomically(job_dir / "launch.json", json.loads(cmd.model_dump_json()), mode=0o600)
+    first_agent.stop()  # (as if killed right there: the record written, no supervisor spawned)
+
+    start_agent(redis_url)
+    wait_for(lambda: len(events(redis_client, "node_registered")) == 2)
+    send(redis_client, "n1", cmd)  # the scheduling loop's re-send of a launch not seen to start
+    [done] = wait_for(lambda: exited(redis_client, 81))
+    assert done.exit_code == 0 and done.launch_id == "launch-81-1"
+    send(redis_client, "n1", cmd)  # re-sent again (its reports not yet read): answered, not run
+    marker = launch(python("pass"))
+    send(redis_client, "n1", marker)
+    wait_for(lambda: exited(redis_client, marker.job_id))
+    assert runs.read_text() == "run\n" and len(started(redis_client, 81)) == 1

@@ -228,3 +228,6 @@ def test_a_reported_job_leaves_no_record_once_released(runner):
     runner.release_reported(set())
     assert not (runner.job_dir(cmd.job_id) / "process.json").exists()
     assert not (runner.job_dir(cmd.job_id) / "exit.json").exists()
+    # Its launch is still known to have run here: a re-send long after is never run again.
+    assert not runner.never_started(cmd)
+    assert not runner.never_started(launch(python("pass"), job_id=cmd.job_id, command_id="x"))  # (not the one taken)
