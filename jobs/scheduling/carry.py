@@ -164,7 +164,9 @@ class QueueColumns:
         self.gangs = [gangs[i] for i in order]
         self.gang_submitted = [submitted[i] for i in order]
         runtimes = list(map(_expected_runtime_s, jobs))
-        with_runtime = [position for position, runtime in enumerate(runtimes) if runtime is not None]
+        # (a NaN runtime may never backfill, as ``_memo_key``'s test says, and would break the sort)
+        with_runtime = [position for position, runtime in enumerate(runtimes)
+                        if runtime is not None and runtime == runtime]
         with_runtime.sort(key=runtimes.__getitem__)
         self.backfills = with_runtime
         self.backfill_runtimes = list(map(runtimes.__getitem__, with_runtime))
@@ -225,6 +227,12 @@ def inventory_key(capacity: Capacity) -> tuple:
                    tuple([gpu.pool for gpu in node.gpus])) for node in capacity.nodes))
 
 
+# Past this many remembered shapes, a change to the inventory drops them all (and the queues)
+# rather than ask again of each whether it can run here (~5 us a shape: a cycle built afresh
+# costs about what asking 15,000 would).
+MAX_RECHECKED_SHAPES = 10_000
+
+
 class Carry:
     def __init__(self) -> None:
         self._config: SchedulerConfig | None = None
@@ -243,12 +251,13 @@ class Carry:
         cordoned, gone or back), the shapes stay (a request and the config make them) and
         ``inventory_reason`` tells again which can never run here: the queues stay too where
         every answer is the same (most changes to a cluster of 1,024 nodes leave every request
-        as possible as it was), else they are built again."""
+        as possible as it was), else they are built again. (Past ``MAX_RECHECKED_SHAPES`` shapes
+        everything is forgotten instead.)"""
         inventory = inventory_key(capacity)
         if config != self._config:
             self._config, self._inventory = config, inventory
             self.shapes, self.queues, self.plain_shapes = {}, {}, {}
-        elif len(self.shapes) > MAX_SHAPES:
+        elif len(self.shapes) > (MAX_RECHECKED_SHAPES if inventory != self._inventory else MAX_SHAPES):
             # (the queues go too: a cycle interns one Shape per request key, and memos and the
             # search budget count by Shape identity, so a carried queue must hold the shapes
             # this table hands out)

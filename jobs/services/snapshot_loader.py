@@ -7,6 +7,7 @@ usage (each node's latest sample). Queries are a fixed handful per cycle, never 
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 
 from django.db import connection
@@ -311,7 +312,9 @@ def _unfinished_dependencies() -> dict[int, tuple[tuple[int, str], ...]]:
 
 
 def _expected_runtime(max_runtime_s: int | None, profile: JobProfile | None) -> float | None:
-    if profile and profile.mean_runtime_s:
+    # (a profile's mean is computed from timestamps; one that is not a finite number was written
+    # by something else, and is no estimate)
+    if profile and profile.mean_runtime_s and math.isfinite(profile.mean_runtime_s):
         return profile.mean_runtime_s if not max_runtime_s else min(profile.mean_runtime_s, max_runtime_s)
     return float(max_runtime_s) if max_runtime_s else None
 

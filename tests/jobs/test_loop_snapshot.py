@@ -163,3 +163,15 @@ def test_with_no_row_changed_what_else_a_request_is_built_from_still_shows(trans
     assert requests()[blocked.pk].waiting_for == ()
     Tenant.objects.filter(pk=tenant.pk).update(slug="renamed")
     assert {j.tenant for j in requests().values()} == {"renamed"}
+
+
+def test_a_profile_runtime_that_is_not_a_number_is_no_estimate(db, redis_client):
+    # (mean runtimes are computed from timestamps; a NaN there was written by something else, and
+    # would reach the scheduler as a job that may or may not backfill a hold)
+    tenant = TenantFactory()
+    JobProfile.objects.create(tenant=tenant, key="k", runs=3, peak_gpu_memory_mib=9000, mean_runtime_s=float("nan"))
+    bounded = JobFactory(tenant=tenant, profile_key="k", max_runtime_s=600)
+    unbounded = JobFactory(tenant=tenant, profile_key="k", max_runtime_s=None)
+    requests = {job.id: job for job in fresh(redis_client).pending}
+    assert requests[bounded.id].expected_runtime_s == 600.0
+    assert requests[unbounded.id].expected_runtime_s is None

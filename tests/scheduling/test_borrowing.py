@@ -105,3 +105,17 @@ def test_a_job_deep_in_a_queue_that_kept_its_promise_waits_once_as_reclaiming():
     assert sorted(told) == list(range(1, 21))
     assert next(p for p in decisions.pending if p.job_id == 6).reason.code == "reclaiming"
     assert decisions.promises == snapshot.promises
+
+
+def test_a_runtime_that_is_not_a_number_never_backfills_nor_stops_a_job_behind_it_backfilling():
+    # A gang holds node a until the borrower on GPU 0 ends (100 s); of the jobs behind it, the one
+    # expected to end within that backfills GPU 1. A runtime that is not a number (a corrupt
+    # profile) may not backfill, and must not make the jobs behind it look as if it could.
+    snapshot = cluster(node("a", gpus=2), tenants=[tenant("nlp"), tenant("cv")],
+                       running=[running(50, on="a", gpus=[0], tenant="cv", opportunistic=True, started_at=900.0,
+                                        runtime=200.0)],
+                       pending=[job(1, gpus=2, tenant="nlp", max_nodes=1), job(2, tenant="nlp", runtime=float("nan")),
+                                job(3, tenant="nlp", runtime=50.0), job(4, tenant="nlp", runtime=10.0)])
+    decisions = decide(snapshot, 1000.0)
+    assert decisions == one_by_one(snapshot, 1000.0, SchedulerConfig())
+    assert [p.job_id for p in decisions.placements] == [3]

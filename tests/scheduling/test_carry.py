@@ -117,10 +117,11 @@ def test_decisions_with_a_carry_equal_decisions_without(data):
     from jobs.scheduling import carry as carry_module
 
     draw = data.draw
-    bound, share = carry_module.MAX_SHAPES, carry_module.MAX_ARRIVED_SHARE
-    # Now and then the carry starts again from nothing, as past its bound in a long-lived process;
+    bound, share, rechecked = carry_module.MAX_SHAPES, carry_module.MAX_ARRIVED_SHARE, carry_module.MAX_RECHECKED_SHAPES
+    # Now and then the carry starts again from nothing, as past its bounds in a long-lived process;
     # and queues as short as these are sorted into as well as rebuilt.
     carry_module.MAX_SHAPES = draw(st.sampled_from([bound, 3]))
+    carry_module.MAX_RECHECKED_SHAPES = draw(st.sampled_from([rechecked, 2]))
     carry_module.MAX_ARRIVED_SHARE = draw(st.sampled_from([share, 1.0]))
     try:
         snapshot = ClusterSnapshot(nodes=tuple(draw(nodes())), tenants=tuple(draw(tenants())), pending=())
@@ -136,6 +137,7 @@ def test_decisions_with_a_carry_equal_decisions_without(data):
             snapshot, config, now, next_id = advance(draw, snapshot, decisions, EVENTS, config, now, next_id)
     finally:
         carry_module.MAX_SHAPES, carry_module.MAX_ARRIVED_SHARE = bound, share
+        carry_module.MAX_RECHECKED_SHAPES = rechecked
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
