@@ -38,7 +38,9 @@ from operator import attrgetter
 from jobs.scheduling import reasons
 from jobs.scheduling.borrowing import Borrowing
 from jobs.scheduling.capacity import Capacity
-from jobs.scheduling.carry import UNLIMITED_GPUS, Carry, Entry, Outcome, TenantQueue, queue_order
+from jobs.scheduling.carry import (
+    UNLIMITED_GPUS, Carry, Entry, Outcome, QueueColumns, QueueReadings, TenantQueue, queue_order,
+)
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.cycle_state import CycleState, Memo
 from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason, new_pending
@@ -214,12 +216,14 @@ class Cycle(Waiting, Borrowing):
         ordered.sort(key=_by_submitted_at)
         ordered.sort(key=_by_priority, reverse=True)
         outcomes: dict = {}
-        return TenantQueue(jobs, ceiling, *self._entries(tenant, ceiling, ordered, outcomes), outcomes)
+        queue, waits, smallest, read = self._entries(tenant, ceiling, ordered, outcomes)
+        return TenantQueue(jobs, ceiling, queue, waits, smallest, outcomes, QueueColumns(queue, read))
 
     def _entries(self, tenant: str, ceiling: int, ordered: list[JobRequest],
-                 outcomes: dict) -> tuple[list[Entry], list[Pending], int]:
+                 outcomes: dict) -> tuple[list[Entry], list[Pending], int, QueueReadings]:
         """The queue entries of ``ordered`` (jobs in queue order), the waits told before any pass,
-        and the smallest ask that may run guaranteed. ``outcomes``: the tenant queue's interned
+        the smallest ask that may run guaranteed, and what ``QueueColumns`` reads of the entries'
+        jobs (read here, with each job at hand). ``outcomes``: the tenant queue's interned
         ``Outcome`` per (shape, opportunistic only), added to as needed."""
         queue: list[Entry] = []
         waits: list[Pending] = []
@@ -228,6 +232,8 @@ class Cycle(Waiting, Borrowing):
         # what a job gets is worked out once per ``_queue_key`` and looked up after.
         kinds: dict[tuple, tuple] = {}
         append, append_wait = queue.append, waits.append
+        read = QueueReadings([], [], [], [])
+        append_id, append_runtime, append_submitted = read.ids.append, read.runtimes.append, read.gang_submitted.append
         for job in ordered:
             # (``_queue_key`` inlined; attributes read in bytecode, not by an attrgetter: the
             # interpreter's specialised slot reads cost a fraction of an attrgetter's generic lookup)
@@ -246,10 +252,17 @@ class Cycle(Waiting, Borrowing):
             elif job.waiting_for:
                 append_wait(new_pending((job.id, self._reason(reasons.waiting_for_dependency, job.waiting_for), None)))
             else:
-                append((job, shape, need, outcome, spread_gang or job.expected_runtime_s is not None))
+                runtime = job.expected_runtime_s
+                if job.array_limit is not None:
+                    read.arrays.append(len(queue))
+                append((job, shape, need, outcome, spread_gang or runtime is not None))
+                append_id(job.id)
+                append_runtime(runtime)
+                if spread_gang:
+                    append_submitted(job.submitted_at)
                 if ask < smallest:
                     smallest = ask
-        return queue, waits, smallest
+        return queue, waits, smallest, read
 
     def _entry_kind(self, tenant: str, ceiling: int, job: JobRequest, outcomes: dict) -> tuple:
         """What ``_entries`` makes of every job of ``tenant`` with ``job``'s ``_queue_key``:

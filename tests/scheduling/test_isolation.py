@@ -118,6 +118,7 @@ def test_a_tenant_queue_works_out_each_entry_once_per_queue_key_and_gets_every_j
     job another's entry, and the inlined key must be the one ``_queue_key`` spells."""
     from dataclasses import replace
 
+    from jobs.scheduling.carry import QueueColumns
     from jobs.scheduling.config import SchedulerConfig
     from jobs.scheduling.cycle import Cycle, _queue_key
     from jobs.scheduling.snapshot import RecordedProfile
@@ -126,19 +127,20 @@ def test_a_tenant_queue_works_out_each_entry_once_per_queue_key_and_gets_every_j
     changed = {"gpus": 2, "gpu_memory_mib": 1, "gpu_milli": 500, "gpu_models": frozenset({"T4"}), "shareable": True,
                "profile": RecordedProfile(1024, 0.5), "max_nodes": 1, "allreduce_bytes": 7, "needs_runtime": True,
                "cpu_milli": 2000, "host_memory_mb": 512, "mig_profile": "1g.10gb", "accepts_unfenced": False,
-               "opportunistic_only": True, "expected_runtime_s": None, "waiting_for": ((1, "ok"),)}
+               "opportunistic_only": True, "expected_runtime_s": None, "waiting_for": ((1, "ok"),),
+               "array_limit": 2, "submitted_at": 2.5}
     variants = [replace(base, id=10 + i, **{name: value}) for i, (name, value) in enumerate(changed.items())]
     twins = [replace(variant, id=100 + variant.id) for variant in variants]  # same key, other jobs
     jobs = [base, *variants, replace(base, id=2), *twins, replace(base, id=3, gpus=10**6)]
     snapshot = cluster(node("a", gpus=8, runtimes=("docker",)), tenants=TENANTS, pending=jobs)
     cycle = Cycle(snapshot, 10.0, SchedulerConfig())
     ceiling = cycle.quota("vision").ceiling_milli
-    queue, waits, _ = cycle._entries("vision", ceiling, jobs, {})
+    queue, waits, _, read = cycle._entries("vision", ceiling, jobs, {})
     entries = {entry[0].id: entry for entry in queue}
     told = {wait.job_id: wait for wait in waits}
     assert len(entries) + len(told) == len(jobs)
     for one in jobs:  # each job on its own, against the entries made for the whole queue
-        alone, alone_waits, _ = cycle._entries("vision", ceiling, [one], {})
+        alone, alone_waits, _, _ = cycle._entries("vision", ceiling, [one], {})
         if alone:
             (job_, shape, need, outcome, depends), = alone
             mine = entries[one.id]
@@ -146,4 +148,9 @@ def test_a_tenant_queue_works_out_each_entry_once_per_queue_key_and_gets_every_j
             assert (mine[3].shape, mine[3].opportunistic_only) == (outcome.shape, outcome.opportunistic_only)
         else:
             assert [told[one.id]] == alone_waits, one
-    assert len({_queue_key(j) for j in [base, *variants]}) == len(variants) + 1 - 2  # runtime, dependencies: no
+    # (not in the key: the runtime, the dependencies, the array's limit, the submit time)
+    assert len({_queue_key(j) for j in [base, *variants]}) == len(variants) + 1 - 4
+    # What it read of the jobs on the way is what the queue's columns read of them afterwards.
+    read_after = QueueColumns(queue)
+    read_on_the_way = QueueColumns(queue, read)
+    assert all(getattr(read_on_the_way, name) == getattr(read_after, name) for name in QueueColumns.__slots__)
