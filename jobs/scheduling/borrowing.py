@@ -3,12 +3,14 @@ in weighted fair-share order, never past a tenant's ``max_gpus``.
 
 Part of ``cycle.Cycle``, as ``waiting.Waiting`` is. At 50,000 pending jobs this pass sees every
 one of them, and almost all are settled without a search: a tenant's requests of one shape get
-the same answer until something changes (a placement, a hold, the search budget running out), so
-the first job of each memo key is settled one by one and the rest of the queue by the answers
-those gave, many at a time (``_settle_known``: slices and maps over the queue's columns, one
-comprehension to build their ``Pending``). Jobs whose answer is their own (array jobs, members of
-users with limits, jobs already handled) always go one by one. Settling one by one every job,
-as a cycle did before, gives the very same decisions (tests/scheduling/test_borrowing.py).
+the same answer until something changes (a placement, a hold, the search budget running out).
+Where a tenant's jobs come in few requests (``TenantQueue.shares_keys``), the first job of each
+memo key is settled one by one and the jobs after it by the answer it got: a few inline, then
+whole runs at once (``_settle_known``: slices and maps over the queue's carried columns, one map
+to build their ``Pending``). Where nearly every job is a request of its own, each is settled one
+by one (``_one_by_one``), as every job was before. Jobs whose answer is their own (array jobs,
+members of users with limits, jobs already handled) always go one by one. Either way the
+decisions are the same (tests/scheduling/test_borrowing.py).
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ OPPORTUNISTIC = JobClass.OPPORTUNISTIC
 ALONE = object()
 # In an answer in place of an ETA: the job's ETA is the queue's next (``QueueEta.next``).
 QUEUED = object()
-# Entries looked up at once, at first after a job settled one by one (the next of its key usually
-# is near), doubling while all are answered.
-FIRST_CHUNK, LARGEST_CHUNK = 8, 1024
+# Kept with the answers: the state they are true for (version, ETAs exhausted, out of searches).
+ANSWERED_AT = object()
+# Jobs with answered keys in a row settled one at a time before the rest of the run is settled
+# in bulk, looked up FIRST_CHUNK at a time at first, doubling while all are answered.
+BULK_AFTER, FIRST_CHUNK, LARGEST_CHUNK = 4, 16, 1024
 
 
 class Borrowing:
@@ -41,52 +45,140 @@ class Borrowing:
         cursors = dict.fromkeys(queues, 0)
         heap = [(self._share(t), t) for t in queues]
         heapq.heapify(heap)
-        state, limit, queue_eta = self.state, self.config.max_placement_searches, self.queue_eta
-        held = state.held
+        held, carried = self.state.held, self.carry.queues
         while heap:
             _, tenant = heapq.heappop(heap)
             queue, quota = queues[tenant], self.quota(tenant)
-            ceiling = quota.ceiling_milli
             position, end = cursors[tenant], len(queue)
-            if held[tenant] >= ceiling:  # at the ceiling: nothing more of this tenant can run
+            if held[tenant] >= quota.ceiling_milli:  # at the ceiling: nothing more of this tenant can run
                 self._all_at_ceiling(queue[position:], quota)
                 continue
             # What the tenant holds moves only with a placement, which ends this visit.
-            room, cursor = ceiling - held[tenant], end
-            columns = self.carry.queues[tenant].columns_of()
-            ids, needs = columns.ids, columns.needs
-            # Memo key -> (reason, ETA or QUEUED) for the rest of the jobs with that key: true
-            # while the version (placements, the hold), the search budget and whether the queue's
-            # ETAs ran out stay as they were (``at``).
-            answers: dict = {}
-            answered_at, keys, chunk = None, None, FIRST_CHUNK
-            while position < end:
-                at = (state.version, state.searches >= limit, queue_eta.exhausted)
-                if at != answered_at:
-                    answers, answered_at = {}, at
-                    keys = self._memo_keys(tenant, queue, columns)
-                stop = min(end, position + chunk)
-                found = list(map(answers.get, keys[position:stop]))
-                try:
-                    settled = found.index(None)
-                except ValueError:
-                    settled = stop - position
-                if settled:
-                    if settled < len(found):
-                        del found[settled:]
-                    self._settle_known(ids[position:position + settled], found, needs, position)
-                    position += settled
-                    if position == stop:
-                        chunk = min(2 * chunk, LARGEST_CHUNK)
-                        continue
-                chunk = FIRST_CHUNK
-                if self._settle_one(queue[position], keys[position], room, quota, answers):
-                    cursor = position + 1  # placed: the tenant goes back in line at its new share
-                    break
-                position += 1
-            cursors[tenant] = cursor
+            room = quota.ceiling_milli - held[tenant]
+            if self.settle_in_bulk and carried[tenant].shares_keys:
+                cursor = self._visit_in_bulk(tenant, queue, quota, room, position)
+            else:
+                cursor, _ = self._one_by_one(tenant, queue, quota, room, position, end, None)
+            cursors[tenant] = cursor  # (after a placement the tenant goes back in line at its new share)
             if cursor < end:
                 heapq.heappush(heap, (self._share(tenant), tenant))
+
+    def _visit_in_bulk(self, tenant: str, queue: list[Entry], quota, room: int, position: int) -> int:
+        """Settle ``tenant``'s queue from ``position`` on, the first job of each memo key one by
+        one and the jobs after it with the answer that one got; stop after a placement. Returns
+        where the tenant's next visit starts."""
+        queue_eta, end = self.queue_eta, len(queue)
+        columns = self.carry.queues[tenant].columns_of()
+        ids, needs = columns.ids, columns.needs
+        # Memo key -> (reason, ETA or QUEUED) for the rest of the jobs with that key, while true
+        # (``_one_by_one`` empties it when the version, the search budget or the queue's ETAs move).
+        answers: dict = {}
+        while position < end:
+            keys = self._memo_keys(tenant, queue, columns)  # (a hold may have come since)
+            position, placed = self._one_by_one(tenant, queue, quota, room, position, end, answers, keys)
+            if placed or position == end:
+                return position
+            # A run of jobs whose keys were answered: most likely many more follow, settled a chunk
+            # at a time until a job to settle one by one (or until the queue's ETAs run out: the
+            # answers that named the queue's next ETA are then untrue).
+            chunk, exhausted = FIRST_CHUNK, queue_eta.exhausted
+            while position < end and queue_eta.exhausted == exhausted:
+                found = list(map(answers.get, keys[position:position + chunk]))
+                try:
+                    settled = found.index(None)
+                    del found[settled:]
+                except ValueError:
+                    settled = len(found)
+                    chunk = min(2 * chunk, LARGEST_CHUNK)
+                if not settled:
+                    break
+                self._settle_known(ids[position:position + settled], found, needs, position)
+                position += settled
+        return end
+
+    def _one_by_one(self, tenant: str, queue: list[Entry], quota, room: int, start: int, stop: int,
+                    answers: dict | None = None, keys: list | None = None) -> tuple[int, bool]:
+        """Settle the entries of ``tenant``'s queue from ``start`` to ``stop`` one at a time, as
+        every job was before bulk settling: place the job or say why it waits, and stop after a
+        placement. Returns where the next job is and whether one was placed.
+
+        With ``answers`` (and each entry's memo key in ``keys``): a job whose key was answered
+        gets that answer (kept while true: emptied when the version, the search budget or the
+        queue's ETAs move), each answer a job's key gave is kept there, and it stops before the
+        job after ``BULK_AFTER`` answered ones in a row, for ``_visit_in_bulk`` to settle the run."""
+        state, memo, now = self.state, self.memo, self.now
+        handled, limit = state.handled, self.config.max_placement_searches
+        one_node_wait, users_limited = self.config.gang_single_node_wait_s, bool(self.users.limits)
+        append_pending, queue_eta = state.pending.append, self.queue_eta
+        version, backfill_until, known, by_need = -1, None, None, None
+        run = 0
+        if answers is not None:
+            at_version, at_exhausted, at_out = answers.get(ANSWERED_AT, (None, None, None))
+        for position in range(start, stop):
+            job, shape, need, outcome, depends = queue[position]
+            if answers is not None:
+                if (state.version != at_version or queue_eta.exhausted != at_exhausted
+                        or (state.searches >= limit) != at_out):  # (what they were true for has moved)
+                    at_version, at_exhausted, at_out = state.version, queue_eta.exhausted, state.searches >= limit
+                    answers.clear()
+                    answers[ANSWERED_AT], run = (at_version, at_exhausted, at_out), 0
+                answer = answers.get(keys[position])
+                if answer is not None:
+                    if run == BULK_AFTER:
+                        return position, False
+                    run += 1
+                    if job.id not in handled:
+                        reason, eta = answer
+                        if eta is QUEUED:
+                            eta = None if queue_eta.exhausted else queue_eta.next(need)
+                        append_pending(new_pending((job.id, reason, eta)))
+                    continue
+                run = 0
+            if job.id in handled:
+                continue
+            if job.array_limit is not None and self._array_full(job):
+                self._wait_for_array(job)
+                continue
+            if users_limited and (capped := self.users.why_waiting(job)) is not None:
+                self._wait(job, *capped)
+                continue
+            if state.version != version:
+                version, holder = state.version, state.holder
+                backfill_until = None if holder is None else holder[2]
+                known = memo.now(version)
+            # Its memo key: its outcome, set apart when it may backfill the hold (``may_backfill``)
+            # or is a gang young enough to wait for one node (``Cycle._young_gang``).
+            key = outcome
+            if depends:
+                backfill = (backfill_until is not None and (runtime := job.expected_runtime_s) is not None
+                            and runtime <= backfill_until)
+                young = outcome.spread_gang and now - job.submitted_at < one_node_wait
+                if backfill:
+                    key = (outcome.both_key if young else outcome.backfill_key) or outcome.key(True, young)
+                elif young:
+                    key = outcome.young_key or outcome.key(False, True)
+            if need > room:
+                if by_need is None:
+                    by_need = self._ceiling_waits(tenant)
+                answer = by_need.get(need) or self._ceiling_wait(quota, need)
+                append_pending(new_pending((job.id, *answer)))
+            elif state.searches >= limit:
+                answer = (self._reason(reasons.not_considered, limit), None)
+                append_pending(new_pending((job.id, *answer)))
+            else:
+                reason = known.get(key)
+                if reason is None:
+                    if self._admit_borrowing(job, shape, key):
+                        return position + 1, True
+                    # (unless the answer was the job's own, or a hold taken meanwhile changed it)
+                    if answers is None or state.version != version or (reason := known.get(key)) is None:
+                        continue
+                else:
+                    append_pending(new_pending((job.id, reason, None if queue_eta.exhausted else queue_eta.next(need))))
+                answer = (reason, None if queue_eta.exhausted else QUEUED)
+            if answers is not None:
+                answers[key] = answer
+        return stop, False
 
     def _memo_keys(self, tenant: str, queue: list[Entry], columns) -> list:
         """The memo key of each entry of ``tenant``'s queue (``ALONE`` for those settled one by one)
@@ -96,28 +188,13 @@ class Borrowing:
         made = self.memo.keys.get(tenant)
         if made is not None and made[0] == backfill_until:
             return made[1]
-        if not self.settle_in_bulk:
-            keys = [ALONE] * len(queue)
-        else:
-            one_by_one = ()
-            if self.users.limits:
-                limits = self.users.limits
-                one_by_one = tuple(position for position, entry in enumerate(queue) if (tenant, entry[0].user) in limits)
-            keys = columns.keys(self.now, self.config.gang_single_node_wait_s, backfill_until, one_by_one, ALONE)
+        one_by_one = ()
+        if self.users.limits:
+            limits = self.users.limits
+            one_by_one = tuple(position for position, entry in enumerate(queue) if (tenant, entry[0].user) in limits)
+        keys = columns.keys(self.now, self.config.gang_single_node_wait_s, backfill_until, one_by_one, ALONE)
         self.memo.keys[tenant] = (backfill_until, keys)
         return keys
-
-    def _memo_key(self, job: JobRequest, outcome: Outcome, depends: bool) -> Outcome | FlaggedOutcome:
-        """The key the borrowing pass's memo answers ``job`` under: its outcome, set apart when the
-        job may backfill the hold or is a gang young enough to wait for one node."""
-        if not depends:
-            return outcome
-        holder = self.state.holder
-        backfill_until = None if holder is None else holder[2]
-        backfill = (backfill_until is not None and (runtime := job.expected_runtime_s) is not None
-                    and runtime <= backfill_until)
-        young = outcome.spread_gang and self.now - job.submitted_at < self.config.gang_single_node_wait_s
-        return outcome.key(backfill, young)
 
     def _settle_known(self, ids: list[int], answers: list[tuple], needs: list[int], start: int) -> None:
         """The jobs ``ids`` (the queue's from position ``start`` on) wait with their key's answer."""
@@ -135,45 +212,6 @@ class Borrowing:
             if eta is QUEUED:
                 eta = None if queue_eta.exhausted else queue_eta.next(need)
             append(new_pending((job_id, reason, eta)))
-
-    def _settle_one(self, entry: Entry, key, room: int, quota, answers: dict) -> bool:
-        """Place ``entry``'s job or say why it waits; record the answer its key gave in
-        ``answers`` where the rest of the jobs with that key get the same. True if placed."""
-        job, shape, need, outcome, depends = entry
-        state = self.state
-        if job.id in state.handled:
-            return False
-        if job.array_limit is not None and self._array_full(job):
-            self._wait_for_array(job)
-            return False
-        if self.users.limits and (capped := self.users.why_waiting(job)) is not None:
-            self._wait(job, *capped)
-            return False
-        if key is ALONE:
-            key = self._memo_key(job, outcome, depends)
-        if need > room:
-            found = self._ceiling_waits(quota.name).get(need) or self._ceiling_wait(quota, need)
-            state.pending.append(new_pending((job.id, *found)))
-            answers[key] = found
-            return False
-        limit = self.config.max_placement_searches
-        if state.searches >= limit:
-            reason = self._reason(reasons.not_considered, limit)
-            self._wait(job, reason)
-            answers[key] = (reason, None)
-            return False
-        reason = self.memo.now(state.version).get(key)
-        if reason is None:
-            if self._admit_borrowing(job, shape, key):
-                return True
-            reason = self.memo.now(state.version).get(key)  # (unless the answer was the job's own)
-            if reason is not None:
-                answers[key] = (reason, None if self.queue_eta.exhausted else QUEUED)
-            return False
-        queue_eta = self.queue_eta
-        state.pending.append(new_pending((job.id, reason, None if queue_eta.exhausted else queue_eta.next(need))))
-        answers[key] = (reason, None if queue_eta.exhausted else QUEUED)
-        return False
 
     def _admit_borrowing(self, job: JobRequest, shape: Shape, key: Outcome | FlaggedOutcome) -> bool:
         """A job whose outcome under ``key`` is not known at this version: search, then place it or

@@ -51,19 +51,32 @@ class Outcome:
     (opportunistic only or not). Interned per queue and hashed by identity: most of 50,000 jobs
     are settled by a lookup under it, and a tuple key would be built and hashed per job."""
 
-    __slots__ = ("tenant", "shape", "opportunistic_only", "spread_gang", "keyed")
+    __slots__ = ("tenant", "shape", "opportunistic_only", "spread_gang", "backfill_key", "young_key", "both_key")
 
     def __init__(self, tenant: str, shape: Shape, opportunistic_only: bool):
         self.tenant, self.shape, self.opportunistic_only = tenant, shape, opportunistic_only
         self.spread_gang = shape.gpus > 1 and shape.max_nodes != 1  # (may wait for one node while young)
-        # The memo keys of its jobs whose answer also depends on the hold or the clock, by
-        # (may backfill the hold, a gang still young enough to wait for one node): made once,
-        # hashed by identity, and holding no reference back (a cycle would wait for the collector).
-        self.keyed = {flags: FlaggedOutcome(*flags) for flags in ((True, False), (False, True), (True, True))}
+        # The memo keys of its jobs whose answer also depends on the hold or the clock (may
+        # backfill the hold, a gang still young enough to wait for one node, both): made when
+        # first asked for (a queue of 500 jobs may hold 500 outcomes), hashed by identity, and
+        # holding no reference back (a cycle would wait for the collector).
+        self.backfill_key = self.young_key = self.both_key = None
 
     def key(self, backfill: bool, young: bool) -> Outcome | FlaggedOutcome:
         """The memo key of a job of this outcome that may backfill and / or is a young gang."""
-        return self.keyed[backfill, young] if backfill or young else self
+        if backfill:
+            if young:
+                if self.both_key is None:
+                    self.both_key = FlaggedOutcome(True, True)
+                return self.both_key
+            if self.backfill_key is None:
+                self.backfill_key = FlaggedOutcome(True, False)
+            return self.backfill_key
+        if young:
+            if self.young_key is None:
+                self.young_key = FlaggedOutcome(False, True)
+            return self.young_key
+        return self
 
     def __repr__(self) -> str:
         return f"Outcome({self.tenant!r}, {self.shape!r}, opportunistic_only={self.opportunistic_only})"
@@ -91,6 +104,11 @@ def queue_order(job: JobRequest) -> tuple:
     return -job.priority, job.submitted_at, job.id
 
 
+# Jobs a memo key, on average, from which a tenant's queue is settled in bulk (``shares_keys``):
+# measured on the loop's queues (26 a key: bulk, 0.93x the instructions of one by one) and on
+# bench/scheduler.py's (1.6-5 a key, a recorded profile each: one by one).
+SHARED_KEY_JOBS = 4
+
 # At most this share of a carried queue may be new before it is built again from scratch instead
 # (each arrival is sorted in on its own).
 MAX_ARRIVED_SHARE = 0.25
@@ -108,6 +126,14 @@ class TenantQueue:
     smallest_guaranteed_ask: int  # milli-GPUs of the smallest job in ``queue`` that may run guaranteed
     outcomes: dict[tuple[Shape, bool], Outcome]  # the queue's interned outcomes
     columns: QueueColumns | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def shares_keys(self) -> bool:
+        """Whether its jobs come in few enough requests (at least SHARED_KEY_JOBS jobs a memo key,
+        on average) for the borrowing pass to settle most of them by the answer another job of
+        their key got; where most jobs are requests of their own or nearly (a recorded profile
+        each, say) the runs of answered jobs are short, and one by one costs less."""
+        return SHARED_KEY_JOBS * len(self.outcomes) <= len(self.queue)
 
     def columns_of(self) -> QueueColumns:
         if self.columns is None:
@@ -127,7 +153,12 @@ class TenantQueue:
         arrived = [job for job in jobs if before.get(job.id) is not job]
         if len(arrived) > MAX_ARRIVED_SHARE * len(jobs):
             return None
-        queue = [entry for entry in self.queue if now_by_id.get(entry[0].id) is entry[0]]
+        entries, columns = self.queue, self.columns
+        if columns is not None:  # (its ids spare reading each job again)
+            kept = [position for position, job_id in enumerate(columns.ids) if now_by_id.get(job_id) is entries[position][0]]
+            queue = list(map(entries.__getitem__, kept))
+        else:
+            kept, queue = None, [entry for entry in entries if now_by_id.get(entry[0].id) is entry[0]]
         waits = [wait for wait in self.waits if now_by_id.get(wait.job_id) is before[wait.job_id]]
         if arrived:
             arrived.sort(key=queue_order)
@@ -136,8 +167,14 @@ class TenantQueue:
                 insort(queue, entry, key=_entry_order)
             for wait in new_waits:
                 insort(waits, wait, key=lambda pending: queue_order(now_by_id[pending.job_id]))
+            if new_queue:
+                kept = None  # (the columns are read again, when a borrowing pass needs them)
+        if kept is not None and len(kept) < len(entries):
+            columns = columns.restricted(kept)
+        elif kept is None:
+            columns = None
         smallest = min((need for job, _, need, _, _ in queue if not job.opportunistic_only), default=UNLIMITED_GPUS)
-        return TenantQueue(jobs, self.ceiling_milli, queue, waits, smallest, self.outcomes)
+        return TenantQueue(jobs, self.ceiling_milli, queue, waits, smallest, self.outcomes, columns)
 
 
 class QueueReadings(NamedTuple):
@@ -156,11 +193,12 @@ class QueueColumns:
     and maps instead of a Python step per job): ids, milli-GPUs needed and memo keys in queue
     order, and what a cycle needs to find the entries whose memo key depends on it (young gangs,
     jobs that may backfill a hold) or that are always settled one by one (jobs of arrays, whose
-    limit is counted per job). Built with maps over the queue: it is made for every queue of a
-    restarted scheduler (50,000 jobs)."""
+    limit is counted per job). Those are kept by job id, sorted by submit time and by runtime:
+    positions move when a job leaves the queue, ids do not, so a queue that only lost jobs keeps
+    them as they are (ids no longer queued are passed over)."""
 
-    __slots__ = ("ids", "needs", "outcomes", "gangs", "gang_submitted", "backfills", "backfill_runtimes",
-                 "arrays", "_keys")
+    __slots__ = ("ids", "needs", "outcomes", "gang_ids", "gang_submitted", "backfill_ids", "backfill_runtimes",
+                 "array_ids", "_positions", "_keys")
 
     def __init__(self, queue: list[Entry], read: QueueReadings | None = None):
         """``read``: what ``queue``'s jobs say, when the caller read it while it had each job at
@@ -169,7 +207,7 @@ class QueueColumns:
             jobs = list(map(itemgetter(0), queue))
             read = QueueReadings(list(map(_id, jobs)), list(map(_expected_runtime_s, jobs)),
                                  [position for position, job in enumerate(jobs) if job.array_limit is not None], None)
-        self.ids = read.ids
+        ids = self.ids = read.ids
         self.needs = list(map(itemgetter(2), queue))
         self.outcomes = list(map(itemgetter(3), queue))
         # Gangs by submit time and jobs with a runtime by runtime: the young gangs are the last
@@ -179,17 +217,31 @@ class QueueColumns:
         submitted = (read.gang_submitted if read.gang_submitted is not None
                      else [queue[position][0].submitted_at for position in gangs])
         order = sorted(range(len(gangs)), key=submitted.__getitem__)
-        self.gangs = [gangs[i] for i in order]
-        self.gang_submitted = [submitted[i] for i in order]
+        self.gang_ids = [ids[gangs[i]] for i in order]
+        self.gang_submitted = list(map(submitted.__getitem__, order))
         runtimes = read.runtimes
         # (a NaN runtime may never backfill, as ``_memo_key``'s test says, and would break the sort)
         with_runtime = [position for position, runtime in enumerate(runtimes)
                         if runtime is not None and runtime == runtime]
         with_runtime.sort(key=runtimes.__getitem__)
-        self.backfills = with_runtime
+        self.backfill_ids = list(map(ids.__getitem__, with_runtime))
         self.backfill_runtimes = list(map(runtimes.__getitem__, with_runtime))
-        self.arrays = read.arrays
+        self.array_ids = list(map(ids.__getitem__, read.arrays))
+        self._positions: dict[int, int] | None = None  # job id -> position, made when first needed
         self._keys: tuple | None = None  # (what the last keys were made for, the keys)
+
+    def restricted(self, kept: list[int]) -> QueueColumns:
+        """The columns of the queue made of this queue's entries at the positions ``kept`` (in
+        order): what a queue that only lost jobs keeps, without reading a job again."""
+        columns = object.__new__(QueueColumns)
+        columns.ids = list(map(self.ids.__getitem__, kept))
+        columns.needs = list(map(self.needs.__getitem__, kept))
+        columns.outcomes = list(map(self.outcomes.__getitem__, kept))
+        columns.gang_ids, columns.gang_submitted = self.gang_ids, self.gang_submitted
+        columns.backfill_ids, columns.backfill_runtimes = self.backfill_ids, self.backfill_runtimes
+        columns.array_ids = self.array_ids
+        columns._positions = columns._keys = None
+        return columns
 
     def keys(self, now: float, one_node_wait_s: float, backfill_until: float | None, one_by_one: tuple[int, ...],
              alone: object) -> list:
@@ -205,21 +257,29 @@ class QueueColumns:
         made_for = (young, backfill, one_by_one)
         if self._keys is not None and self._keys[0] == made_for:
             return self._keys[1]
-        if young == len(self.gangs) and not (backfill or one_by_one or self.arrays):
+        if young == len(self.gang_ids) and not (backfill or one_by_one or self.array_ids):
             keys = self.outcomes
         else:
+            positions = self._positions
+            if positions is None:
+                positions = self._positions = dict(zip(self.ids, range(len(self.ids))))
             keys, outcomes = list(self.outcomes), self.outcomes
-            young_gangs = self.gangs[young:]
-            for position in young_gangs:
-                keys[position] = outcomes[position].keyed[False, True]
-            if backfill:
-                young_gangs = set(young_gangs)
-                for position in self.backfills[:backfill]:
-                    keys[position] = outcomes[position].keyed[True, position in young_gangs]
+            young_gangs = set()
+            for job_id in self.gang_ids[young:]:
+                position = positions.get(job_id)
+                if position is not None:
+                    keys[position] = outcomes[position].key(False, True)
+                    young_gangs.add(position)
+            for job_id in self.backfill_ids[:backfill]:
+                position = positions.get(job_id)
+                if position is not None:
+                    keys[position] = outcomes[position].key(True, position in young_gangs)
             for position in one_by_one:
                 keys[position] = alone
-            for position in self.arrays:
-                keys[position] = alone
+            for job_id in self.array_ids:
+                position = positions.get(job_id)
+                if position is not None:
+                    keys[position] = alone
         self._keys = (made_for, keys)
         return keys
 

@@ -217,7 +217,10 @@ class Cycle(Waiting, Borrowing):
         ordered.sort(key=_by_priority, reverse=True)
         outcomes: dict = {}
         queue, waits, smallest, read = self._entries(tenant, ceiling, ordered, outcomes)
-        return TenantQueue(jobs, ceiling, queue, waits, smallest, outcomes, QueueColumns(queue, read))
+        made = TenantQueue(jobs, ceiling, queue, waits, smallest, outcomes)
+        if made.shares_keys:  # (else the borrowing pass settles it one by one: no columns)
+            made.columns = QueueColumns(queue, read)
+        return made
 
     def _entries(self, tenant: str, ceiling: int, ordered: list[JobRequest],
                  outcomes: dict) -> tuple[list[Entry], list[Pending], int, QueueReadings]:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from jobs.scheduling import ClusterSnapshot, Promise, SchedulerConfig, UserLimit, decide
 from jobs.scheduling.carry import Carry
 from jobs.scheduling.cycle import Cycle
-from tests.scheduling.builders import cluster, job, node, running, tenant
+from tests.scheduling.builders import cluster, job, node, nodes, running, tenant
 from tests.scheduling.test_invariants import launch, requests, warm_clusters
 
 NOW = 1200.0
@@ -119,3 +119,19 @@ def test_a_runtime_that_is_not_a_number_never_backfills_nor_stops_a_job_behind_i
     decisions = decide(snapshot, 1000.0)
     assert decisions == one_by_one(snapshot, 1000.0, SchedulerConfig())
     assert [p.job_id for p in decisions.placements] == [3]
+
+
+def test_when_the_queue_s_etas_run_out_inside_a_run_the_rest_of_the_run_gets_none():
+    # 32 busy GPUs end one by one over the next 32 minutes: of 90 identical jobs queued behind
+    # them the first 32 are given those ends as ETAs and the rest none, though the ETAs run out
+    # in the middle of a run of jobs settled at once.
+    snapshot = cluster(*nodes(4, gpus=8), tenants=[tenant("nlp"), tenant("cv")],
+                       pending=[job(i, tenant="cv", submitted_at=float(i)) for i in range(1, 33)])
+    warm = launch(snapshot, decide(snapshot, 0.0), 0.0, None)
+    warm = dataclasses.replace(warm, pending=tuple(job(100 + i, tenant="nlp", submitted_at=float(i)) for i in range(90)),
+                               running=tuple(dataclasses.replace(r, expected_runtime_s=60.0 * (k + 1))
+                                             for k, r in enumerate(warm.running)))
+    decisions = decide(warm, 0.0)
+    assert decisions == one_by_one(warm, 0.0, SchedulerConfig())
+    etas = [p.eta_s for p in decisions.pending]
+    assert etas[:32] == [60.0 * (k + 1) for k in range(32)] and etas[32:] == [None] * 58
