@@ -135,3 +135,20 @@ def test_when_the_queue_s_etas_run_out_inside_a_run_the_rest_of_the_run_gets_non
     assert decisions == one_by_one(warm, 0.0, SchedulerConfig())
     etas = [p.eta_s for p in decisions.pending]
     assert etas[:32] == [60.0 * (k + 1) for k in range(32)] and etas[32:] == [None] * 58
+
+
+def test_a_hold_taken_in_the_middle_of_a_queue_lets_the_jobs_after_it_backfill():
+    # (found by review) Gang 1 finds no node free and holds node a until its borrowers end; job 2
+    # cannot backfill (no runtime) and is told so, job 3 of the same request is expected to end
+    # well before the hold's ETA and must backfill a's free GPUs, not be told job 2's answer.
+    borrowers = [running(1000 + i, on="a", gpus=(i,), tenant="o", runtime=1600.0) for i in range(4)]
+    borrowers += [running(1100 + i, on="b", gpus=(i,), tenant="o", runtime=1600.0) for i in range(8)]
+    pending = [job(1, gpus=8, max_nodes=1, tenant="t", submitted_at=1.0), job(2, tenant="t", submitted_at=2.0),
+               job(3, tenant="t", submitted_at=3.0, runtime=30.0)]
+    pending += [job(10 + i, tenant="t", submitted_at=10.0 + i) for i in range(8)]
+    pending += [job(30 + i, gpus=8, max_nodes=1, tenant="t", submitted_at=30.0 + i) for i in range(4)]
+    snapshot = cluster(node("a"), node("b"), pending=pending, running=borrowers,
+                       tenants=[tenant("o", guaranteed=16), tenant("t")])
+    decisions = decide(snapshot, 1000.0)
+    assert decisions == one_by_one(snapshot, 1000.0, SchedulerConfig())
+    assert [p.job_id for p in decisions.placements] == [3]
