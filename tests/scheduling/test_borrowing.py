@@ -152,3 +152,29 @@ def test_a_hold_taken_in_the_middle_of_a_queue_lets_the_jobs_after_it_backfill()
     decisions = decide(snapshot, 1000.0)
     assert decisions == one_by_one(snapshot, 1000.0, SchedulerConfig())
     assert [p.job_id for p in decisions.placements] == [3]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_holds_and_backfill_decide_in_bulk_as_one_by_one(data):
+    """Full nodes whose borrowers end at known times, and a long queue of gangs (which hold a node
+    when blocked) and single jobs with and without runtimes short enough to backfill that hold:
+    the order in which a hold arrives among the jobs of one request is what bulk settling must
+    follow."""
+    draw = data.draw
+    count = draw(st.integers(1, 3))
+    borrowers, next_id = [], 1000
+    for n in range(count):
+        for gpu in range(4):
+            if draw(st.booleans()) or gpu < 2:
+                borrowers.append(running(next_id, on=f"n{n}", gpus=(gpu,), tenant="o",
+                                         runtime=draw(st.sampled_from([None, 120.0, 1600.0]))))
+                next_id += 1
+    kinds = {"gang": dict(gpus=4, max_nodes=1), "single": {}, "short": dict(runtime=30.0), "long": dict(runtime=9000.0)}
+    pending = [job(i + 1, tenant=draw(st.sampled_from(["t", "u"])), submitted_at=float(draw(st.integers(1, 5))),
+                   priority=draw(st.integers(0, 1)), **kinds[draw(st.sampled_from(sorted(kinds)))])
+               for i in range(draw(st.integers(8, 60)))]
+    snapshot = cluster(*[node(f"n{n}", gpus=4) for n in range(count)], pending=pending, running=borrowers,
+                       tenants=[tenant("o", guaranteed=12), tenant("t"), tenant("u")])
+    config = draw(st.sampled_from(CONFIGS))
+    assert decide(snapshot, 1000.0, config) == one_by_one(snapshot, 1000.0, config)
