@@ -122,6 +122,7 @@ class Borrowing:
                     at_version, at_exhausted, at_out = state.version, queue_eta.exhausted, state.searches >= limit
                     answers.clear()
                     answers[ANSWERED_AT], run = (at_version, at_exhausted, at_out), 0
+                    # (a hold moves the version too: ``Waiting._hold``; only a hold changes the keys)
                     holder = state.holder
                     if (None if holder is None else holder[2]) != memo.keys[tenant][0]:
                         return position, False  # a hold came: which jobs may backfill it is asked again
