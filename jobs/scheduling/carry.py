@@ -126,6 +126,8 @@ class TenantQueue:
     smallest_guaranteed_ask: int  # milli-GPUs of the smallest job in ``queue`` that may run guaranteed
     outcomes: dict[tuple[Shape, bool], Outcome]  # the queue's interned outcomes
     columns: QueueColumns | None = field(default=None, compare=False, repr=False)
+    # How many of ``outcomes`` its entries hold (``outcomes`` keeps those of jobs gone since).
+    held_outcomes: int | None = field(default=None, compare=False, repr=False)
 
     @property
     def shares_keys(self) -> bool:
@@ -133,7 +135,9 @@ class TenantQueue:
         on average) for the borrowing pass to settle most of them by the answer another job of
         their key got; where most jobs are requests of their own or nearly (a recorded profile
         each, say) the runs of answered jobs are short, and one by one costs less."""
-        return SHARED_KEY_JOBS * len(self.outcomes) <= len(self.queue)
+        if self.held_outcomes is None:
+            self.held_outcomes = len(set(map(itemgetter(3), self.queue)))
+        return SHARED_KEY_JOBS * self.held_outcomes <= len(self.queue)
 
     def columns_of(self) -> QueueColumns:
         if self.columns is None:
