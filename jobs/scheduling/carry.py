@@ -224,7 +224,8 @@ class QueueColumns:
         self.gang_ids = [ids[gangs[i]] for i in order]
         self.gang_submitted = list(map(submitted.__getitem__, order))
         runtimes = read.runtimes
-        # (a NaN runtime may never backfill, as ``_memo_key``'s test says, and would break the sort)
+        # (a NaN runtime may never backfill, as ``Borrowing._one_by_one``'s test says, and would
+        # break the sort)
         with_runtime = [position for position, runtime in enumerate(runtimes)
                         if runtime is not None and runtime == runtime]
         with_runtime.sort(key=runtimes.__getitem__)
@@ -251,8 +252,8 @@ class QueueColumns:
              alone: object) -> list:
         """Each entry's memo key in a cycle at ``now`` with a hold that jobs expected to end
         within ``backfill_until`` seconds may backfill (None: no hold, or none may), and ``alone``
-        at the positions ``one_by_one`` and those of array jobs: the key ``Borrowing._memo_key``
-        gives. Found by two bisections with ``_memo_key``'s very tests (a gang is young while
+        at the positions ``one_by_one`` and those of array jobs: the key ``Borrowing._one_by_one``
+        works out for the job. Found by two bisections with its very tests (a gang is young while
         ``now - submitted_at < one_node_wait_s``; a job may backfill if ``runtime <=
         backfill_until``), and kept for the next cycle that finds the same."""
         young = bisect_left(self.gang_submitted, True, key=lambda submitted_at: now - submitted_at < one_node_wait_s)
