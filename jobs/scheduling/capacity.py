@@ -158,14 +158,11 @@ class Capacity:
         self.mixed_nodes: list[NodeSlot] = []
         self.opp_index: list[list[list[tuple[int, int]]]] = [[[] for _ in range(ROOM_BUCKETS)] for _ in self.pools]
         self.guar_index: list[list[list[tuple[int, int]]]] = [[[] for _ in range(ROOM_BUCKETS)] for _ in self.pools]
-        index = self._index
         for node in self.nodes:
             node.empty = [g for g in node.gpus if g.occupants == 0 and not g.blocked]
             if node.schedulable:
                 self._bucket_add(node)
-                for gpu in node.gpus:
-                    if gpu.occupants:  # (an empty GPU is in no index)
-                        index(gpu)
+        self._index_all()
         self.start_total_empty = [
             sum(k * len(bucket) for k, bucket in enumerate(self.buckets[pool])) for pool in range(len(self.pools))
         ]
@@ -234,6 +231,38 @@ class Capacity:
         if not gpu.exclusive and gpu.guaranteed_milli < WHOLE_GPU_MILLI:
             gpu.guar_entry = (room_bucket(WHOLE_GPU_MILLI - gpu.guaranteed_milli), entry)
             insort(self.guar_index[gpu.pool][gpu.guar_entry[0]], entry)
+
+    def _index_all(self) -> None:
+        """``_index`` every occupied GPU of a schedulable node, as the build's last step: the same
+        tests inline (this sees every GPU of a full cluster every cycle) and each bucket sorted
+        once at the end, not kept sorted one insertion at a time."""
+        headroom, max_load, opp_index, guar_index = self.headroom, self.max_load, self.opp_index, self.guar_index
+        touched = set()
+        for gpu in self.gpus:
+            # (``node.indexed`` is ``schedulable`` while nothing is reserved; ``joinable`` inlined)
+            if not gpu.occupants or gpu.blocked or not gpu.node.schedulable:
+                continue
+            isolation = gpu.isolation
+            if isolation == "mig" or (isolation == "unfenced" and gpu.unfenced_refusals):
+                continue
+            free = gpu.capacity_mib - gpu.used_mib
+            if free <= headroom:
+                continue
+            entry, pool = (free, gpu.key), gpu.pool
+            load = gpu.load_milli
+            if load < max_load:
+                room = room_bucket(max_load - load)
+                gpu.opp_entry = (room, entry)
+                opp_index[pool][room].append(entry)
+                touched.add((0, pool, room))
+            guaranteed = gpu.guaranteed_milli
+            if not gpu.exclusive and guaranteed < WHOLE_GPU_MILLI:
+                room = room_bucket(WHOLE_GPU_MILLI - guaranteed)
+                gpu.guar_entry = (room, entry)
+                guar_index[pool][room].append(entry)
+                touched.add((1, pool, room))
+        for which, pool, room in touched:
+            (guar_index if which else opp_index)[pool][room].sort()
 
     def _unindex(self, gpu: GpuSlot) -> None:
         for index, entry in ((self.opp_index[gpu.pool], gpu.opp_entry), (self.guar_index[gpu.pool], gpu.guar_entry)):
