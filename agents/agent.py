@@ -660,7 +660,7 @@ class Agent:
             taken_not_started = isinstance(command, protocol.LaunchJob) and self._taken_not_started(command)
             if not taken_not_started:
                 log.info("command %s already applied; skipping", command.command_id)
-                if isinstance(command, protocol.LaunchJob):
+                if isinstance(command, protocol.LaunchJob) and not self._adopted_late(command.job_id, command.command_id):
                     self._answer_resent_launch(command)
                 return
             log.warning("launch %s: an earlier agent on this node took it and stopped before starting job %d; "
@@ -801,8 +801,23 @@ class Agent:
                                        launch_id=launch_id)
         return self._recent_exit(job_id, launch_id)
 
+    def _adopted_late(self, job_id: int, launch_id: str) -> bool:
+        """Whether the attempt was one an earlier agent's supervisor ran unseen by this agent
+        (``JobRunner.adopt_late``), now taken over; its exit, if it ended, is sent now."""
+        if self.runner.launch_of(job_id) is not None:
+            return False  # (known here: it runs under this agent)
+        finished = self.runner.adopt_late(job_id, launch_id, self.shutdown_grace)
+        for ended in finished:
+            self._publish(self._exited(ended))
+        if finished or self.runner.launch_of(job_id) is None:
+            return bool(finished)
+        self._publish(self._attempt_report(job_id, launch_id))  # (adopted: it runs)
+        return True
+
     def _answer_query(self, command: protocol.QueryAttempt) -> None:
         """Say how the attempt stands here, changing nothing (see :class:`protocol.QueryAttempt`)."""
+        if self._adopted_late(command.job_id, command.launch_id):
+            return
         self._publish(self._attempt_report(command.job_id, command.launch_id) or protocol.JobExited(
             node=self.node, job_id=command.job_id, exit_code=None, absent=True, launch_id=command.launch_id,
             error="this node does not know that attempt", finished_at=time.time()))

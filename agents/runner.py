@@ -766,43 +766,72 @@ class JobRunner:
             job_id = int(path.parent.name) if path.parent.name.isdigit() else None
             if job_id is None or job_id in self._jobs or job_id in self._reported:
                 continue
-            record = supervise.read_json(path)
-            command = self._launch_record(job_id)
-            if record is None or "supervisor_pid" not in record or command is None:
-                continue  # a record from before supervisors: _stop_unsupervised handles it
-            result = supervise.read_json(self.job_dir(job_id) / EXIT_RECORD)
-            supervisor = _adopted_supervisor(record)
-            if result is None and supervisor is None:
-                result = supervise.read_json(self.job_dir(job_id) / EXIT_RECORD)
-                if result is None:
-                    continue  # nobody supervises it: _stop_unsupervised
-            leader = _Leader.attach(int(record["pid"]), record.get("create_time")) if result is None else None
-            job = _RunningJob(job_id, leader or _Leader(int(record["pid"]), None, -1.0),
-                              _Supervisor(adopted=supervisor) if supervisor else None, command, adopted=True)
-            if result is not None:
-                log.info("job %d ended while no agent ran (or its exit was not yet sent); reporting it", job_id)
-                finished.append(self._finished(job, result, keep_records=True))
-                job.leader.close()
-                continue
-            started_at, limit = record.get("started_at"), record.get("max_runtime_s")
-            if isinstance(started_at, (int, float)) and isinstance(limit, (int, float)):
-                job.runtime_deadline = time.monotonic() + (started_at + limit - time.time())
-            stop = supervise.read_json(self.job_dir(job_id) / STOP_RECORD) or {}
-            if stop.get("reason") == "oom":
-                job.oom_error, job.killed = str(stop.get("error") or "out of GPU memory"), True
-                job.leader.signal_group(signal.SIGKILL, job_id)
-            elif stop.get("reason") in ("stop", "shutdown"):
-                # The earlier agent was stopping it: carry the stop through, SIGKILL when it was due.
-                job.stopped = True
-                kill_at = stop.get("kill_at") if isinstance(stop.get("kill_at"), (int, float)) else time.time()
-                job.kill_deadline = time.monotonic() + max(0.0, kill_at - time.time())
-            # A duty cycle may have left it stopped; the control plane tells this agent the job's
-            # duty cycle again once it registers.
-            job.leader.signal_group(signal.SIGCONT, job_id)
-            self._jobs[job_id] = job
-            self.isolation.adopt(command)
-            log.info("job %d: adopted from an earlier agent (pid %d, supervisor %d)", job_id, job.pid, supervisor.pid)
+            ended = self._adopt(job_id, path)
+            if ended is not None:
+                finished.append(ended)
         return finished + self._stop_unsupervised(grace_seconds)
+
+    def _adopt(self, job_id: int, path: Path) -> FinishedJob | None:
+        """Take over the job whose supervisor wrote ``path`` (its ``process.json``): adopted while
+        it runs; its exit, as its supervisor recorded it, when it ended; left to
+        :meth:`_stop_unsupervised` when nobody supervises it any more."""
+        record = supervise.read_json(path)
+        command = self._launch_record(job_id)
+        if record is None or "supervisor_pid" not in record or command is None:
+            return None  # a record from before supervisors: _stop_unsupervised handles it
+        result = supervise.read_json(self.job_dir(job_id) / EXIT_RECORD)
+        supervisor = _adopted_supervisor(record)
+        if result is None and supervisor is None:
+            result = supervise.read_json(self.job_dir(job_id) / EXIT_RECORD)
+            if result is None:
+                return None  # nobody supervises it: _stop_unsupervised
+        leader = _Leader.attach(int(record["pid"]), record.get("create_time")) if result is None else None
+        job = _RunningJob(job_id, leader or _Leader(int(record["pid"]), None, -1.0),
+                          _Supervisor(adopted=supervisor) if supervisor else None, command, adopted=True)
+        if result is not None:
+            log.info("job %d ended while no agent ran (or its exit was not yet sent); reporting it", job_id)
+            job.leader.close()
+            return self._finished(job, result, keep_records=True)
+        started_at, limit = record.get("started_at"), record.get("max_runtime_s")
+        if isinstance(started_at, (int, float)) and isinstance(limit, (int, float)):
+            job.runtime_deadline = time.monotonic() + (started_at + limit - time.time())
+        stop = supervise.read_json(self.job_dir(job_id) / STOP_RECORD) or {}
+        if stop.get("reason") == "oom":
+            job.oom_error, job.killed = str(stop.get("error") or "out of GPU memory"), True
+            job.leader.signal_group(signal.SIGKILL, job_id)
+        elif stop.get("reason") in ("stop", "shutdown"):
+            # The earlier agent was stopping it: carry the stop through, SIGKILL when it was due.
+            job.stopped = True
+            kill_at = stop.get("kill_at") if isinstance(stop.get("kill_at"), (int, float)) else time.time()
+            job.kill_deadline = time.monotonic() + max(0.0, kill_at - time.time())
+        # A duty cycle may have left it stopped; the control plane tells this agent the job's
+        # duty cycle again once it registers.
+        job.leader.signal_group(signal.SIGCONT, job_id)
+        self._jobs[job_id] = job
+        self.isolation.adopt(command)
+        log.info("job %d: adopted from an earlier agent (pid %d, supervisor %d)", job_id, job.pid, supervisor.pid)
+        return None
+
+    def adopt_late(self, job_id: int, launch_id: str, grace_seconds: float) -> list[FinishedJob]:
+        """Take over the attempt ``launch_id`` of ``job_id`` now, as :meth:`recover` would have, if
+        an earlier agent spawned its supervisor and recover() ran before that supervisor wrote its
+        record (it starts a fresh interpreter first: a fraction of a second, which an agent that
+        systemd restarts at once can fall into). Nothing else would ever report that attempt, and
+        a node that says it does not know it gets it run a second time elsewhere. Called when the
+        control plane asks after the attempt (a re-sent launch, a query). Returns its exit if it
+        ended, or its stop for a requeue if nobody supervises it any more."""
+        if job_id in self._jobs or job_id in self._reported:
+            return []
+        path = self._record_path(job_id)
+        record = supervise.read_json(path)
+        if record is None or record.get("launch_id") != launch_id:
+            return []
+        ended = self._adopt(job_id, path)
+        if ended is not None:
+            return [ended]
+        if job_id in self._jobs:
+            return []
+        return self._stop_unsupervised(grace_seconds)  # (its supervisor is gone too)
 
     def stop_orphans(self, grace_seconds: float) -> list[FinishedJob]:
         """The name :meth:`recover` had before jobs had supervisors (it only stopped orphans)."""

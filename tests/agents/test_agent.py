@@ -437,3 +437,33 @@ def test_a_launch_an_earlier_agent_took_but_died_before_starting_runs_when_resen
     send(redis_client, "n1", marker)
     wait_for(lambda: exited(redis_client, marker.job_id))
     assert runs.read_text() == "run\n" and len(started(redis_client, 81)) == 1
+
+
+def test_a_job_whose_supervisor_wrote_its_record_after_the_new_agent_looked_is_adopted_when_resent(
+        redis_url, redis_client, start_agent, tmp_path):
+    """An agent killed just after spawning a job's supervisor, and restarted at once, looked for
+    that job's record before the supervisor (a fresh interpreter) had written it: the job ran with
+    nobody to report it, and every re-send of its launch was skipped as applied, so it stayed
+    PLACED for ever. The re-send now finds the record and the job is adopted: the same process."""
+    from agents.accounts import RunAsPolicy
+    from agents.runner import JobRunner
+
+    runs = tmp_path / "runs.txt"
+    earlier = JobRunner(tmp_path / "agent-n1", run_as=RunAsPolicy(allow_root=True))  # (start_agent's workdir)
+    cmd = launch(python(f"import time; open({str(runs)!r}, 'a').write('run\\n'); time.sleep(1.5); print('done')"),
+                 attempt=1, command_id="launch-82-1", job_id=82)
+    pid = earlier.launch(cmd)
+    earlier._cycler.close()  # (what the agent's SIGKILL leaves: its supervisor runs on)
+    record = earlier.job_dir(82) / "process.json"
+    written = record.read_bytes()
+    record.unlink()  # not written yet when the next agent looks
+
+    start_agent(redis_url)
+    wait_for(lambda: events(redis_client, "node_registered"))
+    record.write_bytes(written)  # (the supervisor gets there)
+    send(redis_client, "n1", cmd)  # the scheduling loop's re-send of a launch not seen to start
+    [start] = wait_for(lambda: started(redis_client, 82))
+    assert start.pid == pid and start.launch_id == "launch-82-1"
+    [done] = wait_for(lambda: exited(redis_client, 82))
+    assert (done.exit_code, done.output_tail, done.requeue) == (0, "done\n", False)
+    assert runs.read_text() == "run\n"  # adopted, never run a second time

@@ -338,3 +338,31 @@ def test_a_supervised_job_whose_launch_record_is_lost_is_stopped_not_left_unmana
     [orphan] = fresh.recover(grace_seconds=5)
     assert (orphan.job_id, orphan.requeue, orphan.launch_id) == (cmd.job_id, True, cmd.command_id)
     wait_for(lambda: status(pid) in ("gone", "zombie"))
+
+
+def test_a_job_recorded_after_recover_looked_is_adopted_when_its_attempt_is_asked_after(make_runner):
+    """``recover`` ran before the supervisor wrote the job's record; ``adopt_late``, called when the
+    control plane asks after that attempt, takes it over (or reports its exit if it ended)."""
+    dead = make_runner()
+    running, ended = launch(["sh", "-c", "echo started; sleep 2; echo done"]), launch(["sh", "-c", "echo bye; exit 4"])
+    pid = dead.launch(running)
+    dead.launch(ended)
+    die(dead)
+    wait_for(lambda: (dead.job_dir(ended.job_id) / "exit.json").exists())
+    records = {cmd.job_id: (dead.job_dir(cmd.job_id) / "process.json") for cmd in (running, ended)}
+    written = {job_id: path.read_bytes() for job_id, path in records.items()}
+    for path in records.values():
+        path.unlink()
+
+    fresh = make_runner()
+    assert fresh.recover(grace_seconds=5) == [] and fresh.running() == set()  # (nothing seen)
+    for job_id, path in records.items():
+        path.write_bytes(written[job_id])
+    assert fresh.adopt_late(running.job_id, "another-attempt", 5) == [] and fresh.running() == set()
+    assert fresh.adopt_late(running.job_id, running.command_id, 5) == []
+    assert fresh.running() == {running.job_id} and fresh.processes()[running.job_id].pid == pid
+    assert fresh.adopt_late(running.job_id, running.command_id, 5) == []  # (once)
+    [bye] = fresh.adopt_late(ended.job_id, ended.command_id, 5)
+    assert (bye.job_id, bye.exit_code, bye.output_tail, bye.requeue) == (ended.job_id, 4, "bye\n", False)
+    [done] = finish(fresh, timeout=10)
+    assert (done.job_id, done.exit_code, done.output_tail) == (running.job_id, 0, "started\ndone\n")
