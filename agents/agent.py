@@ -809,8 +809,10 @@ class Agent:
         finished = self.runner.adopt_late(job_id, launch_id, self.shutdown_grace)
         for ended in finished:
             self._publish(self._exited(ended))
-        if finished or self.runner.launch_of(job_id) is None:
-            return bool(finished)
+        if any(ended.job_id == job_id for ended in finished):
+            return True
+        if self.runner.launch_of(job_id) is None:
+            return False
         self._publish(self._attempt_report(job_id, launch_id))  # (adopted: it runs)
         return True
 
