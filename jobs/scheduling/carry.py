@@ -24,7 +24,7 @@ at once).
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -148,36 +148,55 @@ class TenantQueue:
         """The same queue for ``jobs``, if most of them are this queue's very jobs: the jobs that
         left (placed, cancelled) are dropped and those that arrived (new, or a new request under
         a known id: edited, requeued) are sorted in, their entries and waits made by
-        ``entries_of(jobs in queue order, outcomes)``. None where a rebuild is as cheap, or
-        where the jobs are not what the loader hands back (one id twice)."""
-        now_by_id = {job.id: job for job in jobs}
-        before = {job.id: job for job in self.jobs}
-        if len(now_by_id) != len(jobs) or len(before) != len(self.jobs):
-            return None
-        arrived = [job for job in jobs if before.get(job.id) is not job]
-        if len(arrived) > MAX_ARRIVED_SHARE * len(jobs):
-            return None
-        entries, columns = self.queue, self.columns
-        if columns is not None:  # (its ids spare reading each job again)
-            kept = [position for position, job_id in enumerate(columns.ids) if now_by_id.get(job_id) is entries[position][0]]
-            queue = list(map(entries.__getitem__, kept))
+        ``entries_of(jobs in queue order, outcomes)``; the columns follow along. None where a
+        rebuild is as cheap, or where the jobs are not what the loader hands back (one id twice)."""
+        count = len(self.jobs)
+        if len(jobs) > count and jobs[:count] == self.jobs:
+            # Only arrivals, after the jobs of before (how the loader lists jobs submitted since):
+            # nothing left, so no job is looked up by id.
+            arrived = jobs[count:]
+            if len(arrived) > MAX_ARRIVED_SHARE * len(jobs):
+                return None
+            arrived_ids = set(map(_id, arrived))
+            if len(arrived_ids) != len(arrived) or not arrived_ids.isdisjoint(map(_id, self.jobs)):
+                return None
+            queue, waits, columns, now_by_id = list(self.queue), list(self.waits), self.columns, None
+            smallest = self.smallest_guaranteed_ask  # (lowered below by the arrivals')
         else:
-            kept, queue = None, [entry for entry in entries if now_by_id.get(entry[0].id) is entry[0]]
-        waits = [wait for wait in self.waits if now_by_id.get(wait.job_id) is before[wait.job_id]]
+            now_by_id = {job.id: job for job in jobs}
+            before = {job.id: job for job in self.jobs}
+            if len(now_by_id) != len(jobs) or len(before) != count:
+                return None
+            arrived = [job for job in jobs if before.get(job.id) is not job]
+            if len(arrived) > MAX_ARRIVED_SHARE * len(jobs):
+                return None
+            entries, columns = self.queue, self.columns
+            if columns is not None:  # (its ids spare reading each job again)
+                kept = [position for position, job_id in enumerate(columns.ids)
+                        if now_by_id.get(job_id) is entries[position][0]]
+                queue = list(map(entries.__getitem__, kept))
+                if len(kept) < len(entries):
+                    columns = columns.restricted(kept)
+            else:
+                queue = [entry for entry in entries if now_by_id.get(entry[0].id) is entry[0]]
+            waits = [wait for wait in self.waits if now_by_id.get(wait.job_id) is before[wait.job_id]]
+            smallest = min((need for job, _, need, _, _ in queue if not job.opportunistic_only), default=UNLIMITED_GPUS)
         if arrived:
             arrived.sort(key=queue_order)
-            new_queue, new_waits, _, _ = entries_of(arrived, self.outcomes)
+            new_queue, new_waits, arrived_smallest, _ = entries_of(arrived, self.outcomes)
+            smallest = min(smallest, arrived_smallest)
+            if new_queue and columns is not None:
+                columns = columns.copy()  # (its lists may be shared with the columns it came from)
             for entry in new_queue:
-                insort(queue, entry, key=_entry_order)
-            for wait in new_waits:
-                insort(waits, wait, key=lambda pending: queue_order(now_by_id[pending.job_id]))
-            if new_queue:
-                kept = None  # (the columns are read again, when a borrowing pass needs them)
-        if kept is not None and len(kept) < len(entries):
-            columns = columns.restricted(kept)
-        elif kept is None:
-            columns = None
-        smallest = min((need for job, _, need, _, _ in queue if not job.opportunistic_only), default=UNLIMITED_GPUS)
+                position = bisect_right(queue, _entry_order(entry), key=_entry_order)
+                queue.insert(position, entry)
+                if columns is not None:
+                    columns.insert(position, entry)
+            if new_waits:
+                if now_by_id is None:
+                    now_by_id = {job.id: job for job in jobs}
+                for wait in new_waits:
+                    insort(waits, wait, key=lambda pending: queue_order(now_by_id[pending.job_id]))
         return TenantQueue(jobs, self.ceiling_milli, queue, waits, smallest, self.outcomes, columns)
 
 
@@ -247,6 +266,38 @@ class QueueColumns:
         columns.array_ids = self.array_ids
         columns._positions = columns._keys = None
         return columns
+
+    def copy(self) -> QueueColumns:
+        """The same columns in lists of their own (``insert`` changes them in place)."""
+        columns = object.__new__(QueueColumns)
+        columns.ids, columns.needs, columns.outcomes = list(self.ids), list(self.needs), list(self.outcomes)
+        columns.gang_ids, columns.gang_submitted = list(self.gang_ids), list(self.gang_submitted)
+        columns.backfill_ids, columns.backfill_runtimes = list(self.backfill_ids), list(self.backfill_runtimes)
+        columns.array_ids = list(self.array_ids)
+        columns._positions = columns._keys = None
+        return columns
+
+    def insert(self, position: int, entry: Entry) -> None:
+        """Add the entry now at ``position`` of the queue (an arrival sorted in), as ``__init__``
+        would have read it: one entry read, not the whole queue again. (Gangs and runtimes that
+        tie keep another order than ``__init__``'s; ``keys`` bisects by value, so no key differs.)"""
+        job, _, need, outcome, _ = entry
+        job_id = job.id
+        self.ids.insert(position, job_id)
+        self.needs.insert(position, need)
+        self.outcomes.insert(position, outcome)
+        if outcome.spread_gang:
+            at = bisect_right(self.gang_submitted, job.submitted_at)
+            self.gang_submitted.insert(at, job.submitted_at)
+            self.gang_ids.insert(at, job_id)
+        runtime = job.expected_runtime_s
+        if runtime is not None and runtime == runtime:  # (a NaN runtime never backfills: see __init__)
+            at = bisect_right(self.backfill_runtimes, runtime)
+            self.backfill_runtimes.insert(at, runtime)
+            self.backfill_ids.insert(at, job_id)
+        if job.array_limit is not None:
+            self.array_ids.append(job_id)
+        self._positions = self._keys = None
 
     def keys(self, now: float, one_node_wait_s: float, backfill_until: float | None, one_by_one: tuple[int, ...],
              alone: object) -> list:

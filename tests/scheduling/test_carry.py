@@ -111,6 +111,27 @@ def queues(carry: Carry) -> dict:
             for tenant, queue in carry.queues.items()}
 
 
+def check_columns(carry: Carry) -> None:
+    """The columns a carried queue kept (and sorted its arrivals into) give the memo keys that
+    columns read afresh from that queue give, whatever the clock and the hold."""
+    from jobs.scheduling.carry import QueueColumns
+
+    for queue in carry.queues.values():
+        columns = queue.columns
+        if columns is None:
+            continue
+        fresh = QueueColumns(queue.queue)
+        assert (columns.ids, columns.needs) == (fresh.ids, fresh.needs)
+        assert all(kept is read for kept, read in zip(columns.outcomes, fresh.outcomes))
+        alone, cached = object(), columns._keys
+        for now in (1000.0, 1200.0, 1400.0, 5000.0):
+            for backfill_until in (None, 0.0, 60.0, 1e9):
+                kept = columns.keys(now, 300.0, backfill_until, (), alone)
+                read = fresh.keys(now, 300.0, backfill_until, (), alone)
+                assert len(kept) == len(read) and all(a is b for a, b in zip(kept, read))
+        columns._keys = cached
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_decisions_with_a_carry_equal_decisions_without(data):
@@ -118,11 +139,13 @@ def test_decisions_with_a_carry_equal_decisions_without(data):
 
     draw = data.draw
     bound, share, rechecked = carry_module.MAX_SHAPES, carry_module.MAX_ARRIVED_SHARE, carry_module.MAX_RECHECKED_SHAPES
+    shared = carry_module.SHARED_KEY_JOBS
     # Now and then the carry starts again from nothing, as past its bounds in a long-lived process;
     # and queues as short as these are sorted into as well as rebuilt.
     carry_module.MAX_SHAPES = draw(st.sampled_from([bound, 3]))
     carry_module.MAX_RECHECKED_SHAPES = draw(st.sampled_from([rechecked, 2]))
     carry_module.MAX_ARRIVED_SHARE = draw(st.sampled_from([share, 1.0]))
+    carry_module.SHARED_KEY_JOBS = draw(st.sampled_from([shared, 0]))  # (0: every queue has columns to carry)
     try:
         snapshot = ClusterSnapshot(nodes=tuple(draw(nodes())), tenants=tuple(draw(tenants())), pending=())
         names = [t.name for t in snapshot.tenants] + ["stranger"]
@@ -133,11 +156,12 @@ def test_decisions_with_a_carry_equal_decisions_without(data):
             fresh = Carry()
             assert decisions == decide(snapshot, now, config, fresh)
             assert queues(carry) == queues(fresh)  # (what the next cycle starts from)
+            check_columns(carry)
             check_promises(snapshot, decisions)
             snapshot, config, now, next_id = advance(draw, snapshot, decisions, EVENTS, config, now, next_id)
     finally:
         carry_module.MAX_SHAPES, carry_module.MAX_ARRIVED_SHARE = bound, share
-        carry_module.MAX_RECHECKED_SHAPES = rechecked
+        carry_module.MAX_RECHECKED_SHAPES, carry_module.SHARED_KEY_JOBS = rechecked, shared
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -197,6 +221,33 @@ def test_a_queue_that_gained_a_few_jobs_keeps_its_entries_and_sorts_the_new_ones
     assert [wait.job_id for wait in queue.waits] == [22]  # more than the tenant may ever hold
     # Requests of one shape and class share one memo key, old and new alike.
     assert len({id(entry[3]) for entry in queue.queue}) == 1
+
+
+def test_arrivals_are_sorted_into_the_carried_columns_as_a_fresh_read_would_have_them():
+    """A long queue settled in bulk keeps its columns when jobs arrive: gangs (young and old),
+    jobs with a runtime (a NaN one too) and array jobs are sorted in, and the memo keys, the
+    decisions and the columns are what a queue read afresh gives."""
+    from tests.scheduling.builders import cluster, node, tenant
+
+    queued = [job(i, tenant="nlp", gpus=1 + i % 2, runtime=(None, 30.0, 4000.0)[i % 3], submitted_at=100.0 + i)
+              for i in range(1, 41)]
+    snapshot = cluster(node("a", gpus=2, busy=2), node("b", gpus=2, busy=2), tenants=[tenant("nlp", max_gpus=8)],
+                       pending=queued)
+    carry = Carry()
+    decide(snapshot, 500.0, carry=carry)
+    assert carry.queues["nlp"].columns is not None  # (settled in bulk: few requests, many jobs)
+    entries = {entry[0].id: entry for entry in carry.queues["nlp"].queue}
+    arrivals = (job(50, tenant="nlp", gpus=2, submitted_at=480.0), job(51, tenant="nlp", gpus=2, submitted_at=50.0),
+                job(52, tenant="nlp", runtime=10.0, submitted_at=490.0),
+                job(53, tenant="nlp", runtime=float("nan"), submitted_at=20.0),
+                job(54, tenant="nlp", gpus=2, array=(9, 1), runtime=30.0, priority=1))
+    later = dataclasses.replace(snapshot, pending=(*queued, *arrivals))
+    carried = decide(later, 501.0, carry=carry)
+    assert carried == decide(later, 501.0)
+    queue = carry.queues["nlp"]
+    assert all(entry is entries[entry[0].id] for entry in queue.queue if entry[0].id < 50)  # sorted in, not rebuilt
+    assert queue.columns is not None and set(queue.columns.gang_ids) >= {50, 51, 54}
+    check_columns(carry)
 
 
 def test_an_edited_job_goes_back_to_its_place_among_jobs_submitted_at_the_same_time():
