@@ -218,7 +218,8 @@ class QueueColumns:
     jobs that may backfill a hold) or that are always settled one by one (jobs of arrays, whose
     limit is counted per job). Those are kept by job id, sorted by submit time and by runtime:
     positions move when a job leaves the queue, ids do not, so a queue that only lost jobs keeps
-    them as they are (ids no longer queued are passed over)."""
+    them as they are (ids no longer queued are passed over). A carried queue's arrivals are
+    sorted into its columns (``insert``), not read again with the whole queue."""
 
     __slots__ = ("ids", "needs", "outcomes", "gang_ids", "gang_submitted", "backfill_ids", "backfill_runtimes",
                  "array_ids", "_positions", "_keys")
