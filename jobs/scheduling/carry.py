@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 from itertools import compress
-from operator import attrgetter, itemgetter
+from operator import attrgetter, is_, itemgetter
 
 from jobs.scheduling.capacity import Capacity
 from jobs.scheduling.config import SchedulerConfig
@@ -109,6 +109,10 @@ def queue_order(job: JobRequest) -> tuple:
 # bench/scheduler.py's (1.6-5 a key, a recorded profile each: one by one).
 SHARED_KEY_JOBS = 4
 
+# Ids of jobs gone that a queue's columns may keep (``QueueColumns.restricted``) beyond twice the
+# jobs queued.
+STALE_SLACK = 64
+
 # At most this share of a carried queue may be new before it is built again from scratch instead
 # (each arrival is sorted in on its own).
 MAX_ARRIVED_SHARE = 0.25
@@ -151,7 +155,7 @@ class TenantQueue:
         ``entries_of(jobs in queue order, outcomes)``; the columns follow along. None where a
         rebuild is as cheap, or where the jobs are not what the loader hands back (one id twice)."""
         count = len(self.jobs)
-        if len(jobs) > count and jobs[:count] == self.jobs:
+        if len(jobs) > count and all(map(is_, jobs, self.jobs)):  # (by identity, as the entries hold them)
             # Only arrivals, after the jobs of before (how the loader lists jobs submitted since):
             # nothing left, so no job is looked up by id.
             arrived = jobs[count:]
@@ -265,6 +269,13 @@ class QueueColumns:
         columns.gang_ids, columns.gang_submitted = self.gang_ids, self.gang_submitted
         columns.backfill_ids, columns.backfill_runtimes = self.backfill_ids, self.backfill_runtimes
         columns.array_ids = self.array_ids
+        if len(self.gang_ids) + len(self.backfill_ids) + len(self.array_ids) > 2 * len(kept) + STALE_SLACK:
+            # A queue that keeps gaining jobs keeps its columns for ever: drop the ids of jobs
+            # gone, which otherwise pile up there, once they outnumber the jobs queued.
+            queued = set(columns.ids)
+            columns.gang_ids, columns.gang_submitted = _only(queued, self.gang_ids, self.gang_submitted)
+            columns.backfill_ids, columns.backfill_runtimes = _only(queued, self.backfill_ids, self.backfill_runtimes)
+            columns.array_ids = [job_id for job_id in self.array_ids if job_id in queued]
         columns._positions = columns._keys = None
         return columns
 
@@ -284,6 +295,7 @@ class QueueColumns:
         tie keep another order than ``__init__``'s; ``keys`` bisects by value, so no key differs.)"""
         job, _, need, outcome, _ = entry
         job_id = job.id
+        self._forget(job_id)  # (a job edited or requeued comes back under its id: never its old self's)
         self.ids.insert(position, job_id)
         self.needs.insert(position, need)
         self.outcomes.insert(position, outcome)
@@ -299,6 +311,16 @@ class QueueColumns:
         if job.array_limit is not None:
             self.array_ids.append(job_id)
         self._positions = self._keys = None
+
+    def _forget(self, job_id: int) -> None:
+        """Drop ``job_id`` from the lists kept by id, where a job gone from the queue stays (passed
+        over while its id is not queued, but the id may come back with another request)."""
+        for ids, values in ((self.gang_ids, self.gang_submitted), (self.backfill_ids, self.backfill_runtimes)):
+            while job_id in ids:
+                at = ids.index(job_id)
+                del ids[at], values[at]
+        while job_id in self.array_ids:
+            self.array_ids.remove(job_id)
 
     def keys(self, now: float, one_node_wait_s: float, backfill_until: float | None, one_by_one: tuple[int, ...],
              alone: object) -> list:
@@ -342,6 +364,12 @@ class QueueColumns:
 
 
 _id, _expected_runtime_s, _spread_gang = attrgetter("id"), attrgetter("expected_runtime_s"), attrgetter("spread_gang")
+
+
+def _only(queued: set[int], ids: list[int], values: list) -> tuple[list[int], list]:
+    """``ids`` and their ``values`` (parallel lists), only where the id is ``queued``."""
+    kept = [at for at, job_id in enumerate(ids) if job_id in queued]
+    return list(map(ids.__getitem__, kept)), list(map(values.__getitem__, kept))
 
 
 def _entry_order(entry: Entry) -> tuple:
