@@ -803,10 +803,10 @@ class Agent:
 
     def _adopted_late(self, job_id: int, launch_id: str) -> bool:
         """Whether the attempt was one an earlier agent's supervisor ran unseen by this agent
-        (``JobRunner.adopt_late``), now taken over; its exit, if it ended, is sent now."""
+        (``JobRunner.adopt_late``), now taken over and said to run; its exit, if it ended, is sent now."""
         if self.runner.launch_of(job_id) is not None:
             return False  # (known here: it runs under this agent)
-        finished = self.runner.adopt_late(job_id, launch_id, self.shutdown_grace)
+        finished = self._adopt_late(job_id, launch_id)
         for ended in finished:
             self._publish(self._exited(ended))
         if any(ended.job_id == job_id for ended in finished):
@@ -815,6 +815,13 @@ class Agent:
             return False
         self._publish(self._attempt_report(job_id, launch_id))  # (adopted: it runs)
         return True
+
+    def _adopt_late(self, job_id: int, launch_id: str | None) -> list[FinishedJob]:
+        try:
+            return self.runner.adopt_late(job_id, launch_id, self.shutdown_grace)
+        except Exception:  # (never the end of the agent, and of every job with it)
+            log.exception("job %d: could not look for an attempt an earlier agent left", job_id)
+            return []
 
     def _answer_query(self, command: protocol.QueryAttempt) -> None:
         """Say how the attempt stands here, changing nothing (see :class:`protocol.QueryAttempt`)."""
@@ -848,6 +855,13 @@ class Agent:
 
     def _stop_job(self, command: protocol.StopJob) -> None:
         running = self.runner.running_launches().get(command.job_id)
+        if running is None:  # (an attempt an earlier agent left, unseen so far, is stopped too)
+            finished = self._adopt_late(command.job_id, command.launch_id)
+            for ended in finished:
+                self._publish(self._exited(ended))
+            if any(ended.job_id == command.job_id for ended in finished):
+                return  # (it had ended: that is the answer)
+            running = self.runner.running_launches().get(command.job_id)
         if running is not None and command.launch_id in (None, running):
             self.runner.stop(command.job_id, command.grace_seconds, preempt=command.preempt)
             return

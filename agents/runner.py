@@ -804,27 +804,32 @@ class JobRunner:
             job.stopped = True
             kill_at = stop.get("kill_at") if isinstance(stop.get("kill_at"), (int, float)) else time.time()
             job.kill_deadline = time.monotonic() + max(0.0, kill_at - time.time())
-        # A duty cycle may have left it stopped; the control plane tells this agent the job's
-        # duty cycle again once it registers.
+        # A duty cycle may have left it stopped. It runs at its launch's duty cycle until the
+        # control plane says otherwise (it tells a registering agent the duty cycle of each job
+        # the agent lists as running; a job adopted late was not listed, and its launch's duty
+        # cycle may never have been set: the earlier agent died before it could).
         job.leader.signal_group(signal.SIGCONT, job_id)
         self._jobs[job_id] = job
         self.isolation.adopt(command)
         log.info("job %d: adopted from an earlier agent (pid %d, supervisor %d)", job_id, job.pid, supervisor.pid)
+        if command.duty_cycle < 1:
+            self.set_duty_cycle(job_id, command.duty_cycle)
         return None
 
-    def adopt_late(self, job_id: int, launch_id: str, grace_seconds: float) -> list[FinishedJob]:
-        """Take over the attempt ``launch_id`` of ``job_id`` now, as :meth:`recover` would have, if
-        an earlier agent spawned its supervisor and recover() ran before that supervisor wrote its
-        record (it starts a fresh interpreter first: a fraction of a second, which an agent that
-        systemd restarts at once can fall into). Nothing else would ever report that attempt, and
-        a node that says it does not know it gets it run a second time elsewhere. Called when the
-        control plane asks after the attempt (a re-sent launch, a query). Returns its exit if it
-        ended, or its stop for a requeue if nobody supervises it any more."""
+    def adopt_late(self, job_id: int, launch_id: str | None, grace_seconds: float) -> list[FinishedJob]:
+        """Take over the attempt ``launch_id`` of ``job_id`` (None: the one its record names) now,
+        as :meth:`recover` would have, if an earlier agent spawned its supervisor and recover() ran
+        before that supervisor wrote its record (it starts a fresh interpreter first: a fraction
+        of a second, which an agent that systemd restarts at once can fall into). Nothing else
+        would ever report that attempt, and a node that says it does not know it gets it run a
+        second time elsewhere. Called when the control plane asks after or stops the attempt (a
+        re-sent launch, a query, a stop). Returns its exit if it ended, or its stop for a requeue
+        if nobody supervises it any more."""
         if job_id in self._jobs or job_id in self._reported:
             return []
         path = self._record_path(job_id)
         record = supervise.read_json(path)
-        if record is None or record.get("launch_id") != launch_id:
+        if record is None or launch_id not in (None, record.get("launch_id")):
             return []
         ended = self._adopt(job_id, path)
         if ended is not None:

@@ -467,3 +467,30 @@ def test_a_job_whose_supervisor_wrote_its_record_after_the_new_agent_looked_is_a
     [done] = wait_for(lambda: exited(redis_client, 82))
     assert (done.exit_code, done.output_tail, done.requeue) == (0, "done\n", False)
     assert runs.read_text() == "run\n"  # adopted, never run a second time
+
+
+def test_a_stop_for_a_job_whose_supervisor_wrote_its_record_late_stops_it_rather_than_say_absent(
+        redis_url, redis_client, start_agent, tmp_path):
+    """The same job cancelled before its launch is re-sent: told "absent", the control plane would
+    free its GPUs while it ran on, unseen (review). The stop adopts it and stops it."""
+    import psutil
+
+    from agents.accounts import RunAsPolicy
+    from agents.runner import JobRunner
+
+    earlier = JobRunner(tmp_path / "agent-n1", run_as=RunAsPolicy(allow_root=True))
+    cmd = launch(python(SLEEPER), attempt=1, command_id="launch-83-1", job_id=83)
+    pid = earlier.launch(cmd)
+    earlier._cycler.close()
+    record = earlier.job_dir(83) / "process.json"
+    written = record.read_bytes()
+    record.unlink()
+
+    start_agent(redis_url)
+    wait_for(lambda: events(redis_client, "node_registered"))
+    record.write_bytes(written)
+    send(redis_client, "n1", protocol.StopJob(command_id="stop-83", job_id=83, grace_seconds=1,
+                                              launch_id="launch-83-1"))
+    [done] = wait_for(lambda: exited(redis_client, 83))
+    assert (done.stopped, done.absent, done.launch_id) == (True, False, "launch-83-1")
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

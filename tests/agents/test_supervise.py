@@ -344,7 +344,8 @@ def test_a_job_recorded_after_recover_looked_is_adopted_when_its_attempt_is_aske
     """``recover`` ran before the supervisor wrote the job's record; ``adopt_late``, called when the
     control plane asks after that attempt, takes it over (or reports its exit if it ended)."""
     dead = make_runner()
-    running, ended = launch(["sh", "-c", "echo started; sleep 2; echo done"]), launch(["sh", "-c", "echo bye; exit 4"])
+    running = launch(["sh", "-c", "echo started; sleep 2; echo done"], duty_cycle=0.5)
+    ended = launch(["sh", "-c", "echo bye; exit 4"])
     pid = dead.launch(running)
     dead.launch(ended)
     die(dead)
@@ -361,6 +362,7 @@ def test_a_job_recorded_after_recover_looked_is_adopted_when_its_attempt_is_aske
     assert fresh.adopt_late(running.job_id, "another-attempt", 5) == [] and fresh.running() == set()
     assert fresh.adopt_late(running.job_id, running.command_id, 5) == []
     assert fresh.running() == {running.job_id} and fresh.processes()[running.job_id].pid == pid
+    assert fresh.duty_cycle(running.job_id) == 0.5  # as launched (the earlier agent may never have set it)
     assert fresh.adopt_late(running.job_id, running.command_id, 5) == []  # (once)
     [bye] = fresh.adopt_late(ended.job_id, ended.command_id, 5)
     assert (bye.job_id, bye.exit_code, bye.output_tail, bye.requeue) == (ended.job_id, 4, "bye\n", False)
