@@ -377,12 +377,14 @@ class JobRunner:
                 start_new_session=True,
             )
         except OSError as exc:
+            _spawn_ended(job_dir)
             raise LaunchError(f"cannot start the job's supervisor: {exc.strerror or exc}") from exc
         finally:
             os.close(supervisor_log)
         answer = _supervisor_answer(process, spec)
         if "error" in answer:
             _reap(process)
+            _spawn_ended(job_dir)  # (refused: never a spawn to run again)
             raise LaunchError(str(answer["error"]))
         leader = _Leader.attach(int(answer["pid"]), answer.get("create_time"))
         if leader is None:  # exited (and was reaped) already: the supervisor writes its exit
@@ -608,15 +610,21 @@ class JobRunner:
 
     def never_started(self, cmd: LaunchJob) -> bool:
         """Whether ``cmd`` was taken here (its launch record written) by an agent that died before
-        spawning the job's supervisor: nothing of it ran, and nothing will report it. (Once a
-        supervisor is about to start, its spawn record says so for as long as the records are
-        kept: an attempt that ran and ended is never taken for one that did not.)"""
+        its supervisor started the job: nothing of it ran, and nothing will report it. Either no
+        supervisor was about to start (no spawn record), or one was but none runs in the job's
+        directory, none wrote the job's records and it is past the time a supervisor has to
+        answer (the agent died before handing it the job, so it started nothing). An attempt
+        that ran and ended is never taken for one that did not: its spawn record says it ended
+        before its records go (:func:`_remove_records`)."""
         if cmd.job_id in self._jobs:
             return False
         job_dir = self.job_dir(cmd.job_id)
         taken = self._launch_record(cmd.job_id)
-        return (taken is not None and taken.command_id == cmd.command_id
-                and not any((job_dir / name).exists() for name in (SPAWN_RECORD, PROCESS_RECORD, EXIT_RECORD)))
+        if taken is None or taken.command_id != cmd.command_id:
+            return False
+        if any((job_dir / name).exists() for name in (PROCESS_RECORD, EXIT_RECORD)):
+            return False
+        return not (job_dir / SPAWN_RECORD).exists() or _spawn_abandoned(job_dir, cmd.command_id)
 
     def launch_of(self, job_id: int) -> LaunchJob | None:
         """The launch the job's running attempt came from; None when it does not run here."""
@@ -960,9 +968,47 @@ def _supervisor_answer(process: subprocess.Popen, spec: dict) -> dict:
 
 def _remove_records(job_dir: Path) -> None:
     """``process.json`` first: an ``exit.json`` left without one is never read (and a relaunch
-    removes it)."""
+    removes it). The spawn record says first that the attempt ended (:meth:`JobRunner.never_started`):
+    where it cannot, the records stay."""
+    if not _spawn_ended(job_dir):
+        return
     for name in (PROCESS_RECORD, EXIT_RECORD, STOP_RECORD):
         (job_dir / name).unlink(missing_ok=True)
+
+
+def _spawn_ended(job_dir: Path) -> bool:
+    """Mark the job's spawn record (if any): its attempt is over (ran, or refused by its
+    supervisor). False if it cannot be written."""
+    path = job_dir / SPAWN_RECORD
+    record = supervise.read_json(path)
+    if record is None or record.get("ended"):
+        return True
+    try:
+        supervise.write_json_atomically(path, {**record, "ended": True}, mode=0o600)
+    except OSError as exc:
+        log.warning("cannot write %s: %s", path, exc)
+        return False
+    return True
+
+
+def _spawn_abandoned(job_dir: Path, launch_id: str) -> bool:
+    """Whether the spawn record of ``launch_id`` is of a supervisor that never started the job:
+    not marked ended, older than a supervisor has to answer, and no process runs in the job's
+    directory (a supervisor's working directory, and nothing else's)."""
+    path = job_dir / SPAWN_RECORD
+    record = supervise.read_json(path)
+    if not isinstance(record, dict) or record.get("ended") or record.get("launch_id") != launch_id:
+        return False
+    try:
+        if time.time() - path.stat().st_mtime < SUPERVISOR_START_SECONDS:
+            return False
+    except OSError:
+        return False
+    where = os.path.realpath(job_dir)
+    for process in psutil.process_iter(["cwd"]):
+        if process.info.get("cwd") == where:
+            return False  # a supervisor still starting (or one that cannot write its records)
+    return True
 
 
 def _adopted_supervisor(record: dict) -> psutil.Process | None:

@@ -231,3 +231,40 @@ def test_a_reported_job_leaves_no_record_once_released(runner):
     # Its launch is still known to have run here: a re-send long after is never run again.
     assert not runner.never_started(cmd)
     assert not runner.never_started(launch(python("pass"), job_id=cmd.job_id, command_id="x"))  # (not the one taken)
+
+
+def test_a_spawn_whose_supervisor_never_started_the_job_counts_as_never_started(runner, tmp_path):
+    """An agent killed between writing a launch's spawn record and handing its supervisor the job
+    left a launch that never ran, and that a re-send never ran either: the job stayed PLACED for
+    ever. Such a spawn is told from one still starting (a process in the job's directory, or a
+    record younger than a supervisor has to answer) and from an attempt that ran and ended."""
+    import json
+    import subprocess
+
+    from agents import supervise
+    from agents.runner import SUPERVISOR_START_SECONDS
+
+    cmd = launch(python("pass"), job_id=91, command_id="launch-91-1")
+    job_dir = runner.job_dir(91)
+    job_dir.mkdir(parents=True)
+    supervise.write_json_atomically(job_dir / "launch.json", json.loads(cmd.model_dump_json()), mode=0o600)
+    supervise.write_json_atomically(job_dir / "spawned.json", {"launch_id": cmd.command_id}, mode=0o600)
+    assert not runner.never_started(cmd)  # (just written: a supervisor may be starting)
+    old = time.time() - SUPERVISOR_START_SECONDS - 1
+    os.utime(job_dir / "spawned.json", (old, old))
+    starting = subprocess.Popen(["sleep", "30"], cwd=job_dir)  # (what a supervisor still starting looks like)
+    try:
+        wait_for(lambda: psutil.Process(starting.pid).cwd() == os.path.realpath(job_dir))
+        assert not runner.never_started(cmd)
+    finally:
+        starting.kill()
+        starting.wait()
+    assert runner.never_started(cmd)
+    assert not runner.never_started(launch(python("pass"), job_id=91, command_id="launch-91-0"))  # (not the one taken)
+
+    runner.launch(cmd)  # it runs, ends and is reported: never taken for a spawn that did not happen
+    wait_for(runner.poll)
+    runner.release_reported(set())
+    assert json.loads((job_dir / "spawned.json").read_text()).get("ended") is True
+    os.utime(job_dir / "spawned.json", (old, old))
+    assert not runner.never_started(cmd)
