@@ -350,6 +350,7 @@ class JobRunner:
                        code_archive: bytes | None, fence: JobFence) -> int:
         start_dir, argv, env, cleanup = self._start(cmd, account, work_dir, code_archive, fence)
         try:
+            supervise.make_lock(job_dir)  # (first: a spawn record always has one; a supervisor needs no space for it)
             supervise.write_json_atomically(job_dir / SPAWN_RECORD, {"launch_id": cmd.command_id}, mode=0o600)
             supervisor_log = os.open(job_dir / supervise.SUPERVISOR_LOG,
                                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -885,7 +886,8 @@ class JobRunner:
             if job_id is None or not same:
                 if job_id is not None and "supervisor_pid" in record:
                     vanished.append((job_id, record.get("launch_id")))
-                path.unlink(missing_ok=True)
+                if _spawn_ended(path.parent):  # (it ran: never taken for a spawn that did not happen)
+                    path.unlink(missing_ok=True)
                 continue
             log.warning("job %d: process %d outlived its agent and supervisor; stopping it", job_id, process.pid)
             for signum in (signal.SIGCONT, signal.SIGTERM):
@@ -914,7 +916,8 @@ class JobRunner:
                 log.error("job %d: process %d survived SIGKILL (or may not be signalled); not requeued",
                           job_id, process.pid)
                 continue
-            self._record_path(job_id).unlink(missing_ok=True)
+            if _spawn_ended(self.job_dir(job_id)):
+                self._record_path(job_id).unlink(missing_ok=True)
             (self.job_dir(job_id) / STOP_RECORD).unlink(missing_ok=True)
             finished.append(FinishedJob(
                 job_id=job_id, exit_code=None, stopped=True, requeue=True, finished_at=time.time(), launch_id=launch_id,
@@ -993,8 +996,8 @@ def _spawn_ended(job_dir: Path) -> bool:
 
 def _spawn_abandoned(job_dir: Path, launch_id: str) -> bool:
     """Whether the spawn record of ``launch_id`` is of a supervisor that never started the job:
-    not marked ended, older than a supervisor has to answer, and no process runs in the job's
-    directory (a supervisor's working directory, and nothing else's)."""
+    not marked ended, older than a supervisor has to answer, and no supervisor holds the job
+    directory's lock (``supervise.SUPERVISOR_LOCK``: taken before anything else, held for life)."""
     path = job_dir / SPAWN_RECORD
     record = supervise.read_json(path)
     if not isinstance(record, dict) or record.get("ended") or record.get("launch_id") != launch_id:
@@ -1004,11 +1007,7 @@ def _spawn_abandoned(job_dir: Path, launch_id: str) -> bool:
             return False
     except OSError:
         return False
-    where = os.path.realpath(job_dir)
-    for process in psutil.process_iter(["cwd"]):
-        if process.info.get("cwd") == where:
-            return False  # a supervisor still starting (or one that cannot write its records)
-    return True
+    return not supervise.lock_held(job_dir)  # (held: still starting, or cannot write its records)
 
 
 def _adopted_supervisor(record: dict) -> psutil.Process | None:

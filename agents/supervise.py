@@ -33,6 +33,7 @@ Nothing here imports Redis, the protocol or pydantic: the supervisor must start 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -56,6 +57,9 @@ except ImportError:  # pragma: no cover - an older tree without it
 log = logging.getLogger("agents.supervise")
 
 PROCESS_RECORD = "process.json"
+# Held by the job's supervisor for its whole life (``lock_held``).
+SUPERVISOR_LOCK = "supervisor.lock"
+LOCK_WAIT_SECONDS = 5.0
 EXIT_RECORD = "exit.json"
 STOP_RECORD = "stop.json"
 SUPERVISOR_LOG = "supervisor.log"
@@ -269,8 +273,52 @@ def _wait(process: subprocess.Popen, started: float, max_runtime_s, grace: float
     return timed_out
 
 
+def make_lock(job_dir: Path) -> None:
+    """Create the job directory's supervisor lock (empty), for the supervisor about to start."""
+    os.close(os.open(job_dir / SUPERVISOR_LOCK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+
+
+def lock_held(job_dir: Path) -> bool:
+    """Whether a supervisor holds the job directory's lock, i.e. runs (a lock dies with its holder;
+    unlike a process's working directory, which a non-dumpable process keeps from its own agent
+    without CAP_SYS_PTRACE, it can be tested by anyone who can open the file). True when that
+    cannot be told (no lock file: a supervisor from before there was one)."""
+    try:
+        fd = os.open(job_dir / SUPERVISOR_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # (and with it the lock, if this took it)
+    return False
+
+
+def _hold_lock() -> int | None:
+    """Take the supervisor lock of the job directory this runs in (its working directory), and keep
+    it for as long as this process lives. Waits a little for a supervisor of the job's last
+    attempt, which exits right after recording its exit."""
+    try:
+        fd = os.open(SUPERVISOR_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None  # (made by an agent from before there was one)
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if time.monotonic() >= deadline:
+                log.warning("the supervisor lock is held by another process; going on without it")
+                return None
+            time.sleep(0.05)
+
+
 def main() -> int:
     make_non_dumpable()  # it holds the job's environment: no other process of its uid may read it
+    _hold_lock()  # (first: until then, an agent may take this spawn for one that never happened)
     # No signal is ignored here: an ignored signal would stay ignored in the job across exec. An
     # agent started in the background (nohup, `cmd &` in a script) passes SIGINT/SIGHUP ignored to
     # us; set them back so the job can be stopped with SIGINT like any program. In a session of its

@@ -513,6 +513,7 @@ def test_a_launch_whose_supervisor_an_earlier_agent_never_handed_the_job_runs_wh
     job_dir = first_agent.agent.runner.job_dir(84)
     job_dir.mkdir(parents=True)
     supervise.write_json_atomically(job_dir / "launch.json", json.loads(cmd.model_dump_json()), mode=0o600)
+    supervise.make_lock(job_dir)
     supervise.write_json_atomically(job_dir / "spawned.json", {"launch_id": cmd.command_id}, mode=0o600)
     old = time.time() - SUPERVISOR_START_SECONDS - 1
     os.utime(job_dir / "spawned.json", (old, old))

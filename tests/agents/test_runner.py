@@ -240,6 +240,7 @@ def test_a_spawn_whose_supervisor_never_started_the_job_counts_as_never_started(
     record younger than a supervisor has to answer) and from an attempt that ran and ended."""
     import json
     import subprocess
+    import sys
 
     from agents import supervise
     from agents.runner import SUPERVISOR_START_SECONDS
@@ -248,17 +249,24 @@ def test_a_spawn_whose_supervisor_never_started_the_job_counts_as_never_started(
     job_dir = runner.job_dir(91)
     job_dir.mkdir(parents=True)
     supervise.write_json_atomically(job_dir / "launch.json", json.loads(cmd.model_dump_json()), mode=0o600)
+    supervise.make_lock(job_dir)
     supervise.write_json_atomically(job_dir / "spawned.json", {"launch_id": cmd.command_id}, mode=0o600)
     assert not runner.never_started(cmd)  # (just written: a supervisor may be starting)
     old = time.time() - SUPERVISOR_START_SECONDS - 1
     os.utime(job_dir / "spawned.json", (old, old))
-    starting = subprocess.Popen(["sleep", "30"], cwd=job_dir)  # (what a supervisor still starting looks like)
+    # A supervisor that took its lock and never wrote the job's records (a full disk, say), made
+    # non-dumpable as supervisors are (its working directory unreadable without CAP_SYS_PTRACE).
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; "
+                               "from agents.hardening import make_non_dumpable; make_non_dumpable(); "
+                               "fd = os.open('supervisor.lock', os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+                               "print('held', flush=True); time.sleep(30)"],
+                              cwd=job_dir, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
-        wait_for(lambda: psutil.Process(starting.pid).cwd() == os.path.realpath(job_dir))
+        assert holder.stdout.readline() == b"held\n"
         assert not runner.never_started(cmd)
     finally:
-        starting.kill()
-        starting.wait()
+        holder.kill()
+        holder.wait()
     assert runner.never_started(cmd)
     assert not runner.never_started(launch(python("pass"), job_id=91, command_id="launch-91-0"))  # (not the one taken)
 

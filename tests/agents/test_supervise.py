@@ -7,6 +7,7 @@ Real processes throughout; the last tests kill a real ``python -m agents`` with 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -368,3 +369,31 @@ def test_a_job_recorded_after_recover_looked_is_adopted_when_its_attempt_is_aske
     assert (bye.job_id, bye.exit_code, bye.output_tail, bye.requeue) == (ended.job_id, 4, "bye\n", False)
     [done] = finish(fresh, timeout=10)
     assert (done.job_id, done.exit_code, done.output_tail) == (running.job_id, 0, "started\ndone\n")
+
+
+def test_a_supervisor_holds_its_lock_for_life_and_an_attempt_stopped_by_a_new_agent_is_never_run_again(
+        make_runner):
+    """The lock is how a new agent tells a spawn that never happened from a supervisor alive; and
+    an attempt whose supervisor died while no agent ran (a reboot, the OOM killer) ran: once the
+    next agent has settled it, a re-send of its launch is answered, never run again (review)."""
+    from agents import supervise
+    from agents.runner import SUPERVISOR_START_SECONDS
+
+    dead = make_runner()
+    cmd = launch(["sleep", "60"])
+    dead.launch(cmd)
+    job_dir = dead.job_dir(cmd.job_id)
+    assert supervise.lock_held(job_dir)
+    record = json.loads((job_dir / "process.json").read_text())
+    die(dead)
+    os.kill(record["supervisor_pid"], signal.SIGKILL)
+    os.killpg(record["pid"], signal.SIGKILL)
+    wait_for(lambda: not supervise.lock_held(job_dir))
+    old = time.time() - SUPERVISOR_START_SECONDS - 1
+    os.utime(job_dir / "spawned.json", (old, old))
+
+    fresh = make_runner()
+    [gone_job] = fresh.recover(grace_seconds=1)
+    assert (gone_job.job_id, gone_job.requeue) == (cmd.job_id, True)
+    assert not (job_dir / "process.json").exists()
+    assert not fresh.never_started(cmd)
