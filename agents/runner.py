@@ -24,7 +24,10 @@ and :mod:`agents.containers`):
 Layout under ``workdir``: ``jobs/<job_id>/`` belongs to the agent (readable by the job's group)
 and holds ``output.log``, the job's stdout and stderr; ``launch.json`` (the LaunchJob, mode 600:
 it holds the job's environment); ``process.json`` (the job's leader pid and start time and its
-supervisor's, written by the supervisor); ``stop.json`` (written by the agent when it ends the job:
+supervisor's, written by the supervisor); ``spawned.json`` (written by the agent before it spawns
+the supervisor, marked ``ended`` before the records of that attempt go: the attempt may have run)
+and ``supervisor.lock`` (mode 600, held by the supervisor for its life: see ``never_started``);
+``stop.json`` (written by the agent when it ends the job:
 why, and when SIGKILL is due); ``exit.json`` (the job's exit, written atomically by the supervisor
 when it ends); ``supervisor.log``; ``notice/preempt_at`` (the job's ``COLONY_PREEMPT_FILE``: the
 SIGKILL deadline of a preemption, written before the stop signal; in a directory of its own,
