@@ -13,6 +13,12 @@ runs ``run_scheduling_cycle()``:
 - churn cycles: before each, ``--finish`` running jobs end, so a few placements, ETAs and
   reasons move (what a busy cluster sees every cycle).
 
+With ``--samples`` every node also publishes a live sample before each cycle, as its agent would:
+the snapshot then reads 1,024 samples, the core packs by live use (jobs use less than they
+asked, so more fit) and AIMD moves duty cycles every cycle. Cycles after the first run unmeasured
+until packing stops (``--settle``); AIMD never stops probing, so about a tenth of the
+opportunistic jobs change duty cycle in every steady cycle. Without it no node has a reading.
+
 Every phase is measured in CPU seconds (this process's ``process_time``, the PostgreSQL backend's
 and Redis's utime+stime from ``/proc``) beside wall time, because wall time moves several-fold
 between identical runs on a shared machine. The baseline measured in the same run is the pure
@@ -202,6 +208,36 @@ def populate(rng: random.Random, nodes: int, tenants: int, running: int, pending
     ], batch_size=2000)
 
 
+def node_samples(rng: random.Random, nodes: int, seq: int) -> list:
+    """What each node's agent last sent: its GPUs' and its jobs' utilisation and memory. A job
+    keeps a utilisation of its own (by its id) that moves a few points from one sample to the
+    next, scaled by its duty cycle; a GPU's is the sum of its jobs'."""
+    from agents.protocol import GpuSample, JobGpuSample, NodeSample
+    from jobs.models import Allocation
+
+    by_node: dict[str, list[tuple[int, int, int | None]]] = {}
+    for job_id, node, index, memory, duty in Allocation.objects.filter(released_at__isnull=True).values_list(
+            "job_id", "gpu__node__name", "gpu__index", "job__gpu_memory_mib", "duty_cycle"):
+        by_node.setdefault(node, []).append((job_id, index, memory, duty))
+    now, samples = time.time(), []
+    for i in range(nodes):
+        name = f"node{i:04d}"
+        jobs, busy = [], {}
+        for job_id, index, memory, duty in by_node.get(name, []):
+            # (its own level, times the share of time its duty cycle lets it run)
+            util = min(100.0, max(0.0, (20 + (job_id * 37) % 80 + rng.uniform(-3, 3)) * duty))
+            used = int((memory or 20000) * 0.9)
+            jobs.append(JobGpuSample(job_id=job_id, gpu_index=index, mem_used_mib=used, util_sm=round(util, 1)))
+            load, held = busy.get(index, (0.0, 0))
+            busy[index] = (min(100.0, load + util), held + used)
+        gpus = [GpuSample(index=index, util_sm=round(busy.get(index, (0.0, 0))[0], 1),
+                          mem_used_mib=busy.get(index, (0.0, 0))[1] or 300, mem_total_mib=81920)
+                for index in range(GPUS_PER_NODE)]
+        samples.append(NodeSample(node=name, ts=now, seq=seq, gpus=gpus, jobs=jobs,
+                                  running_jobs=sorted({job.job_id for job in jobs})))
+    return samples
+
+
 def agents_start_placed() -> int:
     """What the agents would report within seconds: every placed job started."""
     from django.utils import timezone
@@ -250,6 +286,13 @@ def main() -> None:
     parser.add_argument("--save-snapshots", metavar="FILE",
                         help="after the measurements, pickle a steady and a churn snapshot as the loop saw them, "
                              "for bench/decide_snapshot.py")
+    parser.add_argument("--samples", action="store_true",
+                        help="every node also publishes a live sample before each cycle, as its agent would "
+                             "(each GPU's and each job's utilisation and memory, moving a little from cycle "
+                             "to cycle): the snapshot reads them and the core throttles by them")
+    parser.add_argument("--settle", type=int, default=20,
+                        help="with --samples: unmeasured cycles after the first, until one places nothing and "
+                             "throttles at most 1%% of --running")
     parser.add_argument("--profile", action="store_true",
                         help="after the measurements, profile one steady and one churn cycle (cProfile, top functions)")
     args = parser.parse_args()
@@ -262,6 +305,7 @@ def main() -> None:
     from jobs.services.scheduler_config import scheduler_config
     from jobs.services.scheduling_loop import run_scheduling_cycle
     from jobs.services.snapshot_loader import build_snapshot
+    from monitoring.services import live
     from monitoring.services.health import MAX_HEARTBEAT_TTL_S
 
     rng = random.Random(7)
@@ -275,12 +319,16 @@ def main() -> None:
             cursor.execute("ANALYZE")
     client = redis.Redis.from_url(redis_server.url)
 
+    samples_seq, samples_rng = iter(range(1, 10**9)), random.Random(11)  # (its own: the jobs that end stay those)
+
     def heartbeats():
         # The agents' part (a heartbeat lives at most MAX_HEARTBEAT_TTL_S), outside the measurements.
         pipe = client.pipeline(transaction=False)
         for i in range(args.nodes):
             pipe.set(heartbeat_key(f"node{i:04d}"), "{}", ex=MAX_HEARTBEAT_TTL_S)
         pipe.execute()
+        if args.samples:
+            live.store_latest(client, node_samples(samples_rng, args.nodes, next(samples_seq)))
 
     heartbeats()
     phases = PhaseClock() if args.phases else None
@@ -307,6 +355,20 @@ def main() -> None:
     meter.watch_collector()
     first = meter.measure("first", run_scheduling_cycle)
     started = agents_start_placed()
+    if args.samples:
+        # Live readings open room where jobs use less than they asked: packing goes on for some
+        # cycles after the first, and duty cycles move until AIMD settles. Steady means after that.
+        settling, meter._last = [], "settling"  # (their garbage is not the first cycle's)
+        if phases:
+            phases.current = "settling"
+        for _ in range(args.settle):
+            heartbeats()
+            result = run_scheduling_cycle()
+            agents_start_placed()
+            settling.append((result.placed, result.throttled))
+            if not result.placed and result.throttled <= 0.01 * args.running:
+                break
+        print("  settling cycles with live samples (placed, throttled): " + ", ".join(map(str, settling)))
     steady = []
     for _ in range(args.repeat):
         heartbeats()

@@ -142,10 +142,16 @@ def send_query(node: str, job_id: int, launch_id: str) -> None:
 def send_duty_cycle(node: str, job_id: int, duty_cycle: float, *, resume: bool = False) -> None:
     """Throttle the job to ``duty_cycle``; 0 suspends it. ``resume``: it was suspended, so continue
     it under the new duty cycle (a resume of a job that is not suspended does nothing)."""
+    for target, command in duty_cycle_commands(node, job_id, duty_cycle, resume=resume):
+        _publish(target, command)
+
+
+def duty_cycle_commands(node: str, job_id: int, duty_cycle: float, *, resume: bool = False) -> list[tuple[str, object]]:
+    """What :func:`send_duty_cycle` sends, as (node, command) pairs for :func:`publish_many`."""
     if duty_cycle <= 0:
-        _publish(node, protocol.SuspendJob(command_id=_command_id("suspend", job_id), job_id=job_id))
-        return
-    _publish(node, protocol.SetDutyCycle(command_id=_command_id("duty", job_id), job_id=job_id,
-                                         duty_cycle=duty_cycle))
+        return [(node, protocol.SuspendJob(command_id=_command_id("suspend", job_id), job_id=job_id))]
+    commands = [(node, protocol.SetDutyCycle(command_id=_command_id("duty", job_id), job_id=job_id,
+                                             duty_cycle=duty_cycle))]
     if resume:
-        _publish(node, protocol.ResumeJob(command_id=_command_id("resume", job_id), job_id=job_id))
+        commands.append((node, protocol.ResumeJob(command_id=_command_id("resume", job_id), job_id=job_id)))
+    return commands

@@ -35,3 +35,19 @@ def test_the_loop_snapshot_bench_decides_on_a_saved_pair(tmp_path, capsys):
     decide_snapshot.main([str(path), "--cycles", "1"])
     out = capsys.readouterr().out
     assert "400 pending" in out and all(f"  {kind}" in out for kind in ("steady", "churn", "fresh"))
+
+
+def test_the_loop_bench_runs_with_live_samples_from_every_node():
+    """``bench/scheduling_loop.py --samples``: every node publishes what its agent would (jobs'
+    utilisation scaled by their duty cycles), the loop settles, then is measured (a subprocess:
+    the bench sets up Django and a database of its own)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "bench" / "scheduling_loop.py"), "--nodes", "4", "--tenants", "3",
+                           "--running", "6", "--pending", "60", "--repeat", "1", "--samples", "--database", "sqlite"],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "settling cycles with live samples" in done.stdout and "steady cycle" in done.stdout

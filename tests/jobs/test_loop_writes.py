@@ -156,6 +156,26 @@ def test_throttles_take_a_bounded_number_of_queries_and_tell_each_node_once(node
                     (borrowers[1].pk, "set_duty_cycle"), (borrowers[2].pk, "set_duty_cycle")]
 
 
+def test_duty_cycles_of_many_values_are_stored_in_one_statement(node4, redis_client, django_capture_on_commit_callbacks):
+    """AIMD leaves about as many distinct duty cycles as jobs it moves: one UPDATE for all of them
+    (one per value was most of a busy cycle's apply), and one pipeline to tell the nodes."""
+    jobs = []
+    for i in range(4):
+        job = JobFactory(state=JobState.RUNNING, run_class=RunClass.OPPORTUNISTIC)
+        Allocation.objects.create(job=job, gpu=node4.gpus.get(index=i), duty_cycle=1.0)
+        jobs.append(job)
+    wanted = {job.pk: duty for job, duty in zip(jobs, (0.5, 0.45, 0.9, 0.125))}
+    throttles = tuple(Throttle(job_id, duty, ThrottleReason.GPU_SATURATED) for job_id, duty in wanted.items())
+    with CaptureQueriesContext(connection) as captured, django_capture_on_commit_callbacks(execute=True):
+        assert apply_decisions(Decisions(throttles=throttles)).throttled == 4
+    updates = [q["sql"] for q in captured if q["sql"].startswith("UPDATE") and Allocation._meta.db_table in q["sql"]]
+    assert len(updates) == (1 if connection.vendor == "postgresql" else 4)
+    assert dict(Allocation.objects.values_list("job_id", "duty_cycle")) == wanted
+    sent = {c.job_id: c.duty_cycle for _, f in redis_client.xrange(protocol.command_stream("n1"))
+            if (c := protocol.decode_command(f))}
+    assert sent == wanted
+
+
 def test_a_cycle_does_not_re_send_the_launches_it_has_just_sent(node4, redis_client, settings,
                                                                 django_capture_on_commit_callbacks):
     # However slow the cycle (here: a re-send window of 0 s), its own placements are not re-sent.
