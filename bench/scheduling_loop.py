@@ -322,13 +322,20 @@ def main() -> None:
     samples_seq, samples_rng = iter(range(1, 10**9)), random.Random(11)  # (its own: the jobs that end stay those)
 
     def heartbeats():
-        # The agents' part (a heartbeat lives at most MAX_HEARTBEAT_TTL_S), outside the measurements.
-        pipe = client.pipeline(transaction=False)
-        for i in range(args.nodes):
-            pipe.set(heartbeat_key(f"node{i:04d}"), "{}", ex=MAX_HEARTBEAT_TTL_S)
-        pipe.execute()
-        if args.samples:
-            live.store_latest(client, node_samples(samples_rng, args.nodes, next(samples_seq)))
+        # The agents' part (a heartbeat lives at most MAX_HEARTBEAT_TTL_S), outside the measurements,
+        # the collector paused: its objects, collected here, would be charged to the cycle before.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            pipe = client.pipeline(transaction=False)
+            for i in range(args.nodes):
+                pipe.set(heartbeat_key(f"node{i:04d}"), "{}", ex=MAX_HEARTBEAT_TTL_S)
+            pipe.execute()
+            if args.samples:
+                live.store_latest(client, node_samples(samples_rng, args.nodes, next(samples_seq)))
+        finally:
+            if collecting:
+                gc.enable()
 
     heartbeats()
     phases = PhaseClock() if args.phases else None
