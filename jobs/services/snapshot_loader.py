@@ -354,8 +354,8 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str], gpu_memory: di
     peaks = dict(JobUsage.objects.filter(job_id__in=Allocation.objects.filter(released_at__isnull=True).values("job_id"))
                  .values_list("job_id", "peak_gpu_memory_mib"))
     profiles = _profiles({(row[4], row[11]) for row in first.values() if row[11]})
-    live_util = _live_job_utilisation(samples, {job_id: {gpu_nodes.get(g) for g in held}
-                                                for job_id, held in gpus_of.items()})
+    live_util = _live_job_utilisation(samples, {(job_id, gpu_nodes.get(g)) for job_id, held in gpus_of.items()
+                                                for g in held})
     running = []
     for job_id, (_, _, duty_cycle, memory_limit_mib, tenant_id, run_class, started_at, gpu_memory_mib, gpu_milli,
                  priority, max_runtime_s, profile_key, shareable, state, checkpoints, array_id, cpu_milli,
@@ -368,7 +368,8 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str], gpu_memory: di
             gpu_ids=tuple(held),
             started_at=_seconds(started_at),
             memory_mib=_memory_estimate(peaks.get(job_id), memory_limit_mib, gpu_memory_mib, profile,
-                                        max(gpu_memory.get(g, 0) for g in held) or None),
+                                        (gpu_memory.get(held[0], 0) if len(held) == 1
+                                         else max(gpu_memory.get(g, 0) for g in held)) or None),
             gpu_milli=gpu_milli, priority=priority,
             expected_runtime_s=_expected_runtime(max_runtime_s, profile),
             duty_cycle=duty_cycle,
@@ -396,12 +397,13 @@ def _memory_estimate(observed_peak_mib: int | None, memory_limit_mib: int | None
         _bounded(profile.peak_gpu_memory_mib, held_gpu_mib) if profile else None)
 
 
-def _live_job_utilisation(samples: dict[str, dict], nodes_of: dict[int, set[str]]) -> dict[int, float]:
-    """Each job's mean live utilisation, from the nodes it holds GPUs on only: what another node
-    says about it (a bug, or a node lying) must not move its throttling."""
+def _live_job_utilisation(samples: dict[str, dict], held_on: set[tuple[int, str]]) -> dict[int, float]:
+    """Each job's mean live utilisation, from the nodes it holds GPUs on only (``held_on``: (job,
+    node) pairs): what another node says about it (a bug, or a node lying) must not move its
+    throttling."""
     readings: dict[int, list[float]] = defaultdict(list)
     for node, sample in samples.items():
         for usage in sample.get("jobs", []):
-            if usage.get("util_sm") is not None and node in nodes_of.get(usage.get("job_id"), ()):
+            if usage.get("util_sm") is not None and (usage.get("job_id"), node) in held_on:
                 readings[usage["job_id"]].append(usage["util_sm"] / 100.0)
     return {job_id: sum(values) / len(values) for job_id, values in readings.items()}

@@ -90,3 +90,30 @@ def test_the_snapshot_takes_the_same_queries_for_ten_or_a_hundred_jobs_with_depe
     few = queries()
     add(90)
     assert queries() == few
+
+
+def test_a_running_job_s_live_utilisation_comes_from_the_nodes_it_holds_gpus_on_only(db, redis_client):
+    """A node that says how busy a job it does not run is (a bug, or a node lying about another
+    tenant's job) moves nothing: the mean is over the nodes the job holds GPUs on."""
+    import time
+
+    from agents.protocol import GpuSample, JobGpuSample, NodeSample
+    from monitoring.services import live
+
+    nodes = [NodeFactory(name=name) for name in ("a", "b", "liar")]
+    gpus = {node.name: GpuFactory(node=node, index=0) for node in nodes}
+    gang = JobFactory(state=JobState.RUNNING, gpus=2)
+    alone = JobFactory(state=JobState.RUNNING)
+    Allocation.objects.create(job=gang, gpu=gpus["a"])
+    Allocation.objects.create(job=gang, gpu=gpus["b"], rank=1)
+    Allocation.objects.create(job=alone, gpu=gpus["liar"])
+
+    def sample(node, *usage):
+        return NodeSample(node=node, ts=time.time(), seq=1, gpus=[GpuSample(index=0, util_sm=50)],
+                          jobs=[JobGpuSample(job_id=job.pk, gpu_index=0, mem_used_mib=100, util_sm=util)
+                                for job, util in usage])
+
+    live.store_latest(redis_client, [sample("a", (gang, 40)), sample("b", (gang, 60)),
+                                     sample("liar", (alone, 30), (gang, 100))])
+    running = {job.id: job for job in build_snapshot(redis_client).running}
+    assert running[gang.pk].utilisation == 0.5 and running[alone.pk].utilisation == 0.3
