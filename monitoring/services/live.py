@@ -7,11 +7,11 @@ and per-job views from it; entries carry their sample time and readers treat old
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
 
+import msgspec
 import redis
 
 from agents.protocol import NodeSample
@@ -38,11 +38,27 @@ def store_latest(client: redis.Redis, samples: list[tuple[NodeSample, str]] | li
         client.hset(NODE_HASH, mapping={node: raw for node, (_, raw) in latest.items()})
 
 
+def _decoded(raw: bytes | str) -> dict | None:
+    """A stored sample as a dict (decoded in C: the scheduling loop reads a thousand of them a
+    cycle); None for anything else, which only a writer other than ``store_latest`` can leave."""
+    try:
+        sample = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, ValueError, TypeError):
+        return None
+    if not isinstance(sample, dict) or not isinstance(sample.get("ts"), (int, float)) or isinstance(sample["ts"], bool):
+        return None
+    return sample
+
+
 def latest_nodes(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[str, dict]:
-    """Node name -> its last sample as a dict, for nodes heard from within ``max_age`` seconds."""
+    """Node name -> its last sample as a dict, for nodes heard from within ``max_age`` seconds.
+    An entry that is not a sample is passed over (and dropped by :func:`prune_stale`)."""
     now, out = time.time(), {}
     for node, raw in client.hgetall(NODE_HASH).items():
-        sample = json.loads(raw)
+        sample = _decoded(raw)
+        if sample is None:
+            log.warning("live sample of node %r is not a sample; ignored", node)
+            continue
         # A sample dated ahead of this clock (a node whose clock jumped back since) is not fresh.
         if -FUTURE_SKEW_S <= now - sample["ts"] <= max_age:
             out[node.decode() if isinstance(node, bytes) else node] = sample
@@ -72,7 +88,8 @@ def latest_jobs(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[int
 
 def prune_stale(client: redis.Redis, older_than: float = 600.0) -> int:
     now = time.time()
-    stale = [node for node, raw in client.hgetall(NODE_HASH).items() if now - json.loads(raw)["ts"] > older_than]
+    stale = [node for node, raw in client.hgetall(NODE_HASH).items()
+             if (sample := _decoded(raw)) is None or now - sample["ts"] > older_than]
     return client.hdel(NODE_HASH, *stale) if stale else 0
 
 

@@ -53,3 +53,17 @@ def test_overview_without_redis_reports_no_gpus(cluster, alice, api, settings):
     assert api(alice).get("/api/v1/cluster/").json()["live"] == {
         "gpus_reporting": 0, "util_mean": None, "mem_used_mib": 0, "mem_total_mib": 0,
     }
+
+
+def test_an_entry_that_is_not_a_sample_is_passed_over_and_pruned(cluster, alice, api, live_redis, redis_client):
+    """Something other than the ingest wrote the live hash (a bug, a hostile client on the same
+    Redis): the other nodes' readings, the scheduling loop's snapshot and the pruning go on."""
+    from jobs.services.snapshot_loader import build_snapshot
+
+    _report(redis_client, "a1", [protocol.GpuSample(index=0, util_sm=30.0, mem_total_mib=80000)])
+    redis_client.hset(live.NODE_HASH, mapping={"v1": b"\xff not json", "x9": b"[1, 2]", "x8": b'{"ts": "soon"}'})
+    assert set(live.latest_nodes(redis_client)) == {"a1"}
+    assert api(alice).get("/api/v1/cluster/").json()["live"]["gpus_reporting"] == 1
+    assert build_snapshot(redis_client).nodes  # (the loop's snapshot reads the same hash)
+    assert live.prune_stale(redis_client) == 3
+    assert set(redis_client.hkeys(live.NODE_HASH)) == {b"a1"}
