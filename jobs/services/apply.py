@@ -97,7 +97,8 @@ def _store_duty_cycles(final: dict[int, float]) -> None:
                 "FROM unnest(%s::bigint[], %s::float8[]) AS wanted(job_id, duty), " + jobs + " AS job "
                 "WHERE allocation.job_id = wanted.job_id AND job.id = wanted.job_id AND job.state = ANY(%s) "
                 "AND allocation.released_at IS NULL AND allocation.duty_cycle <> wanted.duty",
-                [list(final), list(final.values()), [state.value for state in lifecycle.LIVE]])
+                # (floats all: psycopg refuses a list that mixes ints and floats)
+                [list(final), [float(duty) for duty in final.values()], [state.value for state in lifecycle.LIVE]])
         return
     by_duty: dict[float, list[int]] = defaultdict(list)
     for job_id, duty in final.items():

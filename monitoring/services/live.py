@@ -45,7 +45,8 @@ def _decoded(raw: bytes | str) -> dict | None:
         sample = msgspec.json.decode(raw)
     except (msgspec.DecodeError, ValueError, TypeError):
         return None
-    if not isinstance(sample, dict) or not isinstance(sample.get("ts"), (int, float)) or isinstance(sample["ts"], bool):
+    if (not isinstance(sample, dict) or not isinstance(sample.get("ts"), (int, float)) or isinstance(sample["ts"], bool)
+            or not isinstance(sample.get("gpus"), list) or not isinstance(sample.get("jobs", []), list)):
         return None
     return sample
 

@@ -61,9 +61,10 @@ def test_an_entry_that_is_not_a_sample_is_passed_over_and_pruned(cluster, alice,
     from jobs.services.snapshot_loader import build_snapshot
 
     _report(redis_client, "a1", [protocol.GpuSample(index=0, util_sm=30.0, mem_total_mib=80000)])
-    redis_client.hset(live.NODE_HASH, mapping={"v1": b"\xff not json", "x9": b"[1, 2]", "x8": b'{"ts": "soon"}'})
+    redis_client.hset(live.NODE_HASH, mapping={"v1": b"\xff not json", "x9": b"[1, 2]", "x8": b'{"ts": "soon"}',
+                                               "x7": b'{"ts": %f}' % time.time()})
     assert set(live.latest_nodes(redis_client)) == {"a1"}
     assert api(alice).get("/api/v1/cluster/").json()["live"]["gpus_reporting"] == 1
     assert build_snapshot(redis_client).nodes  # (the loop's snapshot reads the same hash)
-    assert live.prune_stale(redis_client) == 3
+    assert live.prune_stale(redis_client) == 4
     assert set(redis_client.hkeys(live.NODE_HASH)) == {b"a1"}
