@@ -480,6 +480,7 @@ class Agent:
             peaks = self._peak_mib.setdefault(usage.job_id, {})
             peaks[usage.gpu_index] = max(peaks.get(usage.gpu_index, 0), usage.mem_used_mib)
         try:
+            running = sorted(self.runner.running())
             sample = protocol.NodeSample(
                 node=self.node,
                 ts=time.time(),
@@ -487,8 +488,9 @@ class Agent:
                 gpus=reading.gpus,
                 jobs=reading.jobs,
                 unattributed_mib=reading.unattributed_mib,
-                running_jobs=sorted(self.runner.running()),
+                running_jobs=running,
                 running_launches=sorted(self.runner.running_launches().values()),
+                duty_cycles=[min(1.0, max(0.0, self.runner.duty_cycle(job_id))) for job_id in running],
             )
             fields = protocol.encode(sample)
             if len(fields["m"]) > protocol.MAX_MESSAGE_BYTES:

@@ -313,6 +313,10 @@ class NodeSample(_NodeMessage):
     # The attempt (LaunchJob command id) of each running job: the control plane reconciles
     # against it, so a job it believes runs here that the node does not run is settled quickly.
     running_launches: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=4096)
+    # The duty cycle each of ``running_jobs`` runs at here, in the same order (0: suspended): the
+    # control plane re-sends a duty cycle that did not arrive. A list of another length (an agent
+    # from before it was sent: none) is not read.
+    duty_cycles: list[Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=list, max_length=4096)
 
 # ---------------------------------------------------------------- agent -> control plane output
 # Live output of running jobs, on the node's own logs stream: never mixed with events or samples,

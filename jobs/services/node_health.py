@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Allocation, Job
+from jobs.services.bulk_rows import ids_in
 from jobs.scheduling import reasons
 from jobs.services import lifecycle
 from jobs.services.commands import launch_id, send_duty_cycle, send_query, send_stop
@@ -48,12 +49,15 @@ def check_node_health(client: redis.Redis) -> dict:
     lost = [node.name for node in health.silent_nodes(client) if requeue_lost_node(node)]
     revived = health.revive_heartbeating(client)
     strays = vanished = 0
-    for node, entry in live.latest_nodes(client).items():
+    samples = live.latest_nodes(client)
+    for node, entry in samples.items():
         strays += stop_strays(client, node, entry.get("running_jobs", []))
         strays += stop_earlier_attempts(client, node, entry.get("running_launches") or [])
         vanished += requeue_vanished(client, node, entry)
+    duties = reconcile_duty_cycles(client, samples)
     timed_out = time_out_overdue()
-    return {"lost": lost, "revived": revived, "strays_stopped": strays, "vanished": vanished, "timed_out": timed_out}
+    return {"lost": lost, "revived": revived, "strays_stopped": strays, "vanished": vanished, "timed_out": timed_out,
+            "duty_cycles_resent": duties}
 
 
 @transaction.atomic
@@ -127,6 +131,66 @@ def resend_duty_cycles(node: str, running_jobs: list[int]) -> int:
     for job_id, duty_cycle in desired.items():
         send_duty_cycle(node, job_id, duty_cycle, resume=True)
     return len(desired)
+
+
+# A node's duty cycle for a job that differs from the stored one is re-sent once they have
+# disagreed, about the same stored value, over samples this far apart (a throttle the loop has just
+# sent may not have reached the node when it sampled: AIMD moves a thousand jobs a cycle), and at
+# most this often a job.
+DUTY_DISAGREE_S = 5.0
+DUTY_RESEND_EVERY_S = 30
+DUTY_MEMORY_S = 120
+
+
+def reconcile_duty_cycles(client: redis.Redis, samples: dict[str, dict]) -> int:
+    """Re-send the stored duty cycle of each job that its node (its latest sample, in ``samples``)
+    says runs at another. A throttle or a suspension lost on the way (Redis failing over, a
+    pipeline that failed) was re-sent only when the node registered again, and the loop sends
+    nothing while the stored value does not move: a job left suspended ran on, full speed, beside
+    the guaranteed job it had been suspended for. One query for every node. Returns how many
+    were re-sent."""
+    reported: dict[tuple[int, str], float] = {}
+    sampled_at: dict[str, float] = {}
+    for node, entry in samples.items():
+        running, duties, at = entry.get("running_jobs") or [], entry.get("duty_cycles") or [], entry.get("ts")
+        if running and len(duties) == len(running) and isinstance(at, (int, float)):  # (else an agent that does not say)
+            reported.update(((job_id, node), duty) for job_id, duty in zip(running, duties))
+            sampled_at[node] = at
+    if not reported:
+        return 0
+    stored = set(Allocation.objects.filter(job_id__in=ids_in({job_id for job_id, _ in reported}),
+                                           released_at__isnull=True, job__state=JobState.RUNNING)
+                 .values_list("job_id", "gpu__node__name", "duty_cycle"))
+    disagreeing = sorted((job_id, node, want) for job_id, node, want in stored
+                         if isinstance(have := reported.get((job_id, node)), (int, float)) and abs(have - want) > 1e-6)
+    if not disagreeing:
+        return 0
+    keys = [f"colony:duty-disagree:{node}:{job_id}" for job_id, node, _ in disagreeing]
+    resend, pipe = [], client.pipeline(transaction=False)
+    for key, (job_id, node, want), before in zip(keys, disagreeing, client.mget(keys)):
+        first = _disagreement(before)
+        if first is None or first[0] != want:  # (first seen, or about another stored value since)
+            pipe.set(key, f"{want!r} {sampled_at[node]!r}", ex=DUTY_MEMORY_S)
+        elif sampled_at[node] - first[1] >= DUTY_DISAGREE_S:
+            resend.append((job_id, node, want))
+            pipe.delete(key)
+    pipe.execute()
+    sent = 0
+    for job_id, node, want in resend:
+        if client.set(f"colony:duty-resent:{node}:{job_id}", 1, nx=True, ex=DUTY_RESEND_EVERY_S):
+            log.warning("job %d runs at duty cycle %s on %s, not %s: sending it again", job_id,
+                        reported[job_id, node], node, want)
+            send_duty_cycle(node, job_id, want, resume=True)
+            sent += 1
+    return sent
+
+
+def _disagreement(value: bytes | None) -> tuple[float, float] | None:
+    try:
+        want, since = (value or b"").split()
+        return float(want), float(since)
+    except ValueError:
+        return None
 
 
 def requeue_vanished(client: redis.Redis, node: str, entry: dict) -> int:

@@ -119,6 +119,7 @@ class FastNodeSample(msgspec.Struct, **_STRUCT):
     unattributed_mib: Annotated[dict[str, _Mib], msgspec.Meta(max_length=MAX_GPUS)] = {}
     running_jobs: Annotated[list[_JobId], msgspec.Meta(max_length=4096)] = []
     running_launches: Annotated[list[Annotated[str, msgspec.Meta(max_length=64)]], msgspec.Meta(max_length=4096)] = []
+    duty_cycles: Annotated[list[Annotated[float, msgspec.Meta(ge=0, le=1)]], msgspec.Meta(max_length=4096)] = []
 
 
 _fast_decoder = msgspec.json.Decoder(FastNodeSample)

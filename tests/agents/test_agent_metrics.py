@@ -140,3 +140,19 @@ def test_duty_cycle_suspend_and_resume_commands_are_applied_once_each(redis_url,
     stream = protocol.command_stream("n1")
     assert redis_client.xpending(stream, protocol.AGENT_COMMAND_GROUP)["pending"] == 0
     assert redis_client.xlen(protocol.DEAD_LETTER_STREAM) == 0
+
+
+def test_samples_say_the_duty_cycle_each_running_job_runs_at(redis_url, redis_client, start_agent):
+    """What the control plane compares with the duty cycles it stored, to send again one that did
+    not arrive (``node_health.reconcile_duty_cycles``): 0 while suspended."""
+    start_agent(redis_url, interval=0.1)
+    cmd = launch(python(SLEEPER), gpus=[0])
+    send(redis_client, "n1", cmd)
+    wait_for(lambda: [s for s in samples(redis_client) if s.running_jobs == [cmd.job_id]])
+    assert [s for s in samples(redis_client) if s.running_jobs][-1].duty_cycles == [1.0]
+    send(redis_client, "n1", command(protocol.SetDutyCycle, cmd.job_id, duty_cycle=0.5))
+    wait_for(lambda: samples(redis_client)[-1].duty_cycles == [0.5])
+    send(redis_client, "n1", command(protocol.SuspendJob, cmd.job_id))
+    wait_for(lambda: samples(redis_client)[-1].duty_cycles == [0.0])
+    send(redis_client, "n1", stop(cmd.job_id, grace=1))
+    wait_for(lambda: samples(redis_client)[-1].running_jobs == [] and samples(redis_client)[-1].duty_cycles == [])

@@ -33,6 +33,7 @@ SAMPLE = {
     "jobs": [{"job_id": 7, "gpu_index": 0, "mem_used_mib": 900, "util_sm": 45.0}],
     "unattributed_mib": {"0": 100},
     "running_jobs": [7],
+    "duty_cycles": [0.5],
 }
 
 KEY = ("[key]",)  # a path ending in KEY puts the value in the place of that dict's (only) key
@@ -63,6 +64,7 @@ FIELDS = [
     (SAMPLE, protocol.decode_sample, ("unattributed_mib", "0")),
     (SAMPLE, protocol.decode_sample, ("unattributed_mib", *KEY)),
     (SAMPLE, protocol.decode_sample, ("running_jobs", 0)),
+    (SAMPLE, protocol.decode_sample, ("duty_cycles", 0)),
 ]
 # As written by hand into the JSON: non-finite literals (what Python's json module emits for
 # inf/nan), a float far out of range, and integers too big for any column.

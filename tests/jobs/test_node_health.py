@@ -137,3 +137,43 @@ def test_a_job_being_requeued_when_its_node_is_lost_goes_back_to_the_queue(runni
     assert check_node_health(redis_client)["lost"] == ["n1"]
     running_on_n1.refresh_from_db()
     assert running_on_n1.state == JobState.PENDING  # no exit will come to move it on
+
+
+def test_a_duty_cycle_that_did_not_reach_the_node_is_sent_again_once_it_stays_wrong(running_on_n1, redis_client):
+    """The job was suspended (stored duty cycle 0) but the SuspendJob was lost: the node's samples
+    say it runs at full speed. Once they have said so about the same stored value over 5 s it is
+    sent again, and at most once every 30 s; a throttle still on its way is not."""
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=10)
+    Allocation.objects.filter(job=running_on_n1).update(duty_cycle=0.0)
+    job_id = running_on_n1.pk
+
+    def sample(duty: float, at: float) -> None:
+        live.store_latest(redis_client, [protocol.NodeSample(node="n1", ts=at, seq=1, gpus=[], running_jobs=[job_id],
+                                                             duty_cycles=[duty])])
+
+    def sent() -> list:
+        return [c.kind for _, f in redis_client.xrange(protocol.command_stream("n1"))
+                if (c := protocol.decode_command(f)) and c.job_id == job_id]
+
+    now = time.time()
+    sample(1.0, now - 8)
+    assert check_node_health(redis_client)["duty_cycles_resent"] == 0  # (first seen: maybe on its way)
+    sample(1.0, now - 6)
+    assert check_node_health(redis_client)["duty_cycles_resent"] == 0
+    sample(1.0, now)
+    assert check_node_health(redis_client)["duty_cycles_resent"] == 1 and sent() == ["suspend"]
+    sample(1.0, now)
+    check_node_health(redis_client)
+    sample(1.0, now + 6)
+    assert check_node_health(redis_client)["duty_cycles_resent"] == 0 and sent() == ["suspend"]  # (30 s apart)
+
+    # The stored value moved since it was first seen wrong: a throttle on its way, not a loss.
+    redis_client.delete(f"colony:duty-resent:n1:{job_id}")
+    Allocation.objects.filter(job=running_on_n1).update(duty_cycle=0.5)
+    sample(1.0, now + 7)
+    check_node_health(redis_client)
+    Allocation.objects.filter(job=running_on_n1).update(duty_cycle=0.25)
+    sample(1.0, now + 13)
+    assert check_node_health(redis_client)["duty_cycles_resent"] == 0
+    sample(0.25, now + 20)  # (it arrived)
+    assert check_node_health(redis_client)["duty_cycles_resent"] == 0 and sent() == ["suspend"]

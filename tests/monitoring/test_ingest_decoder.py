@@ -74,6 +74,7 @@ top_fields = {
                                         max_size=3),
     "running_jobs": st.lists(_bounded_int(1, P.ID_MAX), max_size=3),
     "running_launches": st.lists(st.text(max_size=64), max_size=2),
+    "duty_cycles": st.lists(_bounded_float(0, 1), max_size=3),
 }
 valid_samples = _record(top_fields, {"v", "node", "ts", "seq", "gpus"})
 
