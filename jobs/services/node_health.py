@@ -133,22 +133,25 @@ def resend_duty_cycles(node: str, running_jobs: list[int]) -> int:
     return len(desired)
 
 
-# A node's duty cycle for a job that differs from the stored one is re-sent once they have
-# disagreed, about the same stored value, over samples this far apart (a throttle the loop has just
-# sent may not have reached the node when it sampled: AIMD moves a thousand jobs a cycle), and at
-# most this often a job.
+# A node that runs a job at a higher duty cycle than the stored one is sent the stored one again
+# once its samples have said so, about the same stored value, for this long without a gap (a
+# throttle the loop has just sent may not have reached the node when it sampled: AIMD moves a
+# thousand jobs a cycle), and at most this often a job.
 DUTY_DISAGREE_S = 5.0
+DUTY_GAP_S = 4.0  # (two checks of the node-health beat)
 DUTY_RESEND_EVERY_S = 30
 DUTY_MEMORY_S = 120
 
 
 def reconcile_duty_cycles(client: redis.Redis, samples: dict[str, dict]) -> int:
-    """Re-send the stored duty cycle of each job that its node (its latest sample, in ``samples``)
-    says runs at another. A throttle or a suspension lost on the way (Redis failing over, a
-    pipeline that failed) was re-sent only when the node registered again, and the loop sends
-    nothing while the stored value does not move: a job left suspended ran on, full speed, beside
-    the guaranteed job it had been suspended for. One query for every node. Returns how many
-    were re-sent."""
+    """Send again the stored duty cycle of each job that its node (its latest sample, in
+    ``samples``) runs faster than that. A throttle or a suspension lost on the way (Redis failing
+    over, a pipeline that failed) was re-sent only when the node registered again, and the loop
+    sends nothing while the stored value does not move: a job left suspended ran on, full speed,
+    beside the guaranteed job it had been suspended for. Only that direction is mended, and never
+    by a resume: a job the node runs slower than stored harms no one, and may be meant to (the idle
+    policy suspends a job without storing it); a re-send that crosses a newer throttle can then
+    only have lowered the job. One query for every node. Returns how many were sent."""
     reported: dict[tuple[int, str], float] = {}
     sampled_at: dict[str, float] = {}
     for node, entry in samples.items():
@@ -160,35 +163,38 @@ def reconcile_duty_cycles(client: redis.Redis, samples: dict[str, dict]) -> int:
         return 0
     stored = set(Allocation.objects.filter(job_id__in=ids_in({job_id for job_id, _ in reported}),
                                            released_at__isnull=True, job__state=JobState.RUNNING)
-                 .values_list("job_id", "gpu__node__name", "duty_cycle"))
-    disagreeing = sorted((job_id, node, want) for job_id, node, want in stored
-                         if isinstance(have := reported.get((job_id, node)), (int, float)) and abs(have - want) > 1e-6)
-    if not disagreeing:
+                 .values_list("job_id", "gpu__node__name", "duty_cycle").distinct())
+    faster = sorted((job_id, node, want) for job_id, node, want in stored
+                    if isinstance(have := reported.get((job_id, node)), (int, float)) and have > want + 1e-6)
+    if not faster:
         return 0
-    keys = [f"colony:duty-disagree:{node}:{job_id}" for job_id, node, _ in disagreeing]
+    keys = [f"colony:duty-disagree:{node}:{job_id}" for job_id, node, _ in faster]
     resend, pipe = [], client.pipeline(transaction=False)
-    for key, (job_id, node, want), before in zip(keys, disagreeing, client.mget(keys)):
-        first = _disagreement(before)
-        if first is None or first[0] != want:  # (first seen, or about another stored value since)
-            pipe.set(key, f"{want!r} {sampled_at[node]!r}", ex=DUTY_MEMORY_S)
-        elif sampled_at[node] - first[1] >= DUTY_DISAGREE_S:
+    for key, (job_id, node, want), before in zip(keys, faster, client.mget(keys)):
+        at, seen = sampled_at[node], _disagreement(before)
+        if seen is None or seen[0] != want or at - seen[2] > DUTY_GAP_S:  # (first seen, about another value, or anew)
+            pipe.set(key, f"{want!r} {at!r} {at!r}", ex=DUTY_MEMORY_S)
+        elif at - seen[1] >= DUTY_DISAGREE_S:
             resend.append((job_id, node, want))
             pipe.delete(key)
+        else:
+            pipe.set(key, f"{want!r} {seen[1]!r} {at!r}", ex=DUTY_MEMORY_S)
     pipe.execute()
     sent = 0
     for job_id, node, want in resend:
         if client.set(f"colony:duty-resent:{node}:{job_id}", 1, nx=True, ex=DUTY_RESEND_EVERY_S):
             log.warning("job %d runs at duty cycle %s on %s, not %s: sending it again", job_id,
                         reported[job_id, node], node, want)
-            send_duty_cycle(node, job_id, want, resume=True)
+            send_duty_cycle(node, job_id, want)  # (0: a SuspendJob; never a resume)
             sent += 1
     return sent
 
 
-def _disagreement(value: bytes | None) -> tuple[float, float] | None:
+def _disagreement(value: bytes | None) -> tuple[float, float, float] | None:
+    """(stored duty cycle, first and last sample times it was seen exceeded) from its key."""
     try:
-        want, since = (value or b"").split()
-        return float(want), float(since)
+        want, first, last = (value or b"").split()
+        return float(want), float(first), float(last)
     except ValueError:
         return None
 

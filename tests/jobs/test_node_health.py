@@ -156,16 +156,16 @@ def test_a_duty_cycle_that_did_not_reach_the_node_is_sent_again_once_it_stays_wr
                 if (c := protocol.decode_command(f)) and c.job_id == job_id]
 
     now = time.time()
-    sample(1.0, now - 8)
-    assert check_node_health(redis_client)["duty_cycles_resent"] == 0  # (first seen: maybe on its way)
     sample(1.0, now - 6)
+    assert check_node_health(redis_client)["duty_cycles_resent"] == 0  # (first seen: maybe on its way)
+    sample(1.0, now - 3)
     assert check_node_health(redis_client)["duty_cycles_resent"] == 0
     sample(1.0, now)
     assert check_node_health(redis_client)["duty_cycles_resent"] == 1 and sent() == ["suspend"]
-    sample(1.0, now)
-    check_node_health(redis_client)
-    sample(1.0, now + 6)
-    assert check_node_health(redis_client)["duty_cycles_resent"] == 0 and sent() == ["suspend"]  # (30 s apart)
+    for at in (now + 3, now + 6, now + 9):
+        sample(1.0, at)
+        assert check_node_health(redis_client)["duty_cycles_resent"] == 0  # (30 s apart)
+    assert sent() == ["suspend"]
 
     # The stored value moved since it was first seen wrong: a throttle on its way, not a loss.
     redis_client.delete(f"colony:duty-resent:n1:{job_id}")
@@ -177,3 +177,19 @@ def test_a_duty_cycle_that_did_not_reach_the_node_is_sent_again_once_it_stays_wr
     assert check_node_health(redis_client)["duty_cycles_resent"] == 0
     sample(0.25, now + 20)  # (it arrived)
     assert check_node_health(redis_client)["duty_cycles_resent"] == 0 and sent() == ["suspend"]
+
+    # Seen faster, then not for a while: seen faster again starts the 5 s anew.
+    sample(1.0, now + 26)
+    assert check_node_health(redis_client)["duty_cycles_resent"] == 0 and sent() == ["suspend"]
+
+
+def test_a_job_its_node_runs_slower_than_stored_is_left_alone(running_on_n1, redis_client):
+    """The idle policy suspends a job without storing it (so that no throttle resumes it): the
+    node says 0 where 1 is stored, for as long as it likes, and nothing is sent."""
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=10)
+    now = time.time()
+    for at in (now - 20, now - 10, now):
+        live.store_latest(redis_client, [protocol.NodeSample(node="n1", ts=at, seq=1, gpus=[],
+                                                             running_jobs=[running_on_n1.pk], duty_cycles=[0.0])])
+        assert check_node_health(redis_client)["duty_cycles_resent"] == 0
+    assert [c for _, f in redis_client.xrange(protocol.command_stream("n1")) if protocol.decode_command(f)] == []
