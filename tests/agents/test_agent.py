@@ -6,6 +6,7 @@ import json
 import signal
 import time
 
+import pytest
 import redis as redis_lib
 
 from agents import protocol
@@ -411,12 +412,18 @@ def test_the_exits_kept_on_disk_are_bounded_and_read_back_by_the_next_agent(tmp_
     assert later._recent_exit(30, "launch-30-0").exit_code == 0 and later._recent_exit(3, "launch-3-0") is None
 
 
+@pytest.mark.parametrize("spawned", [False, True], ids=["before-the-spawn-record", "after-it"])
 def test_a_launch_an_earlier_agent_took_but_died_before_starting_runs_when_resent(
-        redis_url, redis_client, start_agent, tmp_path):
+        redis_url, redis_client, start_agent, tmp_path, spawned):
     """An agent killed between writing a launch's record and spawning its supervisor left a job that
     never ran; the next agent remembered the launch as applied and skipped every re-send, so the
-    job stayed PLACED for ever (found by the chaos test). It now runs it, once."""
+    job stayed PLACED for ever (found by the chaos test). It now runs it, once. Killed a step
+    later (``spawned``: its spawn record written, the job never handed to a supervisor), the same,
+    once past the time a supervisor has to answer with none holding the job directory's lock."""
+    import os
+
     from agents import supervise
+    from agents.runner import SUPERVISOR_START_SECONDS
 
     runs = tmp_path / "runs.txt"
     first_agent = start_agent(redis_url)
@@ -425,7 +432,12 @@ def test_a_launch_an_earlier_agent_took_but_died_before_starting_runs_when_resen
     job_dir = first_agent.agent.runner.job_dir(81)
     job_dir.mkdir(parents=True)
     supervise.write_json_atomically(job_dir / "launch.json", json.loads(cmd.model_dump_json()), mode=0o600)
-    first_agent.stop()  # (as if killed right there: the record written, no supervisor spawned)
+    if spawned:
+        supervise.make_lock(job_dir)
+        supervise.write_json_atomically(job_dir / "spawned.json", {"launch_id": cmd.command_id}, mode=0o600)
+        old = time.time() - SUPERVISOR_START_SECONDS - 1
+        os.utime(job_dir / "spawned.json", (old, old))
+    first_agent.stop()  # (as if killed right there: no supervisor spawned, or none handed the job)
 
     start_agent(redis_url)
     wait_for(lambda: len(events(redis_client, "node_registered")) == 2)
@@ -494,38 +506,3 @@ def test_a_stop_for_a_job_whose_supervisor_wrote_its_record_late_stops_it_rather
     [done] = wait_for(lambda: exited(redis_client, 83))
     assert (done.stopped, done.absent, done.launch_id) == (True, False, "launch-83-1")
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-
-
-def test_a_launch_whose_supervisor_an_earlier_agent_never_handed_the_job_runs_when_resent(
-        redis_url, redis_client, start_agent, tmp_path):
-    """Killed a step later than above: its spawn record written, the job never handed to a
-    supervisor. Past the time a supervisor has to answer, with none in the job's directory, the
-    re-sent launch runs, once."""
-    import os
-
-    from agents import supervise
-    from agents.runner import SUPERVISOR_START_SECONDS
-
-    runs = tmp_path / "runs.txt"
-    first_agent = start_agent(redis_url)
-    wait_for(lambda: events(redis_client, "node_registered"))
-    cmd = launch(python(f"open({str(runs)!r}, 'a').write('run\\n')"), attempt=1, command_id="launch-84-1", job_id=84)
-    job_dir = first_agent.agent.runner.job_dir(84)
-    job_dir.mkdir(parents=True)
-    supervise.write_json_atomically(job_dir / "launch.json", json.loads(cmd.model_dump_json()), mode=0o600)
-    supervise.make_lock(job_dir)
-    supervise.write_json_atomically(job_dir / "spawned.json", {"launch_id": cmd.command_id}, mode=0o600)
-    old = time.time() - SUPERVISOR_START_SECONDS - 1
-    os.utime(job_dir / "spawned.json", (old, old))
-    first_agent.stop()
-
-    start_agent(redis_url)
-    wait_for(lambda: len(events(redis_client, "node_registered")) == 2)
-    send(redis_client, "n1", cmd)
-    [done] = wait_for(lambda: exited(redis_client, 84))
-    assert done.exit_code == 0 and done.launch_id == "launch-84-1"
-    send(redis_client, "n1", cmd)  # re-sent again: answered, not run
-    marker = launch(python("pass"))
-    send(redis_client, "n1", marker)
-    wait_for(lambda: exited(redis_client, marker.job_id))
-    assert runs.read_text() == "run\n" and len(started(redis_client, 84)) == 1
