@@ -218,51 +218,41 @@ class Capacity:
         if node.pool is not None and node.empty:
             self.buckets[node.pool][len(node.empty)].pop(node.key, None)
 
-    def _index(self, gpu: GpuSlot) -> None:
+    def _place(self, gpu: GpuSlot) -> bool:
+        """Set where ``gpu`` belongs in each index (``opp_entry``, ``guar_entry``; left None where
+        in neither, as an unindexed GPU has them); False if it belongs in none."""
         if gpu.blocked or gpu.occupants == 0 or not gpu.node.indexed or not gpu.joinable:
-            return
+            return False
         free = gpu.free_mib
         if free <= self.headroom:
-            return
+            return False
         entry = (free, gpu.key)
         if gpu.load_milli < self.max_load:
             gpu.opp_entry = (room_bucket(self.max_load - gpu.load_milli), entry)
-            insort(self.opp_index[gpu.pool][gpu.opp_entry[0]], entry)
         if not gpu.exclusive and gpu.guaranteed_milli < WHOLE_GPU_MILLI:
             gpu.guar_entry = (room_bucket(WHOLE_GPU_MILLI - gpu.guaranteed_milli), entry)
-            insort(self.guar_index[gpu.pool][gpu.guar_entry[0]], entry)
+        return True
+
+    def _index(self, gpu: GpuSlot) -> None:
+        if self._place(gpu):
+            for index, placed in ((self.opp_index, gpu.opp_entry), (self.guar_index, gpu.guar_entry)):
+                if placed is not None:
+                    insort(index[gpu.pool][placed[0]], placed[1])
 
     def _index_all(self) -> None:
-        """``_index`` every occupied GPU of a schedulable node, as the build's last step: the same
-        tests inline (this sees every GPU of a full cluster every cycle) and each bucket sorted
-        once at the end, not kept sorted one insertion at a time."""
-        headroom, max_load, opp_index, guar_index = self.headroom, self.max_load, self.opp_index, self.guar_index
-        touched = set()
+        """``_index`` every occupied GPU, as the build's last step: each bucket sorted once at the
+        end, not kept sorted one insertion at a time (this sees every GPU of a full cluster every
+        cycle)."""
+        place, opp_index, guar_index = self._place, self.opp_index, self.guar_index
         for gpu in self.gpus:
-            # (``node.indexed`` is ``schedulable`` while nothing is reserved; ``joinable`` inlined)
-            if not gpu.occupants or gpu.blocked or not gpu.node.schedulable:
-                continue
-            isolation = gpu.isolation
-            if isolation == "mig" or (isolation == "unfenced" and gpu.unfenced_refusals):
-                continue
-            free = gpu.capacity_mib - gpu.used_mib
-            if free <= headroom:
-                continue
-            entry, pool = (free, gpu.key), gpu.pool
-            load = gpu.load_milli
-            if load < max_load:
-                room = room_bucket(max_load - load)
-                gpu.opp_entry = (room, entry)
-                opp_index[pool][room].append(entry)
-                touched.add((0, pool, room))
-            guaranteed = gpu.guaranteed_milli
-            if not gpu.exclusive and guaranteed < WHOLE_GPU_MILLI:
-                room = room_bucket(WHOLE_GPU_MILLI - guaranteed)
-                gpu.guar_entry = (room, entry)
-                guar_index[pool][room].append(entry)
-                touched.add((1, pool, room))
-        for which, pool, room in touched:
-            (guar_index if which else opp_index)[pool][room].sort()
+            if gpu.occupants and place(gpu):
+                if (placed := gpu.opp_entry) is not None:
+                    opp_index[gpu.pool][placed[0]].append(placed[1])
+                if (placed := gpu.guar_entry) is not None:
+                    guar_index[gpu.pool][placed[0]].append(placed[1])
+        for buckets in (*opp_index, *guar_index):
+            for bucket in buckets:
+                bucket.sort()
 
     def _unindex(self, gpu: GpuSlot) -> None:
         for index, entry in ((self.opp_index[gpu.pool], gpu.opp_entry), (self.guar_index[gpu.pool], gpu.guar_entry)):
