@@ -808,22 +808,24 @@ class Agent:
         (``JobRunner.adopt_late``), now taken over and said to run; its exit, if it ended, is sent now."""
         if self.runner.launch_of(job_id) is not None:
             return False  # (known here: it runs under this agent)
-        finished = self._adopt_late(job_id, launch_id)
-        for ended in finished:
-            self._publish(self._exited(ended))
-        if any(ended.job_id == job_id for ended in finished):
+        if self._ended_late(job_id, launch_id):
             return True
         if self.runner.launch_of(job_id) is None:
             return False
         self._publish(self._attempt_report(job_id, launch_id))  # (adopted: it runs)
         return True
 
-    def _adopt_late(self, job_id: int, launch_id: str | None) -> list[FinishedJob]:
+    def _ended_late(self, job_id: int, launch_id: str | None) -> bool:
+        """Take over the attempt an earlier agent left unseen (``JobRunner.adopt_late``), sending
+        the exits that turned up; whether the job's own was among them."""
         try:
-            return self.runner.adopt_late(job_id, launch_id, self.shutdown_grace)
+            finished = self.runner.adopt_late(job_id, launch_id, self.shutdown_grace)
         except Exception:  # (never the end of the agent, and of every job with it)
             log.exception("job %d: could not look for an attempt an earlier agent left", job_id)
-            return []
+            return False
+        for ended in finished:
+            self._publish(self._exited(ended))
+        return any(ended.job_id == job_id for ended in finished)
 
     def _answer_query(self, command: protocol.QueryAttempt) -> None:
         """Say how the attempt stands here, changing nothing (see :class:`protocol.QueryAttempt`)."""
@@ -858,10 +860,7 @@ class Agent:
     def _stop_job(self, command: protocol.StopJob) -> None:
         running = self.runner.running_launches().get(command.job_id)
         if running is None:  # (an attempt an earlier agent left, unseen so far, is stopped too)
-            finished = self._adopt_late(command.job_id, command.launch_id)
-            for ended in finished:
-                self._publish(self._exited(ended))
-            if any(ended.job_id == command.job_id for ended in finished):
+            if self._ended_late(command.job_id, command.launch_id):
                 return  # (it had ended: that is the answer)
             running = self.runner.running_launches().get(command.job_id)
         if running is not None and command.launch_id in (None, running):

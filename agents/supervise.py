@@ -312,6 +312,7 @@ def _hold_lock() -> int | None:
         except OSError:
             if time.monotonic() >= deadline:
                 log.warning("the supervisor lock is held by another process; going on without it")
+                os.close(fd)
                 return None
             time.sleep(0.05)
 
