@@ -157,12 +157,14 @@ def reconcile_duty_cycles(client: redis.Redis, samples: dict[str, dict]) -> int:
     for node, entry in samples.items():
         running, duties, at = entry.get("running_jobs") or [], entry.get("duty_cycles") or [], entry.get("ts")
         if running and len(duties) == len(running) and isinstance(at, (int, float)):  # (else an agent that does not say)
-            reported.update(((job_id, node), duty) for job_id, duty in zip(running, duties))
+            # (a job at 0 runs no faster than anything stored)
+            reported.update(((job_id, node), duty) for job_id, duty in zip(running, duties) if duty)
             sampled_at[node] = at
     if not reported:
         return 0
     stored = set(Allocation.objects.filter(job_id__in=ids_in({job_id for job_id, _ in reported}),
-                                           released_at__isnull=True, job__state=JobState.RUNNING)
+                                           released_at__isnull=True, job__state=JobState.RUNNING,
+                                           duty_cycle__lt=1.0)  # (at 1, nothing runs faster: most jobs)
                  .values_list("job_id", "gpu__node__name", "duty_cycle").distinct())
     faster = sorted((job_id, node, want) for job_id, node, want in stored
                     if isinstance(have := reported.get((job_id, node)), (int, float)) and have > want + 1e-6)
