@@ -90,8 +90,8 @@ PROCESS_RECORD = supervise.PROCESS_RECORD
 EXIT_RECORD = supervise.EXIT_RECORD
 STOP_RECORD = supervise.STOP_RECORD
 LAUNCH_RECORD = "launch.json"
-# Written just before the job's supervisor is spawned, kept until the job's next attempt: a
-# launch record without it is a launch an agent took and died before starting (nothing ran).
+# Written just before the job's supervisor is spawned, kept until the job's next attempt and
+# marked ``ended`` before that attempt's records go (``never_started`` reads it).
 SPAWN_RECORD = "spawned.json"
 NOTICE_DIR = "notice"
 PREEMPT_FILE = "preempt_at"
@@ -615,9 +615,9 @@ class JobRunner:
     def never_started(self, cmd: LaunchJob) -> bool:
         """Whether ``cmd`` was taken here (its launch record written) by an agent that died before
         its supervisor started the job: nothing of it ran, and nothing will report it. Either no
-        supervisor was about to start (no spawn record), or one was but none runs in the job's
-        directory, none wrote the job's records and it is past the time a supervisor has to
-        answer (the agent died before handing it the job, so it started nothing). An attempt
+        supervisor was about to start (no spawn record), or one was but none holds the job
+        directory's lock, none wrote the job's records and it is past the time a supervisor has
+        to answer (the agent died before handing it the job, so it started nothing). An attempt
         that ran and ended is never taken for one that did not: its spawn record says it ended
         before its records go (:func:`_remove_records`)."""
         if cmd.job_id in self._jobs:
