@@ -31,6 +31,7 @@ from jobs.scheduling import (  # noqa: E402
     JobClass,
     RecordedProfile,
     JobRequest,
+    LiveReadings,
     NodeState,
     RunningJob,
     TenantQuota,
@@ -70,8 +71,9 @@ def build_tenants(rng: random.Random, count: int, total_gpus: int) -> list[Tenan
 
 
 def build_running(rng: random.Random, nodes: list[NodeState], tenants: list[TenantQuota],
-                  target: int) -> tuple[list[RunningJob], list[NodeState]]:
-    """Pack jobs node by node (whole-GPU gangs, single GPUs, shared GPUs), ~10% of GPUs left empty."""
+                  target: int) -> tuple[list[RunningJob], LiveReadings]:
+    """Pack jobs node by node (whole-GPU gangs, single GPUs, shared GPUs), ~10% of GPUs left empty;
+    with live readings for half the jobs and for the shared GPUs."""
     jobs: list[RunningJob] = []
     held: Counter = Counter()
     guaranteed_held: Counter = Counter()
@@ -79,6 +81,7 @@ def build_running(rng: random.Random, nodes: list[NodeState], tenants: list[Tena
     # others sit below their guarantee, which is what makes the scheduler reclaim.
     weights = [t.guaranteed_gpus * rng.lognormvariate(0, 1.2) for t in tenants]
     utilisation: dict[int, float] = {}
+    job_utilisation: dict[int, float] = {}
 
     def add(gpu_ids, memory, milli=1000):
         cost = len(gpu_ids) * milli
@@ -93,12 +96,14 @@ def build_running(rng: random.Random, nodes: list[NodeState], tenants: list[Tena
         if guaranteed:
             guaranteed_held[tenant.name] += cost
         known = rng.random() < 0.7
+        job_id = 1_000_000 + len(jobs)
+        started_at, expected_runtime_s = NOW - rng.uniform(0, 2 * 86400), rng.uniform(3600, 4 * 86400) if known else None
+        if (live := rng.uniform(0.1, 0.9) if rng.random() < 0.5 else None) is not None:
+            job_utilisation[job_id] = live
         jobs.append(RunningJob(
-            id=1_000_000 + len(jobs), tenant=tenant.name,
+            id=job_id, tenant=tenant.name,
             job_class=JobClass.GUARANTEED if guaranteed else JobClass.OPPORTUNISTIC, gpu_ids=tuple(gpu_ids),
-            started_at=NOW - rng.uniform(0, 2 * 86400), memory_mib=memory, gpu_milli=milli,
-            expected_runtime_s=rng.uniform(3600, 4 * 86400) if known else None,
-            utilisation=rng.uniform(0.1, 0.9) if rng.random() < 0.5 else None,
+            started_at=started_at, memory_mib=memory, gpu_milli=milli, expected_runtime_s=expected_runtime_s,
             solo_utilisation=rng.uniform(0.3, 0.95) if rng.random() < 0.5 else None,
             duty_cycle=1.0 if guaranteed else rng.choice([0.3, 0.5, 1.0])))
 
@@ -121,10 +126,7 @@ def build_running(rng: random.Random, nodes: list[NodeState], tenants: list[Tena
                 for _ in range(rng.choice([2, 3])):
                     add([gpu.id], capacity // 5, milli=rng.choice([250, 300]))
                 utilisation[gpu.id] = rng.uniform(0.3, 0.95)
-    nodes = [NodeState(n.name, tuple(GpuState(g.id, g.index, g.model, g.memory_mib, utilisation=utilisation.get(g.id))
-                                     for g in n.gpus), rack=n.rack, intra_node_gb_per_s=n.intra_node_gb_per_s,
-                       cordoned=n.cordoned) for n in nodes]
-    return jobs, nodes
+    return jobs, LiveReadings(gpus=utilisation, jobs=job_utilisation)
 
 
 def build_pending(rng: random.Random, count: int, tenants: list[TenantQuota]) -> list[JobRequest]:
@@ -156,9 +158,9 @@ def build_snapshot(seed: int, nodes: int, gpus_per_node: int, tenants: int, runn
     rng = random.Random(seed)
     node_states = build_nodes(rng, nodes, gpus_per_node)
     quotas = build_tenants(rng, tenants, nodes * gpus_per_node)
-    running_jobs, node_states = build_running(rng, node_states, quotas, running)
+    running_jobs, readings = build_running(rng, node_states, quotas, running)
     return ClusterSnapshot(nodes=tuple(node_states), pending=tuple(build_pending(rng, pending, quotas)),
-                           tenants=tuple(quotas), running=tuple(running_jobs))
+                           tenants=tuple(quotas), running=tuple(running_jobs), readings=readings)
 
 
 def reference_loop_ms() -> float:
@@ -194,7 +196,8 @@ def launched(snapshot: ClusterSnapshot, decisions) -> ClusterSnapshot:
         expected_runtime_s=requests[place.job_id].expected_runtime_s) for place in decisions.placements)
     return ClusterSnapshot(nodes=snapshot.nodes, tenants=snapshot.tenants,
                            pending=tuple(job for job in snapshot.pending if job.id not in placed),
-                           running=tuple(job for job in snapshot.running if job.id not in stopped) + started)
+                           running=tuple(job for job in snapshot.running if job.id not in stopped) + started,
+                           readings=snapshot.readings)
 
 
 def steady(snapshot: ClusterSnapshot, repeat: int) -> None:

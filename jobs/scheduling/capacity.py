@@ -45,14 +45,15 @@ class GpuSlot:
                  "promised", "residents", "opp_entry", "guar_entry", "placed_guaranteed", "isolation",
                  "unfenced_refusals", "margin_mib")
 
-    def __init__(self, key: int, gpu, node: "NodeSlot", pool: int):
+    def __init__(self, key: int, gpu, node: "NodeSlot", pool: int, live_load: float | None,
+                 live_used_mib: int | None):
         self.key, self.id, self.index, self.model = key, gpu.id, gpu.index, gpu.model
         self.node, self.pool = node, pool
         self.capacity_mib = gpu.memory_mib
         self.used_mib = 0
         self.load_milli = 0
-        self.live_load = gpu.utilisation
-        self.live_used_mib = gpu.memory_used_mib
+        self.live_load = live_load  # (the node agent's readings; None when not known)
+        self.live_used_mib = live_used_mib
         self.guaranteed_milli = 0
         self.guaranteed_count = 0
         self.exclusive = False  # holds a guaranteed job that shares with no other guaranteed job
@@ -109,10 +110,11 @@ def needs_headroom(job: RunningJob, capacity_mib: int) -> bool:
     return not (job.gpu_milli < WHOLE_GPU_MILLI and job.memory_mib is not None and job.memory_mib <= share)
 
 
-def resident_load_milli(job: RunningJob) -> int:
-    """Compute a resident uses: live if known, else its solo profile or request, times its duty cycle."""
-    if job.utilisation is not None:
-        return round(job.utilisation * WHOLE_GPU_MILLI)
+def resident_load_milli(job: RunningJob, utilisation: float | None) -> int:
+    """Compute a resident uses: live (``utilisation``, its reading) if known, else its solo profile
+    or request, times its duty cycle."""
+    if utilisation is not None:
+        return round(utilisation * WHOLE_GPU_MILLI)
     solo = job.solo_utilisation if job.solo_utilisation is not None else job.gpu_milli / WHOLE_GPU_MILLI
     return round(solo * job.duty_cycle * WHOLE_GPU_MILLI)
 
@@ -129,6 +131,7 @@ class Capacity:
         # (this loop and the next see every GPU of the cluster every cycle: lookups are hoisted)
         pools, pool_ids, gpus, by_id = self.pools, {}, self.gpus, self.by_id
         busy: list[GpuSlot] = []
+        gpu_load, gpu_used = snapshot.readings.gpus.get, snapshot.readings.gpu_memory_used_mib.get
         for node in snapshot.nodes:
             slot = NodeSlot(len(self.nodes), node, node.schedulable)
             self.nodes.append(slot)
@@ -140,7 +143,7 @@ class Capacity:
                 if pool is None:
                     pool = pool_ids[pool_key] = len(pools)
                     pools.append(pool_key)
-                gpu_slot = GpuSlot(len(gpus), gpu, slot, pool)
+                gpu_slot = GpuSlot(len(gpus), gpu, slot, pool, gpu_load(gpu.id), gpu_used(gpu.id))
                 if gpu.busy:
                     busy.append(gpu_slot)
                 gpus.append(gpu_slot)
@@ -168,9 +171,9 @@ class Capacity:
         ]
 
     def _add_residents(self, snapshot: ClusterSnapshot) -> None:
-        by_id, headroom = self.by_id, self.headroom
+        by_id, headroom, job_load = self.by_id, self.headroom, snapshot.readings.jobs.get
         for job in snapshot.running:
-            load = resident_load_milli(job)
+            load = resident_load_milli(job, job_load(job.id))
             held = len(job.gpu_ids)
             cpu = host_resources.per_gpu(job.cpu_milli, held) if job.cpu_milli else 0
             host_mb = host_resources.per_gpu(job.host_memory_mb, held) if job.host_memory_mb else 0

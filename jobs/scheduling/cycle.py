@@ -180,7 +180,8 @@ class Cycle(Waiting, Borrowing):
         self._borrowing_pass(queues)
         return Decisions(
             placements=tuple(self.state.placements), pending=tuple(self.state.pending), preemptions=tuple(self.state.preemptions),
-            throttles=tuple(throttles(self.capacity, self.snapshot.running, self.state.leaving, self.config)),
+            throttles=tuple(throttles(self.capacity, self.snapshot.running, self.snapshot.readings.jobs,
+                                      self.state.leaving, self.config)),
             reservations=tuple(self.state.reservations), promises=tuple(self.state.promises),
         )
 

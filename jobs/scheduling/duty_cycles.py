@@ -31,6 +31,8 @@ stopped are left alone.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from jobs.scheduling.capacity import Capacity, GpuSlot
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.decisions import Throttle, ThrottleReason
@@ -40,11 +42,12 @@ _DECREASE = (ThrottleReason.NEIGHBOUR_SLOWED, ThrottleReason.GPU_SATURATED, Thro
 _RAISE = (ThrottleReason.ROOM_AVAILABLE, ThrottleReason.NO_GUARANTEED_NEIGHBOUR)
 
 
-def _signal(gpu: GpuSlot, config: SchedulerConfig, leaving: set[int]) -> ThrottleReason | None:
+def _signal(gpu: GpuSlot, config: SchedulerConfig, leaving: set[int],
+            utilisation: Mapping[int, float]) -> ThrottleReason | None:
     guaranteed = [j for j in gpu.residents if j.job_class is JobClass.GUARANTEED and j.id not in leaving]
     for job in guaranteed:
-        if (job.utilisation is not None and job.solo_utilisation is not None
-                and job.utilisation < job.solo_utilisation - config.slowdown_margin):
+        if (job.solo_utilisation is not None and (live := utilisation.get(job.id)) is not None
+                and live < job.solo_utilisation - config.slowdown_margin):
             return ThrottleReason.NEIGHBOUR_SLOWED
     if (guaranteed or gpu.placed_guaranteed) and gpu.live_load is not None and gpu.live_load >= config.saturated_utilisation:
         return ThrottleReason.GPU_SATURATED
@@ -53,14 +56,15 @@ def _signal(gpu: GpuSlot, config: SchedulerConfig, leaving: set[int]) -> Throttl
     if not guaranteed:
         return ThrottleReason.NO_GUARANTEED_NEIGHBOUR
     if gpu.live_load is not None and gpu.live_load < config.room_utilisation and all(
-            job.utilisation is None or job.solo_utilisation is None
-            or job.utilisation >= job.solo_utilisation - config.raise_margin for job in guaranteed):
+            job.solo_utilisation is None or (live := utilisation.get(job.id)) is None
+            or live >= job.solo_utilisation - config.raise_margin for job in guaranteed):
         return ThrottleReason.ROOM_AVAILABLE
     return None
 
 
-def throttles(capacity: Capacity, running: tuple[RunningJob, ...], leaving: set[int],
-              config: SchedulerConfig) -> list[Throttle]:
+def throttles(capacity: Capacity, running: tuple[RunningJob, ...], utilisation: Mapping[int, float],
+              leaving: set[int], config: SchedulerConfig) -> list[Throttle]:
+    """``utilisation``: each running job's live reading (``LiveReadings.jobs``)."""
     decisions: list[Throttle] = []
     signals: dict[int, ThrottleReason | None] = {}
     for job in running:
@@ -72,7 +76,7 @@ def throttles(capacity: Capacity, running: tuple[RunningJob, ...], leaving: set[
             if gpu is None:
                 continue
             if gpu_id not in signals:
-                signals[gpu_id] = _signal(gpu, config, leaving)
+                signals[gpu_id] = _signal(gpu, config, leaving, utilisation)
             reasons.append(signals[gpu_id])
         if not reasons:
             continue

@@ -11,6 +11,7 @@ bandwidth in GB/s (10^9 bytes per second).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -34,9 +35,6 @@ class GpuState:
     # Held by something the snapshot does not list in ``running`` (an allocation of unknown shape):
     # such a GPU is treated as fully used. Ignored when a listed running job sits on the GPU.
     busy: bool = False
-    # Live readings from the node agent; None when not (yet) known.
-    utilisation: float | None = None
-    memory_used_mib: int | None = None
     # How co-located jobs are fenced from each other (``agents.protocol.Isolation``): "mps",
     # "memory_limit" (the simulator's default: it kills the job that overflows), "mig" or
     # "unfenced" (``filters.isolation``).
@@ -154,9 +152,8 @@ class RunningJob:
     priority: int = 0
     expected_runtime_s: float | None = None
     duty_cycle: float = 1.0
-    # Live mean utilisation of the job's GPUs attributable to it; None when unknown.
-    utilisation: float | None = None
-    # Utilisation when it ran alone (from its profile): the yardstick for "slowed down".
+    # Utilisation when it ran alone (from its profile): the yardstick for "slowed down". What it
+    # uses now is a live reading (``LiveReadings.jobs``).
     solo_utilisation: float | None = None
     shareable: bool = False
     # Already told to stop (preempted, cancelling): its GPUs free up soon; never chosen again.
@@ -231,6 +228,22 @@ class Promise:
 
 
 @dataclass(frozen=True, slots=True)
+class LiveReadings:
+    """What the node agents last measured, by GPU id and by job id; absent when not (yet) known.
+
+    Kept apart from the GPUs and the jobs they describe: readings move with every sample, the
+    inventory and the jobs' allocations seldom do, so a caller can hand the core the very
+    ``NodeState`` and ``RunningJob`` objects of its last snapshot and only new readings (building
+    10,000 running jobs and 8,000 GPUs again every cycle was most of the loop's snapshot)."""
+
+    # A GPU's utilisation (0..1) and memory in use (MiB), whoever uses it.
+    gpus: Mapping[int, float] = field(default_factory=dict)
+    gpu_memory_used_mib: Mapping[int, int] = field(default_factory=dict)
+    # A running job's mean utilisation over its GPUs, attributable to it (0..1).
+    jobs: Mapping[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     nodes: tuple[NodeState, ...]
     pending: tuple[JobRequest, ...]
@@ -239,3 +252,4 @@ class ClusterSnapshot:
     user_limits: tuple[UserLimit, ...] = field(default=())
     # What earlier cycles' reclaims promised to jobs still pending (the service echoes them).
     promises: tuple[Promise, ...] = field(default=())
+    readings: LiveReadings = field(default_factory=LiveReadings)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from itertools import groupby
+from operator import is_, itemgetter
 
 from django.db import connection
 from django.db.models import F, FloatField, Func, Q, TextField
@@ -18,7 +20,7 @@ from django.db.models.functions import Cast, Coalesce
 from jobs.choices import RunClass
 from jobs.choices import TERMINAL_STATES, JobState
 from jobs.models import Allocation, Job, JobArray, JobDependency, JobProfile, JobPromise, Membership, Tenant
-from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, NodeState, TenantQuota, UserLimit
+from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, LiveReadings, NodeState, TenantQuota, UserLimit
 from jobs.scheduling.snapshot import JobClass, Promise, RecordedProfile, RunningJob
 from jobs.services.bulk_rows import ids_in
 from jobs.services.row_versions import RowVersions, listing
@@ -33,16 +35,16 @@ BITS_PER_BYTE = 8
 
 
 def build_snapshot(redis_client) -> ClusterSnapshot:
-    nodes = list(Node.objects.values_list(*NODE_FIELDS))
+    nodes = _node_rows()
     online = live_node_names(redis_client, [name for _, name, *_ in nodes])
-    samples = live.latest_nodes(redis_client)
-    node_states = _nodes(nodes, online, samples)
-    gpu_nodes = {gpu.id: node.name for node in node_states for gpu in node.gpus}
-    gpu_memory = {gpu.id: gpu.memory_mib for node in node_states for gpu in node.gpus}
+    samples = live.latest_use(redis_client)
+    node_states = _nodes(nodes, online)
+    gpu_nodes, gpu_memory, gpu_ids = _gpu_facts(node_states)
     tenants = list(Tenant.objects.values_list("id", "slug", "guaranteed_gpus", "max_gpus", "weight", "decayed_usage",
                                               "unfenced_sharing"))
     slugs = {tenant_id: slug for tenant_id, slug, *_ in tenants}
     unfenced = {tenant_id: consent for tenant_id, *_, consent in tenants}
+    running, held_on = _running(gpu_nodes, gpu_memory, slugs, unfenced)
     return ClusterSnapshot(
         nodes=node_states,
         pending=_pending(max(gpu_memory.values(), default=None), slugs, unfenced),
@@ -51,15 +53,29 @@ def build_snapshot(redis_client) -> ClusterSnapshot:
                         decayed_usage=decayed_usage)
             for _, slug, guaranteed, ceiling, weight, decayed_usage, _ in tenants
         ),
-        running=_running(samples, gpu_nodes, gpu_memory, slugs, unfenced),
+        running=running,
         user_limits=_user_limits(slugs),
         promises=_promises(slugs),
+        readings=_readings(samples, gpu_ids, held_on),
     )
 
 
 # The most GPUs one promise may name: more than any job may ask for (``Job.gpus`` is validated far
 # below this); a longer list is not the loop's and is ignored.
 MAX_PROMISED_GPUS = 4096
+
+
+# Everything kept from one snapshot to the next (see each): dropped by :func:`forget`.
+KEPT = ("_node_states", "_all_nodes", "_facts", "_running_jobs", "_running_for", "_built", "_built_for", "_derived", "_whole", "_pending_versions")
+
+
+def forget() -> None:
+    """Drop what was kept from earlier snapshots: the next one is built as a new process builds it."""
+    global _node_states, _all_nodes, _facts, _running_jobs, _running_for, _built, _built_for, _derived, _whole
+    global _pending_versions
+    _node_states, _all_nodes, _facts, _running_jobs, _running_for = {}, (None, ()), ((), ({}, {}, {})), {}, ()
+    _built, _built_for, _derived, _whole = {}, (), (None, set(), set()), (None, ())
+    _pending_versions = RowVersions()
 
 
 def _promises(slugs: dict[int, str]) -> tuple[Promise, ...]:
@@ -123,41 +139,99 @@ def intra_node_bandwidth(topology: list[dict]) -> float:
 
 # Rows, not model instances, throughout: building ORM objects for every GPU, allocation and
 # pending job was most of the snapshot's cost at 1,024 nodes and 50,000 pending jobs.
-NODE_FIELDS = ("id", "name", "cordoned", "rack", "topology", "runtimes", "cpu_milli", "host_memory_mib")
+NODE_FIELDS = ("id", "name", "cordoned", "rack", "topology_text", "runtimes_text", "cpu_milli", "host_memory_mib")
 
 
-def _nodes(nodes: list[tuple], online: set[str], samples: dict[str, dict]) -> tuple[NodeState, ...]:
+# The nodes of the last snapshot by id: what each was built from (its row, its GPUs' rows, whether
+# it was up) and the NodeState. Live readings are not part of it (``LiveReadings``), so a node
+# whose rows did not change is the very same object from one cycle to the next: building 8,000
+# GPUs again every cycle was a sixth of the loop's snapshot. Replaced by this snapshot's nodes
+# every time, so nodes removed are forgotten.
+_node_states: dict[int, tuple[tuple, NodeState]] = {}
+# (every row and who is up, the nodes): most cycles nothing of it changed at all.
+_all_nodes: tuple = (None, ())
+
+
+def _nodes(nodes: list[tuple], online: set[str]) -> tuple[NodeState, ...]:
+    global _node_states, _all_nodes
+    gpus = _rows(Gpu.objects.filter(present=True).order_by("node_id", "index").values_list(
+        "node_id", "id", "index", "model", "memory_mib", "isolation", "mig_profile"))
+    if _all_nodes[0] == (nodes, gpus, online):
+        return _all_nodes[1]
     gpus_by_node: dict[int, list[tuple]] = defaultdict(list)
-    for node_id, *gpu in Gpu.objects.filter(present=True).order_by("index").values_list(
-            "node_id", "id", "index", "model", "memory_mib", "isolation", "mig_profile"):
-        gpus_by_node[node_id].append(gpu)
-    states = []
-    for node_id, name, cordoned, rack, topology, runtimes, cpu_milli, host_memory_mib in nodes:
-        readings = {g["index"]: g for g in samples.get(name, {}).get("gpus", [])}
-        states.append(NodeState(
-            name=name,
-            gpus=tuple(
-                GpuState(
-                    id=gpu_id, index=index, model=model, memory_mib=memory_mib,
-                    utilisation=_fraction(readings.get(index, {}).get("util_sm")),
-                    memory_used_mib=readings.get(index, {}).get("mem_used_mib"),
-                    isolation=isolation, mig_profile=mig_profile,
-                )
-                for gpu_id, index, model, memory_mib, isolation, mig_profile in gpus_by_node[node_id]
-            ),
-            online=name in online,
-            cordoned=cordoned,
-            rack=rack,
-            intra_node_gb_per_s=intra_node_bandwidth(topology),
-            runtimes=frozenset(runtimes or ()),
-            cpu_milli=cpu_milli,
-            host_memory_mb=host_memory_mib,
-        ))
-    return tuple(states)
+    for node_id, *gpu in gpus:
+        gpus_by_node[node_id].append(tuple(gpu))
+    states, kept, before = [], {}, _node_states
+    for row in nodes:
+        node_id, name = row[0], row[1]
+        built_from = (row, gpus_by_node[node_id], name in online)
+        cached = before.get(node_id)
+        state = cached[1] if cached is not None and cached[0] == built_from else _node(*built_from)
+        kept[node_id] = (built_from, state)
+        states.append(state)
+    _node_states, _all_nodes = kept, ((nodes, gpus, online), tuple(states))
+    return _all_nodes[1]
 
 
-def _fraction(percent: float | None) -> float | None:
-    return None if percent is None else percent / 100.0
+def _node_rows() -> list[tuple]:
+    return _rows(Node.objects.order_by("id").annotate(topology_text=Cast("topology", TextField()),
+                                                      runtimes_text=Cast("runtimes", TextField()))
+                 .values_list(*NODE_FIELDS))
+
+
+def _node(row: tuple, gpus: list[tuple], online: bool) -> NodeState:
+    _, name, cordoned, rack, topology, runtimes, cpu_milli, host_memory_mib = row  # (JSON as text)
+    return NodeState(
+        name=name,
+        gpus=tuple(GpuState(id=gpu_id, index=index, model=model, memory_mib=memory_mib, isolation=isolation,
+                            mig_profile=mig_profile)
+                   for gpu_id, index, model, memory_mib, isolation, mig_profile in gpus),
+        online=online,
+        cordoned=cordoned,
+        rack=rack,
+        intra_node_gb_per_s=intra_node_bandwidth(json.loads(topology) if topology else []),
+        runtimes=frozenset(json.loads(runtimes) or () if runtimes else ()),
+        cpu_milli=cpu_milli,
+        host_memory_mb=host_memory_mib,
+    )
+
+
+# (the nodes they were derived from, (GPU id -> node name, GPU id -> memory, node name -> GPU
+# index -> id)): the same while the nodes are the same objects, as they are most cycles
+_facts: tuple = ((), ({}, {}, {}))
+
+
+def _gpu_facts(node_states: tuple[NodeState, ...]) -> tuple[dict[int, str], dict[int, int], dict[str, dict]]:
+    global _facts
+    if len(_facts[0]) != len(node_states) or not all(map(is_, _facts[0], node_states)):
+        _facts = (node_states, ({gpu.id: node.name for node in node_states for gpu in node.gpus},
+                                {gpu.id: gpu.memory_mib for node in node_states for gpu in node.gpus},
+                                {node.name: {gpu.index: gpu.id for gpu in node.gpus} for node in node_states}))
+    return _facts[1]
+
+
+def _readings(samples: dict[str, live.NodeUse], gpu_ids: dict[str, dict[int, int]],
+              held_on: dict[int, tuple[str | None, ...]]) -> LiveReadings:
+    """What the nodes' last samples say of their GPUs (``gpu_ids``: per node, GPU index -> id)
+    and of the jobs they run (``held_on``: the nodes each running job holds GPUs on)."""
+    load: dict[int, float] = {}
+    used: dict[int, int] = {}
+    for node, sample in samples.items():
+        ids = gpu_ids.get(node)
+        if ids is None:
+            continue
+        for reading in sample.gpus:  # (an index sent twice: its last reading counts)
+            gpu_id = ids.get(reading.index)
+            if gpu_id is not None:
+                if reading.util_sm is not None:
+                    load[gpu_id] = reading.util_sm / 100.0
+                else:
+                    load.pop(gpu_id, None)
+                if reading.mem_used_mib is not None:
+                    used[gpu_id] = reading.mem_used_mib
+                else:
+                    used.pop(gpu_id, None)
+    return LiveReadings(gpus=load, gpu_memory_used_mib=used, jobs=_live_job_utilisation(samples, held_on))
 
 
 def _profiles(tenant_keys: set[tuple[int, str]]) -> dict[tuple[int, str], JobProfile]:
@@ -332,8 +406,23 @@ RUNNING_FIELDS = ("job_id", "gpu_id", "duty_cycle", "memory_limit_mib", "job__te
 LIVE_STATES = (JobState.PLACED, JobState.RUNNING)
 
 
-def _running(samples: dict[str, dict], gpu_nodes: dict[int, str], gpu_memory: dict[int, int] | None = None,
-             slugs: dict[int, str] | None = None, unfenced: dict[int, bool] | None = None) -> tuple[RunningJob, ...]:
+# The running jobs of the last snapshot, by id: (the allocation rows it was built from, its only
+# row or a tuple of them; its usage peak; its profile's inputs; the RunningJob; the nodes it holds
+# GPUs on). A job whose rows, peak and profile did not change is the very same object next cycle
+# (readings are not part of it: ``LiveReadings``); building 10,000 of them again every cycle was
+# most of the loop's snapshot. Valid for the GPUs and tenants it was built with (``_running_for``),
+# dropped when they change; replaced by this snapshot's jobs every time, so jobs that ended are
+# forgotten.
+_running_jobs: dict[int, tuple] = {}
+_running_for: tuple = ()
+_job_id = itemgetter(0)
+
+
+def _running(gpu_nodes: dict[int, str], gpu_memory: dict[int, int] | None = None,
+             slugs: dict[int, str] | None = None, unfenced: dict[int, bool] | None = None
+             ) -> tuple[tuple[RunningJob, ...], dict[int, tuple[str | None, ...]]]:
+    """The jobs holding GPUs, and the nodes each holds them on."""
+    global _running_jobs, _running_for
     gpu_memory = gpu_memory or {}
     if slugs is None:
         slugs = dict(Tenant.objects.values_list("id", "slug"))
@@ -341,50 +430,62 @@ def _running(samples: dict[str, dict], gpu_nodes: dict[int, str], gpu_memory: di
         unfenced = dict(Tenant.objects.values_list("id", "unfenced_sharing"))
     # Every live allocation holds its GPU, whatever the job's state: a job settled while its
     # node may still run it (timed out by the control plane) keeps its GPUs until the exit.
-    # Per job: its first allocation (by rank, then GPU index) as a row, and the GPUs it holds.
-    first: dict[int, tuple] = {}
-    gpus_of: dict[int, list[int]] = defaultdict(list)
-    for row in _rows(Allocation.objects.filter(released_at__isnull=True).order_by("job_id", "rank", "gpu__index")
-                     .annotate(started_s=_epoch(Coalesce("job__started_at", "job__placed_at", "job__submitted_at")))
-                     .values_list(*RUNNING_FIELDS)):
-        if row[0] not in first:
-            first[row[0]] = row
-        gpus_of[row[0]].append(row[1])
+    # A job's rows come together, its first allocation (by rank, then GPU index) first.
+    rows = _rows(Allocation.objects.filter(released_at__isnull=True).order_by("job_id", "rank", "gpu__index")
+                 .annotate(started_s=_epoch(Coalesce("job__started_at", "job__placed_at", "job__submitted_at")))
+                 .values_list(*RUNNING_FIELDS))
     # (a semi-join, not thousands of ids as parameters: psycopg parses each in Python)
     peaks = dict(JobUsage.objects.filter(job_id__in=Allocation.objects.filter(released_at__isnull=True).values("job_id"))
                  .values_list("job_id", "peak_gpu_memory_mib"))
-    profiles = _profiles({(row[4], row[11]) for row in first.values() if row[11]})
-    live_util = _live_job_utilisation(samples, {(job_id, gpu_nodes.get(g)) for job_id, held in gpus_of.items()
-                                                for g in held})
-    running = []
-    for job_id, (_, _, duty_cycle, memory_limit_mib, tenant_id, run_class, started_at, gpu_memory_mib, gpu_milli,
-                 priority, max_runtime_s, profile_key, shareable, state, checkpoints, array_id, cpu_milli,
-                 host_memory_mib, owner_id, accepts_unfenced) in first.items():
-        held = gpus_of[job_id]
-        profile = profiles.get((tenant_id, profile_key)) if profile_key else None
-        running.append(RunningJob(
-            id=job_id, tenant=slugs[tenant_id],
-            job_class=JobClass.OPPORTUNISTIC if run_class == RunClass.OPPORTUNISTIC else JobClass.GUARANTEED,
-            gpu_ids=tuple(held),
-            started_at=_seconds(started_at),
-            memory_mib=_memory_estimate(peaks.get(job_id), memory_limit_mib, gpu_memory_mib, profile,
-                                        (gpu_memory.get(held[0], 0) if len(held) == 1
-                                         else max(gpu_memory.get(g, 0) for g in held)) or None),
-            gpu_milli=gpu_milli, priority=priority,
-            expected_runtime_s=_expected_runtime(max_runtime_s, profile),
-            duty_cycle=duty_cycle,
-            utilisation=live_util.get(job_id),
-            solo_utilisation=profile.mean_util if profile else None,
-            shareable=shareable,
-            preempting=state not in LIVE_STATES,
-            checkpoints=checkpoints,
-            array_id=array_id,
-            cpu_milli=cpu_milli,
-            host_memory_mb=host_memory_mib,
-            user=str(owner_id),
-            accepts_unfenced=_accepts_unfenced(accepts_unfenced, tenant_id, unfenced),
-        ))
-    return tuple(running)
+    profiles = _profiles({(row[4], row[11]) for row in rows if row[11]})
+    profile_inputs = {key: (p.peak_gpu_memory_mib, p.mean_util, p.mean_runtime_s) for key, p in profiles.items()}
+    context = (gpu_nodes, gpu_memory, slugs, unfenced)
+    before = _running_jobs if _running_for == context else {}
+    running, held_on, kept = [], {}, {}
+    for job_id, group in groupby(rows, _job_id):
+        group = list(group)
+        first = group[0]
+        built_from = first if len(group) == 1 else tuple(group)
+        peak = peaks.get(job_id)
+        inputs = profile_inputs.get((first[4], first[11])) if first[11] else None
+        entry = before.get(job_id)
+        if entry is None or entry[0] != built_from or entry[1] != peak or entry[2] != inputs:
+            held = tuple(row[1] for row in group)
+            held_mib = (gpu_memory.get(held[0], 0) if len(held) == 1 else max(gpu_memory.get(g, 0) for g in held)) or None
+            profile = profiles.get((first[4], first[11])) if first[11] else None
+            entry = (built_from, peak, inputs, _running_job(first, held, peak, profile, held_mib, slugs, unfenced),
+                     tuple(gpu_nodes.get(g) for g in held))
+        kept[job_id] = entry
+        running.append(entry[3])
+        held_on[job_id] = entry[4]
+    _running_jobs, _running_for = kept, context
+    return tuple(running), held_on
+
+
+def _running_job(row: tuple, held: tuple[int, ...], peak_mib: int | None, profile: JobProfile | None,
+                 held_mib: int | None, slugs: dict[int, str], unfenced: dict[int, bool]) -> RunningJob:
+    (job_id, _, duty_cycle, memory_limit_mib, tenant_id, run_class, started_at, gpu_memory_mib, gpu_milli, priority,
+     max_runtime_s, _, shareable, state, checkpoints, array_id, cpu_milli, host_memory_mib, owner_id,
+     accepts_unfenced) = row
+    return RunningJob(
+        id=job_id, tenant=slugs[tenant_id],
+        job_class=JobClass.OPPORTUNISTIC if run_class == RunClass.OPPORTUNISTIC else JobClass.GUARANTEED,
+        gpu_ids=held,
+        started_at=_seconds(started_at),
+        memory_mib=_memory_estimate(peak_mib, memory_limit_mib, gpu_memory_mib, profile, held_mib),
+        gpu_milli=gpu_milli, priority=priority,
+        expected_runtime_s=_expected_runtime(max_runtime_s, profile),
+        duty_cycle=duty_cycle,
+        solo_utilisation=profile.mean_util if profile else None,
+        shareable=shareable,
+        preempting=state not in LIVE_STATES,
+        checkpoints=checkpoints,
+        array_id=array_id,
+        cpu_milli=cpu_milli,
+        host_memory_mb=host_memory_mib,
+        user=str(owner_id),
+        accepts_unfenced=_accepts_unfenced(accepts_unfenced, tenant_id, unfenced),
+    )
 
 
 def _memory_estimate(observed_peak_mib: int | None, memory_limit_mib: int | None, gpu_memory_mib: int | None,
@@ -397,13 +498,21 @@ def _memory_estimate(observed_peak_mib: int | None, memory_limit_mib: int | None
         _bounded(profile.peak_gpu_memory_mib, held_gpu_mib) if profile else None)
 
 
-def _live_job_utilisation(samples: dict[str, dict], held_on: set[tuple[int, str]]) -> dict[int, float]:
-    """Each job's mean live utilisation, from the nodes it holds GPUs on only (``held_on``: (job,
-    node) pairs): what another node says about it (a bug, or a node lying) must not move its
+def _live_job_utilisation(samples: dict[str, live.NodeUse], held_on: dict[int, tuple[str | None, ...]]
+                          ) -> dict[int, float]:
+    """Each job's mean live utilisation, from the nodes it holds GPUs on only (``held_on``: job ->
+    those nodes): what another node says about it (a bug, or a node lying) must not move its
     throttling."""
-    readings: dict[int, list[float]] = defaultdict(list)
+    mean: dict[int, float] = {}
+    several: dict[int, list[float]] = {}  # (most jobs have one GPU: one reading, its own mean)
+    nowhere = ()
     for node, sample in samples.items():
-        for usage in sample.get("jobs", []):
-            if usage.get("util_sm") is not None and (usage.get("job_id"), node) in held_on:
-                readings[usage["job_id"]].append(usage["util_sm"] / 100.0)
-    return {job_id: sum(values) / len(values) for job_id, values in readings.items()}
+        for usage in sample.jobs:
+            if usage.util_sm is not None and node in held_on.get(job_id := usage.job_id, nowhere):
+                if job_id in mean:
+                    several.setdefault(job_id, [mean[job_id]]).append(usage.util_sm / 100.0)
+                else:
+                    mean[job_id] = usage.util_sm / 100.0
+    for job_id, values in several.items():
+        mean[job_id] = sum(values) / len(values)
+    return mean

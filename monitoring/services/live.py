@@ -54,16 +54,60 @@ def _decoded(raw: bytes | str) -> dict | None:
 def latest_nodes(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[str, dict]:
     """Node name -> its last sample as a dict, for nodes heard from within ``max_age`` seconds.
     An entry that is not a sample is passed over (and dropped by :func:`prune_stale`)."""
+    return _fresh(client, _decoded, max_age)
+
+
+def _fresh(client: redis.Redis, decode, max_age: float) -> dict:
+    """Node name -> ``decode(its entry)``, for entries that decode (else None) and are fresh."""
     now, out = time.time(), {}
     for node, raw in client.hgetall(NODE_HASH).items():
-        sample = _decoded(raw)
+        sample = decode(raw)
         if sample is None:
             log.warning("live sample of node %r is not a sample; ignored", node)
             continue
+        ts = sample["ts"] if isinstance(sample, dict) else sample.ts
         # A sample dated ahead of this clock (a node whose clock jumped back since) is not fresh.
-        if -FUTURE_SKEW_S <= now - sample["ts"] <= max_age:
+        if -FUTURE_SKEW_S <= now - ts <= max_age:
             out[node.decode() if isinstance(node, bytes) else node] = sample
     return out
+
+
+class GpuUse(msgspec.Struct, frozen=True):
+    index: int
+    util_sm: float | None = None  # percent
+    mem_used_mib: int | None = None
+
+
+class JobUse(msgspec.Struct, frozen=True):
+    job_id: int
+    util_sm: float | None = None  # percent, on one of its GPUs
+
+
+class NodeUse(msgspec.Struct, frozen=True):
+    """What the scheduling loop reads of a node's last sample: when, and how busy its GPUs and
+    jobs were. Decoded straight from the stored JSON, every other field skipped: the loop reads a
+    thousand samples a cycle, and building a dict of every field was most of that."""
+
+    ts: float
+    gpus: list[GpuUse]
+    jobs: list[JobUse] = []
+
+
+_use_decoder = msgspec.json.Decoder(NodeUse)
+
+
+def _use(raw: bytes | str) -> NodeUse | None:
+    try:
+        return _use_decoder.decode(raw)
+    except (msgspec.DecodeError, ValueError, TypeError):  # (msgspec.ValidationError is a DecodeError)
+        return None
+
+
+def latest_use(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[str, NodeUse]:
+    """Node name -> what its last sample says of its GPUs' and jobs' use, for nodes heard from
+    within ``max_age`` seconds; what :func:`latest_nodes` reads, typed. An entry whose fields the
+    loop reads have the wrong type is passed over whole."""
+    return _fresh(client, _use, max_age)
 
 
 def latest_gpus(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[str, dict]:

@@ -253,5 +253,4 @@ def test_live_job_figures_count_only_from_the_nodes_the_job_runs_on(node4, redis
         protocol.NodeSample(node="n2", ts=time.time(), seq=1, gpus=[],
                             jobs=[protocol.JobGpuSample(job_id=job.pk, gpu_index=0, mem_used_mib=1, util_sm=0.0)]),
     ])
-    [running] = [r for r in build_snapshot(redis_client).running if r.id == job.pk]
-    assert running.utilisation == pytest.approx(0.8)
+    assert build_snapshot(redis_client).readings.jobs[job.pk] == pytest.approx(0.8)

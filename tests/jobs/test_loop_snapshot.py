@@ -1,7 +1,9 @@
-"""The snapshot keeps last cycle's pending requests where nothing they are built from changed:
-whatever happens between two cycles, the snapshot it builds is the one a fresh process builds."""
+"""The snapshot keeps last cycle's pending requests, running jobs and nodes where nothing they are
+built from changed: whatever happens between two cycles, the snapshot it builds is the one a fresh
+process builds."""
 
 import random
+import time
 from datetime import timedelta
 
 import pytest
@@ -9,31 +11,34 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from agents import protocol
+from agents.protocol import heartbeat_key
 from jobs.choices import JobState
-from jobs.models import Job, JobArray, JobDependency, JobProfile, Tenant
+from jobs.models import Allocation, Job, JobArray, JobDependency, JobProfile, Tenant
 from jobs.services import snapshot_loader as snapshot
-from jobs.services.row_versions import RowVersions
 from jobs.services.snapshot_loader import build_snapshot
-from monitoring.models import Gpu
+from monitoring.models import Gpu, JobUsage, Node
+from monitoring.services import live
 from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
 
 
 def fresh(redis_client):
     """What a process that never built a snapshot builds now (leaving the caches as they were)."""
-    kept = snapshot._built, snapshot._built_for, snapshot._pending_versions, snapshot._derived, snapshot._whole
-    snapshot._built, snapshot._built_for, snapshot._pending_versions = {}, (), RowVersions()
-    snapshot._derived, snapshot._whole = (None, set(), set()), (None, ())
+    kept = {name: getattr(snapshot, name) for name in snapshot.KEPT}
+    snapshot.forget()
     try:
         return build_snapshot(redis_client)
     finally:
-        (snapshot._built, snapshot._built_for, snapshot._pending_versions, snapshot._derived,
-         snapshot._whole) = kept
+        for name, value in kept.items():
+            setattr(snapshot, name, value)
 
 
-def mutate(rng, tenants, array):
+def mutate(rng, tenants, array, redis_client):
     pending = list(Job.objects.filter(state=JobState.PENDING))
     job = rng.choice(pending) if pending else None
-    step = rng.randrange(11)
+    step = rng.randrange(22)
+    if step >= 11:
+        return mutate_running(rng, redis_client)
     if step == 0 or job is None:
         JobFactory(tenant=rng.choice(tenants), gpus=rng.choice([1, 2, 4]), profile_key=rng.choice(["", "k"]),
                    gpu_models=rng.choice([[], ["A100-80GB"]]), array=rng.choice([None, array]))
@@ -64,20 +69,69 @@ def mutate(rng, tenants, array):
                                              submitted_at=timezone.now() - timedelta(seconds=rng.randrange(999)))
 
 
+def mutate_running(rng, redis_client):
+    """What happens to running jobs, nodes and their readings between two cycles."""
+    holding = list(Allocation.objects.filter(released_at__isnull=True).select_related("job", "gpu"))
+    held = rng.choice(holding) if holding else None
+    step = rng.randrange(8)
+    if step == 0 or held is None:  # a pending job placed on a GPU (a second allocation now and then: a gang)
+        job = Job.objects.filter(state=JobState.PENDING).order_by("?").first()
+        if job is not None:
+            Job.objects.filter(pk=job.pk).update(state=JobState.PLACED, placed_at=timezone.now(),
+                                                 run_class=rng.choice(["guaranteed", "opportunistic"]))
+            for gpu in Gpu.objects.order_by("?")[:rng.choice([1, 1, 2])]:
+                Allocation.objects.create(job=job, gpu=gpu, memory_limit_mib=rng.choice([None, 9000]))
+    elif step == 1:
+        Job.objects.filter(pk=held.job_id).update(state=rng.choice([JobState.RUNNING, JobState.PREEMPTING]),
+                                                  started_at=timezone.now() - timedelta(seconds=rng.randrange(99)))
+    elif step == 2:
+        Allocation.objects.filter(pk=held.pk).update(duty_cycle=rng.choice([0.0, 0.5, 1.0]))
+    elif step == 3:  # it ended
+        Allocation.objects.filter(job_id=held.job_id).update(released_at=timezone.now())
+        Job.objects.filter(pk=held.job_id).update(state=JobState.SUCCEEDED)
+    elif step == 4:
+        JobUsage.objects.update_or_create(job_id=held.job_id, defaults={
+            "peak_gpu_memory_mib": rng.choice([5000, 300000]), "first_seen_at": timezone.now(),
+            "last_seen_at": timezone.now()})
+    elif step == 5:
+        Node.objects.filter(pk=held.gpu.node_id).update(cordoned=rng.random() < 0.5,
+                                                        topology=rng.choice([[], [NVLINK]]))
+    elif step == 6:
+        Gpu.objects.filter(pk=held.gpu_id).update(isolation=rng.choice(["mps", "memory_limit"]))
+    else:  # a node's agent reports (or its heartbeat lapses)
+        if rng.random() < 0.3:
+            redis_client.delete(heartbeat_key(held.gpu.node.name))
+        else:
+            redis_client.set(heartbeat_key(held.gpu.node.name), "{}", ex=30)
+        live.store_latest(redis_client, [protocol.NodeSample(
+            node=held.gpu.node.name, ts=time.time(), seq=rng.randrange(10**6),
+            gpus=[protocol.GpuSample(index=held.gpu.index, util_sm=rng.choice([None, 40.0]), mem_total_mib=81920,
+                                     mem_used_mib=rng.choice([None, 7000]))],
+            jobs=[protocol.JobGpuSample(job_id=held.job_id, gpu_index=held.gpu.index, mem_used_mib=7000,
+                                        util_sm=rng.choice([None, 10.0, 55.5]))])])
+
+
+NVLINK = {"a": 0, "b": 1, "kind": "nvlink", "bandwidth_gbps": 2400}
+
+
 def random_history_matches_a_fresh_build(redis_client, seed):
     rng = random.Random(seed)
     tenants = [TenantFactory(slug=f"t{i}") for i in range(3)]
-    for i in range(4):
-        GpuFactory(node=NodeFactory(name="n1"), index=i)
+    for name in ("n1", "n2"):
+        node = NodeFactory(name=name)
+        for i in range(4):
+            GpuFactory(node=node, index=i)
     array = JobArray.objects.create(tenant=tenants[0], owner=JobFactory(tenant=tenants[0]).owner, name="a",
                                     spec="0-9%3", size=10, max_running=3)
+    for i in range(10):
+        JobFactory(tenant=tenants[i % 3], gpus=rng.choice([1, 2]), profile_key=rng.choice(["", "k"]))
     for _ in range(12):
-        mutate(rng, tenants, array)
-    for _ in range(25):
+        mutate(rng, tenants, array, redis_client)
+    for _ in range(40):
         built = build_snapshot(redis_client)
         assert built == fresh(redis_client)
         for _ in range(rng.randrange(3)):
-            mutate(rng, tenants, array)
+            mutate(rng, tenants, array, redis_client)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -115,5 +115,5 @@ def test_a_running_job_s_live_utilisation_comes_from_the_nodes_it_holds_gpus_on_
 
     live.store_latest(redis_client, [sample("a", (gang, 40)), sample("b", (gang, 60)),
                                      sample("liar", (alone, 30), (gang, 100))])
-    running = {job.id: job for job in build_snapshot(redis_client).running}
-    assert running[gang.pk].utilisation == 0.5 and running[alone.pk].utilisation == 0.3
+    readings = build_snapshot(redis_client).readings.jobs
+    assert readings[gang.pk] == 0.5 and readings[alone.pk] == 0.3

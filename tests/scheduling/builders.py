@@ -5,7 +5,9 @@
             pending=[job(1, tenant="nlp", gpus=2)])
 
 ``running(...)`` names GPUs by node and index; ``cluster`` resolves them to GPU ids. GPU ids come
-from a global counter, so tests never depend on their values.
+from a global counter, so tests never depend on their values. Live readings (``util=``) are
+remembered by GPU or job id and handed over as the snapshot's ``LiveReadings`` by ``cluster``
+(or ``readings``, for a snapshot built by hand).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from jobs.scheduling import (
     JobClass,
     RecordedProfile,
     JobRequest,
+    LiveReadings,
     NodeState,
     RunningJob,
     TenantQuota,
@@ -26,6 +29,8 @@ from jobs.scheduling import (
 
 _ids = itertools.count(1)
 GIB = 1024
+# What ``node(util=...)`` said of each GPU it made, by GPU id (ids are never reused).
+_gpu_utilisation: dict[int, float] = {}
 
 
 def node(name: str, gpus: int = 8, mem_gib: int = 80, model: str = "A100-80GB", busy: int = 0,
@@ -36,14 +41,17 @@ def node(name: str, gpus: int = 8, mem_gib: int = 80, model: str = "A100-80GB", 
     ``cpus``/``ram_gib``: CPU cores and host memory it offers (None: not tracked); ``isolation``:
     every GPU's mode; ``mig``: one MIG instance per profile named (its memory from the name),
     listed after the ``gpus`` whole GPUs."""
-    def utilisation(i: int) -> float | None:
-        return util.get(i) if isinstance(util, dict) else util
+    def read(gpu: GpuState) -> GpuState:
+        reading = util.get(gpu.index) if isinstance(util, dict) else util
+        if reading is not None:
+            _gpu_utilisation[gpu.id] = reading
+        return gpu
 
     return NodeState(
         name=name,
         gpus=tuple(
-            GpuState(id=next(_ids), index=i, model=model, memory_mib=mem_gib * GIB, busy=i < busy,
-                     utilisation=utilisation(i), isolation=isolation)
+            read(GpuState(id=next(_ids), index=i, model=model, memory_mib=mem_gib * GIB, busy=i < busy,
+                          isolation=isolation))
             for i in range(gpus)
         ) + tuple(
             GpuState(id=next(_ids), index=gpus + i, model=model, isolation="mig", mig_profile=profile,
@@ -94,6 +102,7 @@ class RunningSpec:
     on: str
     gpus: tuple[int, ...]
     fields: dict
+    util: float | None = None  # its live reading
 
 
 def running(id: int, on: str = "a", gpus=(0,), tenant: str = "vision", opportunistic: bool = False,
@@ -104,22 +113,30 @@ def running(id: int, on: str = "a", gpus=(0,), tenant: str = "vision", opportuni
     return RunningSpec(id, on, tuple(gpus), dict(
         tenant=tenant, job_class=JobClass.OPPORTUNISTIC if opportunistic else JobClass.GUARANTEED,
         started_at=started_at, memory_mib=int(mem_gib * GIB) if mem_gib else None, expected_runtime_s=runtime,
-        utilisation=util, solo_utilisation=solo, duty_cycle=duty, gpu_milli=milli, shareable=shareable,
+        solo_utilisation=solo, duty_cycle=duty, gpu_milli=milli, shareable=shareable,
         preempting=preempting, attained_gpu_s=attained, checkpoints=checkpoints, array_id=array,
-        cpu_milli=int(cpus * 1000), host_memory_mb=int(ram_gib * GIB), accepts_unfenced=unfenced))
+        cpu_milli=int(cpus * 1000), host_memory_mb=int(ram_gib * GIB), accepts_unfenced=unfenced), util)
+
+
+def readings(node_states, jobs: dict[int, float] | None = None) -> LiveReadings:
+    """The live readings of these nodes' GPUs (as ``node(util=...)`` gave them) and of ``jobs``."""
+    return LiveReadings(gpus={g.id: _gpu_utilisation[g.id] for n in node_states for g in n.gpus
+                              if g.id in _gpu_utilisation}, jobs=dict(jobs or {}))
 
 
 def cluster(*node_states: NodeState, pending=(), running=(), tenants=()) -> ClusterSnapshot:
     by_name = {n.name: n for n in node_states}
-    jobs = []
+    jobs, utilisation = [], {}
     for spec in running:
         if isinstance(spec, RunningJob):
             jobs.append(spec)
             continue
         gpu_ids = tuple(by_name[spec.on].gpus[i].id for i in spec.gpus)
         jobs.append(RunningJob(id=spec.id, gpu_ids=gpu_ids, **spec.fields))
+        if spec.util is not None:
+            utilisation[spec.id] = spec.util
     return ClusterSnapshot(nodes=tuple(node_states), pending=tuple(pending), tenants=tuple(tenants),
-                           running=tuple(jobs))
+                           running=tuple(jobs), readings=readings(node_states, utilisation))
 
 
 def gpu_index(snapshot: ClusterSnapshot) -> dict[int, tuple[str, int]]:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from jobs.scheduling import ClusterSnapshot, SchedulerConfig, decide
 from jobs.scheduling.carry import Carry
-from tests.scheduling.builders import job
+from tests.scheduling.builders import job, readings
 from tests.scheduling.test_invariants import check_invariants, launch, nodes, requests, tenants, warm_clusters
 
 EVENTS = ["launch", "launch", "end", "submit", "submit", "edit", "edit", "resolve", "ceiling", "cordon", "offline", "lose_node",
@@ -150,7 +150,9 @@ def test_decisions_with_a_carry_equal_decisions_without(data):
     carry_module.MAX_ARRIVED_SHARE = draw(st.sampled_from([share, 1.0]))
     carry_module.SHARED_KEY_JOBS = draw(st.sampled_from([shared, 0]))  # (0: every queue has columns to carry)
     try:
-        snapshot = ClusterSnapshot(nodes=tuple(draw(nodes())), tenants=tuple(draw(tenants())), pending=())
+        node_states = draw(nodes())
+        snapshot = ClusterSnapshot(nodes=tuple(node_states), tenants=tuple(draw(tenants())), pending=(),
+                                   readings=readings(node_states))
         names = [t.name for t in snapshot.tenants] + ["stranger"]
         snapshot = dataclasses.replace(snapshot, pending=tuple(draw(requests(1, names, 12))))
         carry, config, now, next_id = Carry(), CONFIGS[0], 1000.0, 100

@@ -14,8 +14,8 @@ from collections import Counter, defaultdict
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from jobs.scheduling import ClusterSnapshot, JobClass, JobRequest, RunningJob, SchedulerConfig, decide
-from tests.scheduling.builders import job, node, tenant
+from jobs.scheduling import ClusterSnapshot, JobClass, JobRequest, LiveReadings, RunningJob, SchedulerConfig, decide
+from tests.scheduling.builders import job, node, readings, tenant
 
 CONFIG = SchedulerConfig()
 # Sized to keep the whole scheduling suite near ten seconds; CI can raise them with a profile.
@@ -79,21 +79,25 @@ def launch(snapshot: ClusterSnapshot, decisions, now: float, draw) -> ClusterSna
     capacity = {g.id: g.memory_mib for n in snapshot.nodes for g in n.gpus}
     gone = {p.job_id for p in decisions.preemptions}
     running = [j for j in snapshot.running if j.id not in gone]
+    utilisation = {job_id: value for job_id, value in snapshot.readings.jobs.items() if job_id not in gone}
     for place in decisions.placements:
         request = requests_by_id[place.job_id]
         known = draw(st.booleans()) if draw else False
+        started_at = now - (draw(st.floats(0, 500)) if draw else 0.0)
+        if known:
+            utilisation[place.job_id] = draw(st.floats(0, 1))
         running.append(RunningJob(
             id=place.job_id, tenant=request.tenant, job_class=place.job_class, gpu_ids=place.gpu_ids,
-            started_at=now - (draw(st.floats(0, 500)) if draw else 0.0),
+            started_at=started_at,
             memory_mib=planned_memory(request, min(capacity[g] for g in place.gpu_ids)),
             gpu_milli=request.gpu_milli, expected_runtime_s=request.expected_runtime_s,
-            utilisation=draw(st.floats(0, 1)) if known else None,
             solo_utilisation=request.profile.mean_utilisation if request.profile else None,
             duty_cycle=draw(st.sampled_from([0.1, 0.5, 1.0])) if draw and place.job_class is JobClass.OPPORTUNISTIC
             else place.duty_cycle, shareable=request.shareable or request.gpu_milli < 1000))
     placed = {p.job_id for p in decisions.placements}
     pending = tuple(j for j in snapshot.pending if j.id not in placed)
-    return dataclasses.replace(snapshot, running=tuple(running), pending=pending)
+    return dataclasses.replace(snapshot, running=tuple(running), pending=pending,
+                               readings=LiveReadings(gpus=snapshot.readings.gpus, jobs=utilisation))
 
 
 @st.composite
@@ -103,7 +107,7 @@ def warm_clusters(draw):
     # Warm-up work comes mostly from a tenant without quota, so the cluster is largely borrowed.
     warm_names = names + ["stranger"] * 3
     empty = ClusterSnapshot(nodes=tuple(node_states), pending=tuple(draw(requests(1, warm_names, 12))),
-                            tenants=tuple(quotas))
+                            tenants=tuple(quotas), readings=readings(node_states))
     warm = launch(empty, decide(empty, now=0.0, config=CONFIG), now=1000.0, draw=draw)
     running = tuple(dataclasses.replace(j, preempting=draw(st.booleans()) and draw(st.booleans()))
                     for j in warm.running)
@@ -161,8 +165,10 @@ def check_invariants(snapshot: ClusterSnapshot, decisions) -> None:
                 # Compute: spare room for borrowers; guaranteed reservations within one GPU.
                 running_here = [j for j in residents[gpu_id] if isinstance(j, RunningJob)]
                 if place.job_class is JobClass.OPPORTUNISTIC and residents[gpu_id]:
-                    load = added_load[gpu_id] + (round(gpu.utilisation * 1000) if gpu.utilisation is not None and
-                                                 running_here else sum(_load(j) for j in running_here))
+                    live = snapshot.readings.gpus.get(gpu_id)
+                    load = added_load[gpu_id] + (round(live * 1000) if live is not None and running_here
+                                                 else sum(_load(j, snapshot.readings.jobs.get(j.id))
+                                                          for j in running_here))
                     assert load < CONFIG.max_shared_load_milli
                 if place.job_class is JobClass.GUARANTEED:
                     guaranteed_milli[gpu_id] += request.gpu_milli
@@ -196,9 +202,9 @@ def _demand(request: JobRequest) -> int:
     return request.gpu_milli
 
 
-def _load(job: RunningJob) -> int:
-    if job.utilisation is not None:
-        return round(job.utilisation * 1000)
+def _load(job: RunningJob, utilisation: float | None) -> int:
+    if utilisation is not None:
+        return round(utilisation * 1000)
     solo = job.solo_utilisation if job.solo_utilisation is not None else job.gpu_milli / 1000
     return round(solo * job.duty_cycle * 1000)
 
@@ -237,7 +243,8 @@ def borrowed_clusters(draw, pairs_first: bool = True):
     quotas = (tenant("owner", guaranteed=guarantee, max_gpus=guarantee), tenant("borrower", guaranteed=0))
     fill = [job(1000 + i, tenant="borrower", gpus=draw(st.sampled_from([1, 1, 2])),
                 mem_gib=draw(st.sampled_from([None, 4, 10])), submitted_at=float(i)) for i in range(3 * total)]
-    empty = ClusterSnapshot(nodes=tuple(node_states), pending=tuple(fill), tenants=quotas)
+    empty = ClusterSnapshot(nodes=tuple(node_states), pending=tuple(fill), tenants=quotas,
+                            readings=readings(node_states))
     full = launch(empty, decide(empty, now=0.0), now=500.0, draw=draw)
     # A gang runs on GPUs of one model, so the owner's pairs must fit together: no more of them
     # than the cluster has pairs of one model (three pairs on five GPUs of one model and one of

@@ -91,9 +91,11 @@ def test_delayed_usage_is_what_the_scheduler_reads():
     engine.now = 2.0
     engine.cycle(2.0)
     engine.now = 30.0
-    assert engine.snapshot().nodes[0].gpus[0].utilisation == 0.0  # the reading from before it started
+    snapshot = engine.snapshot()
+    assert snapshot.readings.gpus[snapshot.nodes[0].gpus[0].id] == 0.0  # the reading from before it started
     engine.now = 70.0
-    assert engine.snapshot().nodes[0].gpus[0].utilisation == pytest.approx(0.6)
+    snapshot = engine.snapshot()
+    assert snapshot.readings.gpus[snapshot.nodes[0].gpus[0].id] == pytest.approx(0.6)
 
 
 def test_fragmentation_counts_what_no_task_of_the_workload_can_use():

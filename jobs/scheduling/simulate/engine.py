@@ -61,6 +61,7 @@ from jobs.scheduling.snapshot import (
     GpuState,
     JobClass,
     JobRequest,
+    LiveReadings,
     NodeState,
     RunningJob,
     TenantQuota,
@@ -216,6 +217,10 @@ class Replay:
                 self.gpus.append(_Gpu(len(self.gpus), index, n, spec.model, spec.memory_mib))
             self.node_gpus.append(ids)
         self.node_cache: list[NodeState | None] = [None] * len(trace.nodes)
+        # The readings of each GPU the last snapshot showed (load, memory used), kept for nodes whose
+        # cache entry still holds.
+        self.gpu_load: dict[int, float] = {}
+        self.gpu_memory_used: dict[int, int] = {}
         self.quotas = {q.name: q for q in trace.quotas}
         self.usage: dict[str, float] = defaultdict(float)
         self.held: dict[str, int] = defaultdict(int)  # milli-GPUs per tenant
@@ -556,28 +561,31 @@ class Replay:
         for n, spec in enumerate(self.trace.nodes):
             node = self.node_cache[n] if knowing else None
             if node is None:
+                node_gpus = [self.gpus[i] for i in self.node_gpus[n]]
+                for g in node_gpus:
+                    self.gpu_load[g.id], self.gpu_memory_used[g.id] = self._seen_load(g), g.memory_used
                 node = self.node_cache[n] = NodeState(
-                    spec.name,
-                    tuple(GpuState(g.id, g.index, g.model, g.memory_mib, utilisation=self._seen_load(g),
-                                   memory_used_mib=g.memory_used)
-                          for g in (self.gpus[i] for i in self.node_gpus[n])),
+                    spec.name, tuple(GpuState(g.id, g.index, g.model, g.memory_mib) for g in node_gpus),
                     rack=spec.rack, intra_node_gb_per_s=spec.intra_node_gb_per_s, **self._host_capacity(n))
             nodes.append(node)
         running = tuple(self._running_job(run) for run in self.running.values())
         tenants = tuple(
             replace(self._quota(tenant), decayed_usage=self.usage[tenant]) for tenant in sorted(self.usage)
         )
+        readings = LiveReadings(gpus=dict(self.gpu_load), gpu_memory_used_mib=dict(self.gpu_memory_used),
+                                jobs={run.job.id: run.job.utilisation * run.rate for run in self.running.values()})
         return ClusterSnapshot(nodes=tuple(nodes), pending=tuple(self.pending.values()), tenants=tenants,
-                               running=running, promises=self.promises)
+                               running=running, promises=self.promises, readings=readings)
 
     def _running_job(self, run: _Run) -> RunningJob:
-        """The run as the core sees it, rebuilt only when its speed or duty cycle changed."""
+        """The run as the core sees it, rebuilt only when its speed or duty cycle changed (its
+        live utilisation, which moves with its speed, is a reading of the snapshot's)."""
         if run.seen is None or run.seen[0] != (run.version, run.duty):
             run.seen = ((run.version, run.duty), RunningJob(
                 id=run.job.id, tenant=run.job.tenant, job_class=run.job_class, gpu_ids=run.gpu_ids,
                 started_at=run.started_at, memory_mib=self._seen_memory(run), gpu_milli=run.job.gpu_milli,
                 priority=run.job.priority, expected_runtime_s=run.job.duration_s, duty_cycle=run.duty,
-                utilisation=run.job.utilisation * run.rate, solo_utilisation=run.job.utilisation,
+                solo_utilisation=run.job.utilisation,
                 attained_gpu_s=run.attained_before, **self._host_request(run.job),
             ))
         return run.seen[1]
