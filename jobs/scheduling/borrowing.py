@@ -18,15 +18,13 @@ from __future__ import annotations
 import heapq
 
 from jobs.scheduling import reasons
-from jobs.scheduling.carry import Entry, FlaggedOutcome, Outcome
+from jobs.scheduling.carry import ALONE, Entry, FlaggedOutcome, Outcome
 from jobs.scheduling.decisions import new_pending
 from jobs.scheduling.placement import OneNodeWait, Shape
 from jobs.scheduling.snapshot import JobClass, JobRequest
 
 OPPORTUNISTIC = JobClass.OPPORTUNISTIC
 
-# Never an answer: a job with this memo key is settled one by one (``QueueColumns.keys``).
-ALONE = object()
 # In an answer in place of an ETA: the job's ETA is the queue's next (``QueueEta.next``).
 QUEUED = object()
 # Kept with the answers: the state they are true for (version, ETAs exhausted, out of searches).

@@ -25,11 +25,13 @@ at once).
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 from itertools import compress
-from operator import attrgetter, is_, itemgetter
+from operator import attrgetter, getitem, is_, is_not, itemgetter
 
 from jobs.scheduling.capacity import Capacity
 from jobs.scheduling.config import SchedulerConfig
@@ -40,6 +42,8 @@ from jobs.scheduling.snapshot import JobRequest
 
 
 UNLIMITED_GPUS = 10**9
+# Never an answer: a job with this memo key is settled one by one (``QueueColumns.keys``).
+ALONE = object()
 # Request keys come and go with the jobs (a recorded profile's peak memory alone takes many
 # values): past this many remembered shapes, start again rather than grow for as long as the
 # scheduler process lives. (Carried queues keep their own shapes; only new keys are recomputed.)
@@ -207,12 +211,16 @@ class TenantQueue:
 class QueueReadings(NamedTuple):
     """What ``QueueColumns`` reads of a queue's jobs: ids, expected runtimes (None: not given) in
     queue order, the positions of jobs of arrays, and the submit times of the gangs that may
-    spread, in queue order (None: read them from the queue)."""
+    spread, in queue order (None: read them from the queue). Read with them, where the reader
+    knew the clock: each entry's memo key without a hold (``QueueColumns.seed_keys``) and how
+    many of the gangs are young."""
 
     ids: list[int]
     runtimes: list[float | None]
     arrays: list[int]
     gang_submitted: list[float] | None
+    keys: list | None = None
+    young_gangs: int = 0
 
 
 class QueueColumns:
@@ -258,6 +266,12 @@ class QueueColumns:
         self.array_ids = list(map(ids.__getitem__, read.arrays))
         self._positions: dict[int, int] | None = None  # job id -> position, made when first needed
         self._keys: tuple | None = None  # (what the last keys were made for, the keys)
+
+    def seed_keys(self, keys: list, young_gangs: int) -> None:
+        """Take ``keys`` for what ``keys()`` would make without a hold, no job settled one by one
+        for its user and ``young_gangs`` of the gangs young (the last ones by submit time: what
+        its bisection finds), as read in queue order by whoever built the queue."""
+        self._keys = ((len(self.gang_ids) - young_gangs, 0, ()), keys)
 
     def restricted(self, kept: list[int]) -> QueueColumns:
         """The columns of the queue made of this queue's entries at the positions ``kept`` (in
@@ -339,20 +353,26 @@ class QueueColumns:
         if young == len(self.gang_ids) and not (backfill or one_by_one or self.array_ids):
             keys = self.outcomes
         else:
+            # (slices, maps and a set: C-level steps, not a Python step per young gang or job
+            # that may backfill; ids no longer queued map to no position and are passed over)
             positions = self._positions
             if positions is None:
                 positions = self._positions = dict(zip(self.ids, range(len(self.ids))))
             keys, outcomes = list(self.outcomes), self.outcomes
-            young_gangs = set()
-            for job_id in self.gang_ids[young:]:
-                position = positions.get(job_id)
-                if position is not None:
-                    keys[position] = outcomes[position].key(False, True)
-                    young_gangs.add(position)
-            for job_id in self.backfill_ids[:backfill]:
-                position = positions.get(job_id)
-                if position is not None:
-                    keys[position] = outcomes[position].key(True, position in young_gangs)
+            young_at = list(filter(_is_position, map(positions.get, self.gang_ids[young:])))
+            if young_at:
+                young_of = list(map(outcomes.__getitem__, young_at))
+                for outcome in set(young_of):
+                    outcome.key(False, True)  # (made when first asked for)
+                _consume(map(keys.__setitem__, young_at, map(_young_key, young_of)))
+            if backfill:
+                backfill_at = list(filter(_is_position, map(positions.get, self.backfill_ids[:backfill])))
+                backfill_of = list(map(outcomes.__getitem__, backfill_at))
+                young_gangs = set(young_at)
+                both = list(map(young_gangs.__contains__, backfill_at))
+                for outcome, young_too in set(zip(backfill_of, both)):
+                    outcome.key(True, young_too)
+                _consume(map(keys.__setitem__, backfill_at, map(getitem, map(_backfill_keys, backfill_of), both)))
             for position in one_by_one:
                 keys[position] = alone
             for job_id in self.array_ids:
@@ -364,6 +384,9 @@ class QueueColumns:
 
 
 _id, _expected_runtime_s, _spread_gang = attrgetter("id"), attrgetter("expected_runtime_s"), attrgetter("spread_gang")
+_young_key, _backfill_keys = attrgetter("young_key"), attrgetter("backfill_key", "both_key")
+_is_position = partial(is_not, None)
+_consume = deque(maxlen=0).extend  # (runs a map for what each step does)
 
 
 def _only(queued: set[int], ids: list[int], values: list) -> tuple[list[int], list]:

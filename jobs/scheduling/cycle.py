@@ -39,7 +39,7 @@ from jobs.scheduling import reasons
 from jobs.scheduling.borrowing import Borrowing
 from jobs.scheduling.capacity import Capacity
 from jobs.scheduling.carry import (
-    UNLIMITED_GPUS, Carry, Entry, Outcome, QueueColumns, QueueReadings, TenantQueue, queue_order,
+    ALONE, UNLIMITED_GPUS, Carry, Entry, Outcome, QueueColumns, QueueReadings, TenantQueue, queue_order,
 )
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.cycle_state import CycleState, Memo
@@ -221,14 +221,18 @@ class Cycle(Waiting, Borrowing):
         made = TenantQueue(jobs, ceiling, queue, waits, smallest, outcomes)
         if made.shares_keys:  # (else the borrowing pass settles it one by one: no columns)
             made.columns = QueueColumns(queue, read)
+            if read.keys is not None:  # (this cycle's first borrowing visit needs no keys made)
+                made.columns.seed_keys(read.keys, read.young_gangs)
         return made
 
     def _entries(self, tenant: str, ceiling: int, ordered: list[JobRequest],
                  outcomes: dict) -> tuple[list[Entry], list[Pending], int, QueueReadings]:
         """The queue entries of ``ordered`` (jobs in queue order), the waits told before any pass,
         the smallest ask that may run guaranteed, and what ``QueueColumns`` reads of the entries'
-        jobs (read here, with each job at hand). ``outcomes``: the tenant queue's interned
-        ``Outcome`` per (shape, opportunistic only), added to as needed."""
+        jobs (read here, with each job at hand), with each entry's memo key in a borrowing pass
+        at this cycle's clock without a hold (``QueueColumns.keys``; None where a gang's submit
+        time is not a number). ``outcomes``: the tenant queue's interned ``Outcome`` per (shape,
+        opportunistic only), added to as needed."""
         queue: list[Entry] = []
         waits: list[Pending] = []
         smallest = UNLIMITED_GPUS
@@ -236,8 +240,10 @@ class Cycle(Waiting, Borrowing):
         # what a job gets is worked out once per ``_queue_key`` and looked up after.
         kinds: dict[tuple, tuple] = {}
         append, append_wait = queue.append, waits.append
-        read = QueueReadings([], [], [], [])
-        append_id, append_runtime, append_submitted = read.ids.append, read.runtimes.append, read.gang_submitted.append
+        ids, runtimes, arrays, gang_submitted, keys = [], [], [], [], []
+        append_id, append_runtime, append_submitted, append_key = (
+            ids.append, runtimes.append, gang_submitted.append, keys.append)
+        now, one_node_wait, young, timeless = self.now, self.config.gang_single_node_wait_s, 0, False
         for job in ordered:
             # (``_queue_key`` inlined; attributes read in bytecode, not by an attrgetter: the
             # interpreter's specialised slot reads cost a fraction of an attrgetter's generic lookup)
@@ -257,16 +263,28 @@ class Cycle(Waiting, Borrowing):
                 append_wait(new_pending((job.id, self._reason(reasons.waiting_for_dependency, job.waiting_for), None)))
             else:
                 runtime = job.expected_runtime_s
-                if job.array_limit is not None:
-                    read.arrays.append(len(queue))
                 append((job, shape, need, outcome, spread_gang or runtime is not None))
                 append_id(job.id)
                 append_runtime(runtime)
+                # Its memo key as ``QueueColumns.keys`` makes it with no hold: a gang young enough
+                # to wait for one node apart (``Cycle._young_gang``'s test), an array job alone.
+                memo_key = outcome
                 if spread_gang:
-                    append_submitted(job.submitted_at)
+                    submitted = job.submitted_at
+                    append_submitted(submitted)
+                    if now - submitted < one_node_wait:
+                        memo_key = outcome.young_key or outcome.key(False, True)
+                        young += 1
+                    elif not now - submitted >= one_node_wait:
+                        timeless = True  # (not a number: the columns' sorted bisection decides)
+                if job.array_limit is not None:
+                    arrays.append(len(ids) - 1)
+                    memo_key = ALONE
+                append_key(memo_key)
                 if ask < smallest:
                     smallest = ask
-        return queue, waits, smallest, read
+        return queue, waits, smallest, QueueReadings(ids, runtimes, arrays, gang_submitted,
+                                                     None if timeless else keys, young)
 
     def _entry_kind(self, tenant: str, ceiling: int, job: JobRequest, outcomes: dict) -> tuple:
         """What ``_entries`` makes of every job of ``tenant`` with ``job``'s ``_queue_key``:
