@@ -44,7 +44,7 @@ from jobs.scheduling.carry import (
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.cycle_state import CycleState, Memo
 from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason, new_pending
-from jobs.scheduling.eta import QueueEta, ReleaseTimeline
+from jobs.scheduling.eta import QueueEta, ReleaseTimeline, releases_of
 from jobs.scheduling.explain import InventoryCheck, invalid_request
 from jobs.scheduling.placement import Choice, OneNodeWait, Placer, Shape, shape_of
 from jobs.scheduling.reasons import PendingReason
@@ -146,7 +146,11 @@ class Cycle(Waiting, Borrowing):
         self.borrowing_at_start = frozenset(job.tenant for job in snapshot.running
                                             if job.job_class is OPPORTUNISTIC and job.id not in state.leaving)
         self.reclaimer = Reclaimer(self.capacity, self.placer, config, now, borrowed, state.leaving)
-        self.timeline = ReleaseTimeline([j for j in snapshot.running if j.id not in state.leaving], now)
+        # (kept for the tenants' own timelines, ``Waiting._tenant_timeline``: one sort for all)
+        self.releases = releases_of(snapshot.running, now)
+        leaving = state.leaving
+        self.timeline = ReleaseTimeline((), now, [r for r in self.releases if r[3] not in leaving] if leaving
+                                        else self.releases)
         self.queue_eta = QueueEta(self.timeline, sum(self.capacity.start_total_empty) * WHOLE_GPU_MILLI)
         self.users = UserLimits(snapshot, now)
 

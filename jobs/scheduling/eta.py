@@ -11,18 +11,26 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from itertools import accumulate
+from operator import itemgetter
 
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, RunningJob
 
 
+def releases_of(running: list[RunningJob], now: float) -> list[tuple[float, int, str, int]]:
+    """(when, milli-GPUs released, tenant, job id) for each of ``running`` with an expected end,
+    in time order: what ``ReleaseTimeline`` is made of, for the whole cluster or one tenant."""
+    return sorted((max(now, end), job.quota_milli, job.tenant, job.id)
+                  for job in running if (end := job.expected_end) is not None)
+
+
 class ReleaseTimeline:
-    def __init__(self, running: list[RunningJob], now: float):
+    def __init__(self, running: list[RunningJob], now: float, releases: list[tuple] | None = None):
+        """``releases``: ``releases_of(running, now)`` (or some of it), made already."""
         self.now = now
-        releases = sorted(
-            (max(now, end), job.quota_milli) for job in running if (end := job.expected_end) is not None
-        )
-        self.times = [t for t, _ in releases]
-        self.released_milli = list(accumulate(m for _, m in releases))
+        if releases is None:
+            releases = sorted((max(now, end), job.quota_milli) for job in running if (end := job.expected_end) is not None)
+        self.times = list(map(_when, releases))
+        self.released_milli = list(accumulate(map(_milli, releases)))
 
     def eta(self, needed_milli: int) -> float | None:
         """Seconds from now until ``needed_milli`` milli-GPUs have been released."""
@@ -32,6 +40,9 @@ class ReleaseTimeline:
         if position == len(self.released_milli):
             return None
         return self.times[position] - self.now
+
+
+_when, _milli = itemgetter(0), itemgetter(1)
 
 
 class QueueEta:

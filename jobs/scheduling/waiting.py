@@ -52,11 +52,14 @@ class Waiting:
 
     def _tenant_timeline(self, tenant: str) -> ReleaseTimeline:
         if not self.memo.timelines:
+            # The cycle's releases (all tenants' in time order), each tenant's apart, less the
+            # jobs told to stop by now.
             by_tenant: dict[str, list] = defaultdict(list)
-            for job in self.snapshot.running:
-                if job.id not in self.state.leaving:
-                    by_tenant[job.tenant].append(job)
-            self.memo.timelines = {t: ReleaseTimeline(jobs, self.now) for t, jobs in by_tenant.items()}
+            leaving = self.state.leaving
+            for release in self.releases:
+                if release[3] not in leaving:
+                    by_tenant[release[2]].append(release)
+            self.memo.timelines = {t: ReleaseTimeline((), self.now, found) for t, found in by_tenant.items()}
         if tenant not in self.memo.timelines:
             self.memo.timelines[tenant] = ReleaseTimeline([], self.now)
         return self.memo.timelines[tenant]
