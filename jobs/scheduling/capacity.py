@@ -224,16 +224,24 @@ class Capacity:
     def _place(self, gpu: GpuSlot) -> bool:
         """Set where ``gpu`` belongs in each index (``opp_entry``, ``guar_entry``; left None where
         in neither, as an unindexed GPU has them); False if it belongs in none."""
-        if gpu.blocked or gpu.occupants == 0 or not gpu.node.indexed or not gpu.joinable:
+        # (``NodeSlot.indexed``, ``GpuSlot.joinable``, ``GpuSlot.free_mib`` and ``room_bucket``
+        # spelled out: this sees every occupied GPU of the cluster every cycle, and every GPU a
+        # placement takes)
+        node, isolation = gpu.node, gpu.isolation
+        if (gpu.blocked or gpu.occupants == 0 or not node.schedulable or node.reserved or isolation == "mig"
+                or (isolation == "unfenced" and gpu.unfenced_refusals)):
             return False
-        free = gpu.free_mib
+        free = gpu.capacity_mib - gpu.used_mib
         if free <= self.headroom:
             return False
         entry = (free, gpu.key)
-        if gpu.load_milli < self.max_load:
-            gpu.opp_entry = (room_bucket(self.max_load - gpu.load_milli), entry)
+        load, max_load = gpu.load_milli, self.max_load
+        if load < max_load:
+            bucket = (max_load - load) // ROOM_STEP
+            gpu.opp_entry = (bucket if bucket < ROOM_BUCKETS else ROOM_BUCKETS - 1, entry)
         if not gpu.exclusive and gpu.guaranteed_milli < WHOLE_GPU_MILLI:
-            gpu.guar_entry = (room_bucket(WHOLE_GPU_MILLI - gpu.guaranteed_milli), entry)
+            bucket = (WHOLE_GPU_MILLI - gpu.guaranteed_milli) // ROOM_STEP
+            gpu.guar_entry = (bucket if bucket < ROOM_BUCKETS else ROOM_BUCKETS - 1, entry)
         return True
 
     def _index(self, gpu: GpuSlot) -> None:
