@@ -303,6 +303,7 @@ class Capacity:
         nodes = {g.node.key: g.node for g in gpus}
         for node in nodes.values():
             self._bucket_remove(node)
+        guaranteed = job_class is JobClass.GUARANTEED
         for gpu, memory in zip(gpus, memory_mib):
             if cpu_per_gpu or host_mb_per_gpu:
                 host_resources.take(gpu.node, cpu_per_gpu, host_mb_per_gpu)
@@ -315,8 +316,9 @@ class Capacity:
             gpu.load_milli += demand_milli
             if not accepts_unfenced:
                 gpu.unfenced_refusals += 1
-            gpu.margin_mib = max(gpu.margin_mib, headroom_mib)
-            if job_class is JobClass.GUARANTEED:
+            if headroom_mib > gpu.margin_mib:
+                gpu.margin_mib = headroom_mib
+            if guaranteed:
                 gpu.guaranteed_milli += gpu_milli
                 gpu.guaranteed_count += 1
                 gpu.placed_guaranteed = True

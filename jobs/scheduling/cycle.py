@@ -84,6 +84,9 @@ GUARANTEED, OPPORTUNISTIC = JobClass.GUARANTEED, JobClass.OPPORTUNISTIC
 _by_id, _by_submitted_at, _by_priority = attrgetter("id"), attrgetter("submitted_at"), attrgetter("priority")
 
 
+_guaranteed_count, _capacity_mib = attrgetter("guaranteed_count"), attrgetter("capacity_mib")
+
+
 def _node_names(gpus) -> tuple[str, ...]:
     return tuple(sorted({gpu.node.name for gpu in gpus}))
 
@@ -503,12 +506,12 @@ class Cycle(Waiting, Borrowing):
 
     def _place(self, job: JobRequest, shape: Shape, job_class: JobClass, choice: Choice) -> None:
         gpus = [gpu for _, node_gpus in choice.slices for gpu in node_gpus]
-        next_to_guarantee = any(gpu.guaranteed_count for gpu in gpus)
+        next_to_guarantee = any(map(_guaranteed_count, gpus))
         self.capacity.take(gpus, job_class, choice.memory_mib, shape.demand_milli, shape.gpu_milli, shape.shareable,
                            shape.cpu_per_gpu, shape.host_mb_per_gpu, shape.accepts_unfenced, shape.headroom_mib)
         self._count(job, job_class)
         biggest = max(choice.memory_mib)
-        capacity = min(gpu.capacity_mib for gpu in gpus)
+        capacity = min(map(_capacity_mib, gpus))
         protected = job_class is GUARANTEED and not shape.shareable
         limit = None if protected or biggest >= capacity else min(capacity, biggest + shape.headroom_mib)
         duty = self.config.shared_start_duty_cycle if job_class is OPPORTUNISTIC and next_to_guarantee else 1.0

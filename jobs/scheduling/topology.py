@@ -15,7 +15,7 @@ from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.decisions import NodeSlice, Rendezvous
 
 Candidate = tuple[NodeSlot, list[GpuSlot]]
-_by_index = attrgetter("index")
+_by_index, _by_id, _gpu_ids = attrgetter("index"), attrgetter("id"), attrgetter("gpu_ids")
 
 
 def allreduce_seconds(gpus: int, allreduce_bytes: int, gb_per_s: float) -> float:
@@ -78,14 +78,14 @@ def slices_of(choice: list[Candidate]) -> tuple[NodeSlice, ...]:
     first_rank = 0
     for node_rank, (node, gpus) in enumerate(choice):
         gpus = sorted(gpus, key=_by_index)
-        slices.append(NodeSlice(node=node.name, gpu_ids=tuple(g.id for g in gpus),
-                                gpu_indices=tuple(g.index for g in gpus), node_rank=node_rank, first_rank=first_rank))
+        slices.append(NodeSlice(node=node.name, gpu_ids=tuple(map(_by_id, gpus)),
+                                gpu_indices=tuple(map(_by_index, gpus)), node_rank=node_rank, first_rank=first_rank))
         first_rank += len(gpus)
     return tuple(slices)
 
 
 def rendezvous_of(job_id: int, slices: tuple[NodeSlice, ...], config: SchedulerConfig) -> Rendezvous | None:
-    world_size = sum(len(s.gpu_ids) for s in slices)
+    world_size = sum(map(len, map(_gpu_ids, slices)))
     if world_size < 2:
         return None
     return Rendezvous(master_node=slices[0].node,
