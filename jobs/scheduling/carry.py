@@ -221,6 +221,10 @@ class QueueReadings(NamedTuple):
     gang_submitted: list[float] | None
     keys: list | None = None
     young_gangs: int = 0
+    # The positions of the gangs that may spread, and of the jobs with a runtime that is a number
+    # (None: found from the queue).
+    gangs: list[int] | None = None
+    timed: list[int] | None = None
 
 
 class QueueColumns:
@@ -249,7 +253,8 @@ class QueueColumns:
         # Gangs by submit time and jobs with a runtime by runtime: the young gangs are the last
         # ones, the jobs that may backfill a hold the first ones (queue order is by priority first,
         # so these sorts mostly merge runs).
-        gangs = list(compress(range(len(queue)), map(_spread_gang, self.outcomes)))
+        gangs = (read.gangs if read.gangs is not None
+                 else list(compress(range(len(queue)), map(_spread_gang, self.outcomes))))
         submitted = (read.gang_submitted if read.gang_submitted is not None
                      else [queue[position][0].submitted_at for position in gangs])
         order = sorted(range(len(gangs)), key=submitted.__getitem__)
@@ -258,9 +263,9 @@ class QueueColumns:
         runtimes = read.runtimes
         # (a NaN runtime may never backfill, as ``Borrowing._one_by_one``'s test says, and would
         # break the sort)
-        with_runtime = [position for position, runtime in enumerate(runtimes)
-                        if runtime is not None and runtime == runtime]
-        with_runtime.sort(key=runtimes.__getitem__)
+        with_runtime = (sorted(read.timed, key=runtimes.__getitem__) if read.timed is not None else sorted(
+            [position for position, runtime in enumerate(runtimes) if runtime is not None and runtime == runtime],
+            key=runtimes.__getitem__))
         self.backfill_ids = list(map(ids.__getitem__, with_runtime))
         self.backfill_runtimes = list(map(runtimes.__getitem__, with_runtime))
         self.array_ids = list(map(ids.__getitem__, read.arrays))

@@ -247,9 +247,9 @@ class Cycle(Waiting, Borrowing):
         # what a job gets is worked out once per ``_queue_key`` and looked up after.
         kinds: dict[tuple, tuple] = {}
         append, append_wait = queue.append, waits.append
-        ids, runtimes, arrays, gang_submitted, keys = [], [], [], [], []
-        append_id, append_runtime, append_submitted, append_key = (
-            ids.append, runtimes.append, gang_submitted.append, keys.append)
+        ids, runtimes, arrays, gangs, gang_submitted, timed, keys = [], [], [], [], [], [], []
+        append_id, append_runtime, append_gang, append_submitted, append_timed, append_key = (
+            ids.append, runtimes.append, gangs.append, gang_submitted.append, timed.append, keys.append)
         now, one_node_wait, young, timeless = self.now, self.config.gang_single_node_wait_s, 0, False
         for job in ordered:
             # (``_queue_key`` inlined; attributes read in bytecode, not by an attrgetter: the
@@ -271,13 +271,14 @@ class Cycle(Waiting, Borrowing):
             else:
                 runtime = job.expected_runtime_s
                 append((job, shape, need, outcome, spread_gang or runtime is not None))
-                append_id(job.id)
-                append_runtime(runtime)
+                if runtime is not None and runtime == runtime:  # (NaN: never backfills, see QueueColumns)
+                    append_timed(len(ids))
                 # Its memo key as ``QueueColumns.keys`` makes it with no hold: a gang young enough
                 # to wait for one node apart (``Cycle._young_gang``'s test), an array job alone.
                 memo_key = outcome
                 if spread_gang:
                     submitted = job.submitted_at
+                    append_gang(len(ids))
                     append_submitted(submitted)
                     if now - submitted < one_node_wait:
                         memo_key = outcome.young_key or outcome.key(False, True)
@@ -285,13 +286,15 @@ class Cycle(Waiting, Borrowing):
                     elif not now - submitted >= one_node_wait:
                         timeless = True  # (not a number: the columns' sorted bisection decides)
                 if job.array_limit is not None:
-                    arrays.append(len(ids) - 1)
+                    arrays.append(len(ids))
                     memo_key = ALONE
+                append_id(job.id)
+                append_runtime(runtime)
                 append_key(memo_key)
                 if ask < smallest:
                     smallest = ask
         return queue, waits, smallest, QueueReadings(ids, runtimes, arrays, gang_submitted,
-                                                     None if timeless else keys, young)
+                                                     None if timeless else keys, young, gangs, timed)
 
     def _entry_kind(self, tenant: str, ceiling: int, job: JobRequest, outcomes: dict) -> tuple:
         """What ``_entries`` makes of every job of ``tenant`` with ``job``'s ``_queue_key``:
