@@ -16,6 +16,7 @@ decisions are the same (tests/scheduling/test_borrowing.py).
 from __future__ import annotations
 
 import heapq
+from operator import itemgetter
 
 from jobs.scheduling import reasons
 from jobs.scheduling.carry import ALONE, Entry, FlaggedOutcome, Outcome
@@ -24,6 +25,8 @@ from jobs.scheduling.placement import OneNodeWait, Shape
 from jobs.scheduling.snapshot import JobClass, JobRequest
 
 OPPORTUNISTIC = JobClass.OPPORTUNISTIC
+
+_reason_of, _eta_of = itemgetter(0), itemgetter(1)
 
 # In an answer in place of an ETA: the job's ETA is the queue's next (``QueueEta.next``).
 QUEUED = object()
@@ -206,8 +209,10 @@ class Borrowing:
             kept = [(job_id, answer, need) for job_id, answer, need in zip(ids, answers, needs[start:start + len(ids)])
                     if job_id not in handled]
             ids, answers, needs, start = [k[0] for k in kept], [k[1] for k in kept], [k[2] for k in kept], 0
-        if queue_eta.exhausted:  # (then no answer holds QUEUED: each is a (reason, ETA) to append to the id)
-            pending.extend(map(new_pending, map(tuple.__add__, zip(ids), answers)))
+        if queue_eta.exhausted:  # (then no answer holds QUEUED: each is a (reason, ETA) to put after the id)
+            # (one tuple a job, which zip reuses, and the Pending made of it: fewer allocations
+            # than adding each answer to the id's own tuple)
+            pending.extend(map(new_pending, zip(ids, map(_reason_of, answers), map(_eta_of, answers))))
             return
         append = pending.append
         for job_id, (reason, eta), need in zip(ids, answers, needs[start:start + len(ids)]):
