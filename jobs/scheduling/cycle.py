@@ -579,7 +579,7 @@ class Cycle(Waiting, Borrowing):
             self.state.guaranteed_held[job.tenant] += job.quota_milli
 
     def _wait(self, job: JobRequest, reason: PendingReason, eta: float | None = None) -> None:
-        self.state.pending.append(Pending(job.id, reason, eta))
+        self.state.pending.append(new_pending((job.id, reason, eta)))
 
     def _share(self, tenant: str) -> float:
         quota = self.quota(tenant)

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from jobs.scheduling import reasons
 from jobs.scheduling.carry import Entry
-from jobs.scheduling.decisions import Pending, Reservation
+from jobs.scheduling.decisions import Reservation, new_pending
 from jobs.scheduling.eta import ReleaseTimeline
 from jobs.scheduling.filters import host_resources
 from jobs.scheduling.placement import Shape
@@ -37,7 +37,7 @@ class Waiting:
             found = by_need.get(need)
             if found is None:
                 found = self._ceiling_wait(quota, need)
-            pending.append(Pending(job.id, *found))
+            pending.append(new_pending((job.id, *found)))
 
     def _ceiling_waits(self, tenant: str) -> dict[int, tuple[PendingReason, float | None]]:
         """What a job of ``tenant`` asking N milli-GPUs past its ceiling is told, at what it holds now."""
