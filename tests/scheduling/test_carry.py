@@ -420,3 +420,26 @@ def test_a_node_cordoned_keeps_the_queues_unless_a_request_can_no_longer_run_any
     assert carry.queues["nlp"] is not queue
     assert {p.job_id: p.reason.code for p in decisions.pending} == {
         1: "over_quota_cluster_full", 2: "needs_cordoned_nodes", 3: "over_quota_cluster_full"}
+
+
+def test_the_memo_keys_a_queue_is_built_with_are_those_its_columns_make():
+    """A queue built this cycle takes its borrowing memo keys from ``Cycle._entries`` (gangs young
+    and old, jobs with and without a runtime, an array job): they are the very keys its columns
+    make at the cycle's clock without a hold, made for what the columns' own lookup finds."""
+    from jobs.scheduling.carry import ALONE, QueueColumns, queue_order
+    from jobs.scheduling.cycle import Cycle
+    from tests.scheduling.builders import cluster, node, tenant
+
+    queued = [job(i, tenant="nlp", gpus=1 + i % 2, runtime=(None, 30.0, 4000.0)[i % 3], submitted_at=100.0 + 20 * i,
+                  array=(7, 2) if i == 5 else None, priority=i % 2) for i in range(1, 41)]
+    snapshot = cluster(node("a", gpus=4), tenants=[tenant("nlp", max_gpus=8)], pending=queued)
+    now = 700.0  # (gangs submitted before 400 are past their one-node wait of 300 s)
+    cycle = Cycle(snapshot, now, SchedulerConfig())
+    queue, _, _, read = cycle._entries("nlp", cycle.quota("nlp").ceiling_milli, sorted(queued, key=queue_order), {})
+    seeded = QueueColumns(queue, read)
+    seeded.seed_keys(read.keys, read.young_gangs)
+    made = QueueColumns(queue)
+    keys = made.keys(now, 300.0, None, (), ALONE)
+    assert seeded._keys[0] == made._keys[0]
+    assert len(read.keys) == len(keys) and all(a is b for a, b in zip(read.keys, keys))
+    assert any(key is ALONE for key in keys) and len({id(key) for key in keys}) > 3
