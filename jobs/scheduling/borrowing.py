@@ -52,7 +52,7 @@ class Borrowing:
             queue, quota = queues[tenant], self.quota(tenant)
             position, end = cursors[tenant], len(queue)
             if held[tenant] >= quota.ceiling_milli:  # at the ceiling: nothing more of this tenant can run
-                self._all_at_ceiling(queue[position:], quota)
+                self._all_at_ceiling(queue, position, quota)
                 continue
             # What the tenant holds moves only with a placement, which ends this visit.
             room = quota.ceiling_milli - held[tenant]

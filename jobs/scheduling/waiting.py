@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import replace
+from operator import itemgetter
 
 from jobs.scheduling import reasons
 from jobs.scheduling.carry import Entry
@@ -25,13 +26,27 @@ from jobs.scheduling.snapshot import JobClass, JobRequest, TenantQuota
 from jobs.scheduling.usage import weighted_share
 
 GUARANTEED = JobClass.GUARANTEED
+_first, _second = itemgetter(0), itemgetter(1)
 
 
 class Waiting:
-    def _all_at_ceiling(self, entries: list[Entry], quota: TenantQuota) -> None:
+    def _all_at_ceiling(self, queue: list[Entry], position: int, quota: TenantQuota) -> None:
+        """Every job of ``queue`` from ``position`` on waits for its tenant's ceiling: what each is
+        told depends only on the milli-GPUs it needs."""
         by_need = self._ceiling_waits(quota.name)
         handled, pending = self.state.handled, self.state.pending
-        for job, _, need, _, _ in entries:
+        if self.settle_in_bulk:
+            columns = self.carry.queues[quota.name].columns_of()
+            ids, needs = columns.ids[position:], columns.needs[position:]
+            if handled.isdisjoint(ids):
+                # (tens of thousands of jobs at their ceiling, a handful of needs: C-level maps)
+                for need in dict.fromkeys(needs):  # (each distinct need once, in queue order)
+                    if need not in by_need:
+                        self._ceiling_wait(quota, need)
+                found = list(map(by_need.__getitem__, needs))
+                pending.extend(map(new_pending, zip(ids, map(_first, found), map(_second, found))))
+                return
+        for job, _, need, _, _ in queue[position:]:
             if job.id in handled:
                 continue
             found = by_need.get(need)
