@@ -171,32 +171,40 @@ class Capacity:
         ]
 
     def _add_residents(self, snapshot: ClusterSnapshot) -> None:
-        by_id, headroom, job_load = self.by_id, self.headroom, snapshot.readings.jobs.get
+        # (every running job of the cluster every cycle: ``resident_load_milli`` and
+        # ``needs_headroom`` spelled out, what does not depend on the GPU read once a job)
+        by_id, headroom, job_load, take = self.by_id, self.headroom, snapshot.readings.jobs.get, host_resources.take
         for job in snapshot.running:
-            load = resident_load_milli(job, job_load(job.id))
-            held = len(job.gpu_ids)
-            cpu = host_resources.per_gpu(job.cpu_milli, held) if job.cpu_milli else 0
-            host_mb = host_resources.per_gpu(job.host_memory_mb, held) if job.host_memory_mb else 0
-            memory = job.memory_mib
+            utilisation = job_load(job.id)
+            load = round(utilisation * WHOLE_GPU_MILLI) if utilisation is not None else resident_load_milli(job, None)
+            gpu_ids, memory, milli = job.gpu_ids, job.memory_mib, job.gpu_milli
+            cpu = host_mb = 0
+            if job.cpu_milli or job.host_memory_mb:
+                cpu = host_resources.per_gpu(job.cpu_milli, len(gpu_ids)) if job.cpu_milli else 0
+                host_mb = host_resources.per_gpu(job.host_memory_mb, len(gpu_ids)) if job.host_memory_mb else 0
+            refuses_unfenced = not job.accepts_unfenced
             guaranteed = job.job_class is JobClass.GUARANTEED
-            for gpu_id in job.gpu_ids:
+            exclusive = guaranteed and not (job.shareable or milli < WHOLE_GPU_MILLI)
+            held_to_share = milli < WHOLE_GPU_MILLI and memory is not None  # (see needs_headroom)
+            for gpu_id in gpu_ids:
                 gpu = by_id.get(gpu_id)
                 if gpu is None:
                     continue
                 if cpu or host_mb:
-                    host_resources.take(gpu.node, cpu, host_mb)
+                    take(gpu.node, cpu, host_mb)
                 gpu.residents.append(job)
                 gpu.occupants += 1
                 gpu.load_milli += load
                 gpu.used_mib += gpu.capacity_mib if memory is None else memory  # as planned
-                if not job.accepts_unfenced:
+                if refuses_unfenced:
                     gpu.unfenced_refusals += 1
-                if gpu.margin_mib != headroom and needs_headroom(job, gpu.capacity_mib):
+                if gpu.margin_mib != headroom and (
+                        not held_to_share or memory > -(-gpu.capacity_mib * milli // WHOLE_GPU_MILLI)):
                     gpu.margin_mib = headroom
                 if guaranteed:
-                    gpu.guaranteed_milli += job.gpu_milli
+                    gpu.guaranteed_milli += milli
                     gpu.guaranteed_count += 1
-                    if not (job.shareable or job.gpu_milli < WHOLE_GPU_MILLI):
+                    if exclusive:
                         gpu.exclusive = True
         for gpu in self.gpus:
             if not gpu.residents:

@@ -40,6 +40,7 @@ from jobs.scheduling.snapshot import JobClass, RunningJob
 
 _DECREASE = (ThrottleReason.NEIGHBOUR_SLOWED, ThrottleReason.GPU_SATURATED, ThrottleReason.GUARANTEED_JOB_PLACED)
 _RAISE = (ThrottleReason.ROOM_AVAILABLE, ThrottleReason.NO_GUARANTEED_NEIGHBOUR)
+_UNASKED = object()
 
 
 def _signal(gpu: GpuSlot, config: SchedulerConfig, leaving: set[int],
@@ -67,29 +68,39 @@ def throttles(capacity: Capacity, running: tuple[RunningJob, ...], utilisation: 
     """``utilisation``: each running job's live reading (``LiveReadings.jobs``)."""
     decisions: list[Throttle] = []
     signals: dict[int, ThrottleReason | None] = {}
+    by_id, opportunistic = capacity.by_id, JobClass.OPPORTUNISTIC
     for job in running:
-        if job.job_class is not JobClass.OPPORTUNISTIC or job.id in leaving:
+        if job.job_class is not opportunistic or job.id in leaving:
             continue
         reasons = []
         for gpu_id in job.gpu_ids:
-            gpu = capacity.by_id.get(gpu_id)
+            gpu = by_id.get(gpu_id)
             if gpu is None:
                 continue
-            if gpu_id not in signals:
-                signals[gpu_id] = _signal(gpu, config, leaving, utilisation)
-            reasons.append(signals[gpu_id])
+            signal = signals.get(gpu_id, _UNASKED)
+            if signal is _UNASKED:
+                signal = signals[gpu_id] = _signal(gpu, config, leaving, utilisation)
+            reasons.append(signal)
         if not reasons:
             continue
-        decrease = next((r for r in reasons if r in _DECREASE), None)
+        if len(reasons) == 1:  # (most jobs: one GPU, one signal)
+            only = reasons[0]
+            decrease = only if only in _DECREASE else None
+            to_ceiling = only is ThrottleReason.NO_GUARANTEED_NEIGHBOUR
+            to_raise = only in _RAISE
+        else:
+            decrease = next((r for r in reasons if r in _DECREASE), None)
+            to_ceiling = all(r is ThrottleReason.NO_GUARANTEED_NEIGHBOUR for r in reasons)
+            to_raise = all(r in _RAISE for r in reasons)
         if decrease is not None:
             if config.suspend_at_floor and job.duty_cycle <= config.duty_cycle_floor + 1e-9:
                 duty = 0.0  # suspended: the floor was not enough
             else:
                 duty = max(config.duty_cycle_floor, job.duty_cycle * config.duty_cycle_decrease_factor)
             reason = decrease
-        elif all(r is ThrottleReason.NO_GUARANTEED_NEIGHBOUR for r in reasons):
+        elif to_ceiling:
             duty, reason = config.duty_cycle_ceiling, ThrottleReason.NO_GUARANTEED_NEIGHBOUR
-        elif all(r in _RAISE for r in reasons):
+        elif to_raise:
             duty = min(config.duty_cycle_ceiling, job.duty_cycle + config.duty_cycle_increase)
             reason = ThrottleReason.ROOM_AVAILABLE
         else:
