@@ -62,6 +62,9 @@ def _scheduler_series():
     yield CounterMetricFamily("colony_scheduler_fenced_cycles", "Cycles whose decisions were refused because "
                               "another scheduler had taken the lease over (logged with their jobs)",
                               value=stats.get("fenced", 0.0))
+    yield CounterMetricFamily("colony_scheduler_snapshot_divergences", "Periodic checks in which the snapshot built "
+                              "from what the loader kept between cycles differed from one built afresh (a bug; "
+                              "logged with the parts that differed)", value=stats.get("snapshot_divergences", 0.0))
     stages = CounterMetricFamily("colony_scheduler_stage_seconds", "Seconds spent in each stage of the scheduling "
                                  "cycles (usage, snapshot, decide, apply, resend): where a slow loop's time goes",
                                  labels=["stage"])

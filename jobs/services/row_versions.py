@@ -70,7 +70,8 @@ class RowVersions:
     def read(self, rows: str, fetch: Fetch) -> dict[int, Any]:
         """``rows``: every row wanted now, as :func:`listing` gives them. ``fetch(ids)``: (id,
         version, value) of those rows, version and value read in one statement. Returns id ->
-        value, in the order of ``rows`` (rows gone between the two reads are left out)."""
+        value (rows gone between the two reads are left out): by id if ``ordered``, else in no
+        particular order."""
         if rows == self._last:
             return self._values
         items = rows.split(",") if rows else []

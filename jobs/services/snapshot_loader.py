@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from dataclasses import fields
 from itertools import groupby
 from operator import attrgetter, is_, itemgetter
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F, FloatField, Func, Q, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Coalesce
@@ -35,9 +36,36 @@ BITS_PER_BYTE = 8
 
 
 def build_snapshot(redis_client) -> ClusterSnapshot:
+    return _build(redis_client, None)
+
+
+def checked_snapshot(redis_client) -> tuple[ClusterSnapshot, list[str]]:
+    """The snapshot as a process that kept nothing builds it, and the parts (``nodes``,
+    ``running``, ...) in which the one built from what was kept differs: empty unless a cache
+    here has a bug. Both are built from the same database state (one repeatable-read transaction
+    where none is open yet) and the same heartbeats and samples. The loop asks now and then, so
+    that a wrong cache is said and dropped within minutes instead of steering it for as long as
+    the process lives."""
+    outermost = not connection.in_atomic_block  # (a transaction already under way keeps its level)
+    with transaction.atomic():
+        if connection.vendor == "postgresql" and outermost:
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        names = [name for _, name, *_ in _node_rows()]
+        heard = (live_node_names(redis_client, names), live.latest_use(redis_client, names))
+        kept = _build(redis_client, heard)
+        forget()
+        fresh = _build(redis_client, heard)
+    return fresh, [part.name for part in fields(ClusterSnapshot) if getattr(kept, part.name) != getattr(fresh, part.name)]
+
+
+def _build(redis_client, heard: tuple[set[str], dict] | None) -> ClusterSnapshot:
+    """``heard``: (the nodes whose heartbeat is alive, their samples), when already read."""
     nodes = _node_rows()
-    online = live_node_names(redis_client, [name for _, name, *_ in nodes])
-    samples = live.latest_use(redis_client)
+    if heard is None:
+        names = [name for _, name, *_ in nodes]
+        heard = (live_node_names(redis_client, names), live.latest_use(redis_client, names))
+    online, samples = heard
     node_states = _nodes(nodes, online)
     gpu_nodes, gpu_memory, gpu_ids = _gpu_facts(node_states)
     tenants = list(Tenant.objects.values_list("id", "slug", "guaranteed_gpus", "max_gpus", "weight", "decayed_usage",
@@ -174,7 +202,7 @@ def _nodes(nodes: list[tuple], online: set[str]) -> tuple[NodeState, ...]:
 
 
 def _node_rows() -> list[tuple]:
-    return _rows(Node.objects.order_by("id").annotate(topology_text=Cast("topology", TextField()),
+    return _rows(Node.objects.order_by("name").annotate(topology_text=Cast("topology", TextField()),
                                                       runtimes_text=Cast("runtimes", TextField()))
                  .values_list(*NODE_FIELDS))
 
@@ -234,6 +262,18 @@ def _readings(samples: dict[str, live.NodeUse], gpu_ids: dict[str, dict[int, int
     return LiveReadings(gpus=load, gpu_memory_used_mib=used, jobs=_live_job_utilisation(samples, held_on))
 
 
+def _profile_inputs(profiles: dict[tuple[int, str], JobProfile]) -> dict[tuple[int, str], tuple]:
+    """What a request or running job takes of each profile, comparable from one snapshot to the
+    next: a mean that is not a number (NaN, written by something else) compares equal to itself
+    here, or every snapshot would build every job of that profile again."""
+    return {key: (p.peak_gpu_memory_mib, _comparable(p.mean_util), _comparable(p.mean_runtime_s))
+            for key, p in profiles.items()}
+
+
+def _comparable(value: float | None):
+    return "NaN" if value != value else value
+
+
 def _profiles(tenant_keys: set[tuple[int, str]]) -> dict[tuple[int, str], JobProfile]:
     if not tenant_keys:
         return {}
@@ -288,7 +328,7 @@ def _pending(largest_gpu_mib: int | None = None, slugs: dict[int, str] | None = 
                           mean_utilisation=profile.mean_util if profile.mean_util is not None else 1.0), profile)
         for key, profile in profiles.items()
     }
-    profile_inputs = {key: (p.peak_gpu_memory_mib, p.mean_util, p.mean_runtime_s) for key, p in profiles.items()}
+    profile_inputs = _profile_inputs(profiles)
     waiting_for = _unfinished_dependencies()
     array_limits = dict(JobArray.objects.filter(id__in=array_ids).values_list("id", "max_running"))
     context = (largest_gpu_mib, sorted(slugs.items()), sorted(unfenced.items()))
@@ -475,7 +515,7 @@ def _running(gpu_nodes: dict[int, str], gpu_memory: dict[int, int] | None = None
     peaks = dict(JobUsage.objects.filter(job_id__in=Allocation.objects.filter(released_at__isnull=True).values("job_id"))
                  .values_list("job_id", "peak_gpu_memory_mib"))
     profiles = _profiles({(row[4], row[11]) for row in rows if row[11]})
-    profile_inputs = {key: (p.peak_gpu_memory_mib, p.mean_util, p.mean_runtime_s) for key, p in profiles.items()}
+    profile_inputs = _profile_inputs(profiles)
     context = (gpu_nodes, gpu_memory, slugs, unfenced)
     before = _running_jobs if _running_for == context else {}
     running, held_on, kept = [], {}, {}

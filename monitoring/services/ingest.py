@@ -36,7 +36,7 @@ from django.db import InterfaceError, OperationalError
 
 from agents import protocol
 from agents.protocol import (
-    CLOCK_MHZ_MAX, COUNTER_MAX, ID_MAX, MAX_GPUS, MAX_MESSAGE_BYTES, MEMORY_MIB_MAX, NODE_NAME_RE, POWER_W_MAX,
+    CLOCK_MHZ_MAX, COUNTER_MAX, ID_MAX, MAX_GPUS, MAX_MESSAGE_BYTES, NODE_NAME_RE, POWER_W_MAX,
     TEMPERATURE_C_MAX, TEMPERATURE_C_MIN, UNIX_TIME_MAX, XID_MAX,
 )
 from monitoring.models import Gpu
@@ -77,10 +77,7 @@ STOP_WRITE_TRIES = 5
 # names the reason. So a sample is refused exactly when the schema refuses it, and the fast path
 # only ever accepts what the schema accepts (tests/monitoring/test_ingest_decoder.py checks both
 # on generated samples). Keep these in step with agents/protocol.py.
-_Mib = Annotated[int, msgspec.Meta(ge=0, le=MEMORY_MIB_MAX)]
-_Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
-_Index = Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS)]
-_JobId = Annotated[int, msgspec.Meta(gt=0, le=ID_MAX)]
+_Mib, _Percent, _Index, _JobId = live.Mib, live.Percent, live.GpuIndex, live.JobId
 _Clock = Annotated[int, msgspec.Meta(ge=0, le=CLOCK_MHZ_MAX)]
 _STRUCT = {"forbid_unknown_fields": True, "frozen": True, "gc": False}
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Annotated
 
 import msgspec
 import redis
 
-from agents.protocol import NodeSample
+from agents.protocol import ID_MAX, MAX_GPUS, MEMORY_MIB_MAX, UNIX_TIME_MAX, NodeSample
 from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,8 @@ STALE_AFTER_S = 30.0
 
 # How far ahead of the control plane's clock a node's sample may be dated and still count.
 FUTURE_SKEW_S = 30.0
+# Per-job readings a sample may hold (as NodeSample.jobs).
+MAX_JOB_READINGS = 4096
 
 
 def store_latest(client: redis.Redis, samples: list[tuple[NodeSample, str]] | list[NodeSample]) -> None:
@@ -33,7 +36,10 @@ def store_latest(client: redis.Redis, samples: list[tuple[NodeSample, str]] | li
     for item in samples:
         sample, raw = item if isinstance(item, tuple) else (item, None)
         if sample.node not in latest or latest[sample.node][0] <= sample.ts:
-            latest[sample.node] = (sample.ts, raw if raw is not None else sample.model_dump_json())
+            # (the JSON as received only where the strict decoder took it: what the schema's lax
+            # coercions accepted, "5" or 5.0 for an int, is stored as the schema reads it)
+            kept = raw if raw is not None and not isinstance(sample, NodeSample) else sample.model_dump_json()
+            latest[sample.node] = (sample.ts, kept)
     if latest:
         client.hset(NODE_HASH, mapping={node: raw for node, (_, raw) in latest.items()})
 
@@ -43,7 +49,7 @@ def _decoded(raw: bytes | str) -> dict | None:
     cycle); None for anything else, which only a writer other than ``store_latest`` can leave."""
     try:
         sample = msgspec.json.decode(raw)
-    except (msgspec.DecodeError, ValueError, TypeError):
+    except UNDECODABLE:
         return None
     if (not isinstance(sample, dict) or not isinstance(sample.get("ts"), (int, float)) or isinstance(sample["ts"], bool)
             or not isinstance(sample.get("gpus"), list) or not isinstance(sample.get("jobs", []), list)):
@@ -54,13 +60,16 @@ def _decoded(raw: bytes | str) -> dict | None:
 def latest_nodes(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[str, dict]:
     """Node name -> its last sample as a dict, for nodes heard from within ``max_age`` seconds.
     An entry that is not a sample is passed over (and dropped by :func:`prune_stale`)."""
-    return _fresh(client, _decoded, max_age)
+    return _fresh(client.hgetall(NODE_HASH).items(), _decoded, max_age)
 
 
-def _fresh(client: redis.Redis, decode, max_age: float) -> dict:
-    """Node name -> ``decode(its entry)``, for entries that decode (else None) and are fresh."""
+def _fresh(entries, decode, max_age: float) -> dict:
+    """Node name -> ``decode(its entry)``, of (name, entry) ``entries`` that decode (else None)
+    and are fresh."""
     now, out = time.time(), {}
-    for node, raw in client.hgetall(NODE_HASH).items():
+    for node, raw in entries:
+        if raw is None:
+            continue  # (no entry for that name)
         sample = decode(raw)
         if sample is None:
             log.warning("live sample of node %r is not a sample; ignored", node)
@@ -68,29 +77,43 @@ def _fresh(client: redis.Redis, decode, max_age: float) -> dict:
         ts = sample["ts"] if isinstance(sample, dict) else sample.ts
         # A sample dated ahead of this clock (a node whose clock jumped back since) is not fresh.
         if -FUTURE_SKEW_S <= now - ts <= max_age:
-            out[node.decode() if isinstance(node, bytes) else node] = sample
+            out[node.decode(errors="replace") if isinstance(node, bytes) else node] = sample
     return out
 
 
-class GpuUse(msgspec.Struct, frozen=True):
-    index: int
-    util_sm: float | None = None  # percent
-    mem_used_mib: int | None = None
+# What decoding a stored entry may raise on something a writer other than store_latest left
+# there (a hostile client on the same Redis): garbage, wrong types, nesting deep enough to
+# exhaust the decoder's recursion. (msgspec.ValidationError is a DecodeError.)
+UNDECODABLE = (msgspec.DecodeError, ValueError, TypeError, RecursionError)
+
+# Numbers as the schema bounds them (agents/protocol.py); the ingest's fast decoder uses the same.
+Mib = Annotated[int, msgspec.Meta(ge=0, le=MEMORY_MIB_MAX)]
+Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
+GpuIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_GPUS)]
+JobId = Annotated[int, msgspec.Meta(gt=0, le=ID_MAX)]
+UnixTime = Annotated[float, msgspec.Meta(ge=0, le=UNIX_TIME_MAX)]
 
 
-class JobUse(msgspec.Struct, frozen=True):
-    job_id: int
-    util_sm: float | None = None  # percent, on one of its GPUs
+class GpuUse(msgspec.Struct, frozen=True, gc=False):
+    index: GpuIndex
+    util_sm: Percent | None = None
+    mem_used_mib: Mib | None = None
+
+
+class JobUse(msgspec.Struct, frozen=True, gc=False):
+    job_id: JobId
+    util_sm: Percent | None = None  # on one of its GPUs
 
 
 class NodeUse(msgspec.Struct, frozen=True):
     """What the scheduling loop reads of a node's last sample: when, and how busy its GPUs and
     jobs were. Decoded straight from the stored JSON, every other field skipped: the loop reads a
-    thousand samples a cycle, and building a dict of every field was most of that."""
+    thousand samples a cycle, and building a dict of every field was most of that. Bounded as
+    the schema bounds a sample: a number no sample may hold passes the whole entry over."""
 
-    ts: float
-    gpus: list[GpuUse]
-    jobs: list[JobUse] = []
+    ts: UnixTime
+    gpus: Annotated[list[GpuUse], msgspec.Meta(max_length=MAX_GPUS)]
+    jobs: Annotated[list[JobUse], msgspec.Meta(max_length=MAX_JOB_READINGS)] = []
 
 
 _use_decoder = msgspec.json.Decoder(NodeUse)
@@ -99,15 +122,15 @@ _use_decoder = msgspec.json.Decoder(NodeUse)
 def _use(raw: bytes | str) -> NodeUse | None:
     try:
         return _use_decoder.decode(raw)
-    except (msgspec.DecodeError, ValueError, TypeError):  # (msgspec.ValidationError is a DecodeError)
+    except UNDECODABLE:
         return None
 
 
-def latest_use(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[str, NodeUse]:
-    """Node name -> what its last sample says of its GPUs' and jobs' use, for nodes heard from
-    within ``max_age`` seconds; what :func:`latest_nodes` reads, typed. An entry whose fields the
-    loop reads have the wrong type is passed over whole."""
-    return _fresh(client, _use, max_age)
+def latest_use(client: redis.Redis, nodes: list[str], max_age: float = STALE_AFTER_S) -> dict[str, NodeUse]:
+    """Node name -> what its last sample says of its GPUs' and jobs' use, for the ``nodes`` named
+    (the inventory's: entries under other names cost the loop nothing) heard from within
+    ``max_age`` seconds; what :func:`latest_nodes` reads, typed."""
+    return _fresh(zip(nodes, client.hmget(NODE_HASH, nodes)) if nodes else (), _use, max_age)
 
 
 def latest_gpus(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[str, dict]:
@@ -134,7 +157,8 @@ def latest_jobs(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict[int
 def prune_stale(client: redis.Redis, older_than: float = 600.0) -> int:
     now = time.time()
     stale = [node for node, raw in client.hgetall(NODE_HASH).items()
-             if (sample := _decoded(raw)) is None or now - sample["ts"] > older_than]
+             if (sample := _decoded(raw)) is None or now - sample["ts"] > older_than
+             or sample["ts"] - now > FUTURE_SKEW_S]  # (dated ahead: not fresh now, nor in ten minutes)
     return client.hdel(NODE_HASH, *stale) if stale else 0
 
 

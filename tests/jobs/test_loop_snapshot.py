@@ -4,6 +4,7 @@ process builds."""
 
 import random
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -19,7 +20,7 @@ from jobs.services import snapshot_loader as snapshot
 from jobs.services.snapshot_loader import build_snapshot
 from monitoring.models import Gpu, JobUsage, Node
 from monitoring.services import live
-from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
+from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory, running_job
 
 
 def fresh(redis_client):
@@ -229,3 +230,59 @@ def test_a_profile_runtime_that_is_not_a_number_is_no_estimate(db, redis_client)
     requests = {job.id: job for job in fresh(redis_client).pending}
     assert requests[bounded.id].expected_runtime_s == 600.0
     assert requests[unbounded.id].expected_runtime_s is None
+
+
+def test_a_check_names_the_part_a_wrong_cache_got_wrong_and_answers_what_a_fresh_build_gives(db, redis_client):
+    tenant = TenantFactory(slug="vision")
+    gpus = [GpuFactory(node=NodeFactory(name="n1"), index=i) for i in range(2)]
+    job = running_job(tenant, JobFactory(tenant=tenant).owner, gpus[:1], run_class="opportunistic")
+    JobFactory(tenant=tenant)
+    build_snapshot(redis_client)
+    fresh, differ = snapshot.checked_snapshot(redis_client)
+    assert differ == [] and fresh == build_snapshot(redis_client)
+
+    (inputs, nodes), = [snapshot._all_nodes]
+    snapshot._all_nodes = (inputs, tuple(replace(node, cordoned=True) for node in nodes))  # (a bug, say)
+    entry = snapshot._running_jobs[job.pk]
+    snapshot._running_jobs[job.pk] = (*entry[:3], replace(entry[3], duty_cycle=0.25), entry[4])
+    fresh, differ = snapshot.checked_snapshot(redis_client)
+    assert differ == ["nodes", "running"]
+    assert not any(node.cordoned for node in fresh.nodes) and fresh.running[0].duty_cycle == 1.0
+    assert build_snapshot(redis_client) == fresh  # (what is kept from here on is the fresh build's)
+
+
+def test_the_loop_checks_its_kept_snapshot_now_and_then_and_says_when_it_was_wrong(
+        transactional_db, redis_client, live_redis, monkeypatch, caplog):
+    from jobs.services import scheduling_loop
+
+    node = NodeFactory(name="n1")
+    gpus = [GpuFactory(node=node, index=i) for i in range(2)]
+    redis_client.set(heartbeat_key("n1"), "{}", ex=60)
+    tenant = TenantFactory(slug="vision", guaranteed_gpus=2, max_gpus=2)
+    job = running_job(tenant, JobFactory(tenant=tenant).owner, gpus[:1])
+    monkeypatch.setattr(scheduling_loop, "SNAPSHOT_CHECK_EVERY", 2)
+    monkeypatch.setattr(scheduling_loop, "_cycles_unchecked", 0)
+    for _ in range(4):  # (two of them checked)
+        assert scheduling_loop.run_scheduling_cycle().ran
+    assert b"snapshot_divergences" not in redis_client.hgetall(scheduling_loop.STATS_KEY)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+    entry = snapshot._running_jobs[job.pk]
+    snapshot._running_jobs[job.pk] = (*entry[:3], replace(entry[3], memory_mib=1), entry[4])
+    scheduling_loop.run_scheduling_cycle()  # (not checked)
+    assert snapshot._running_jobs[job.pk][3].memory_mib == 1
+    scheduling_loop.run_scheduling_cycle()
+    assert redis_client.hget(scheduling_loop.STATS_KEY, "snapshot_divergences") == b"1"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR" and "(running)" in r.getMessage()]
+    assert snapshot._running_jobs[job.pk][3].memory_mib != 1
+
+
+def test_a_profile_mean_that_is_not_a_number_does_not_make_every_snapshot_build_its_jobs_again(db, redis_client):
+    tenant = TenantFactory(slug="vision")
+    gpu = GpuFactory(node=NodeFactory(name="n1"), index=0)
+    JobProfile.objects.create(tenant=tenant, key="k", runs=3, peak_gpu_memory_mib=9000, mean_util=float("nan"),
+                              mean_runtime_s=float("nan"))
+    JobFactory(tenant=tenant, profile_key="k")
+    running_job(tenant, JobFactory(tenant=tenant).owner, [gpu], profile_key="k")
+    first, second = build_snapshot(redis_client), build_snapshot(redis_client)
+    assert first.pending[0] is second.pending[0] and first.running[0] is second.running[0]

@@ -117,3 +117,10 @@ def test_a_running_job_s_live_utilisation_comes_from_the_nodes_it_holds_gpus_on_
                                      sample("liar", (alone, 30), (gang, 100))])
     readings = build_snapshot(redis_client).readings.jobs
     assert readings[gang.pk] == 0.5 and readings[alone.pk] == 0.3
+
+
+def test_nodes_come_by_name_whatever_order_they_registered_in(db, redis_client):
+    """(the core keys nodes in this order, and breaks ties between equal nodes by it)"""
+    for name in ("zeta", "alpha", "mid"):
+        GpuFactory(node=NodeFactory(name=name), index=0)
+    assert [node.name for node in build_snapshot(redis_client).nodes] == ["alpha", "mid", "zeta"]

@@ -1,13 +1,20 @@
 """Live GPU readings (``monitoring.services.live.GpuReading``) where people read them: the node
-page's GPU table and the overview's live numbers (/api/v1/cluster/)."""
+page's GPU table and the overview's live numbers (/api/v1/cluster/); and where the scheduling
+loop reads them, whatever else was written into the live hash."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
+import pytest
+
 from agents import protocol
+from jobs.choices import JobState
+from jobs.models import Allocation
 from monitoring.services import live
+from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
 
 
 def _report(redis_client, node: str, gpus: list[protocol.GpuSample], age_s: float = 0.0) -> None:
@@ -68,3 +75,69 @@ def test_an_entry_that_is_not_a_sample_is_passed_over_and_pruned(cluster, alice,
     assert build_snapshot(redis_client).nodes  # (the loop's snapshot reads the same hash)
     assert live.prune_stale(redis_client) == 4
     assert set(redis_client.hkeys(live.NODE_HASH)) == {b"a1"}
+
+
+def _sample_json(node: str, *, ts: float | None = None, util=40.0, mem=7000, job_id=None, job_util=10.0) -> str:
+    sample = {"v": 1, "kind": "node_sample", "node": node, "ts": time.time() if ts is None else ts, "seq": 1,
+              "gpus": [{"index": 0, "util_sm": util, "mem_total_mib": 81920, "mem_used_mib": mem}]}
+    if job_id is not None:
+        sample["jobs"] = [{"job_id": job_id, "gpu_index": 0, "mem_used_mib": 100, "util_sm": job_util}]
+    return json.dumps(sample)
+
+
+def _one_running_job():
+    gpu = GpuFactory(node=NodeFactory(name="n1"), index=0)
+    job = JobFactory(tenant=TenantFactory(slug="vision"), state=JobState.RUNNING)
+    Allocation.objects.create(job=job, gpu=gpu)
+    return job, gpu
+
+
+def test_a_sample_the_schema_takes_loosely_reaches_the_scheduler_with_its_readings(db, redis_client):
+    """The ingest's strict decoder passes 7000.0 for an int to the schema, which takes it: the
+    sample is stored as the schema reads it, so the loop's own typed decoder takes it too."""
+    from jobs.services.snapshot_loader import build_snapshot
+    from monitoring.services import ingest
+
+    job, gpu = _one_running_job()
+    raw = _sample_json("n1", mem=7000.0, job_id=job.pk)
+    sample = ingest.decode_sample({"m": raw})
+    assert isinstance(sample, protocol.NodeSample)  # (taken by the schema, not the fast path)
+    live.store_latest(redis_client, [(sample, raw)])
+    readings = build_snapshot(redis_client).readings
+    assert readings.gpus[gpu.pk] == 0.4 and readings.gpu_memory_used_mib[gpu.pk] == 7000
+    assert readings.jobs[job.pk] == 0.1
+
+
+@pytest.mark.parametrize("entry", [
+    pytest.param(lambda job: _sample_json("n1", util=1.7e308), id="huge GPU utilisation"),
+    pytest.param(lambda job: _sample_json("n1", util=-1.7e308), id="negative GPU utilisation"),
+    pytest.param(lambda job: _sample_json("n1", util=None, job_id=job.pk, job_util=1.7e308), id="huge job utilisation"),
+    pytest.param(lambda job: _sample_json("n1", mem=2**70), id="memory past any GPU"),
+    pytest.param(lambda job: '{"ts": %f, "gpus": [], "x": %s%s}' % (time.time(), "[" * 1000, "]" * 1000),
+                 id="nesting deep enough to exhaust the decoder"),
+])
+def test_a_forged_live_entry_cannot_stop_the_scheduler_nor_outlive_pruning(db, redis_client, entry):
+    """A hostile client on the same Redis writes the live hash (only nodes sign their samples, not
+    this hash): the cycle goes on without that node's readings, and pruning removes the entry."""
+    from jobs.scheduling import SchedulerConfig, decide
+    from jobs.services.snapshot_loader import build_snapshot
+
+    job, gpu = _one_running_job()
+    redis_client.hset(live.NODE_HASH, "n1", entry(job))
+    snapshot = build_snapshot(redis_client)
+    assert gpu.pk not in snapshot.readings.gpus and job.pk not in snapshot.readings.jobs
+    decide(snapshot, now=time.time(), config=SchedulerConfig())
+    if b"[[[" in redis_client.hget(live.NODE_HASH, "n1"):
+        assert live.prune_stale(redis_client) == 1
+
+
+def test_entries_under_no_node_of_the_inventory_cost_the_loop_nothing(db, redis_client):
+    """Names that are not UTF-8, nodes that do not exist, samples dated far ahead: the loop reads
+    only its nodes' entries, and pruning drops what is dated too far ahead to ever be fresh."""
+    from jobs.services.snapshot_loader import build_snapshot
+
+    _one_running_job()
+    redis_client.hset(live.NODE_HASH, mapping={b"\xff\xfe": _sample_json("x"), "ghost": _sample_json("ghost"),
+                                               "n1": _sample_json("n1", ts=time.time() + 3600)})
+    assert build_snapshot(redis_client).readings.gpus == {}
+    assert live.prune_stale(redis_client) == 1  # (the one dated an hour ahead; the others are fresh)

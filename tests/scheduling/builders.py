@@ -29,8 +29,9 @@ from jobs.scheduling import (
 
 _ids = itertools.count(1)
 GIB = 1024
-# What ``node(util=...)`` said of each GPU it made, by GPU id (ids are never reused).
-_gpu_utilisation: dict[int, float] = {}
+# What ``node(util=...)`` said of each GPU it made (by the GpuState itself: a GPU built by hand
+# with another test's id is another GPU).
+_gpu_utilisation: dict[GpuState, float] = {}
 
 
 def node(name: str, gpus: int = 8, mem_gib: int = 80, model: str = "A100-80GB", busy: int = 0,
@@ -44,7 +45,7 @@ def node(name: str, gpus: int = 8, mem_gib: int = 80, model: str = "A100-80GB", 
     def read(gpu: GpuState) -> GpuState:
         reading = util.get(gpu.index) if isinstance(util, dict) else util
         if reading is not None:
-            _gpu_utilisation[gpu.id] = reading
+            _gpu_utilisation[gpu] = reading
         return gpu
 
     return NodeState(
@@ -120,8 +121,8 @@ def running(id: int, on: str = "a", gpus=(0,), tenant: str = "vision", opportuni
 
 def readings(node_states, jobs: dict[int, float] | None = None) -> LiveReadings:
     """The live readings of these nodes' GPUs (as ``node(util=...)`` gave them) and of ``jobs``."""
-    return LiveReadings(gpus={g.id: _gpu_utilisation[g.id] for n in node_states for g in n.gpus
-                              if g.id in _gpu_utilisation}, jobs=dict(jobs or {}))
+    return LiveReadings(gpus={g.id: _gpu_utilisation[g] for n in node_states for g in n.gpus
+                              if g in _gpu_utilisation}, jobs=dict(jobs or {}))
 
 
 def cluster(*node_states: NodeState, pending=(), running=(), tenants=()) -> ClusterSnapshot:
