@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import eq, is_, itemgetter, not_
 from datetime import datetime, timezone as dt_timezone
 
 from django.conf import settings
@@ -219,41 +221,66 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
 
     A verdict changed when its code, message or details differ from the stored ones, or its ETA
     moved beyond the tolerance above. The core shares one reason object among every job that waits
-    for the same thing, so each distinct reason (and each distinct stored text) is encoded once.
+    for the same thing, so each distinct reason (and each distinct stored text) is encoded once,
+    and the jobs whose verdict is the stored one to the letter (most, most cycles) are found by
+    C-level maps over the whole queue; only the others are looked at one by one.
     """
     if not decisions.pending:
         return
-    stored: dict[str, str] = {}  # stored text -> canonical reason
+    ids, objects, etas_s = zip(*decisions.pending)
     encoded: dict[int, tuple[dict, str]] = {}  # id(reason object) -> (its dict, canonical)
+    for key, reason_object in dict(zip(map(id, objects), objects)).items():
+        reason = reason_object.as_dict()
+        encoded[key] = (reason, _canonical_cached(repr(reason), reason))
+    # (most of a queue shares a few release times: each distinct ETA is worked out once)
+    eta_at = {eta_s: None if eta_s is None else _eta_at(eta_s, now) for eta_s in set(etas_s)}
+    new = list(map(encoded.__getitem__, map(id, objects)))
+    new_etas = list(map(eta_at.__getitem__, etas_s))
+    olds = list(map(queue.verdicts.get, ids, repeat(_NO_VERDICT)))
+    stored = {text: _canonical_cached(text) for text in set(map(_first, olds)) if text is not None}
+    stored[None] = None  # (no verdict stored: never the same)
+    old_etas = list(map(_second, olds))
+    same = map(all, zip(map(eq, map(stored.__getitem__, map(_first, olds)), map(_second, new)),
+                        map(eq, old_etas, new_etas), map(is_, map(type, old_etas), map(type, new_etas))))
     changed: list[tuple[int, dict, int | None]] = []  # (job, reason, eta_at)
-    pending, verdicts = queue.pending, queue.verdicts
-    etas: dict[float, int] = {}  # seconds from now -> stored form (most of a queue shares a few release times)
-    for job_id, reason_object, eta_s in decisions.pending:
+    pending = queue.pending
+    for index in compress(range(len(ids)), map(not_, same)):
+        job_id = ids[index]
         if job_id not in pending:
             continue  # no longer pending (placed, cancelled) since the snapshot
-        new = encoded.get(id(reason_object))
-        if new is None:
-            reason = reason_object.as_dict()
-            new = encoded[id(reason_object)] = (reason, _canonical(reason))
-        if eta_s is None:
-            eta_at = None
-        elif (eta_at := etas.get(eta_s)) is None:
-            eta_at = etas[eta_s] = _eta_at(eta_s, now)
-        old = verdicts.get(job_id)
-        if old is not None:
-            text, old_eta = old
-            canonical = stored.get(text)
-            if canonical is None:
-                canonical = stored[text] = _canonical_text(text)
-            # (the same stored ETA, as most are from one cycle to the next, holds without a call)
-            if canonical == new[1] and ((old_eta == eta_at and type(old_eta) is type(eta_at))
-                                        or _eta_holds(old_eta, eta_at, now)):
-                continue
-        changed.append((job_id, new[0], eta_at))
+        old_eta, eta = old_etas[index], new_etas[index]
+        if (olds[index] is not _NO_VERDICT and stored[olds[index][0]] == new[index][1]
+                and _eta_holds(old_eta, eta, now)):
+            continue
+        changed.append((job_id, new[index][0], eta))
     if connection.vendor == "postgresql":
-        _write_reasons_postgresql(changed, verdicts)
+        _write_reasons_postgresql(changed, queue.verdicts)
     else:
         _write_reasons(changed)
+
+
+_NO_VERDICT = (None, None)
+_first, _second = itemgetter(0), itemgetter(1)
+
+
+# Canonical forms worked out in earlier cycles, of stored texts and of new reasons by their repr
+# (most are the same cycle after cycle: ~1,200 JSON round trips a cycle otherwise). Each dropped
+# whole past CANONICAL_CACHE entries.
+_canonical_of_text: dict[str, str] = {}
+_canonical_of_repr: dict[str, str] = {}
+CANONICAL_CACHE = 20_000
+
+
+def _canonical_cached(key: str, reason: dict | None = None) -> str:
+    """The canonical form of stored text ``key``, or of ``reason`` whose repr is ``key`` (equal
+    reprs, equal reasons)."""
+    cache = _canonical_of_text if reason is None else _canonical_of_repr
+    found = cache.get(key)
+    if found is None:
+        if len(cache) >= CANONICAL_CACHE:
+            cache.clear()
+        found = cache[key] = _canonical_text(key) if reason is None else _canonical(reason)
+    return found
 
 
 def _canonical_text(text: str) -> str:
