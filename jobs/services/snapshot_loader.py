@@ -412,7 +412,7 @@ def _pending_rows() -> dict[int, tuple]:
     if connection.vendor != "postgresql":
         return {row[0]: row for row in _pending_queryset().order_by("id").values_list(*PENDING_FIELDS)}
     table = connection.ops.quote_name(Job._meta.db_table)
-    versions = listing(table, "id", "state = %s", [JobState.PENDING.value], ordered=True)
+    versions = listing(table, "id", "state = %s", [JobState.PENDING.value])
 
     def fetch(ids: list[str]):
         for version, *row in _rows(_pending_queryset()
