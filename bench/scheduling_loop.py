@@ -7,8 +7,9 @@ Fills a throw-away database (PostgreSQL when one answers on 127.0.0.1:5432; its 
 running jobs with allocations and pending jobs, marks the nodes alive in a private Redis, then
 runs ``run_scheduling_cycle()``:
 
-- first cycle: places everything that fits (the placed jobs are then marked started, as their
-  agents would report within seconds);
+- first cycle: a new scheduler process's (nothing kept from earlier snapshots), which places
+  everything that fits (the placed jobs are then marked started, as their agents would report
+  within seconds);
 - steady cycles: nothing arrives or ends; the loop still snapshots, decides and stores reasons;
 - churn cycles: before each, ``--finish`` running jobs end, so a few placements, ETAs and
   reasons move (what a busy cluster sees every cycle).
@@ -304,6 +305,7 @@ def main() -> None:
     from jobs.scheduling import decide
     from jobs.services.scheduler_config import scheduler_config
     from jobs.services.scheduling_loop import run_scheduling_cycle
+    from jobs.services import snapshot_loader
     from jobs.services.snapshot_loader import build_snapshot
     from monitoring.services import live
     from monitoring.services.health import MAX_HEARTBEAT_TTL_S
@@ -358,6 +360,7 @@ def main() -> None:
         meter.measure("snapshot", snapshot_without_gc)
 
     heartbeats()
+    snapshot_loader.forget()  # (the first cycle is a new process's: nothing kept from the snapshots above)
     gc.collect()  # (what setting up left is not the cycles' garbage)
     meter.watch_collector()
     first = meter.measure("first", run_scheduling_cycle)
