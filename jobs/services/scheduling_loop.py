@@ -89,7 +89,7 @@ def run_scheduling_cycle() -> CycleResult:
 # freed as usual when its last reference goes); every FULL_COLLECTION_EVERY cycles it is thawed
 # and collected once, so garbage in reference cycles lives at most that long.
 FULL_COLLECTION_EVERY = 150
-_cycles_since_collection = 0
+_cycles_since_collection = FULL_COLLECTION_EVERY // 2  # (half a period off the snapshot check's)
 
 
 def _freeze_what_lives_on() -> None:
