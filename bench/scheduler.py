@@ -97,7 +97,8 @@ def build_running(rng: random.Random, nodes: list[NodeState], tenants: list[Tena
             guaranteed_held[tenant.name] += cost
         known = rng.random() < 0.7
         job_id = 1_000_000 + len(jobs)
-        started_at, expected_runtime_s = NOW - rng.uniform(0, 2 * 86400), rng.uniform(3600, 4 * 86400) if known else None
+        started_at = NOW - rng.uniform(0, 2 * 86400)
+        expected_runtime_s = rng.uniform(3600, 4 * 86400) if known else None
         if (live := rng.uniform(0.1, 0.9) if rng.random() < 0.5 else None) is not None:
             job_utilisation[job_id] = live
         jobs.append(RunningJob(

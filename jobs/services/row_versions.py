@@ -111,7 +111,8 @@ class RowVersions:
             if row_id not in stale_ids:
                 values.pop(row_id, None)
         self._unkept = set()
-        read = {row_id: (version, value) for row_id, version, value in fetch(list(map(str, stale_ids)))} if stale_ids else {}
+        read = ({row_id: (version, value) for row_id, version, value in fetch(list(map(str, stale_ids)))}
+                if stale_ids else {})
         added = False
         for row_id in stale_ids:
             fresh = read.get(row_id)

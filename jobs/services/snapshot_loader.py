@@ -56,7 +56,8 @@ def checked_snapshot(redis_client) -> tuple[ClusterSnapshot, list[str]]:
         kept = _build(redis_client, heard)
         forget()
         fresh = _build(redis_client, heard)
-    return fresh, [part.name for part in fields(ClusterSnapshot) if getattr(kept, part.name) != getattr(fresh, part.name)]
+    return fresh, [part.name for part in fields(ClusterSnapshot)
+                   if getattr(kept, part.name) != getattr(fresh, part.name)]
 
 
 def _build(redis_client, heard: tuple[set[str], dict] | None) -> ClusterSnapshot:
@@ -94,7 +95,8 @@ MAX_PROMISED_GPUS = 4096
 
 
 # Everything kept from one snapshot to the next (see each): dropped by :func:`forget`.
-KEPT = ("_node_states", "_all_nodes", "_facts", "_running_jobs", "_running_for", "_built", "_built_for", "_derived", "_whole", "_pending_versions")
+KEPT = ("_node_states", "_all_nodes", "_facts", "_running_jobs", "_running_for", "_built", "_built_for", "_derived",
+        "_whole", "_pending_versions")
 
 
 def forget() -> None:
@@ -528,7 +530,8 @@ def _running(gpu_nodes: dict[int, str], gpu_memory: dict[int, int] | None = None
         entry = before.get(job_id)
         if entry is None or entry[0] != built_from or entry[1] != peak or entry[2] != inputs:
             held = tuple(row[1] for row in group)
-            held_mib = (gpu_memory.get(held[0], 0) if len(held) == 1 else max(gpu_memory.get(g, 0) for g in held)) or None
+            held_mib = (gpu_memory.get(held[0], 0) if len(held) == 1
+                        else max(gpu_memory.get(g, 0) for g in held)) or None
             profile = profiles.get((first[4], first[11])) if first[11] else None
             entry = (built_from, peak, inputs, _running_job(first, held, peak, profile, held_mib, slugs, unfenced),
                      tuple(gpu_nodes.get(g) for g in held))
