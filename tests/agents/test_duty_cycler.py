@@ -105,7 +105,8 @@ def test_cancelling_a_suspended_job_delivers_sigterm_and_it_dies(runner):
     cmd = launch(python(TERM_HANDLER), duty_cycle=0.5)
     pid = runner.launch(cmd)
     output = runner.job_dir(cmd.job_id) / "output.log"
-    child = int(wait_for(lambda: read_tail(output).split()[1:])[0])
+    # (the line may be read while the supervisor is still copying it: wait for its end)
+    child = int(wait_for(lambda: (text := read_tail(output)).endswith("\n") and text.split()[1:])[0])
     runner.suspend(cmd.job_id)
     wait_for(lambda: status(pid) == psutil.STATUS_STOPPED and status(child) == psutil.STATUS_STOPPED)
     begun = time.monotonic()

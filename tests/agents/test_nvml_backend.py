@@ -190,7 +190,8 @@ def test_process_memory_is_attributed_to_the_job_through_its_process_tree(monkey
     cmd = launch(python(FAMILY), gpus=[0])
     leader = runner.launch(cmd)
     output = runner.job_dir(cmd.job_id) / "output.log"
-    child, escaped = map(int, wait_for(lambda: read_tail(output).split()))
+    # (the line may be read while the supervisor is still copying it: both numbers and its end)
+    child, escaped = map(int, wait_for(lambda: (text := read_tail(output)).endswith("\n") and text.split()))
     assert os.getsid(escaped) == escaped != leader
     stranger = os.getpid()  # not launched by the agent
     vanished = 2**22 + 4321  # listed by NVML, gone by the time we look
