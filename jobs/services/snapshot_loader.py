@@ -51,8 +51,7 @@ def checked_snapshot(redis_client) -> tuple[ClusterSnapshot, list[str]]:
         if connection.vendor == "postgresql" and outermost:
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        names = [name for _, name, *_ in _node_rows()]
-        heard = (live_node_names(redis_client, names), live.latest_use(redis_client, names))
+        heard = _heard(redis_client, _node_rows())
         kept = _build(redis_client, heard)
         forget()
         fresh = _build(redis_client, heard)
@@ -60,13 +59,16 @@ def checked_snapshot(redis_client) -> tuple[ClusterSnapshot, list[str]]:
                    if getattr(kept, part.name) != getattr(fresh, part.name)]
 
 
+def _heard(redis_client, nodes: list[tuple]) -> tuple[set[str], dict[str, live.NodeUse]]:
+    """Of these node rows: the nodes whose heartbeat is alive, and their last samples."""
+    names = [name for _, name, *_ in nodes]
+    return live_node_names(redis_client, names), live.latest_use(redis_client, names)
+
+
 def _build(redis_client, heard: tuple[set[str], dict] | None) -> ClusterSnapshot:
-    """``heard``: (the nodes whose heartbeat is alive, their samples), when already read."""
+    """``heard``: what :func:`_heard` said, when already asked."""
     nodes = _node_rows()
-    if heard is None:
-        names = [name for _, name, *_ in nodes]
-        heard = (live_node_names(redis_client, names), live.latest_use(redis_client, names))
-    online, samples = heard
+    online, samples = heard if heard is not None else _heard(redis_client, nodes)
     node_states = _nodes(nodes, online)
     gpu_nodes, gpu_memory, gpu_ids = _gpu_facts(node_states)
     tenants = list(Tenant.objects.values_list("id", "slug", "guaranteed_gpus", "max_gpus", "weight", "decayed_usage",
@@ -310,16 +312,11 @@ _derived: tuple = (None, set(), set())  # (generation, (tenant, profile key)s, a
 _whole: tuple = (None, ())  # (every input, the requests)
 
 
-def _pending(largest_gpu_mib: int | None = None, slugs: dict[int, str] | None = None,
-             unfenced: dict[int, bool] | None = None) -> tuple[JobRequest, ...]:
+def _pending(largest_gpu_mib: int | None, slugs: dict[int, str], unfenced: dict[int, bool]) -> tuple[JobRequest, ...]:
     """The pending requests, by job id."""
     global _built, _built_for, _derived, _whole
     rows = _pending_rows()
     generation = _pending_versions.generation if connection.vendor == "postgresql" else None
-    if slugs is None:
-        slugs = dict(Tenant.objects.values_list("id", "slug"))
-    if unfenced is None:
-        unfenced = dict(Tenant.objects.values_list("id", "unfenced_sharing"))
     if generation is None or _derived[0] != generation:
         _derived = (generation, {(row[1], row[12]) for row in rows.values() if row[12]},
                     {row[15] for row in rows.values() if row[15] is not None})
@@ -497,16 +494,10 @@ _running_for: tuple = ()
 _job_id = itemgetter(0)
 
 
-def _running(gpu_nodes: dict[int, str], gpu_memory: dict[int, int] | None = None,
-             slugs: dict[int, str] | None = None, unfenced: dict[int, bool] | None = None
-             ) -> tuple[tuple[RunningJob, ...], dict[int, tuple[str | None, ...]]]:
+def _running(gpu_nodes: dict[int, str], gpu_memory: dict[int, int], slugs: dict[int, str],
+             unfenced: dict[int, bool]) -> tuple[tuple[RunningJob, ...], dict[int, tuple[str | None, ...]]]:
     """The jobs holding GPUs, and the nodes each holds them on."""
     global _running_jobs, _running_for
-    gpu_memory = gpu_memory or {}
-    if slugs is None:
-        slugs = dict(Tenant.objects.values_list("id", "slug"))
-    if unfenced is None:
-        unfenced = dict(Tenant.objects.values_list("id", "unfenced_sharing"))
     # Every live allocation holds its GPU, whatever the job's state: a job settled while its
     # node may still run it (timed out by the control plane) keeps its GPUs until the exit.
     # A job's rows come together, its first allocation (by rank, then GPU index) first.
