@@ -15,6 +15,9 @@ rejects messages whose signature is not that of the node they name.
 Shared GPUs are fenced by the runner's isolation layer (:mod:`agents.isolation`): the agent reports
 each GPU's mode when it registers, ends and requeues the jobs of a GPU whose MPS service failed
 (their CUDA contexts went with it), and words an allocation failure under a limit with its figures.
+Each sample also drives the node's local coordinator (:mod:`agents.local_coordinator`): a borrower
+on a GPU that saturates beside a guaranteed job is cut within a second or two, however slow or
+silent the control plane, whose duty cycles are the borrowers' ceilings.
 
 What must not live here: process handling (:mod:`agents.runner`), GPU probing
 (:mod:`agents.backends`), message shapes (:mod:`agents.protocol`).
@@ -42,6 +45,7 @@ from redis.retry import Retry
 from agents import __version__, code, protocol, signing, streams
 from agents.backends.base import GpuBackend
 from agents.host import HostOffer
+from agents.local_coordinator import LocalCoordinator, Resident
 from agents.runner import FinishedJob, JobRunner, LaunchError, read_output
 
 log = logging.getLogger(__name__)
@@ -141,6 +145,7 @@ class Agent:
         command_max_age: float = COMMAND_MAX_AGE_S,
         command_max_skew: float = COMMAND_MAX_SKEW_S,
         host: HostOffer | None = None,
+        coordinator: LocalCoordinator | None = None,
     ):
         if not protocol.NODE_NAME_RE.match(node):
             raise ValueError(f"invalid node name {node!r}")
@@ -195,6 +200,9 @@ class Agent:
         # job id -> GPU index -> the most GPU memory a sample saw it hold (for memory-pressure exits).
         self._peak_mib: dict[int, dict[int, int]] = {}
         self._sharing_faults: set[int] = set()  # jobs being stopped because their MPS GPU failed
+        # Moves borrowers between their floor and the control plane's ceiling from each sample.
+        self.coordinator = coordinator or LocalCoordinator()
+        self.local_duty_changes = 0  # how many times it moved one
 
     @property
     def connected(self) -> bool:
@@ -476,6 +484,10 @@ class Agent:
             return
         for oom in reading.out_of_memory:
             self.runner.kill_out_of_memory(oom.job_id, oom.error)
+        try:
+            self._coordinate(reading.gpus)
+        except Exception as exc:  # a coordinator bug leaves duty cycles to the control plane, never ends the sample
+            self._sample_failed("the local coordinator failed", exc)
         for usage in reading.jobs:
             peaks = self._peak_mib.setdefault(usage.job_id, {})
             peaks[usage.gpu_index] = max(peaks.get(usage.gpu_index, 0), usage.mem_used_mib)
@@ -507,6 +519,54 @@ class Agent:
                 log.warning("sample buffer full; %d oldest sample(s) dropped so far", self.dropped_samples)
         self._samples.append((self._seq, fields))
         self._seq += 1
+
+    def _coordinate(self, gpus: list[protocol.GpuSample]) -> None:
+        """Let the local coordinator move borrowers from this reading, and apply its moves (the
+        sample being built reports them: its ``duty_cycles`` are what each job runs at now)."""
+        running = self.runner.running()
+        for job_id in self.coordinator.known() - running:
+            self.coordinator.forget(job_id)
+        for job_id in running:
+            self._coordinated(job_id)
+        utilisation = {gpu.index: None if gpu.util_sm is None else gpu.util_sm / 100.0 for gpu in gpus}
+        suspended = {job_id for job_id in running if self.runner.duty_cycle(job_id) <= 0}
+        for change in self.coordinator.step(time.monotonic(), utilisation, suspended):
+            if not self.runner.set_duty_cycle(change.job_id, change.duty_cycle):
+                continue  # (ending: nothing to throttle)
+            self.local_duty_changes += 1
+            if change.gpu_index is None:
+                log.info("job %d (borrower): duty cycle %.2f -> %.2f on this node (%s)", change.job_id,
+                         change.before, change.duty_cycle, change.reason)
+            else:
+                log.info("job %d (borrower): duty cycle %.2f -> %.2f on this node (%s: GPU %d at %.0f%% beside "
+                         "guaranteed job %s; ceiling %.2f)", change.job_id, change.before, change.duty_cycle,
+                         change.reason, change.gpu_index, 100 * change.utilisation,
+                         ", ".join(map(str, change.guaranteed)), self.coordinator.ceiling(change.job_id))
+
+    def _coordinated(self, job_id: int) -> None:
+        """Make sure the coordinator knows the running job (launched here, or adopted from an
+        earlier agent): its class, GPUs, floor, and the duty cycle the control plane launched it at."""
+        if job_id in self.coordinator.known():
+            return
+        launch = self.runner.launch_of(job_id)
+        if launch is None:
+            return
+        self.coordinator.admit(
+            Resident(job_id, launch.job_class, tuple(launch.gpu_indices), launch.duty_cycle_floor, launch.duty_cycle),
+            duty_cycle=self.runner.duty_cycle(job_id) or None,  # (0: suspended; it resumes at its launch's)
+        )
+
+    def _set_duty_cycle(self, command: protocol.SetDutyCycle) -> bool:
+        """The control plane's duty cycle: as sent for most jobs; a borrower's ceiling (it runs at
+        most that, and lower while the node holds it down beside a saturated guaranteed job)."""
+        self._coordinated(command.job_id)
+        duty = self.coordinator.set_ceiling(command.job_id, command.duty_cycle)
+        if duty is None:
+            return self.runner.set_duty_cycle(command.job_id, command.duty_cycle)
+        if duty < command.duty_cycle:
+            log.info("job %d (borrower): the control plane's duty cycle %.2f is its ceiling; the node holds it at "
+                     "%.2f", command.job_id, command.duty_cycle, duty)
+        return self.runner.set_duty_cycle(command.job_id, duty)
 
     def _sample_failed(self, what: str, exc: Exception | None) -> None:
         key = f"{what}: {exc!r}"[:300]
@@ -682,7 +742,7 @@ class Agent:
             elif isinstance(command, protocol.QueryAttempt):
                 self._answer_query(command)
             elif isinstance(command, protocol.SetDutyCycle):
-                self._not_here(command, self.runner.set_duty_cycle(command.job_id, command.duty_cycle))
+                self._not_here(command, self._set_duty_cycle(command))
             elif isinstance(command, protocol.SuspendJob):
                 self._not_here(command, self.runner.suspend(command.job_id))
             elif isinstance(command, protocol.ResumeJob):
@@ -789,6 +849,8 @@ class Agent:
                 )
             )
             return
+        self.coordinator.forget(job_id)  # (an earlier attempt's, if one ended since the last sample)
+        self._coordinated(job_id)
         self._publish(protocol.JobStarted(node=self.node, job_id=job_id, pid=pid, started_at=time.time(),
                                           launch_id=command.command_id))
         return True

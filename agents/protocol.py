@@ -360,6 +360,11 @@ CODE_CHUNK_BYTES = 512 * 1024
 MAX_PREEMPT_GRACE_S = 3600
 # Signals a job may ask to be told to stop with (checkpointing libraries listen for one of these).
 StopSignal = Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"]
+# How the control plane admitted a job: inside its tenant's guarantee, or borrowing (opportunistic).
+JobClass = Literal["guaranteed", "opportunistic"]
+# The lowest duty cycle a node cuts a borrower to on its own when the launch names none (the
+# scheduler's default ``duty_cycle_floor``); below it only the control plane goes (a suspension).
+DEFAULT_DUTY_CYCLE_FLOOR = 0.1
 _NODE_PATH = r"^/[^\x00]{0,1023}$"
 
 
@@ -396,6 +401,13 @@ class LaunchJob(_Command):
     unpacked into the job's own folder) only choose where it starts, which the job could do itself.
     ``image`` runs the argv in a container of the node's runtime; ``venv``/``conda`` activate an
     environment on the node by path. ``preempt_grace_s`` and ``stop_signal`` are its notice.
+
+    ``job_class`` says how the job was admitted. The node protects a guaranteed job itself: its
+    local coordinator (:mod:`agents.local_coordinator`) cuts the duty cycle of a borrower
+    (``opportunistic``) on a GPU that saturates beside a guaranteed job, down to
+    ``duty_cycle_floor`` at most, within a second or two and without waiting for the control plane;
+    ``duty_cycle`` (and every later :class:`SetDutyCycle`) is then the borrower's ceiling. None
+    (a control plane that does not say): the node leaves the job's duty cycle to the control plane.
     """
 
     kind: Literal["launch"] = "launch"
@@ -407,6 +419,9 @@ class LaunchJob(_Command):
     # Bounded like every GPU's memory: past it the driver's byte count would wrap (2**44 MiB is 0).
     gpu_memory_limit_mib: int | None = Field(default=None, gt=0, le=MEMORY_MIB_MAX)
     duty_cycle: float = Field(default=1.0, gt=0, le=1)
+    job_class: JobClass | None = None
+    # Borrowers only: the lowest duty cycle the node may cut the job to on its own.
+    duty_cycle_floor: float = Field(default=DEFAULT_DUTY_CYCLE_FLOOR, ge=0.01, le=1)
     # The share of each GPU's compute the job is entitled to (its milli-GPUs / 1000); an MPS GPU
     # caps the job's SMs at it (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE). None: the whole GPU.
     compute_share: float | None = Field(default=None, gt=0, le=1)
@@ -456,7 +471,11 @@ class StopJob(_Command):
 
 
 class SetDutyCycle(_Command):
-    """Throttle a job from outside: it runs ``duty_cycle`` of each period (SIGSTOP/SIGCONT slicing)."""
+    """Throttle a job from outside: it runs ``duty_cycle`` of each period (SIGSTOP/SIGCONT slicing).
+
+    For a borrower whose launch said so (``LaunchJob.job_class``) it is a ceiling: the node never
+    runs the job faster, and may run it slower (down to the launch's ``duty_cycle_floor``) while
+    the GPU it shares with a guaranteed job is saturated, raising it back when there is room."""
 
     kind: Literal["set_duty_cycle"] = "set_duty_cycle"
     command_id: str = Field(min_length=1, max_length=64)

@@ -4,6 +4,11 @@ Every command is stamped with the node it is for and the time it is issued, and,
 ``COLONY_AGENT_SECRET`` is set, MACed with that node's key (:func:`agents.signing.sign_command`):
 an agent holding its key refuses anything else, so a client of Redis that can append to a
 command stream cannot make a node run anything. Re-sends are issued afresh, so they are fresh.
+
+A launch says how its job was admitted (``LaunchJob.job_class``, the job's ``run_class`` when it
+was placed) and, for a borrower, the floor of its duty cycle (the scheduler's): the node then cuts
+a borrower beside a saturated guaranteed job by itself, and the duty cycles sent here are the
+borrower's ceiling (:mod:`agents.local_coordinator`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import redis
 from django.conf import settings
 
 from agents import protocol, signing
+from jobs.choices import RunClass
+from jobs.services.scheduler_config import scheduler_config
 from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)
@@ -98,9 +105,10 @@ def send_launch(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int,
 def launch_commands(node: str, job_id: int, argv: list[str], gpu_indices: tuple[int, ...], *, attempt: int = 0,
                     env: dict[str, str] | None = None, gpu_memory_limit_mib: int | None = None,
                     duty_cycle: float = 1.0, tenant: str | None = None, max_runtime_s: int | None = None,
-                    code_id: int | None = None, **spec) -> list:
+                    code_id: int | None = None, job_class: str | None = None, **spec) -> list:
     """The commands that launch an attempt on ``node`` (see :func:`send_launch`); none when its
-    code cannot be staged."""
+    code cannot be staged. ``job_class``: the job's ``run_class`` (blank or None: not said, and
+    its node leaves its duty cycle to the control plane)."""
     # One command id per attempt: a re-sent launch of this attempt is recognised by the agent, a
     # requeued job's next attempt is not mistaken for it. The tenant picks the agent's run-as account.
     # A job suspended before it started (duty cycle 0) is launched throttled and suspended at once.
@@ -112,6 +120,10 @@ def launch_commands(node: str, job_id: int, argv: list[str], gpu_indices: tuple[
         except redis.RedisError as exc:
             log.error("could not stage the code of job %s for node %s: %s", job_id, node, exc)
             return []
+    if job_class == RunClass.OPPORTUNISTIC:
+        spec.update(job_class="opportunistic", duty_cycle_floor=scheduler_config().duty_cycle_floor)
+    elif job_class == RunClass.GUARANTEED:
+        spec["job_class"] = "guaranteed"
     commands = [protocol.LaunchJob(
         command_id=launch_id(job_id, attempt), attempt=attempt, job_id=job_id, argv=argv,
         gpu_indices=list(gpu_indices), env=env or {}, gpu_memory_limit_mib=gpu_memory_limit_mib,

@@ -19,15 +19,17 @@ from monitoring.models import Node
 
 # Job fields a launch is built from (for ``.only()``); ``launch_spec`` turns them into its fields.
 LAUNCH_FIELDS = ("command", "env", "attempt", "max_runtime_s", "tenant__slug", "workdir", "code_id", "image", "venv",
-                 "conda", "stop_signal", "array_id", "array_index", "gpu_milli")
+                 "conda", "stop_signal", "array_id", "array_index", "gpu_milli", "run_class")
 
 
 def launch_spec(job: Job) -> dict:
     """The launch's fields that come from the job spec as submitted (where and in what it runs, and
-    the compute share an MPS GPU caps a fractional job at)."""
+    the compute share an MPS GPU caps a fractional job at), and how it was admitted (its node
+    protects a guaranteed job from its borrowers by itself)."""
     return {"workdir": job.workdir or None, "image": job.image or None, "venv": job.venv or None,
             "conda": job.conda or None, "stop_signal": job.stop_signal, "array_id": job.array_id,
-            "array_index": job.array_index, "code_id": job.code_id, "compute_share": compute_share(job.gpu_milli)}
+            "array_index": job.array_index, "code_id": job.code_id, "compute_share": compute_share(job.gpu_milli),
+            "job_class": job.run_class or None}
 
 
 def compute_share(gpu_milli: int) -> float | None:
