@@ -14,6 +14,9 @@ constraints select a handful of pools:
   tightest fit of that bucket.
 * ``guar_index[pool][room]``: GPUs with residents that a guaranteed job could join (no exclusive
   guaranteed resident), bucketed by unreserved guaranteed milli-GPUs, sorted by free memory.
+* ``req_index[pool][room]``: GPUs with residents whose requests (every resident's milli-GPUs,
+  either class) leave room, bucketed by that room, sorted by free memory: where a fraction packs
+  without over-committing the GPU (``placement`` tries these before an empty or a busy GPU).
 
 Capacity only shrinks during a cycle (evictions take effect when the service carries them out),
 which is what lets the caller memoise failed searches.
@@ -42,7 +45,7 @@ def room_bucket(room_milli: int) -> int:
 class GpuSlot:
     __slots__ = ("key", "id", "index", "model", "node", "pool", "capacity_mib", "used_mib", "load_milli",
                  "live_load", "live_used_mib", "guaranteed_milli", "guaranteed_count", "exclusive", "occupants", "blocked",
-                 "promised", "residents", "opp_entry", "guar_entry", "placed_guaranteed", "isolation",
+                 "promised", "residents", "opp_entry", "guar_entry", "requested_milli", "req_entry", "placed_guaranteed", "isolation",
                  "unfenced_refusals", "margin_mib")
 
     def __init__(self, key: int, gpu, node: "NodeSlot", pool: int, live_load: float | None,
@@ -56,6 +59,7 @@ class GpuSlot:
         self.live_used_mib = live_used_mib
         self.guaranteed_milli = 0
         self.guaranteed_count = 0
+        self.requested_milli = 0  # every resident's milli-GPUs, whatever its class
         self.exclusive = False  # holds a guaranteed job that shares with no other guaranteed job
         self.occupants = 0
         self.blocked = False  # unknown holder, or promised to a reclaiming job this cycle
@@ -63,6 +67,7 @@ class GpuSlot:
         self.residents: list[RunningJob] = []
         self.opp_entry: tuple[int, tuple[int, int]] | None = None  # (room bucket, (free, key))
         self.guar_entry: tuple[int, tuple[int, int]] | None = None
+        self.req_entry: tuple[int, tuple[int, int]] | None = None
         self.placed_guaranteed = False  # a guaranteed job landed here this cycle
         self.isolation = gpu.isolation
         self.unfenced_refusals = 0  # residents that refuse to share an unfenced GPU
@@ -82,7 +87,7 @@ class GpuSlot:
 
 class NodeSlot:
     __slots__ = ("key", "name", "rack", "gb_per_s", "pool", "gpus", "empty", "schedulable", "cordoned", "reserved",
-                 "has_runtime", "cpu_total", "host_total_mb", "cpu_free", "host_free_mb")
+                 "has_runtime", "cpu_total", "host_total_mb", "cpu_free", "host_free_mb", "changes")
 
     def __init__(self, key: int, node, schedulable: bool):
         self.key, self.name, self.rack = key, node.name, node.rack
@@ -97,6 +102,7 @@ class NodeSlot:
         # None: the node does not report it (never a constraint); free = total - residents' requests.
         self.cpu_total = self.cpu_free = node.cpu_milli
         self.host_total_mb = self.host_free_mb = node.host_memory_mb
+        self.changes = 0  # placements and promises on it this cycle (what a score may cache by)
 
     @property
     def indexed(self) -> bool:
@@ -161,6 +167,7 @@ class Capacity:
         self.mixed_nodes: list[NodeSlot] = []
         self.opp_index: list[list[list[tuple[int, int]]]] = [[[] for _ in range(ROOM_BUCKETS)] for _ in self.pools]
         self.guar_index: list[list[list[tuple[int, int]]]] = [[[] for _ in range(ROOM_BUCKETS)] for _ in self.pools]
+        self.req_index: list[list[list[tuple[int, int]]]] = [[[] for _ in range(ROOM_BUCKETS)] for _ in self.pools]
         for node in self.nodes:
             node.empty = [g for g in node.gpus if g.occupants == 0 and not g.blocked]
             if node.schedulable:
@@ -195,6 +202,7 @@ class Capacity:
                 gpu.residents.append(job)
                 gpu.occupants += 1
                 gpu.load_milli += load
+                gpu.requested_milli += milli
                 gpu.used_mib += gpu.capacity_mib if memory is None else memory  # as planned
                 if refuses_unfenced:
                     gpu.unfenced_refusals += 1
@@ -230,7 +238,7 @@ class Capacity:
             self.buckets[node.pool][len(node.empty)].pop(node.key, None)
 
     def _place(self, gpu: GpuSlot) -> bool:
-        """Set where ``gpu`` belongs in each index (``opp_entry``, ``guar_entry``; left None where
+        """Set where ``gpu`` belongs in each index (``opp_entry``, ``guar_entry``, ``req_entry``; left None where
         in neither, as an unindexed GPU has them); False if it belongs in none."""
         # (``NodeSlot.indexed``, ``GpuSlot.joinable``, ``GpuSlot.free_mib`` and ``room_bucket``
         # spelled out: this sees every occupied GPU of the cluster every cycle, and every GPU a
@@ -250,11 +258,14 @@ class Capacity:
         if not gpu.exclusive and gpu.guaranteed_milli < WHOLE_GPU_MILLI:
             bucket = (WHOLE_GPU_MILLI - gpu.guaranteed_milli) // ROOM_STEP
             gpu.guar_entry = (bucket if bucket < ROOM_BUCKETS else ROOM_BUCKETS - 1, entry)
+        if gpu.requested_milli < WHOLE_GPU_MILLI:
+            gpu.req_entry = ((WHOLE_GPU_MILLI - gpu.requested_milli) // ROOM_STEP, entry)
         return True
 
     def _index(self, gpu: GpuSlot) -> None:
         if self._place(gpu):
-            for index, placed in ((self.opp_index, gpu.opp_entry), (self.guar_index, gpu.guar_entry)):
+            for index, placed in ((self.opp_index, gpu.opp_entry), (self.guar_index, gpu.guar_entry),
+                                  (self.req_index, gpu.req_entry)):
                 if placed is not None:
                     insort(index[gpu.pool][placed[0]], placed[1])
 
@@ -262,23 +273,26 @@ class Capacity:
         """``_index`` every occupied GPU, as the build's last step: each bucket sorted once at the
         end, not kept sorted one insertion at a time (this sees every GPU of a full cluster every
         cycle)."""
-        place, opp_index, guar_index = self._place, self.opp_index, self.guar_index
+        place, opp_index, guar_index, req_index = self._place, self.opp_index, self.guar_index, self.req_index
         for gpu in self.gpus:
             if gpu.occupants and place(gpu):
                 if (placed := gpu.opp_entry) is not None:
                     opp_index[gpu.pool][placed[0]].append(placed[1])
                 if (placed := gpu.guar_entry) is not None:
                     guar_index[gpu.pool][placed[0]].append(placed[1])
-        for buckets in (*opp_index, *guar_index):
+                if (placed := gpu.req_entry) is not None:
+                    req_index[gpu.pool][placed[0]].append(placed[1])
+        for buckets in (*opp_index, *guar_index, *req_index):
             for bucket in buckets:
                 bucket.sort()
 
     def _unindex(self, gpu: GpuSlot) -> None:
-        for index, entry in ((self.opp_index[gpu.pool], gpu.opp_entry), (self.guar_index[gpu.pool], gpu.guar_entry)):
+        for index, entry in ((self.opp_index[gpu.pool], gpu.opp_entry), (self.guar_index[gpu.pool], gpu.guar_entry),
+                             (self.req_index[gpu.pool], gpu.req_entry)):
             if entry is not None:
                 bucket = index[entry[0]]
                 del bucket[bisect_left(bucket, entry[1])]
-        gpu.opp_entry = gpu.guar_entry = None
+        gpu.opp_entry = gpu.guar_entry = gpu.req_entry = None
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -311,15 +325,17 @@ class Capacity:
         nodes = {g.node.key: g.node for g in gpus}
         for node in nodes.values():
             self._bucket_remove(node)
+            node.changes += 1
         guaranteed = job_class is JobClass.GUARANTEED
         for gpu, memory in zip(gpus, memory_mib):
             if cpu_per_gpu or host_mb_per_gpu:
                 host_resources.take(gpu.node, cpu_per_gpu, host_mb_per_gpu)
-            if gpu.opp_entry is not None or gpu.guar_entry is not None:  # (an empty GPU is in no index)
-                self._unindex(gpu)
+            if gpu.opp_entry is not None or gpu.guar_entry is not None or gpu.req_entry is not None:
+                self._unindex(gpu)  # (an empty GPU is in no index)
             if gpu.occupants == 0:
                 gpu.node.empty.remove(gpu)
             gpu.occupants += 1
+            gpu.requested_milli += gpu_milli
             gpu.used_mib += memory
             gpu.load_milli += demand_milli
             if not accepts_unfenced:
@@ -345,6 +361,7 @@ class Capacity:
         if gpu in gpu.node.empty:
             gpu.node.empty.remove(gpu)
         gpu.blocked = gpu.promised = True
+        gpu.node.changes += 1
         self._bucket_add(gpu.node)
 
     def dismantle(self) -> None:

@@ -46,6 +46,7 @@ from jobs.scheduling.cycle_state import CycleState, Memo
 from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason, new_pending
 from jobs.scheduling.eta import QueueEta, ReleaseTimeline, releases_of
 from jobs.scheduling.explain import InventoryCheck, invalid_request
+from jobs.scheduling.fragmentation_score import FragmentationScore, snapshot_requests
 from jobs.scheduling.placement import Choice, OneNodeWait, Placer, Shape, shape_of
 from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.reclaim import RECLAIM_LOOKAHEAD, Gang, Reclaimer, memory_pressure_victims
@@ -121,7 +122,8 @@ class Cycle(Waiting, Borrowing):
     def __init__(self, snapshot: ClusterSnapshot, now: float, config: SchedulerConfig, carry: Carry | None = None):
         self.snapshot, self.now, self.config = snapshot, now, config
         self.capacity = Capacity(snapshot, config)
-        self.placer = Placer(self.capacity, config)
+        self.placer = Placer(self.capacity, config, FragmentationScore(snapshot_requests(snapshot))
+                             if config.placement_score == "fgd" else None)
         self.inventory = InventoryCheck(self.capacity, self.placer)
         if carry is None:
             carry = Carry()  # (kept for this cycle only: nothing to check it against)

@@ -6,11 +6,19 @@ Rules (DESIGN.md "Packing" and "Gang + topology"):
   request, else the GPU's memory in proportion to ``gpu_milli`` (a whole GPU for whole requests).
 * Only one-GPU jobs share a GPU. A gang takes empty GPUs: in a ring all-reduce the slowest rank
   paces every other one, so one shared GPU slows the whole gang.
-* Opportunistic work joins a GPU when memory + headroom fits (none for a fraction whose memory
-  is just its share: that share is also its limit) and the residents' load leaves
-  spare compute for its demand (or at least ``min_shared_room_milli``: it runs on what is spare,
-  throttled if a guaranteed neighbour suffers); tightest memory fit first, else an empty GPU on
-  the fullest node.
+* A one-GPU job goes, in this order: (1) beside residents whose requests leave room for its own
+  (a fraction packing with fractions: nothing promised twice), or (2) on an empty GPU, the two
+  ranked together by the score (``fragmentation_score``: FGD's gradient, then the least room
+  left, the fullest node, the tightest memory); only when neither exists (3) it over-commits: a
+  borrower joins a GPU whose residents' requests fill it but whose live load leaves spare compute
+  for its demand (or at least ``min_shared_room_milli``: it runs on what is spare, throttled if a
+  guaranteed neighbour suffers), tightest memory fit first. Over-commit costs every job on the GPU
+  speed, an empty GPU costs nobody anything now (its owner reclaims it when needed). Memory +
+  headroom must fit throughout (no headroom for a fraction whose memory is just its share: that
+  share is also its limit). ``SchedulerConfig.placement_score = "tightest"`` drops the score
+  (least room, then memory left), as earlier versions chose.
+* A gang on one node takes the node with the cheapest all-reduce, then the lowest gradient, then
+  the least left over (GPU and CPU share, BestFit's measure), across GPU models too.
 * A guaranteed job never joins another guaranteed job unless both allow sharing (``shareable``
   or fractional), and then only while their guaranteed milli-GPUs sum to at most one GPU. A
   non-shareable guaranteed job prefers an empty GPU; failing that it may sit next to
@@ -27,6 +35,7 @@ from jobs.scheduling.capacity import ROOM_BUCKETS, ROOM_STEP, Capacity, GpuSlot,
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling import filters
 from jobs.scheduling.filters import compute_room, host_resources
+from jobs.scheduling.fragmentation_score import leftover
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, JobRequest
 from jobs.scheduling.topology import Candidate, allreduce_seconds, choose_nodes, slowest_link
 
@@ -34,6 +43,9 @@ from jobs.scheduling.topology import Candidate, allreduce_seconds, choose_nodes,
 # GPUs looked at in the one room bucket that may or may not have room for a request; past this
 # the search moves on: at worst a looser fit or a job that waits a cycle, never an unsafe placement.
 PARTIAL_BUCKET_SCAN = 8
+# Candidates a score ranks, per index bucket (GPUs with request room, nodes with k empty GPUs):
+# enough to see the different states a bucket holds, bounded so a search stays cheap.
+SCORED_PER_BUCKET = 16
 
 
 @dataclass(slots=True, eq=False)
@@ -143,9 +155,11 @@ class OneNodeWait:
 
 
 class Placer:
-    def __init__(self, capacity: Capacity, config: SchedulerConfig):
+    def __init__(self, capacity: Capacity, config: SchedulerConfig, score=None):
         self.capacity = capacity
         self.config = config
+        # Ranks one-GPU candidates (``fragmentation_score``); None: tightest fit by memory alone.
+        self.score = score
         self._pools: dict[tuple, list[int]] = {}
         self._pools_by_shape: dict[Shape, list[int]] = {}
 
@@ -216,15 +230,123 @@ class Placer:
         return sum(usable) >= shape.gpus
 
     def _one_gpu(self, shape: Shape, job_class: JobClass, pools: list[int], backfill: list[NodeSlot]) -> Choice | None:
-        packs = job_class is JobClass.OPPORTUNISTIC or shape.shareable
-        shared = self._shared_gpu(shape, job_class, pools, backfill) if packs else None
-        if shared is None:
-            empty = self._empty_gpu(shape, pools, backfill)
-            if empty is not None:
-                return self._single(empty, shape, shared=False)
-            if not packs:  # a guaranteed job next to opportunistic work, as a last resort
-                shared = self._shared_gpu(shape, job_class, pools, backfill)
+        # Within requests first (a fraction beside fractions that leave it room: no GPU promised
+        # twice), then an empty GPU, and only then over-commit (a borrower on a GPU whose residents'
+        # requests fill it but whose measured load leaves room, or a guaranteed job beside
+        # borrowers): over-commit costs every job on the GPU speed, an empty GPU costs nothing now.
+        packs = shape.gpu_milli < WHOLE_GPU_MILLI and (job_class is JobClass.OPPORTUNISTIC or shape.shareable)
+        if self.score is not None:
+            scored = self._scored(shape, job_class, pools, backfill, packs)
+            if scored is not None:
+                return self._single(scored, shape, shared=bool(scored.occupants))
+            shared = self._shared_gpu(shape, job_class, pools, backfill)
+            return None if shared is None else self._single(shared, shape, shared=True)
+        if packs:
+            within = self._within_requests(shape, job_class, pools, backfill)
+            if within is not None:
+                return self._single(within, shape, shared=True)
+        empty = self._empty_gpu(shape, pools, backfill)
+        if empty is not None:
+            return self._single(empty, shape, shared=False)
+        shared = self._shared_gpu(shape, job_class, pools, backfill)
         return None if shared is None else self._single(shared, shape, shared=True)
+
+    def _scored(self, shape: Shape, job_class: JobClass, pools: list[int], backfill: list[NodeSlot],
+                packs: bool) -> GpuSlot | None:
+        """The candidate the score ranks best: GPUs whose residents' requests leave room (when the
+        job packs), and an empty GPU on each of the first nodes of every empty-count bucket. Ties:
+        a shared GPU, then the least room left, then the fuller node."""
+        gpus, milli, fits, delta = self.capacity.gpus, shape.gpu_milli, self.fits_gpu, self.score.delta
+        best: tuple | None = None
+        if packs:
+            for pool in pools:
+                need = shape.memory_on(self.capacity.pools[pool][1]) + shape.headroom_mib
+                for bucket in self.capacity.req_index[pool][milli // ROOM_STEP:]:
+                    taken = 0
+                    for position in range(bisect_left(bucket, (need, -1)), len(bucket)):
+                        gpu = gpus[bucket[position][1]]
+                        left = WHOLE_GPU_MILLI - gpu.requested_milli - milli
+                        if left < 0 or not fits(gpu, shape, job_class, pools):
+                            continue
+                        option = (delta(gpu.node, (gpu,), shape), left, len(gpu.node.empty),
+                                  bucket[position][0] - need, gpu.key)
+                        if best is None or option < best:
+                            best = option
+                        taken += 1
+                        if taken == SCORED_PER_BUCKET:
+                            break
+            for node in backfill:
+                for gpu in node.gpus:
+                    left = WHOLE_GPU_MILLI - gpu.requested_milli - milli
+                    if gpu.occupants and left >= 0 and fits(gpu, shape, job_class, pools):
+                        option = (delta(node, (gpu,), shape), left, len(node.empty),
+                                  gpu.free_mib - shape.memory_on(gpu.capacity_mib), gpu.key)
+                        if best is None or option < best:
+                            best = option
+        nodes = self.capacity.nodes
+        for pool in pools:
+            for k, bucket in enumerate(self.capacity.buckets[pool]):
+                if not k or not bucket:
+                    continue
+                taken = 0
+                for node_key in bucket:
+                    node = nodes[node_key]
+                    if shape.needs_host and filters.gpus_on(node, shape) < 1:
+                        continue
+                    gpu = node.empty[0]
+                    option = (delta(node, (gpu,), shape), WHOLE_GPU_MILLI - milli, k,
+                              gpu.capacity_mib - shape.memory_on(gpu.capacity_mib), gpu.key)
+                    if best is None or option < best:
+                        best = option
+                    taken += 1
+                    if taken == SCORED_PER_BUCKET:
+                        break
+        for node in self.capacity.mixed_nodes + backfill:
+            usable = [g for g in node.empty if g.pool in pools]
+            if usable and filters.gpus_on(node, shape) >= 1:
+                option = (delta(node, usable[:1], shape), WHOLE_GPU_MILLI - milli, len(node.empty),
+                          usable[0].capacity_mib - shape.memory_on(usable[0].capacity_mib), usable[0].key)
+                if best is None or option < best:
+                    best = option
+        return None if best is None else gpus[best[-1]]
+
+    def _within_requests(self, shape: Shape, job_class: JobClass, pools: list[int],
+                         backfill: list[NodeSlot]) -> GpuSlot | None:
+        """The GPU with residents whose requests leave the least room that still holds this one
+        (best fit by milli-GPUs, then by memory), as FGD's baselines pack fractions."""
+        gpus, milli, fits = self.capacity.gpus, shape.gpu_milli, self.fits_gpu
+        best: tuple[int, int, int] | None = None
+        # Bucket b holds rooms [b * STEP, (b + 1) * STEP): the first holding ``milli`` may or may
+        # not fit each of its GPUs, every later one does; the tightest bucket with a fit wins.
+        first = milli // ROOM_STEP
+        for pool in pools:
+            need = shape.memory_on(self.capacity.pools[pool][1]) + shape.headroom_mib
+            buckets = self.capacity.req_index[pool]
+            for bucket_no in range(first, ROOM_BUCKETS):
+                if best is not None and (bucket_no - first) * ROOM_STEP > best[0] + ROOM_STEP:
+                    break
+                bucket = buckets[bucket_no]
+                if not bucket:
+                    continue
+                for position in range(bisect_left(bucket, (need, -1)), len(bucket)):
+                    free, key = bucket[position]
+                    gpu = gpus[key]
+                    left = WHOLE_GPU_MILLI - gpu.requested_milli - milli
+                    if left < 0 or not fits(gpu, shape, job_class, pools):
+                        continue
+                    option = (left, free - need, key)
+                    if best is None or option < best:
+                        best = option
+                    if bucket_no > first:
+                        break  # every later entry of this bucket leaves as much room, more memory
+        for node in backfill:
+            for gpu in node.gpus:
+                left = WHOLE_GPU_MILLI - gpu.requested_milli - milli
+                if gpu.occupants and left >= 0 and fits(gpu, shape, job_class, pools):
+                    option = (left, gpu.free_mib - shape.memory_on(gpu.capacity_mib) - shape.headroom_mib, gpu.key)
+                    if best is None or option < best:
+                        best = option
+        return None if best is None else gpus[best[2]]
 
     def _single(self, gpu: GpuSlot, shape: Shape, shared: bool) -> Choice:
         return Choice([(gpu.node, [gpu])], [shape.memory_on(gpu.capacity_mib)], shared, 0.0)
@@ -317,13 +439,22 @@ class Placer:
         """A gang runs on GPUs of one model: its ranks move in lockstep, so one slower model holds
         every rank back (a review found a gang of 6 V100s and 2 A100s). Each model that fits is
         searched on its own; fewest nodes win, then the cheaper all-reduce."""
-        best: Choice | None = None
+        best: tuple | None = None
         for model_pools in self.pools_by_model(pools):
             choice = self._gang_of_one_model(shape, model_pools, backfill, spread)
-            if choice is not None and (best is None or (len(choice.slices), choice.allreduce_s)
-                                       < (len(best.slices), best.allreduce_s)):
-                best = choice
-        return best
+            if choice is not None:
+                option = (len(choice.slices), choice.allreduce_s, self._gang_score(choice, shape))
+                if best is None or option < best[0]:
+                    best = (option, choice)
+        return None if best is None else best[1]
+
+    def _gang_score(self, choice: Choice, shape: Shape) -> tuple[float, float]:
+        """The score of a one-node gang placement and its tie-break (0s without a score, or over
+        several nodes)."""
+        if self.score is None or len(choice.slices) != 1:
+            return 0.0, 0.0
+        node, gpus = choice.slices[0]
+        return self.score.delta(node, gpus, shape), leftover(node, gpus, shape)
 
     def _gang_of_one_model(self, shape: Shape, pools: list[int], backfill: list[NodeSlot],
                            spread: bool = True) -> Choice | None:
@@ -339,6 +470,8 @@ class Placer:
         return self._gang_choice(choice, shape)
 
     def _gang_one_node(self, shape: Shape, pools: list[int], backfill: list[NodeSlot]) -> Choice | None:
+        if self.score is not None:
+            return self._gang_one_node_scored(shape, pools, backfill)
         best: tuple | None = None
         best_node: NodeSlot | None = None
         n = shape.gpus
@@ -364,6 +497,44 @@ class Placer:
             return None
         usable = [g for g in best_node.empty if g.pool in pools][:n]
         return self._gang_choice([(best_node, usable)], shape)
+
+    def _gang_one_node_scored(self, shape: Shape, pools: list[int], backfill: list[NodeSlot]) -> Choice | None:
+        """The node whose all-reduce is cheapest, then the one the score ranks best, among the
+        first nodes of every empty-count bucket that holds the gang (then the tightest memory,
+        the fewest empty GPUs)."""
+        n, delta, nodes = shape.gpus, self.score.delta, self.capacity.nodes
+        best: tuple | None = None
+        best_gpus: list[GpuSlot] | None = None
+        for pool in pools:
+            _, memory, gb_per_s, _, _ = self.capacity.pools[pool]
+            buckets = self.capacity.buckets[pool]
+            cost = allreduce_seconds(n, shape.allreduce_bytes, gb_per_s)
+            slack = memory - shape.memory_on(memory)
+            for k in range(n, len(buckets)):
+                taken = 0
+                for node_key in buckets[k]:
+                    node = nodes[node_key]
+                    if shape.needs_host and filters.gpus_on(node, shape) < n:
+                        continue
+                    usable = node.empty[:n]
+                    option = (cost, delta(node, usable, shape), leftover(node, usable, shape), slack, node_key)
+                    if best is None or option < best:
+                        best, best_gpus = option, usable
+                    taken += 1
+                    if taken == SCORED_PER_BUCKET:
+                        break
+        for node in self.capacity.mixed_nodes + backfill:
+            by_model = self.pools_by_model([g.pool for g in node.empty if g.pool in pools])
+            for model_pools in by_model:
+                usable = [g for g in node.empty if g.pool in model_pools]
+                if len(usable) >= n and filters.gpus_on(node, shape) >= n:
+                    option = (allreduce_seconds(n, shape.allreduce_bytes, node.gb_per_s), delta(node, usable[:n], shape),
+                              leftover(node, usable[:n], shape), 0, node.key)
+                    if best is None or option < best:
+                        best, best_gpus = option, usable[:n]
+        if best_gpus is None:
+            return None
+        return self._gang_choice([(nodes[best[-1]], best_gpus)], shape)
 
     def _gang_candidates(self, pools: list[int], backfill: list[NodeSlot], shape: Shape) -> list[Candidate]:
         candidates: list[Candidate] = []

@@ -225,7 +225,7 @@ def unfenced_gpu_with_a_guaranteed_job(db, online):
     node = NodeFactory(name="u")
     gpu = GpuFactory(node=node, index=0, uuid="GPU-u-0", isolation="unfenced")
     vision = TenantFactory(slug="vision", guaranteed_gpus=1, max_gpus=1)
-    resident = running_job(vision, UserFactory(), [gpu], milli=500, gpu_memory_mib=20000)
+    resident = running_job(vision, UserFactory(), [gpu], milli=750, gpu_memory_mib=20000)
     online("u")
     return resident
 

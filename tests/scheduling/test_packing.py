@@ -24,12 +24,30 @@ def landed(snapshot, decisions) -> dict[int, tuple[str, int]]:
     (20, None, 20, None, False),   # no reading: the resident counts at its full request
     (None, 0.1, 5, None, False),   # resident without a memory figure owns the whole GPU
 ])
-def test_opportunistic_job_shares_a_gpu_when_memory_and_compute_fit(resident_gib, util, new_gib, profile, shares):
-    snapshot = cluster(node("a", gpus=2, util={0: util}), tenants=BORROWERS,
+def test_borrower_over_commits_a_busy_gpu_only_when_memory_and_compute_fit(resident_gib, util, new_gib, profile, shares):
+    snapshot = cluster(node("a", gpus=1, util={0: util}), tenants=BORROWERS,
                        running=[running(9, on="a", gpus=[0], tenant="owner", mem_gib=resident_gib)],
                        pending=[job(1, tenant="borrower", mem_gib=new_gib, profile=profile)])
     decisions = decide(snapshot, now=0)
-    assert landed(snapshot, decisions)[1] == ("a", 0 if shares else 1)
+    assert landed(snapshot, decisions).get(1) == (("a", 0) if shares else None)
+
+
+def test_borrower_takes_an_empty_gpu_before_over_committing_a_busy_one():
+    # The busy GPU's residents asked for all of it: joining it would slow both jobs, the empty
+    # GPU costs nobody anything (and is reclaimed if its owner's tenant needs it).
+    snapshot = cluster(node("a", gpus=2, util={0: 0.3}), tenants=BORROWERS,
+                       running=[running(9, on="a", gpus=[0], tenant="owner", mem_gib=20)],
+                       pending=[job(1, tenant="borrower", mem_gib=20)])
+    assert landed(snapshot, decide(snapshot, now=0))[1] == ("a", 1)
+
+
+def test_fraction_joins_fractions_whose_requests_leave_it_room_before_an_empty_gpu():
+    snapshot = cluster(node("a", gpus=3, util={0: 0.2, 1: 0.2}), tenants=BORROWERS,
+                       running=[running(9, on="a", gpus=[0], tenant="owner", milli=700, mem_gib=20),
+                                running(8, on="a", gpus=[1], tenant="owner", milli=400, mem_gib=20)],
+                       pending=[job(1, tenant="borrower", milli=500, mem_gib=20)])
+    # GPU 0's requests leave 300 milli (too little), GPU 1's leave 600: it packs there.
+    assert landed(snapshot, decide(snapshot, now=0))[1] == ("a", 1)
 
 
 def test_shared_placement_carries_memory_limit_and_starts_throttled_next_to_guaranteed_work():
@@ -110,8 +128,9 @@ def test_gpu_model_constraint_is_honoured(models, expected):
     assert placed(decide(snapshot, now=0)) == {1: expected}
 
 
-def test_best_fit_packs_onto_the_gpu_left_tightest():
-    snapshot = cluster(node("a", gpus=3, util=0.1), tenants=BORROWERS,
+def test_best_fit_over_commits_the_gpu_left_tightest():
+    # (no GPU is empty: with one, the borrower would take it before over-committing either)
+    snapshot = cluster(node("a", gpus=2, util=0.1), tenants=BORROWERS,
                        running=[running(8, on="a", gpus=[0], tenant="owner", mem_gib=20),
                                 running(9, on="a", gpus=[1], tenant="owner", mem_gib=60)],
                        pending=[job(1, tenant="borrower", mem_gib=10, profile=(10, 0.2))])
@@ -144,3 +163,32 @@ def test_cordoned_node_gets_nothing_new():
     snapshot = cluster(node("a", gpus=1, cordoned=True), node("b", gpus=1), tenants=BORROWERS,
                        pending=[job(1, tenant="owner"), job(2, tenant="owner")])
     assert placed(decide(snapshot, now=0)) == {1: "b"}
+
+
+def test_fractions_fill_the_room_requests_leave_before_any_gpu_is_over_committed():
+    """A cluster 20% free in fractions left by its residents' requests, and a queue of fractions
+    that fit that room exactly: every one is placed, and no GPU is promised past one whole GPU
+    (the issue's "fair_share stops placing on fractional workloads": borrowers piled onto GPUs
+    whose live load looked light, so the room the requests left was never used)."""
+    residents = [running(100 + 10 * n + g, on=f"n{n}", gpus=[g], tenant="owner", milli=800, mem_gib=8, util=0.2)
+                 for n in range(2) for g in range(4)]
+    queue = [job(i, tenant="borrower", milli=200, mem_gib=2) for i in range(1, 9)]
+    snapshot = cluster(node("n0", gpus=4, util=0.2), node("n1", gpus=4, util=0.2), tenants=BORROWERS,
+                       running=residents, pending=queue)
+    decisions = decide(snapshot, now=0)
+    assert {p.job_id for p in decisions.placements} == {j.id for j in queue}
+    promised = {}
+    for job_ in [*snapshot.running, *decisions.placements]:
+        for gpu_id in job_.gpu_ids:
+            promised[gpu_id] = promised.get(gpu_id, 0) + job_.gpu_milli
+    assert max(promised.values()) <= 1000, promised
+
+
+def test_a_gang_keeps_the_node_it_fits_best_and_leaves_the_large_node_whole():
+    """Two empty nodes of different models, both able to hold a 4-GPU gang: the gang takes the one
+    it fills (FGD's gradient is the same; of the two the tighter fit leaves the bigger node for
+    what only it can hold)."""
+    snapshot = cluster(node("large", gpus=8, model="A100-80GB", cpus=128),
+                       node("small", gpus=4, model="H100-80GB", cpus=48), tenants=BORROWERS,
+                       pending=[job(1, tenant="owner", gpus=4, mem_gib=10, cpus=40)])
+    assert placed(decide(snapshot, now=0)) == {1: "small"}

@@ -1,0 +1,88 @@
+"""Score: FGD's fragmentation gradient (Weng et al., ATC'23) for a one-GPU placement on the cycle's
+``Capacity``: how much placing the job there raises its node's fragmentation ``F_n(M)``, M being
+the classes of the requests the snapshot holds (pending and running), weighted by their count.
+
+The placer asks it to rank the candidates its indexes find (GPUs whose residents' requests leave
+room, and empty GPUs); lower is better. It reads only requests (milli-GPUs, CPU, host memory), not
+live load: fragmentation is about what can still be promised, and a GPU over-committed by
+borrowers counts as full. The target workload is built on first use, so a cycle that places
+nothing pays nothing for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+INF = float("inf")
+WHOLE = 1000
+
+
+def free_share(gpu) -> int:
+    """A GPU's milli-GPUs not promised to anyone (0 when blocked or over-committed)."""
+    return 0 if gpu.blocked else max(0, WHOLE - gpu.requested_milli)
+
+
+class FragmentationScore:
+    name = "fgd"
+
+    def __init__(self, requests: Callable[[], Iterable]):
+        self._requests = requests
+        self._workload = None
+        # node key -> (its ``changes`` then, free milli per GPU, CPU, host memory, model, F_n(M))
+        self._nodes: dict[int, tuple] = {}
+
+    @property
+    def workload(self):
+        if self._workload is None:
+            from jobs.scheduling.policies.fragmentation import Workload  # (policies import the core)
+            self._workload = Workload.of(list(self._requests()))
+        return self._workload
+
+    def delta(self, node, gpus, shape) -> float:
+        """``F_n(M)`` after the job takes ``shape.gpu_milli`` of each of ``gpus`` (all on ``node``;
+        one GPU or a one-node gang) minus before."""
+        state = self._nodes.get(node.key)
+        if state is None or state[0] != node.changes:
+            free = tuple([free_share(g) for g in node.gpus])
+            cpu = INF if node.cpu_free is None else node.cpu_free
+            memory = INF if node.host_free_mb is None else node.host_free_mb
+            model = node.gpus[0].model
+            state = self._nodes[node.key] = (node.changes, free, cpu, memory, model,
+                                             self.workload.node(model, free, cpu, memory))
+        _, free, cpu, memory, model, before = state
+        after = list(free)
+        positions = node.gpus.index
+        for gpu in gpus:
+            i = positions(gpu)
+            after[i] = max(0, after[i] - shape.gpu_milli)
+        count = len(gpus)
+        return self.workload.node(model, tuple(after), cpu - shape.cpu_per_gpu * count,
+                                  memory - shape.host_mb_per_gpu * count) - before
+
+
+def leftover(node, gpus, shape) -> float:
+    """BestFit's measure of what a placement leaves on its node (free GPU share plus free CPU share
+    after it), the tie-break between placements the gradient ranks alike: of two nodes the job
+    fragments equally, the tighter one keeps the larger free for what needs it."""
+    gpu_left = (sum(free_share(g) for g in node.gpus) - shape.gpu_milli * len(gpus)) / (WHOLE * len(node.gpus))
+    if not node.cpu_total:
+        return gpu_left
+    return gpu_left + (node.cpu_free - shape.cpu_per_gpu * len(gpus)) / node.cpu_total
+
+
+class RunningAsRequest:
+    """A running job as one more request of the target workload (its class is what it asked for)."""
+
+    __slots__ = ("gpus", "gpu_milli", "gpu_models", "cpu_milli", "host_memory_mb")
+
+    def __init__(self, job):
+        self.gpus, self.gpu_milli, self.gpu_models = len(job.gpu_ids), job.gpu_milli, frozenset()
+        self.cpu_milli, self.host_memory_mb = job.cpu_milli, job.host_memory_mb
+
+
+def snapshot_requests(snapshot) -> Callable[[], Iterable]:
+    def requests():
+        yield from snapshot.pending
+        for job in snapshot.running:
+            yield RunningAsRequest(job)
+    return requests
