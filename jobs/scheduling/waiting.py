@@ -20,8 +20,7 @@ from jobs.scheduling.eta import ReleaseTimeline
 from jobs.scheduling.filters import host_resources
 from jobs.scheduling.placement import Shape
 from jobs.scheduling.reasons import PendingReason
-from jobs.scheduling.reservation import nodes_to_hold
-from jobs.scheduling.reservation import window
+from jobs.scheduling.reservation import may_backfill, nodes_to_hold, window
 from jobs.scheduling.snapshot import JobClass, JobRequest, TenantQuota
 from jobs.scheduling.usage import weighted_share
 
@@ -98,7 +97,13 @@ class Waiting:
             needed = (shape.cpu_per_gpu if short == "cpu" else shape.host_mb_per_gpu) * job.gpus
             reason = self._reason(reasons.insufficient_host, short, job.gpus, needed)
         elif job_class is GUARANTEED:
-            most_free = self.capacity.most_free_on_a_node(self.placer.pools_for(shape))
+            pools = self.placer.pools_for(shape)
+            most_free = self.capacity.most_free_on_a_node(pools)
+            if self.state.holder is not None and may_backfill(job, self.state.holder[2]):
+                # (a node held for a gang is out of the indexes, but this job may backfill it)
+                for by_model in self.placer.pools_by_model(pools):
+                    for node in self.state.reserved_nodes:
+                        most_free = max(most_free, sum(1 for g in node.empty if g.pool in by_model))
             reason = self._reason(reasons.waiting_for_free_gpus, job.gpus, shape.memory_mib, shape.max_nodes == 1,
                                   most_free)
         elif job.opportunistic_only and self.state.held[job.tenant] + job.quota_milli <= self.quota(job.tenant).guaranteed_milli:
