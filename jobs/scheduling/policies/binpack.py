@@ -13,10 +13,31 @@ memory on the node, its GPU models. Each GPU holds at most 1000 milli-GPUs of re
 Jobs go in priority, then submit order; one that fits nowhere waits (FGD counts it as failed:
 on a cluster where nothing leaves it would never fit). No quotas, no preemption, no
 over-subscription. A gang wider than any node takes whole free GPUs over the fewest nodes.
+
+``Protocol`` (each policy's ``fgd_protocol(typical, seed)``) is the same baseline as FGD's own
+simulator runs it in its fill protocol (``hkust-adsl/kubernetes-scheduler-simulator``), for the
+fill replay (``simulate.fill``) to land on FGD's published curves:
+
+* node scores are FGD's integer plugin scores (``pkg/simulator/plugin/*_score.go``) and a tie
+  between nodes is broken uniformly at random (kube-scheduler's ``selectHost``), with a seeded
+  generator: BestFit ``int(100 (1 - sum_r 0.5 (free_r - req_r) / maxSpec_r))`` over CPU and the
+  node's total free GPU (maxSpec 128 CPUs, 8 GPUs: absolute, not a share of the node); GPU
+  packing's three tiers (a partly used GPU, then a used node's free GPU, then an idle node, fewer
+  GPUs first), ``100 - free%/10`` inside the first; FGD ``int(100 sigmoid(dF/1000))`` with F the
+  fragmentation against FGD's typical pods (fixed, from the original pod list); Random: a node
+  uniformly among the feasible;
+* the GPU inside the node is Open-Gpu-Share's ``gpuSelMethod``: the tightest that fits
+  ("best", BestFit and GPU packing), a uniformly random one that fits (Random), the one with the
+  best FGD score (FGD); whole GPUs are the first free ones by index;
+* CPU-only pods are scored by the same plugin (FGD's filter lets them onto any node with CPU and
+  memory) and come back as a ``Place`` with no GPU (the fill driver runs them);
+* no GPU-memory constraint (FGD's openb runs have none: a GPU holds 1000 milli of requests) and
+  no gang spread over nodes (FGD places a pod on one node or fails it).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from bisect import insort
 
@@ -126,6 +147,15 @@ class Cluster:
         self._regroup(node, old)
         return NodeSlice(node=node.name, gpu_ids=tuple(node.gpus[i].id for i in chosen),
                          gpu_indices=tuple(node.gpus[i].index for i in chosen))
+
+    def take_host(self, node: _Node, cpu: float, memory: float) -> NodeSlice:
+        """A CPU-only pod: CPU and host memory, no GPU."""
+        old = node.state()
+        node.cpu -= cpu
+        node.host_memory -= memory
+        node.key = None
+        self._regroup(node, old)
+        return NodeSlice(node=node.name, gpu_ids=(), gpu_indices=())
 
     def spread(self, job: JobRequest) -> Place | None:
         """A gang wider than any node: whole free GPUs, most-free nodes first."""
@@ -314,7 +344,194 @@ def _as_requests(snapshot: ClusterSnapshot) -> list[_Running]:
     return [_Running(job) for job in snapshot.running]
 
 
+# -- the baselines as FGD's simulator runs them ---------------------------------------------------------
+
+MAX_SCORE = 100  # framework.MaxNodeScore
+MAX_SPEC_CPU, MAX_SPEC_GPU = 128_000, 8_000  # open-gpu-share/utils/const.go: MaxSpecCpu, MaxSpecGpu
+_MEMO_PER_PROTOCOL = 500_000
+
+
+def _fitting(node: _Node, milli: int) -> list[int]:
+    return [i for i, f in enumerate(node.free) if f >= milli]
+
+
+def _first_free(node: _Node, count: int) -> tuple[int, ...]:
+    """``AllocateExclusiveGpuId``: the first fully free GPUs by index."""
+    return tuple([i for i, f in enumerate(node.free) if f >= WHOLE][:count])
+
+
+def _tightest(node: _Node, milli: int) -> tuple[int, ...]:
+    """``allocateGpuIdBasedOnBestFit``: the least free GPU that fits, the first on a tie."""
+    best = None
+    for i, f in enumerate(node.free):
+        if f >= milli and (best is None or f < node.free[best]):
+            best = i
+    return (best,)
+
+
+def _fgd_gpus(job, node: _Node) -> tuple[int, ...]:
+    if job.gpus == 0:
+        return ()
+    if job.gpus == 1 and job.gpu_milli < WHOLE:
+        return _tightest(node, job.gpu_milli)
+    return _first_free(node, job.gpus)
+
+
+def _best_fit_score(job, node: _Node, workload) -> tuple[int, tuple[int, ...]]:
+    """``best_fit_score.go: getBestFitScore`` (its normalisation to 0-100 keeps the argmax)."""
+    milli = job.gpu_milli if job.gpus == 1 else (WHOLE if job.gpus else 0)
+    left = 0.0
+    left += (node.cpu - job.cpu_milli) / MAX_SPEC_CPU * 0.5
+    left += (sum(node.free) - milli * job.gpus) / MAX_SPEC_GPU * 0.5
+    return int((1.0 - left) * MAX_SCORE), _fgd_gpus(job, node)
+
+
+def _gpu_packing_score(job, node: _Node, workload) -> tuple[int, tuple[int, ...]]:
+    """``gpu_packing_score.go: getPackingScore``."""
+    if job.gpus == 0:
+        return 0, ()
+    milli = job.gpu_milli if job.gpus == 1 else WHOLE
+    free = node.free
+    fully_free = sum(1 for f in free if f == WHOLE)
+    chosen = _fgd_gpus(job, node)
+    if fully_free == node.gpu_count:
+        return max(MAX_SCORE // 3 - fully_free, fully_free), chosen
+    wanted, use, fresh = job.gpus, [], 0
+    for i in sorted(range(len(free)), key=lambda i: free[i]):
+        if wanted == 0:
+            break
+        if milli <= free[i]:
+            wanted -= 1
+            use.append(i)
+            fresh += free[i] == WHOLE
+    if fresh:
+        return max(MAX_SCORE // 2 - fresh, MAX_SCORE // 3), chosen
+    free_ratio = sum(free[i] * 100 // WHOLE for i in use)
+    return max(MAX_SCORE - free_ratio // 10, MAX_SCORE // 2), chosen
+
+
+def _sigmoid_score(before: float, after: float) -> int:
+    return int(1.0 / (1.0 + math.exp(-(before - after) / 1000)) * MAX_SCORE)
+
+
+def _fgd_score(job, node: _Node, workload: Workload) -> tuple[int, tuple[int, ...]]:
+    """``fgd_score.go: calculateGpuShareFragExtendScore``: the node's fragmentation before and
+    after, against the typical pods; a share goes to the GPU that scores best (first on a tie)."""
+    free = tuple(max(0, f) for f in node.free)
+    before = workload.node(node.model, free, node.cpu, INF)
+    cpu_after = node.cpu - job.cpu_milli
+    if job.gpus == 1 and job.gpu_milli < WHOLE:
+        best = None
+        for i in _fitting(node, job.gpu_milli):
+            after_free = list(free)
+            after_free[i] -= job.gpu_milli
+            score = _sigmoid_score(before, workload.node(node.model, tuple(after_free), cpu_after, INF))
+            if best is None or score > best[0]:
+                best = (score, (i,))
+        return best
+    chosen = _first_free(node, job.gpus) if job.gpus else ()
+    after_free = list(free)
+    for i in chosen:
+        after_free[i] -= WHOLE
+    return _sigmoid_score(before, workload.node(node.model, tuple(after_free), cpu_after, INF)), chosen
+
+
+def _random_score(job, node: _Node, workload) -> tuple[int, tuple[int, ...]]:
+    return 0, ()  # every feasible node ties; the GPU is drawn after the node
+
+
+_PROTOCOL_SCORES = {"random_fit": _random_score, "best_fit": _best_fit_score,
+                    "gpu_packing": _gpu_packing_score, "fgd": _fgd_score}
+
+
+class Protocol:
+    """One baseline as FGD's simulator runs it (module docstring): ``policy(snapshot, now, config)``,
+    pods one after another in priority then submit order, each on the node with the highest
+    integer score, a tie drawn with this instance's seeded generator. Stateful only in that
+    generator (and a memo of scores by node state): a replay makes one per run."""
+
+    def __init__(self, name: str, typical: Workload | None, seed: int):
+        if name == "fgd" and typical is None:
+            raise ValueError("FGD scores against a target workload: pass the typical pods")
+        self.name, self.typical = name, typical
+        self.score = _PROTOCOL_SCORES[name]
+        self.rng = random.Random(f"{name}:{seed}")
+        self.memo: dict[tuple, tuple[int, tuple[int, ...]]] = {}
+        self.__name__ = self.__qualname__ = name
+
+    def __call__(self, snapshot: ClusterSnapshot, now: float, config=None) -> Decisions:
+        cluster = Cluster(snapshot)
+        if len(self.memo) > _MEMO_PER_PROTOCOL:
+            self.memo.clear()
+        placements, pending = [], []
+        for job in sorted(snapshot.pending, key=lambda j: (-j.priority, j.submitted_at, j.id)):
+            choice = self.choose(cluster, job)
+            if choice is None:
+                pending.append(Pending(job.id, _NO_ROOM))
+                continue
+            node, chosen = choice
+            if job.gpus == 0:
+                piece = cluster.take_host(node, job.cpu_milli, job.host_memory_mb)
+            else:
+                piece = cluster.take(job, node, list(chosen), job.cpu_milli, job.host_memory_mb)
+            placements.append(Place(job_id=job.id, slices=(piece,), gpu_milli=job.gpu_milli if job.gpus == 1 else WHOLE))
+        return Decisions(placements=tuple(placements), pending=tuple(pending))
+
+    def choose(self, cluster: Cluster, job: JobRequest) -> tuple[_Node, tuple[int, ...]] | None:
+        """The node (and GPUs) FGD's scheduler would bind the pod to, or None (it fails)."""
+        cpu, memory = job.cpu_milli, job.host_memory_mb
+        milli = job.gpu_milli if job.gpus == 1 else WHOLE
+        shape = (job.gpus, milli, job.gpu_models, cpu)
+        best, tied, count = None, [], 0
+        for state, members in cluster.groups.items():
+            node = members[0]
+            if cpu > node.cpu or memory > node.host_memory:
+                continue
+            if job.gpus:
+                if node.gpu_count < job.gpus or node.most < milli:
+                    continue
+                if job.gpu_models and node.model not in job.gpu_models:
+                    continue
+                if job.gpus > 1 and node.free.count(WHOLE) < job.gpus:
+                    continue
+            key = (state, shape)
+            found = self.memo.get(key)
+            if found is None:
+                found = self.memo[key] = self.score(job, node, self.typical)
+            if best is None or found[0] > best:
+                best, tied, count = found[0], [(members, found[1])], len(members)
+            elif found[0] == best:
+                tied.append((members, found[1]))
+                count += len(members)
+        if best is None:
+            return None
+        pick = self.rng.randrange(count)
+        # Groups in node order, whatever order this cycle's placements left them in: the draw
+        # then lands on the same node whether the pods came in one cycle or in many.
+        tied.sort(key=lambda entry: entry[0][0].position)
+        for members, chosen in tied:
+            if pick < len(members):
+                node = members[pick]
+                break
+            pick -= len(members)
+        if self.name == "random_fit" and job.gpus:
+            if job.gpus == 1 and milli < WHOLE:
+                # allocateGpuIdBasedOnRandomFit: uniform among the GPUs that fit.
+                chosen = (self.rng.choice(_fitting(node, milli)),)
+            else:
+                chosen = _first_free(node, job.gpus)
+        return node, chosen
+
+
+def _protocol_of(name: str):
+    def fgd_protocol(typical: Workload | None, seed: int) -> Protocol:
+        return Protocol(name, typical, seed)
+    return fgd_protocol
+
+
 random_fit = _policy(_first, "random_fit", randomised=True)
 best_fit = _policy(_best_fit, "best_fit")
 gpu_packing = _policy(_gpu_packing, "gpu_packing")
 fgd = _policy(_fgd, "fgd", needs_workload=True)
+for _baseline in (random_fit, best_fit, gpu_packing, fgd):
+    _baseline.fgd_protocol = _protocol_of(_baseline.__name__)

@@ -10,14 +10,30 @@ For a node n and a task m, ``F_n(m)`` is the node's unallocated GPU capacity tha
 Against a target workload M (task classes with their popularity), ``F_n(M) = sum_m p_m F_n(m)``
 and the cluster's fragmentation is the sum over nodes. FGD places each task where it increases
 ``F_n(M)`` least. The measure is a function of a node's state only, so it is memoised by state.
+
+Two ways to build M:
+
+* ``Workload.of(requests)``: one class per (GPUs, milli, models), at its members' median CPU and
+  memory; a CPU-only class strands nothing on a node with room for it. Colony's own reading.
+* ``Workload.typical(pods)``: FGD's "typical pods" as its simulator builds them
+  (``pkg/utils/frag.go: GetTypicalPods``, ``pkg/simulator/analysis.go: SetTypicalPods``): one class
+  per exact (CPU, milli, GPUs, model) of the original pod list, CPU-only pods included, the most
+  popular first until they cover 95% of the pods, popularity renormalised over those. Its F(M)
+  follows ``NodeGpuShareFragAmount``/``FragAmountSumExceptQ3``: host memory is no dimension (FGD's
+  ``NodeResource`` has none), and a CPU-only class counts every free milli-GPU of the node as a
+  fragment (FGD sums every category but "Q3 satisfied", and a pod without GPUs is "XL"/"XR").
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import Counter
 from dataclasses import dataclass
 
 WHOLE = 1000
+# FGD's simulator reads a request as Kubernetes' non-zero request: no CPU asked counts as 100m.
+DEFAULT_CPU_MILLI = 100
+TYPICAL_POPULARITY = 0.95  # generate_config_and_run.py: --pod-popularity-threshold 95
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +49,8 @@ class TaskClass:
 class Workload:
     """A target workload M and a memo of ``F_n(M)`` by node state."""
 
-    def __init__(self, classes: list[TaskClass]):
+    def __init__(self, classes: list[TaskClass], *, fgd_rules: bool = False):
+        self.fgd_rules = fgd_rules
         total = sum(c.popularity for c in classes) or 1.0
         self.classes = [TaskClass(c.gpus, c.milli, c.models, c.cpu_milli, c.host_memory_mb, c.popularity / total)
                         for c in classes]
@@ -58,6 +75,25 @@ class Workload:
             classes.append(TaskClass(gpus, milli, models, cpu, memory, float(len(group))))
         return cls(classes)
 
+    @classmethod
+    def typical(cls, requests, threshold: float = TYPICAL_POPULARITY) -> "Workload":
+        """FGD's typical pods of a pod list (objects with gpus, gpu_milli, gpu_models, cpu_milli):
+        classes by exact request, most popular first (ties: larger CPU, then milli, GPUs, models
+        first, FGD's ``sort.Reverse``), cut where they reach ``threshold`` of the pods."""
+        counts = Counter()
+        for r in requests:
+            milli = 0 if r.gpus == 0 else (r.gpu_milli if r.gpus == 1 else WHOLE)
+            counts[(r.cpu_milli or DEFAULT_CPU_MILLI, milli, r.gpus, r.gpu_models)] += 1
+        total = sum(counts.values())
+        ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0][:3], sorted(kv[0][3])), reverse=True)
+        kept, covered = [], 0
+        for (cpu, milli, gpus, models), count in ranked:
+            if covered >= threshold * total:
+                break
+            kept.append(TaskClass(gpus, milli, models, cpu, 0, float(count)))
+            covered += count
+        return cls(kept, fgd_rules=True)
+
     def node(self, model: str, free: tuple[int, ...], cpu_free: float, memory_free: float) -> float:
         """``F_n(M)`` in milli-GPUs; ``free`` is each GPU's unallocated milli-GPUs (any order)."""
         key = (model, tuple(sorted(free)), bisect_right(self._cpu_steps, cpu_free),
@@ -75,8 +111,12 @@ class Workload:
         partial = total - whole * WHOLE
         most = free[-1] if free else 0
         fragments = 0.0
+        fgd = self.fgd_rules
         for c in self.classes:
-            if (c.models and model not in c.models) or c.cpu_milli > cpu_free or c.host_memory_mb > memory_free:
+            if c.gpus == 0 and fgd:
+                fragments += c.popularity * total
+            elif ((c.models and model not in c.models) or c.cpu_milli > cpu_free
+                  or (not fgd and c.host_memory_mb > memory_free)):
                 fragments += c.popularity * total
             elif c.gpus == 0:
                 continue

@@ -1,25 +1,52 @@
-"""FGD's evaluation protocol (Weng et al., ATC'23, section 6.1) as a replay mode.
+"""FGD's evaluation protocol (Weng et al., ATC'23, section 6.1) as a replay mode, faithful to its
+simulator (``hkust-adsl/kubernetes-scheduler-simulator``; the file and function names below are
+its).
 
-Every pod of a list (CPU-only and never-scheduled ones included) is shuffled with a seed; pods
-then arrive in that order, drawn again at random from the list once it is spent, until the GPU
-capacity they ask for reaches ``until`` (130%) of the cluster's. Nothing leaves. After each
-``step`` of the capacity has arrived the policy runs (up to ``cycles_per_step`` cycles, as the
-loop would); what it could not place stays pending (with nothing leaving, it never fits later).
+Workload (``core.go: Simulate``, ``simulator.go: SortClusterPods``, ``TunePodsByNodeTotalResource``):
+every pod of the list (CPU-only ones included) is shuffled with the seed; a list that asks for
+less than ``until`` (130%) of the cluster's GPU capacity gets pods drawn at random from it
+appended, one that asks for more is cut there. Pods then arrive one by one, nothing leaves.
 
-Read at 80/90/100/130% arrived:
+Arrival (``simulator.go: SchedulePods``): FGD schedules each pod once, on arrival, and a pod that
+fails is never retried; the x axis is the GPU requests of the pods arrived so far, the failed
+ones included. Here pods arrive in batches of ``step`` of the capacity, and a cycle places the
+batch; whatever the cycles leave pending is dropped (failed), never retried. For the baselines
+(``Protocol``: one pod after another in arrival order, each placement seen by the next, a fixed
+target workload, no retries) a batch is exactly one-by-one arrival: the batch only sets how often
+the snapshot is rebuilt, and every pod's reading is rebuilt from the order of the placements.
+Colony's own policies (``fair_share``, ``packing_without_quotas``) run through the same engine and
+interface, ``cycles_per_step`` cycles per batch (a reclaim places on the next cycle), and order a
+batch their own way (fair share across tenants, then each tenant's queue): that, and the pods of
+one batch not seeing each other's arrival, is what remains of batching for them. A cycle per pod
+would cost about the core's cycle times 10,000 pods.
+
+CPU-only pods: a baseline places them with its own score, as FGD's plugins do. Colony's core never
+sees CPU-only work; for its policies they go, on arrival, on a node with no free GPU share if one
+has room, else on the one with the most free CPU (``_cpu_only_node``).
+
+GPU memory: FGD's openb runs have none (a GPU holds 1000 milli of requests, whatever they need in
+memory), so every pod here asks for its share of its GPU's memory and no more, for every policy.
+
+Read per pod, as ``analysis.go: ClusterGpuFragReport`` logs after every pod:
 
 * **allocated (physical)**: placed requests with each GPU capped at 1000 milli-GPUs, over the
-  cluster's GPU capacity: FGD's GPU allocation ratio. An opportunistic whole-GPU job that joins
-  an occupied GPU adds nothing here.
+  cluster's GPU capacity: FGD's "used GPU milli". At an arrived percentage L the figure is the
+  mean over the pods whose arrived share rounds to L, as ``merge_alloc_discrete_0920.py`` reads
+  it (``at``). An opportunistic whole-GPU job that joins an occupied GPU adds nothing here.
 * **allocated (requests)**: placed requests uncapped, the figure earlier Colony replays printed.
-* **fragmentation**: FGD's ``F(M)`` of the cluster (``policies.fragmentation``, M the pod list's
-  classes), as a share of GPU capacity and of the unallocated capacity.
+* **fragmentation**: FGD's ``F(M)`` of the cluster against its typical pods
+  (``policies.fragmentation.Workload.typical``), as a share of GPU capacity and of the
+  unallocated capacity, read at the end of the batch that reaches the level.
 * **CPU over capacity**: nodes whose placed CPU requests exceed their CPU.
 
-CPU-only pods never reach the core (it places GPU work); every policy gets them placed by the
-same rule, on arrival: on a node with no free GPU share if one has room, else the one with the
-most free CPU, so they strand as little GPU capacity as the rule can see. FGD's own simulator
-lets each policy score them; that is one difference from the published protocol.
+What still differs from FGD's runs. Random and BestFit land inside the published 10-seed spread
+on the default list; GPU packing and FGD still fall short of it from about 80% arrived (FGD
+90.0 at 100% against 95.2 published, GPU packing 88.6 against 91.8): here 8-GPU pods (not among
+the 95% typical pods) and whole-GPU pods start failing before 80% arrived, on nodes whose CPU is
+spent while GPUs are free, where FGD's runs fail nothing before 85%. The cause is not found yet;
+the scores, the tie-breaking and the typical pods follow the source as read. And its random generator (Go's ``math/rand``, seeds 42-51) is not
+reproduced, only the same kinds of draws; so a seed here is not FGD's seed, and figures compare as
+spreads over seeds.
 """
 
 from __future__ import annotations
@@ -100,39 +127,79 @@ def fragmentation(engine: Replay, workload: Workload) -> float:
     return total
 
 
+def without_gpu_memory(job: TraceJob) -> TraceJob:
+    """The pod as FGD's protocol sees it: its GPU memory is its share of the GPU's."""
+    if job.memory_mib is None and job.seen_memory_mib is None:
+        return job
+    return replace(job, memory_mib=None, seen_memory_mib=None)
+
+
 def run(pods: list[TraceJob], nodes: tuple[NodeSpec, ...], policy, *, seed: int, until: float = 1.3,
-        step: float = 0.02, cycles_per_step: int = 3, config: SchedulerConfig = SchedulerConfig(),
+        step: float = 0.01, cycles_per_step: int = 3, config: SchedulerConfig = SchedulerConfig(),
         levels: tuple[float, ...] = LEVELS) -> list[Reading]:
+    """One reading per arrived pod (module docstring). A baseline (a policy with
+    ``fgd_protocol``) runs as FGD's simulator runs it, seeded with ``seed``; any other policy
+    runs as it is."""
     capacity = sum(n.gpus for n in nodes) * WHOLE
-    jobs = arrivals(pods, capacity, seed, until)
+    jobs = [without_gpu_memory(job) for job in arrivals(pods, capacity, seed, until)]
     tenants = sorted({p.tenant for p in pods})
     trace = Trace("fill", tuple(jobs), nodes, equal_quotas(tenants, capacity // WHOLE), timed=False)
+    workload = Workload.typical(pods)
+    baseline = getattr(policy, "fgd_protocol", None) is not None
+    engine: Replay | None = None
+    if baseline:
+        protocol = policy.fgd_protocol(workload, seed)
+
+        def policy(snapshot, now, config_=None):
+            # CPU-only pods come back as placements without GPUs: the engine runs them here.
+            decisions = protocol(snapshot, now, config_)
+            gpu_work = []
+            for place in decisions.placements:
+                if place.gpu_ids:
+                    gpu_work.append(place)
+                else:
+                    engine.start_cpu_only(place.job_id, node_index[place.slices[0].node])
+            return replace(decisions, placements=tuple(gpu_work))
+
+        policy.__name__ = protocol.__name__
+        cycles_per_step = 1  # it placed all it could; a second cycle would only retry failures
     engine = Replay(trace, policy, config)
-    workload = Workload.of(pods)
+    node_index = {spec.name: n for n, spec in enumerate(nodes)}
     readings: list[Reading] = []
     arrived, position, t = 0, 0, 0.0
     next_level = 0
     while position < len(jobs):
         target = arrived + step * capacity
+        batch: list[tuple[TraceJob, int]] = []
         while position < len(jobs) and arrived < target:
             job = jobs[position]
             position += 1
             arrived += job.gpus * job.gpu_milli
-            if job.gpus:
+            batch.append((job, arrived))
+            if job.gpus or baseline:
                 engine.enqueue(job, t)
             else:
                 node = _cpu_only_node(engine, job)
                 if node is not None:
                     engine.start_cpu_only(job.id, node)
+        physical, allocated = engine.physical, engine.allocated
+        preempted = False
         for _ in range(cycles_per_step):
             t += engine.interval
             engine.now = t
             before = engine.allocated
             decisions = engine.cycle(t)
+            preempted = preempted or bool(decisions.preemptions)
+            if not any(job.id in engine.pending for job, _ in batch):
+                break
             if engine.allocated == before and not decisions.preemptions:
                 break
-        share = arrived / capacity
+        # FGD tries a pod once: what this batch's cycles left is failed, never retried.
+        for job, _ in batch:
+            if engine.pending.pop(job.id, None) is not None:
+                engine.pending_since.pop(job.id, None)
         frag = frag_unallocated = None
+        share = arrived / capacity
         if next_level < len(levels) and share >= levels[next_level] - 1e-9:
             while next_level < len(levels) and share >= levels[next_level] - 1e-9:
                 next_level += 1
@@ -140,9 +207,35 @@ def run(pods: list[TraceJob], nodes: tuple[NodeSpec, ...], policy, *, seed: int,
             frag = f / capacity
             unallocated = capacity - engine.physical
             frag_unallocated = f / unallocated if unallocated else 0.0
-        readings.append(Reading(share, engine.physical / capacity, engine.allocated / capacity, frag, frag_unallocated,
-                                _cpu_over(engine), len(engine.pending)))
+        cpu_over = _cpu_over(engine)
+        steps = [(a, engine.physical, engine.allocated) for _, a in batch] if preempted else \
+            _per_pod(engine, batch, physical, allocated)
+        for i, (a, phys, alloc) in enumerate(steps):
+            last = i == len(steps) - 1
+            readings.append(Reading(a / capacity, phys / capacity, alloc / capacity, frag if last else None,
+                                    frag_unallocated if last else None, cpu_over, 0))
     return readings
+
+
+def _per_pod(engine: Replay, batch: list[tuple[TraceJob, int]], physical: int, allocated: int) -> list[tuple]:
+    """(arrived, physical, allocated) after each pod of a batch, from the placements in arrival
+    order: the engine's totals move by each placed pod's milli-GPUs, each GPU capped at 1000."""
+    placed = [engine.running[job.id] for job, _ in batch if job.id in engine.running]
+    milli: dict[int, int] = {}
+    for run_ in placed:
+        for g in run_.gpu_ids:
+            milli[g] = milli.get(g, engine.gpus[g].milli) - run_.job.gpu_milli
+    out = []
+    for job, a in batch:
+        run_ = engine.running.get(job.id)
+        if run_ is not None:
+            for g in run_.gpu_ids:
+                old = milli[g]
+                milli[g] = old + job.gpu_milli
+                physical += min(WHOLE, milli[g]) - min(WHOLE, old)
+                allocated += job.gpu_milli
+        out.append((a, physical, allocated))
+    return out
 
 
 def _cpu_over(engine: Replay) -> int:
@@ -150,8 +243,20 @@ def _cpu_over(engine: Replay) -> int:
 
 
 def at(readings: list[Reading], level: float) -> Reading | None:
-    """The first reading at or past ``level`` arrived."""
-    return next((r for r in readings if r.arrived >= level - 1e-9), None)
+    """The reading at ``level`` arrived as FGD's analysis reads it: the mean over the pods whose
+    arrived percentage rounds to the level's (within one point when none does); fragmentation
+    from the first reading past the level that measured it."""
+    percent = round(level * 100)
+    near = [r for r in readings if round(r.arrived * 100) == percent]
+    if not near:
+        near = [r for r in readings if abs(round(r.arrived * 100) - percent) <= 1]
+    if not near:
+        return None
+    measured = next((r for r in readings if r.arrived >= level - 1e-9 and r.fragmentation is not None), None)
+    return Reading(statistics.fmean(r.arrived for r in near), statistics.fmean(r.physical for r in near),
+                   statistics.fmean(r.requested for r in near),
+                   measured.fragmentation if measured else None, measured.frag_of_unallocated if measured else None,
+                   max(r.cpu_over for r in near))
 
 
 def summary(readings: list[Reading], levels: tuple[float, ...] = LEVELS) -> dict:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from jobs.scheduling.config import SchedulerConfig
-from jobs.scheduling.simulate import fill
+from jobs.scheduling.simulate import fill, published
 from jobs.scheduling.simulate.engine import replay
 from jobs.scheduling.simulate.metrics import summarise
 from jobs.scheduling.simulate.trace import NodeSpec, Trace, TraceJob, offered_load
@@ -25,7 +25,7 @@ def _cpu() -> float:
 
 
 def fill_protocol(name: str, pods: list[TraceJob], nodes: tuple[NodeSpec, ...], policies: dict, seeds: list[int],
-                  *, step: float = 0.02, config: SchedulerConfig = SchedulerConfig(), progress=None) -> dict:
+                  *, step: float = 0.01, config: SchedulerConfig = SchedulerConfig(), progress=None) -> dict:
     """Every policy on the same seeded arrival orders; per level, per figure: median and range."""
     runs = {}
     for policy_name, policy in policies.items():
@@ -40,7 +40,10 @@ def fill_protocol(name: str, pods: list[TraceJob], nodes: tuple[NodeSpec, ...], 
             progress(policy_name, runs[policy_name])
     return {"pods": name, "nodes": len(nodes), "gpus": sum(n.gpus for n in nodes), "seeds": list(seeds),
             "published_at_100": dict(zip(("best_fit", "fgd"), fill.PUBLISHED_AT_100.get(name, ()))),
+            # FGD's own runs are on the whole node list: a subset is not comparable to them.
+            "published": published.published(name, fill.LEVELS, gpus=sum(n.gpus for n in nodes)),
             "policies": runs}
+
 
 
 def _cell(spread: dict, scale: float = 100.0, digits: int = 1) -> str:
@@ -64,11 +67,26 @@ def fill_table(document: dict) -> str:
         lines.append(f"{name:24s}" + "".join(f"{_cell(get(lv, 'physical')):>18s}" for lv in ("80", "90", "100", "130"))
                      + f"{_cell(get('130', 'requested')):>18s}{_cell(get('100', 'fragmentation')):>18s}"
                      f"{_cell(get('100', 'frag_of_unallocated')):>20s}{_cell(get('100', 'cpu_over_nodes'), 1, 0):>20s}")
-    published = document.get("published_at_100") or {}
-    if published:
+    at_100 = document.get("published_at_100") or {}
+    if at_100:
         lines.append(f"{'published (FGD paper)':24s}{'':36s}"
-                     + f"{'BestFit ' + format(published['best_fit'] * 100, '.1f'):>18s}"
-                     + f"   FGD {published['fgd'] * 100:.1f} (10-seed means at 100% arrived, CPU enforced)")
+                     + f"{'BestFit ' + format(at_100['best_fit'] * 100, '.1f'):>18s}"
+                     + f"   FGD {at_100['fgd'] * 100:.1f} (10-seed means at 100% arrived, CPU enforced)")
+    theirs = document.get("published") or {}
+    mine = [name for name in runs if name in theirs]
+    if mine:
+        lines.append("beside FGD's published runs (its simulator, 10 seeds): ours | theirs median [min-max], "
+                     "'in' when our median lies inside their spread")
+        lines.append(f"{'policy':24s}" + "".join(f"{'@' + lv:>36s}" for lv in ("80", "90", "100", "130")))
+        for name in mine:
+            cells = []
+            for lv in ("80", "90", "100", "130"):
+                ours = runs[name]["levels"].get(lv, {}).get("physical")
+                spread = theirs[name].get(lv)
+                flag = published.inside(ours.get("median") if ours else None, spread)
+                mark = {True: "in", False: "OUT", None: "-"}[flag]
+                cells.append(f"  {_cell(ours) + ' | ' + _cell(spread) + ' ' + mark:>34s}")
+            lines.append(f"{name:24s}" + "".join(cells))
     lines.append("phys = requests placed, each GPU capped at 1000 milli (FGD's allocation ratio); req. = uncapped; "
                  "frag = FGD's F(M) over GPU capacity. No figure here rests on synthetic usage except Colony's "
                  "(fair_share, packing_without_quotas: their sharing reads the live utilisation)")
