@@ -39,3 +39,16 @@ def test_fill_curve_shows_packing_places_fractions_that_exclusive_gpus_strand():
     exclusive = fill_summary(fill_curve(cluster, POLICIES["fifo_exclusive"], step=0.5, until=1.0))
     assert packed["allocated_at_100"] == pytest.approx(1.0)
     assert exclusive["allocated_at_100"] == pytest.approx(0.25)
+
+
+def test_guaranteed_slowdown_is_what_a_borrower_beside_it_cost_it():
+    # One GPU: owner's guaranteed job, then a borrower packed beside it (both light enough to
+    # share). Interference slows the owner while they overlap; alone, it is not slowed at all.
+    owner = tjob(1, tenant="owner", duration=1000, util=0.3, mem_gib=10)
+    borrower = tjob(2, tenant="guest", submit=10, duration=400, util=0.3, mem_gib=10, opportunistic_only=True)
+    quotas = (("owner", 1, 1), ("guest", 0, 1))
+    shared = summarise(replay(trace([owner, borrower], quotas=quotas), POLICIES["fair_share"], interference=0.3))
+    alone = summarise(replay(trace([owner], quotas=quotas), POLICIES["fair_share"], interference=0.3))
+    assert alone["guaranteed_slowdown"] == pytest.approx(0.0, abs=1e-6)
+    assert 0.0 < shared["guaranteed_slowdown"] < 0.3
+    assert summarise(replay(trace([borrower], quotas=quotas), POLICIES["fair_share"]))["guaranteed_slowdown"] is None

@@ -8,6 +8,9 @@
   1000 milli-GPUs (FGD's allocation ratio; never above 1); memory utilisation likewise. Each
   over the whole run and over the arrival window (first to last submission), where the trace
   sets the load rather than the tail of its longest jobs.
+* Guaranteed jobs' slowdown: for the jobs that ran guaranteed only, the mean of their running
+  time (JCT less queueing) over their solo runtime, less one: what sharing a GPU with borrowers
+  cost the jobs that were promised theirs (AntMan's bar: about none).
 * Per tenant: GPU-hours held, the entitlement its guarantee gives over the makespan, and the
   mean slowdown of its jobs (JCT over solo runtime). Jain's fairness index is taken over the
   tenants' mean speed (solo runtime over JCT): 1 when every tenant's jobs fare alike.
@@ -50,6 +53,12 @@ def _spread(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"mean": None, "median": None, "p95": None}
     return {"mean": statistics.fmean(values), "median": statistics.median(values), "p95": percentile(values, 95)}
+
+
+def _guaranteed_slowdown(finished: list[JobRecord]) -> float | None:
+    stretch = [(r.jct - r.queued_s) / r.job.duration_s - 1 for r in finished
+               if r.guaranteed_gpu_s > 0 and not r.opportunistic_gpu_s and r.job.duration_s > 0]
+    return statistics.fmean(stretch) if stretch else None
 
 
 def summarise(result: ReplayResult) -> dict:
@@ -98,6 +107,7 @@ def summarise(result: ReplayResult) -> dict:
         "cpu_violations": result.cpu_violations,
         "host_memory_violations": result.host_memory_violations,
         "interference": result.interference,
+        "guaranteed_slowdown": _guaranteed_slowdown(finished),
         "jain_fairness": jain_index([t["mean_speed"] for t in tenants.values() if t["mean_speed"] is not None]),
         "tenants": tenants,
     }

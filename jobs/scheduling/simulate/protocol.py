@@ -102,6 +102,7 @@ WINDOW_FIGURES = (
     ("phys.alloc win", ("window_gpu_physical_allocation",), 1.0),
     ("phys.alloc all", ("gpu_physical_allocation",), 1.0),
     ("Jain", ("jain_fairness",), 1.0),
+    ("guar. slowdown", ("guaranteed_slowdown",), 1.0),
     ("unfinished", ("unfinished",), 1.0),
     ("mem overflows", ("memory_violations",), 1.0),
 )
