@@ -12,6 +12,10 @@ running and reports the ones that ended meanwhile (:meth:`agents.runner.JobRunne
 clean shutdown (SIGTERM) still stops every job and reports it for a requeue.
 Given its node key, it signs every message it writes (:mod:`agents.signing`); the control plane
 rejects messages whose signature is not that of the node they name.
+A launch starts only for the attempt the control plane holds now: commands are read in batches
+(a paused agent's whole backlog), a launch that a later entry withdraws (its stop, a newer
+attempt) is dropped, and one that waited in the stream past ``LAUNCH_LEASE_S`` waits for the
+control plane's fresh re-send, which comes only while the attempt still stands.
 Shared GPUs are fenced by the runner's isolation layer (:mod:`agents.isolation`): the agent reports
 each GPU's mode when it registers, ends and requeues the jobs of a GPU whose MPS service failed
 (their CUDA contexts went with it), and words an allocation failure under a limit with its figures.
@@ -51,6 +55,15 @@ from agents.runner import FinishedJob, JobRunner, LaunchError, read_output
 log = logging.getLogger(__name__)
 
 READ_COUNT = 32
+# Entries read (in READ_COUNT pages) before any is applied: a launch is weighed against what
+# follows it in its stream (see ``_withdrawn_launches``), e.g. a paused agent's whole backlog.
+READ_BACKLOG = 1024
+# A launch starts only for the attempt the control plane holds now. One that waited in the stream
+# longer than this (its agent paused, or starved on a loaded machine) may have been requeued
+# since: it is not started, and the control plane's re-send, issued afresh every
+# COLONY_RESEND_AFTER_S (15 s) while the job is still placed, confirms the attempt and runs.
+# Timed on Redis's clock (entry id against TIME), so the node's clock plays no part.
+LAUNCH_LEASE_S = 10.0
 OUTBOX_SIZE = 10_000
 # Samples kept while Redis is away: five minutes at the default interval. Older ones are dropped
 # (the ingest sees a gap in ``seq``); events are never traded for samples.
@@ -146,6 +159,7 @@ class Agent:
         command_max_skew: float = COMMAND_MAX_SKEW_S,
         host: HostOffer | None = None,
         coordinator: LocalCoordinator | None = None,
+        launch_lease: float = LAUNCH_LEASE_S,
     ):
         if not protocol.NODE_NAME_RE.match(node):
             raise ValueError(f"invalid node name {node!r}")
@@ -170,6 +184,10 @@ class Agent:
             raise ValueError("command_max_age must be positive and command_max_skew not negative")
         self.command_max_age = command_max_age
         self.command_max_skew = command_max_skew
+        if launch_lease <= 0:
+            raise ValueError("launch_lease must be positive")
+        self.launch_lease = launch_lease
+        self.stale_launches = 0  # launches not started because they waited past the lease, or were withdrawn
 
         self._redis: redis.Redis | None = None
         self._stop = threading.Event()
@@ -689,11 +707,52 @@ class Agent:
                 block=max(1, int(min(self.interval, self._next_sample - time.monotonic()) * 1000)),
             )
             entries = _entries(reply)
+            page = entries
+            while len(page) == READ_COUNT and len(entries) < READ_BACKLOG:
+                page = _entries(self._redis.xreadgroup(protocol.AGENT_COMMAND_GROUP, self.node, {self.stream: ">"},
+                                                       count=READ_COUNT))
+                entries = entries + page
+        if not entries:
+            return
+        seconds, micros = self._redis.time()
+        now_ms = seconds * 1000 + micros // 1000
+        withdrawn = self._withdrawn_launches(entries)
         for entry_id, fields in entries:
-            self._handle_entry(entry_id, fields)
+            self._handle_entry(entry_id, fields, waited_s=max(0.0, (now_ms - _entry_ms(entry_id)) / 1000),
+                               withdrawn=entry_id in withdrawn)
             self._redis.xack(self.stream, protocol.AGENT_COMMAND_GROUP, entry_id)
 
-    def _handle_entry(self, entry_id, fields) -> None:
+    def _withdrawn_launches(self, entries) -> set:
+        """Ids of the launch entries that a later entry of the same batch withdraws: a stop of that
+        attempt (or of any attempt of the job), or a launch of a newer attempt. Starting one would
+        run an attempt the control plane has already given up (a paused agent's backlog holds
+        both the launch and, further on, the stop that requeue sent). Only commands this node would
+        apply count."""
+        withdrawn, stopped, newest = set(), {}, {}
+        for entry_id, fields in reversed(entries):
+            if fields is None:
+                continue
+            try:
+                command = protocol.decode_command(fields)
+            except protocol.ProtocolError:
+                continue
+            if self._authenticate(fields, command):
+                continue
+            if isinstance(command, protocol.StopJob):
+                stopped.setdefault(command.job_id, set()).add(command.launch_id)
+            elif isinstance(command, protocol.LaunchJob):
+                stops = stopped.get(command.job_id, ())
+                later = newest.get(command.job_id)
+                if None in stops or command.command_id in stops or (
+                        later is not None and command.attempt is not None and later > command.attempt):
+                    withdrawn.add(entry_id)
+                if command.attempt is not None:
+                    newest[command.job_id] = max(command.attempt, later if later is not None else command.attempt)
+        return withdrawn
+
+    def _handle_entry(self, entry_id, fields, *, waited_s: float = 0.0, withdrawn: bool = False) -> None:
+        """Apply one command entry. ``waited_s``: how long it sat in the stream; ``withdrawn``: a
+        later entry read with it withdraws it (a launch; see :meth:`_withdrawn_launches`)."""
         if fields is None:
             # A pending entry trimmed from the stream before we acked it: nothing left to apply.
             self._dead_letter(entry_id, {}, "entry was deleted from the stream before it was applied")
@@ -733,6 +792,15 @@ class Agent:
                                   f"{command.attempt} of job {command.job_id} is not newer than attempt {seen} "
                                   "seen here")
                 return
+        if isinstance(command, protocol.LaunchJob) and (withdrawn or waited_s > self.launch_lease):
+            # Not started, not remembered: if the control plane still holds this attempt, its
+            # re-send (same command id, issued afresh) runs it.
+            self.stale_launches += 1
+            log.warning("launch %s of job %d not started: %s", command.command_id, command.job_id,
+                        "withdrawn by a later command in this stream" if withdrawn else
+                        f"it waited {waited_s:.0f}s in the stream (at most {self.launch_lease:.0f}s); "
+                        "a fresh re-send will run it if the attempt still stands")
+            return
         applied = True
         try:
             if isinstance(command, protocol.LaunchJob):
@@ -969,6 +1037,11 @@ class Agent:
 def _older(running: protocol.LaunchJob, incoming: protocol.LaunchJob) -> bool:
     """Whether the running launch is an earlier attempt than the incoming one."""
     return running.attempt is not None and incoming.attempt is not None and running.attempt < incoming.attempt
+
+
+def _entry_ms(entry_id) -> int:
+    """The Redis server time (ms) at which a stream entry was added: the first part of its id."""
+    return int(_text(entry_id).split("-", 1)[0])
 
 
 def _entries(reply) -> list:
