@@ -263,8 +263,12 @@ LOGGING = {
 }
 
 # ---------------------------------------------------------------- monitoring
-# A node whose heartbeat key has expired (agents refresh it every interval, TTL 10 s) is LOST,
-# unless it (re)registered less than this long ago.
+# A node whose heartbeat key has expired (agents refresh it every interval, TTL 10 s) is only
+# suspected; it is LOST (its jobs requeued) once it has stayed silent this much longer. A loaded
+# machine (load 15-30 on two cores) lets heartbeats lapse for seconds at a time: requeueing on
+# the first lapse ran jobs twice. So a node is lost after about a minute of silence, not 10 s.
+COLONY_NODE_LOST_GRACE_S = env_float("COLONY_NODE_LOST_GRACE_S", 60.0)
+# ... and never while it (re)registered less than this long ago.
 COLONY_NODE_REGISTRATION_GRACE_S = env_float("COLONY_NODE_REGISTRATION_GRACE_S", 15.0)
 # After Redis restarts (empty: heartbeats gone), no node is judged LOST for this long, so that
 # agents can reconnect (their backoff tops out at 5 s) before their silence means anything.

@@ -5,7 +5,7 @@ from django.db import models
 
 class NodeHealth(models.TextChoices):
     UP = "UP", "Up"
-    LOST = "LOST", "Lost"  # heartbeat expired; its jobs were requeued
+    LOST = "LOST", "Lost"  # heartbeat expired and stayed so past COLONY_NODE_LOST_GRACE_S; its jobs were requeued
 
 
 class AlertKind(models.TextChoices):

@@ -107,6 +107,7 @@ def apply_event(message) -> bool:
                 node=message.node, launch_id=message.launch_id, exit_code=message.exit_code,
                 finished_at=_when(message.finished_at), error=message.error, output_tail=message.output_tail,
                 oom=message.oom, timed_out=message.timed_out, requeue=message.requeue, absent=message.absent,
+                stopped=message.stopped,
                 requeue_cause=message.requeue_cause,
             ))
     except (lifecycle.ForeignReport, ForeignGpus) as exc:

@@ -16,7 +16,10 @@ Rules every function keeps:
 
 - A report for an attempt that is not the job's current one (an earlier run's exit re-sent after
   a Redis restart, a stale stop's answer) changes nothing; it is counted in
-  :data:`IGNORED_REPORTS_KEY` and logged, so operators can see fencing at work.
+  :data:`IGNORED_REPORTS_KEY` and logged, so operators can see fencing at work. One exception:
+  the real exit of an attempt that :func:`requeue_now` gave up (its node lost) wins over the
+  requeue while no attempt has started since; after that it is only written on the timeline.
+- An exit 0 is success, also during a preemption notice: a job that finished never runs again.
 - A job holds its GPUs (live ``Allocation`` rows) until its node confirms the process gone, even
   once its outcome is settled (a job timed out by the control plane); the snapshot counts every
   live allocation, so no GPU is handed out while a process may still run on it.
@@ -82,6 +85,7 @@ class Exit:
     requeue: bool = False  # its node ended it (agent restart/shutdown): run it again
     requeue_cause: str | None = None  # why, when not its agent stopping (``JobExited.requeue_cause``)
     absent: bool = False  # answer to a stop for a job the node does not run
+    stopped: bool = False  # a stop (the control plane's, or its node's) ended it, not the job itself
 
 
 # ---------------------------------------------------------------- the timeline
@@ -237,10 +241,14 @@ def finish(job_id: int, exit: Exit) -> bool:
     """A run ended on ``exit.node``: settle the job's outcome for the current attempt and free
     the GPUs it held there. Returns True when GPUs were freed (worth a scheduling cycle)."""
     live = _on_node(job_id, exit.node)
+    current = current_launch_id(job_id)
+    if not live.exists() or (exit.launch_id is not None and exit.launch_id != current):
+        late = _exit_after_requeue(job_id, exit)
+        if late is not None:
+            return late
     if not live.exists():
         _ignored(job_id, exit.node, "exit", "the job holds no GPUs there (requeued or settled since)")
         return False
-    current = current_launch_id(job_id)
     if exit.launch_id is not None and exit.launch_id != current:
         _ignored(job_id, exit.node, "exit", f"{exit.launch_id} is not the current attempt {current}")
         return False
@@ -261,7 +269,17 @@ def finish(job_id: int, exit: Exit) -> bool:
         _ignored(job_id, exit.node, "absent-answer", "the current attempt is not being stopped")
         return False
     outcome = _outcome(job_id, exit)
-    if state == JobState.CANCELLING:
+    if state == JobState.PREEMPTING and not exit.requeue and _final_state(exit) == JobState.SUCCEEDED:
+        # Exit 0 during its preemption notice: it finished its work (before the stop reached it,
+        # or in its grace), so it is done, not requeued to run a second time.
+        if Job.objects.filter(pk=job_id, state=JobState.PREEMPTING).update(state=JobState.SUCCEEDED, **outcome):
+            _record(job_id, JobEventKind.FINISHED, "Succeeded (exit code 0) during its preemption notice.",
+                    node=exit.node, at=exit.finished_at)
+            _ended(job_id, JobState.SUCCEEDED)
+            from jobs.services.profiles import record_profile  # profiles reads usage; keep this module light
+
+            record_profile(job_id)
+    elif state == JobState.CANCELLING:
         if Job.objects.filter(pk=job_id, state=JobState.CANCELLING).update(state=JobState.CANCELLED, **outcome):
             _record(job_id, JobEventKind.FINISHED, f"Cancelled: its processes ended{_code(exit)}.", node=exit.node,
                     at=exit.finished_at)
@@ -295,6 +313,68 @@ def finish(job_id: int, exit: Exit) -> bool:
     killed = exit.exit_code is None or exit.exit_code == -9
     _settle_if_stopped_everywhere(job_id, outcome.get("peak_gpu_memory_mib"), killed=killed)
     return True
+
+
+def _exit_after_requeue(job_id: int, exit: Exit) -> bool | None:
+    """An exit of an attempt that :func:`requeue_now` gave up without it (its node was lost, or
+    stopped listing it), reported since: the run went on, or ended, unseen. None when the exit is
+    not that (the caller ignores it as before), else what :func:`finish` returns.
+
+    If it ran to its own end (:func:`_ran_to_its_end`) and no attempt has started since, that
+    real exit wins over the requeue: the job ends with it (SUCCEEDED for exit 0), leaving the
+    queue, and a later attempt placed meanwhile is stopped (its GPUs freed once its nodes
+    confirm). Otherwise (a newer attempt started, or the run ended by a stop) the exit goes on the
+    attempt's timeline, once per node, and changes nothing."""
+    attempt = _attempt_of(job_id, exit.launch_id)
+    if attempt is None or exit.absent:
+        return None
+    given_up = (JobEvent.objects.filter(job_id=job_id, attempt=attempt, kind=JobEventKind.REQUEUED)
+                .exclude(node="").order_by("-id").first())
+    if given_up is None or JobEvent.objects.filter(job_id=job_id, attempt=attempt, kind=JobEventKind.FINISHED,
+                                                   node=exit.node[:63], id__gt=given_up.id).exists():
+        return None
+    job = Job.objects.select_for_update().filter(pk=job_id).values("state", "attempt").get()
+    moved_on = JobEvent.objects.filter(job_id=job_id, attempt__gt=attempt, kind=JobEventKind.STARTED).exists()
+    withdrawn = job["state"] in (JobState.PENDING, JobState.PLACED) and not moved_on
+    if not (withdrawn and _ran_to_its_end(exit)):
+        since = f"; attempt {job['attempt']} has started since" if moved_on else ""
+        _record(job_id, JobEventKind.FINISHED, f"Its run on {exit.node} ended{_code(exit)} after it had been "
+                f"requeued{since}: this changes nothing.", node=exit.node, attempt=attempt, at=exit.finished_at)
+        _ignored(job_id, exit.node, "exit", f"{exit.launch_id} was requeued before this exit came")
+        return False
+    final, outcome = _final_state(exit), _outcome(job_id, exit)
+    ran_from = (JobEvent.objects.filter(job_id=job_id, attempt=attempt, kind=JobEventKind.STARTED)
+                .values_list("at", flat=True).last())
+    if not Job.objects.filter(pk=job_id, state=job["state"], attempt=job["attempt"]).update(
+            state=final, started_at=ran_from, **outcome):
+        return None
+    placed = " Its new placement is withdrawn." if job["state"] == JobState.PLACED else ""
+    _record(job_id, JobEventKind.FINISHED, f"{_final_words(final, exit, outcome['error'])} It had been requeued "
+            f"({given_up.message[:200]}) but ran on to this end, which stands.{placed}", node=exit.node,
+            attempt=attempt, at=exit.finished_at)
+    _stop_on(job_id, live_nodes(job_id))  # (a later attempt placed meanwhile; its GPUs go once its nodes confirm)
+    _ended(job_id, final)
+    if final == JobState.SUCCEEDED:
+        from jobs.services.profiles import record_profile  # profiles reads usage; keep this module light
+
+        record_profile(job_id)
+    return False  # (nothing freed now)
+
+
+def _attempt_of(job_id: int, launch: str | None) -> int | None:
+    """N of ``launch-<job_id>-<N>``, else None."""
+    prefix = f"launch-{job_id}-"
+    if launch is None or not launch.startswith(prefix) or not launch[len(prefix):].isdigit():
+        return None
+    return int(launch[len(prefix):])
+
+
+def _ran_to_its_end(exit: Exit) -> bool:
+    """Whether the exit is the run's own result, not one its stopping caused: it ended by itself
+    (or was ended by its own runtime limit), or exited 0 when a stop came."""
+    if exit.absent or exit.requeue or exit.exit_code is None:
+        return False
+    return not exit.stopped or exit.timed_out or _final_state(exit) == JobState.SUCCEEDED
 
 
 def _code(exit: Exit) -> str:
@@ -524,6 +604,8 @@ def requeue_now(job_ids, reason: PendingReason, *, only_running: bool = False) -
     Job.objects.filter(pk__in=stopped, state=JobState.PREEMPTING).update(
         state=JobState.PENDING, placed_at=None, started_at=None)
     attempts = dict(Job.objects.filter(pk__in=job_ids).values_list("pk", "attempt"))
+    # Each REQUEUED step names the node: it marks the attempt as given up without its exit, so an
+    # exit of it reported later is weighed, not dropped (``_exit_after_requeue``).
     node = reason.details.get("node", "")
     JobEvent.objects.bulk_create(
         [JobEvent(job_id=j, attempt=attempts.get(j, 0), kind=JobEventKind.REQUEUED, at=now, node=node,

@@ -1,7 +1,8 @@
 """What happens to jobs when nodes disappear and come back.
 
-A node whose heartbeat expires is marked LOST and its jobs are requeued exactly once (the
-UP -> LOST transition and each job's state change are conditional updates, made by
+A node whose heartbeat has stayed expired for a grace (``COLONY_NODE_LOST_GRACE_S``; until then it
+is only suspected, :mod:`monitoring.services.health`) is marked LOST and its jobs are requeued
+exactly once (the UP -> LOST transition and each job's state change are conditional updates, made by
 :mod:`jobs.services.lifecycle`). A running job far past its runtime limit is timed out here too,
 a backstop for a node that did not enforce it. When the node talks
 again, any process it still runs for a job that no longer belongs there is stopped, so nothing

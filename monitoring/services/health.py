@@ -1,5 +1,10 @@
 """Node liveness from the agents' heartbeat keys (a key with a TTL per node).
 
+A node whose heartbeat expired is first only *suspected* (:data:`SUSPECTED_KEY` says since when);
+it is lost once it has stayed silent for ``COLONY_NODE_LOST_GRACE_S`` more. A heartbeat that
+lapses for a few seconds on a loaded machine must not requeue jobs that still run there, or have
+just finished: they would run twice.
+
 The keys live in Redis, which keeps nothing on disk: after it restarts, every heartbeat is gone
 at once and the agents need a moment to reconnect. Silence then says nothing about the nodes, so
 nobody is judged until ``COLONY_REDIS_RESTART_GRACE_S`` after this Redis was first seen (a key
@@ -8,6 +13,7 @@ of our own that the restart took with it). Otherwise every job would be requeued
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from datetime import timedelta
@@ -21,7 +27,12 @@ from monitoring.choices import NodeHealth
 from monitoring.models import Node
 from monitoring.services.registry import inventory_changed
 
+log = logging.getLogger(__name__)
+
 REDIS_SEEN_SINCE_KEY = "colony:redis:seen_since"
+# Hash: node name -> when the control plane first found its heartbeat expired (unix seconds), for
+# the UP nodes silent now. Lost with Redis, which only makes the grace start again.
+SUSPECTED_KEY = "colony:nodes:suspected"
 # A heartbeat key set to outlive this is not a heartbeat: a node (or a job holding its Redis
 # password) that sets one for ten years must not keep a dead node UP and its jobs unrequeued.
 # Agents use a TTL of a few intervals (10 s by default).
@@ -53,12 +64,41 @@ def redis_seen_for(client: redis.Redis) -> float:
 
 
 def silent_nodes(client: redis.Redis) -> list[Node]:
-    """UP nodes whose heartbeat expired: candidates to be marked LOST. None while Redis is new."""
+    """UP nodes whose heartbeat expired at least ``COLONY_NODE_LOST_GRACE_S`` ago, as far as
+    this control plane saw: to be marked LOST. Those silent for less are suspected (and logged
+    once); one heard again is no longer. None while Redis is new."""
     if redis_seen_for(client) < settings.COLONY_REDIS_RESTART_GRACE_S:
         return []
     candidates = list(Node.objects.filter(state=NodeHealth.UP, registered_at__lt=timezone.now() - _registration_grace()))
     alive = live_node_names(client, [node.name for node in candidates])
-    return [node for node in candidates if node.name not in alive]
+    silent = [node for node in candidates if node.name not in alive]
+    past_grace = _silent_past_grace(client, [node.name for node in silent])
+    return [node for node in silent if node.name in past_grace]
+
+
+def _silent_past_grace(client: redis.Redis, silent: list[str]) -> set[str]:
+    """Keep :data:`SUSPECTED_KEY` to exactly the nodes in ``silent`` (each with when it was first
+    found so) and return those silent for the whole grace. One round trip, two when one is cleared."""
+    now = time.time()
+    pipe = client.pipeline(transaction=False)
+    pipe.hkeys(SUSPECTED_KEY)
+    for name in silent:
+        pipe.hsetnx(SUSPECTED_KEY, name, repr(now))
+    if silent:
+        pipe.hmget(SUSPECTED_KEY, silent)
+    replies = pipe.execute()
+    # Heard again, lost, or gone: suspected no more.
+    cleared = {key.decode() if isinstance(key, bytes) else key for key in replies[0]} - set(silent)
+    if cleared:
+        client.hdel(SUSPECTED_KEY, *cleared)
+    if not silent:
+        return set()
+    for name, new in zip(silent, replies[1:-1]):
+        if new:
+            log.warning("node %s: heartbeat expired; suspected, lost if still silent in %.0f s", name,
+                        settings.COLONY_NODE_LOST_GRACE_S)
+    since = {name: float(value) for name, value in zip(silent, replies[-1]) if value is not None}
+    return {name for name in silent if now - since.get(name, now) >= settings.COLONY_NODE_LOST_GRACE_S}
 
 
 def mark_lost(node: Node) -> bool:

@@ -147,6 +147,8 @@ def stack(transactional_db, live_redis, tmp_path, request, settings):
         # A worker killed holding the scheduler lock blocks others for at most this long.
         "COLONY_SCHEDULER_LOCK_LEASE": "5",
         "COLONY_NODE_REGISTRATION_GRACE_S": "1",
+        # Lost after 13 s of silence (agents here have a 3 s heartbeat TTL), not 70 s as in production.
+        "COLONY_NODE_LOST_GRACE_S": "10",
         "COLONY_REDIS_RESTART_GRACE_S": "6",
         "COLONY_AGENT_SECRET": agent_secret(),
         "COLONY_AGENT_AUTH": "required",

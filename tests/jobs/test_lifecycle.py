@@ -175,9 +175,10 @@ def test_stop_answer_for_an_earlier_attempt_does_not_end_the_current_one(
     assert Allocation.objects.filter(job=job, released_at__isnull=True).exists()
 
 
-def test_node_lost_requeues_once_and_a_late_exit_of_that_run_is_ignored(
-        node1, redis_client, django_capture_on_commit_callbacks):
+def test_node_lost_requeues_once_and_a_late_exit_of_that_run_by_its_stop_is_ignored(
+        node1, redis_client, django_capture_on_commit_callbacks, settings):
     capture = django_capture_on_commit_callbacks
+    settings.COLONY_NODE_LOST_GRACE_S = 0  # (the grace: tests/jobs/test_exactly_once.py)
     job = JobFactory(gpus=1)
     cycle(capture)
     launch = launches(redis_client)[-1].command_id
@@ -188,9 +189,11 @@ def test_node_lost_requeues_once_and_a_late_exit_of_that_run_is_ignored(
         assert check_node_health(redis_client)["lost"] == ["n1"]
     job.refresh_from_db()
     assert (job.state, job.requeue_count) == (JobState.PENDING, 1)
-    report(redis_client, capture, exited(job, launch, code=0))  # the lost node's run, reported late
+    # The lost node's run, ended by the requeue's stop and reported late. (A run that ended by
+    # itself, exit 0, wins over the requeue instead: tests/jobs/test_exactly_once.py.)
+    report(redis_client, capture, exited(job, launch, code=-15, stopped=True))
     job.refresh_from_db()
-    assert job.state == JobState.PENDING
+    assert (job.state, job.requeue_count) == (JobState.PENDING, 1)
 
 
 # ---------------------------------------------------------------- one writer of Job.state

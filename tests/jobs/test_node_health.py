@@ -18,7 +18,10 @@ from tests.factories import GpuFactory, JobFactory, NodeFactory
 
 
 @pytest.fixture
-def running_on_n1(db, live_redis):
+def running_on_n1(db, live_redis, settings):
+    # What follows a loss, once silence has outlasted the grace (tests/jobs/test_exactly_once.py
+    # has the grace itself): here silence is loss at once.
+    settings.COLONY_NODE_LOST_GRACE_S = 0
     node = NodeFactory(name="n1", registered_at=timezone.now() - timedelta(minutes=5))
     job = JobFactory(state=JobState.RUNNING)
     Allocation.objects.create(job=job, gpu=GpuFactory(node=node, index=0))

@@ -98,7 +98,9 @@ def test_a_job_that_does_not_checkpoint_loses_its_run(node4, redis_client, djang
 def test_a_checkpointing_job_that_ends_within_its_notice_loses_nothing(node4, redis_client,
                                                                       django_capture_on_commit_callbacks):
     capture = django_capture_on_commit_callbacks
-    borrower = stopped(redis_client, capture, preempt_borrower(redis_client, capture, checkpoints=True), code=0)
+    # Saved, and exits non-zero to say it is not done (exit 0 during the notice is success:
+    # tests/jobs/test_exactly_once.py); 143 is what a SIGTERM handler conventionally returns.
+    borrower = stopped(redis_client, capture, preempt_borrower(redis_client, capture, checkpoints=True), code=143)
     assert borrower.state == JobState.PENDING and borrower.lost_work_s == 0
     assert "its checkpoint keeps that work" in JobEvent.objects.filter(job=borrower, kind="requeued").last().message
 
