@@ -77,6 +77,12 @@ class ClusterCollector(Collector):
             for outcome in ("copied", "rejected", "dropped"):
                 moved.add_metric([kind, outcome], fanned.get(f"{kind}_{outcome}", 0.0))
         yield moved
+        resets = CounterMetricFamily("colony_fanin_cursor_resets", "Node stream cursors found past everything on "
+                                     "their stream (deleted and made again, ids ahead of the clock) and reset",
+                                     labels=["stream"])
+        for kind in fanin.SHARED:
+            resets.add_metric([kind], fanned.get(f"{kind}_cursor_resets", 0.0))
+        yield resets
         pending = 0
         try:
             pending = client.xpending(protocol.METRICS_STREAM, ingest.GROUP)["pending"]
