@@ -25,12 +25,12 @@ def throttled(gpu_util, guaranteed=None, duty=1.0, config=None, **borrower):
     (0.6, dict(util=0.4, solo=0.7), 0.1, (0.0, ThrottleReason.NEIGHBOUR_SLOWED)),
     (0.97, dict(util=0.6, solo=0.65), 0.1, (0.0, ThrottleReason.GPU_SATURATED)),
     # suspended, and the GPU has room again: back at the floor's level
-    (0.5, dict(util=0.45, solo=0.5), 0.0, (0.1, ThrottleReason.ROOM_AVAILABLE)),
+    (0.5, dict(util=0.49, solo=0.5), 0.0, (0.1, ThrottleReason.ROOM_AVAILABLE)),
     # saturated GPU with a guaranteed job on it: halve
     (0.97, dict(util=0.6, solo=0.65), 0.8, (0.4, ThrottleReason.GPU_SATURATED)),
     # room again: add 0.1, up to the ceiling
-    (0.5, dict(util=0.45, solo=0.5), 0.5, (0.6, ThrottleReason.ROOM_AVAILABLE)),
-    (0.5, dict(util=0.45, solo=0.5), 0.95, (1.0, ThrottleReason.ROOM_AVAILABLE)),
+    (0.5, dict(util=0.49, solo=0.5), 0.5, (0.6, ThrottleReason.ROOM_AVAILABLE)),
+    (0.5, dict(util=0.49, solo=0.5), 0.95, (1.0, ThrottleReason.ROOM_AVAILABLE)),
     (0.5, None, 0.3, (0.4, ThrottleReason.ROOM_AVAILABLE)),
     # no guaranteed neighbour at all (it left): straight back to full speed, even without a reading
     (None, False, 0.5, (1.0, ThrottleReason.NO_GUARANTEED_NEIGHBOUR)),
@@ -44,10 +44,10 @@ def test_duty_cycle_moves_by_aimd(gpu_util, guaranteed, duty, expected):
 @pytest.mark.parametrize("gpu_util, guaranteed, duty", [
     (None, None, 0.5),                                # no reading next to guaranteed work: hold
     (0.9, dict(util=0.65, solo=0.7), 0.5),            # busy but not saturated, neighbour fine: hold
-    (0.5, dict(util=0.45, solo=0.5), 1.0),            # already at the ceiling
+    (0.5, dict(util=0.49, solo=0.5), 1.0),            # already at the ceiling
     (0.6, dict(util=0.4, solo=0.7), 0.0),             # already suspended
     (None, None, 0.0),                                # suspended, no reading: hold
-    (0.6, dict(util=0.63, solo=0.7), 0.5),            # neighbour in the dead band (slowed 0.07): hold
+    (0.6, dict(util=0.66, solo=0.7), 0.5),            # neighbour in the dead band (slowed 0.04): hold
 ])
 def test_duty_cycle_is_left_alone(gpu_util, guaranteed, duty):
     assert throttled(gpu_util, guaranteed, duty) == {}
