@@ -12,6 +12,7 @@ import shlex
 import shutil
 import sys
 import time
+from datetime import datetime, timezone
 
 from cluster_ui.cli import login, submit, units
 from cluster_ui.cli.client import ApiError, Client, ConfigError, Usage, resolve
@@ -83,6 +84,8 @@ def cmd_show(client: Client, args) -> tuple[object, str]:
     ]
     if job.get("pending_reason"):
         lines.append(f"  pending     {job['pending_reason']['message']}")
+        if job["pending_reason"].get("eta_at"):
+            lines.append(f"  eta         {eta_text(job['pending_reason']['eta_at'])}")
     for label, field in (("submitted", "submitted_at"), ("placed", "placed_at"), ("started", "started_at"),
                          ("finished", "finished_at")):
         if job.get(field):
@@ -96,6 +99,16 @@ def cmd_show(client: Client, args) -> tuple[object, str]:
     if job.get("error"):
         lines.append(f"  error       {job['error']}")
     return job, "\n".join(lines)
+
+
+def eta_text(eta_at: str) -> str:
+    """``"in ~12m00s (14:05 UTC)"``: the scheduler's estimate, from now and on the clock (with
+    the date when it is not today's)."""
+    at = units.parse_time(eta_at).astimezone(timezone.utc)
+    now = datetime.now(timezone.utc)
+    clock = at.strftime("%H:%M UTC") if at.date() == now.date() else at.strftime("%Y-%m-%d %H:%M UTC")
+    left = (at - now).total_seconds()
+    return f"in ~{units.human_duration(left)} ({clock})" if left >= 1 else f"any moment now (due {clock})"
 
 
 def contract_lines(job: dict) -> list[str]:
@@ -133,13 +146,55 @@ def contract_lines(job: dict) -> list[str]:
 
 
 def cmd_logs(client: Client, args) -> tuple[object, str | None]:
+    """``colony logs N``: what the job printed so far. While it runs that is the output its nodes
+    shipped live (what ``-f`` prints, ``GET .../logs/``); its ``output_tail`` is written when it ends."""
     if getattr(args, "follow", False):
         return follow_logs(client, args)
     job = client.get(f"api/v1/jobs/{args.id}/")
-    if job.get("output_tail"):
-        return {"id": job["id"], "state": job["state"], "output_tail": job["output_tail"]}, job["output_tail"].rstrip("\n")
-    note = "(no output yet: the tail arrives when the job ends)" if job["state"] not in TERMINAL else "(no output)"
-    return {"id": job["id"], "state": job["state"], "output_tail": ""}, note
+    result = {"id": job["id"], "state": job["state"], "output_tail": job.get("output_tail") or ""}
+    if job["state"] not in TERMINAL:
+        chunks, nodes = kept_output(client, job["id"])
+        if chunks:
+            text, _ = render_chunks(chunks, len(nodes) > 1, {})
+            return {**result, "chunks": chunks}, text.rstrip("\n")
+    if result["output_tail"]:
+        return result, result["output_tail"].rstrip("\n")
+    return result, "(no output yet)" if job["state"] not in TERMINAL else "(no output)"
+
+
+def kept_output(client: Client, job_id: int) -> tuple[list[dict], list[str]]:
+    """Every chunk of the job's live output still kept, oldest first, and the nodes that sent
+    them: one answer holds a few hundred chunks at most, so each node is read on from its last."""
+    path = f"api/v1/jobs/{job_id}/logs/"
+    answer = client.get(path)
+    chunks, nodes = list(answer["chunks"]), answer["nodes"]
+    for node in nodes:
+        cursor = next((chunk["id"] for chunk in reversed(chunks) if chunk["node"] == node), None)
+        while True:
+            more = client.get(path, node=node, **({"after": cursor} if cursor else {}))["chunks"]
+            if not more:
+                break
+            chunks += more
+            cursor = more[-1]["id"]
+    chunks.sort(key=_chunk_order)
+    return chunks, nodes
+
+
+def render_chunks(chunks: list[dict], several_nodes: bool, line_start: dict[str, bool]) -> tuple[str, bool | None]:
+    """The chunks as text, each line prefixed with its node when there are several (``line_start``
+    carries where each node's last line ended); and whether the text ends a line (None: no text)."""
+    out = []
+    for chunk in chunks:
+        text = (GAP_NOTE if chunk["gap"] else "") + chunk["data"]
+        text, line_start[chunk["node"]] = _prefixed(text, f"[{chunk['node']}] " if several_nodes else "",
+                                                    line_start.get(chunk["node"], True))
+        out.append(text)
+    text = "".join(out)
+    return text, (text.endswith("\n") if text else None)
+
+
+def _chunk_order(chunk: dict) -> tuple[int, ...]:
+    return tuple(int(part) for part in chunk["id"].split("-"))
 
 
 def follow_logs(client: Client, args) -> tuple[object, str | None]:
@@ -162,12 +217,10 @@ def follow_logs(client: Client, args) -> tuple[object, str | None]:
             if as_json:
                 print(json.dumps(chunk), flush=True)
                 continue
-            text = (GAP_NOTE if chunk["gap"] else "") + chunk["data"]
-            text, line_start[chunk["node"]] = _prefixed(text, f"[{chunk['node']}] " if len(nodes) > 1 else "",
-                                                        line_start.get(chunk["node"], True))
+            text, ends_line = render_chunks([chunk], len(nodes) > 1, line_start)
             sys.stdout.write(text)
             sys.stdout.flush()
-            newline = text.endswith("\n") if text else newline
+            newline = newline if ends_line is None else ends_line
         if answer["finished"]:
             settled = settled + 1 if not chunks else 0
             if settled >= 2:  # the last chunks of a job may land a moment after its exit
@@ -181,7 +234,7 @@ def follow_logs(client: Client, args) -> tuple[object, str | None]:
         for node in nodes:  # one exact cursor per node
             answer = client.get(path, node=node, **({"after": cursors[node]} if node in cursors else {}))
             chunks += answer["chunks"]
-        chunks.sort(key=lambda chunk: tuple(int(part) for part in chunk["id"].split("-")))
+        chunks.sort(key=_chunk_order)
     if shown == 0:
         result, text = cmd_logs(client, argparse.Namespace(id=args.id))
         return result, (None if as_json else text)
@@ -244,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     queue.add_argument("--limit", type=int, default=200, help="at most this many (default 200)")
     queue.set_defaults(run=cmd_queue)
 
-    for verb, run, text in (("show", cmd_show, "a job's details"), ("logs", cmd_logs, "the tail of a job's output"),
+    for verb, run, text in (("show", cmd_show, "a job's details"), ("logs", cmd_logs, "what a job printed (so far, while it runs)"),
                             ("cancel", cmd_cancel, "cancel a job (stops it if running)")):
         sub = commands.add_parser(verb, parents=[common], help=text)
         sub.add_argument("id", type=int, help="job id")

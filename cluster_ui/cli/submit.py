@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from cluster_ui.cli import pack, units
@@ -21,6 +22,10 @@ from cluster_ui.cli.client import ApiError, Client, Usage
 LAUNCHERS = {"python", "python3", "torchrun", "accelerate", "deepspeed", "bash", "sh", "uv", "srun",
              "mpirun", "horovodrun", "nohup"}
 NAMES_SHOWN = 3  # of skipped links, in the upload line
+# As the API takes them (jobs/api/serializers.py: ENV_NAME_RE, stop_signal); the API checks the
+# rest (names Colony sets itself, how many), and its refusal names the field.
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
 
 
 def add_arguments(submit: argparse.ArgumentParser) -> None:
@@ -56,10 +61,16 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
     python = environment.add_mutually_exclusive_group()
     python.add_argument("--venv", metavar="PATH", help="activate this virtualenv (a path on the node)")
     python.add_argument("--conda", metavar="PATH", help="activate this conda environment (a path on the node)")
+    environment.add_argument("--env", action="append", metavar="NAME=VALUE",
+                             help="set this environment variable for the job (repeatable)")
 
     preemption = submit.add_argument_group("preemption")
     preemption.add_argument("--preempt-grace", metavar="DURATION",
-                            help="warning before a preemption stops the job (SIGTERM, COLONY_PREEMPT_AT), e.g. 90s, 5m")
+                            help="warning before a preemption stops the job (the stop signal, and the deadline "
+                                 "in the file COLONY_PREEMPT_FILE names), e.g. 90s, 5m")
+    preemption.add_argument("--stop-signal", choices=STOP_SIGNALS, metavar="SIGNAL",
+                            help=f"sent first when the job is stopped or preempted: {', '.join(STOP_SIGNALS)} "
+                                 "(default SIGTERM)")
     preemption.add_argument("--checkpoints", action="store_true",
                             help="the job saves checkpoints, so preempting it loses little")
 
@@ -119,6 +130,10 @@ def job_body(args) -> dict:
         body["workdir"] = args.workdir
     if args.gpu_model:
         body["gpu_models"] = args.gpu_model
+    if args.env:
+        body["env"] = env_vars(args.env)
+    if args.stop_signal is not None:
+        body["stop_signal"] = args.stop_signal
     for flag, field in (("opportunistic", "opportunistic_only"), ("shareable", "shareable"),
                         ("checkpoints", "checkpoints")):
         if getattr(args, flag):
@@ -128,6 +143,21 @@ def job_body(args) -> dict:
         if ids:
             body[field] = ids
     return body
+
+
+def env_vars(values: list[str]) -> dict[str, str]:
+    """``["EPOCHS=3", "OPTS=-v"]`` -> ``{"EPOCHS": "3", "OPTS": "-v"}``; the value may be empty or hold ``=``."""
+    env: dict[str, str] = {}
+    for value in values:
+        name, equals, text = value.partition("=")
+        if not equals:
+            raise Usage(f"--env takes NAME=VALUE, e.g. --env EPOCHS=3 (got {value!r})")
+        if not ENV_NAME_RE.match(name):
+            raise Usage(f"--env: not a variable name: {name!r} (letters, digits and _, not starting with a digit)")
+        if name in env:
+            raise Usage(f"--env {name} is given twice")
+        env[name] = text
+    return env
 
 
 def job_ids(values: list[str] | None, flag: str) -> list[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import ParseError, Throttled, ValidationError
+from rest_framework.exceptions import ParseError, ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -40,7 +40,7 @@ class CodeUploadView(APIView):
         # An upload costs like a submission: it draws on the same per-user budget.
         throttle = SubmissionRateThrottle()
         if not throttle.allow_submission(request):
-            raise Throttled(wait=throttle.wait())
+            raise throttle.refusal()
         tenant = self._tenant(request)
         data = self._body(request)
         try:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timezone
+
 from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -89,6 +91,16 @@ class PendingReasonSerializer(serializers.Serializer):
                                    help_text="What a program matches on; see the message for people.")
     message = serializers.CharField()
     details = serializers.DictField(help_text="The numbers behind the message; keys depend on the code.")
+    eta_at = serializers.DateTimeField(allow_null=True, help_text="When it may start, the scheduler's estimate; "
+                                                                  "null when it cannot tell.")
+
+    def to_representation(self, reason):
+        # Stored as Unix seconds (JobWait.eta_at, cheap for the loop to compare); shown as the
+        # API shows every other time.
+        eta_at = reason.get("eta_at")
+        if isinstance(eta_at, (int, float)) and not isinstance(eta_at, bool):
+            reason = {**reason, "eta_at": datetime.fromtimestamp(eta_at, timezone.utc)}
+        return super().to_representation(reason)
 
 
 class JobSerializer(RepresentedOnce, serializers.ModelSerializer):

@@ -197,3 +197,19 @@ def test_an_empty_command_is_refused_in_plain_words(alice, api):
     body = api(alice).post("/api/v1/jobs/", {"command": [], "gpus": 1}, format="json").json()["error"]
     assert body["fields"]["command"] == ['Give the program to run, e.g. ["python", "train.py"].']
     assert "elements" not in body["message"]
+
+
+def test_a_pending_job_says_when_it_may_start(api, alice, vision):
+    """``pending_reason.eta_at``: the scheduler's estimate as a time, as README says; null without one."""
+    import time
+    from datetime import datetime, timezone
+
+    eta_at = int(time.time()) + 720
+    reason = {"code": "waiting_for_free_gpus", "message": "Waiting for 2 GPUs", "details": {}}
+    waiting = JobFactory(tenant=vision, owner=alice, pending_reason={**reason, "eta_at": eta_at})
+    unknown = JobFactory(tenant=vision, owner=alice, pending_reason=reason)
+    shown = api(alice).get(f"{URL}{waiting.pk}/").json()["pending_reason"]
+    assert datetime.fromisoformat(shown["eta_at"].replace("Z", "+00:00")) == datetime.fromtimestamp(eta_at, timezone.utc)
+    assert api(alice).get(f"{URL}{unknown.pk}/").json()["pending_reason"]["eta_at"] is None
+    queued = {job["id"]: job for job in api(alice).get("/api/v1/queue/").json()["results"]}
+    assert queued[waiting.pk]["pending_reason"]["eta_at"] == shown["eta_at"]

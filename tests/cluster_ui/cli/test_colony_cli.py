@@ -72,6 +72,7 @@ def test_the_whole_round_trip_against_a_live_server(live_server, transactional_d
 
     code, out, _ = run(capsys, "show", str(job.pk))
     assert code == 0 and "state       PENDING" in out and "python train.py --epochs 3" in out
+    assert re.search(r"^  eta         in ~(4m59s|5m00s) \((\d{4}-\d\d-\d\d )?\d\d:\d\d UTC\)$", out, re.M), out
     spaced = JobFactory(tenant=vision, owner=alice, command=["python", "-c", "print('a b')"])
     code, out, _ = run(capsys, "show", str(spaced.pk))
     assert "python -c 'print('\"'\"'a b'\"'\"')'" in out  # quoted as a shell would need it
@@ -184,3 +185,17 @@ def test_a_runtime_limit_needs_a_unit(capsys, colony_env):
     code, _, err = run(capsys, "--url", "http://127.0.0.1:9", "--token", "t", "submit", "--max-runtime", "10",
                        "--", "python", "train.py")
     assert code == 2 and "give '10' a unit: 10s, 10m, 10h or 10d" in err
+
+
+def test_env_and_stop_signal_are_checked_and_kept_by_the_server(live_server, transactional_db, colony_env, capsys):
+    vision = TenantFactory(slug="vision")
+    alice = MembershipFactory(user=UserFactory(username="alice"), tenant=vision).user
+    colony_env.setenv("COLONY_URL", live_server.url)
+    colony_env.setenv("COLONY_TOKEN", Token.objects.create(user=alice).key)
+    code, out, err = run(capsys, "submit", "--no-code", "--name", "sim", "--env", "COLONY_SIM_WORKLOAD=train",
+                         "--env", "EPOCHS=3", "--stop-signal", "SIGINT", "--", "python", "train.py")
+    assert code == 0, err
+    job = Job.objects.get(name="sim")
+    assert (job.env, job.stop_signal) == ({"COLONY_SIM_WORKLOAD": "train", "EPOCHS": "3"}, "SIGINT")
+    code, _, err = run(capsys, "submit", "--no-code", "--env", "CUDA_VISIBLE_DEVICES=0", "--", "python")
+    assert code == 1 and "env: Set by Colony, cannot be overridden: CUDA_VISIBLE_DEVICES." in err, err

@@ -68,3 +68,31 @@ def test_logs_follow_prints_output_while_the_job_runs(live_server, transactional
     # Without -f: the output tail, as before.
     assert main.main(["logs", str(job.pk)]) == 0
     assert capsys.readouterr().out.strip() == "(no output)"
+
+
+def test_logs_without_follow_prints_what_a_running_job_printed_so_far(live_server, transactional_db, live_redis,
+                                                                      redis_client, settings, colony_env, capsys,
+                                                                      monkeypatch):
+    settings.COLONY_AGENT_AUTH = "off"
+    # Two chunks an answer, so that reading it all takes several pages.
+    monkeypatch.setattr(job_logs.read_chunks, "__defaults__", (None, 2))
+    vision = TenantFactory(slug="vision")
+    alice = MembershipFactory(user=UserFactory(username="alice"), tenant=vision).user
+    job = JobFactory(tenant=vision, owner=alice, state=JobState.RUNNING)
+    quiet = JobFactory(tenant=vision, owner=alice, state=JobState.RUNNING)
+    for name in ("gpu-01", "gpu-02"):
+        Allocation.objects.create(job=job, gpu=GpuFactory(node=NodeFactory(name=name), index=0))
+    colony_env.setenv("COLONY_URL", live_server.url)
+    colony_env.setenv("COLONY_TOKEN", Token.objects.create(user=alice).key)
+    offset = 0
+    for text in ("step 1\n", "step 2\n", "step 3\n", "step 4\n", "step 5\n"):
+        ship(redis_client, job, "gpu-01", text, offset)
+        offset += len(text)
+    ship(redis_client, job, "gpu-02", "rank 1 ready\n", 0)
+
+    assert main.main(["logs", str(job.pk)]) == 0
+    out = capsys.readouterr().out
+    assert out == ("[gpu-01] step 1\n[gpu-01] step 2\n[gpu-01] step 3\n[gpu-01] step 4\n[gpu-01] step 5\n"
+                   "[gpu-02] rank 1 ready\n"), out
+    assert main.main(["logs", str(quiet.pk)]) == 0
+    assert capsys.readouterr().out.strip() == "(no output yet)"

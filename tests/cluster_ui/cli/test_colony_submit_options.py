@@ -237,3 +237,53 @@ def test_queue_names_array_members_by_index(api, capsys):
     code, out, _ = run(capsys, "queue")
     rows = [line.split()[:2] for line in out.splitlines()[1:]]
     assert code == 0 and rows == [["103", "train.py[3]"], ["104", "train.py"]]
+
+
+def test_env_and_stop_signal_reach_the_job(api, capsys):
+    code, _, err = run(capsys, "submit", "--no-code", "--env", "EPOCHS=3", "--env", "OPTS=--lr=0.1 -v",
+                       "--env", "EMPTY=", "--stop-signal", "SIGUSR1", "--", "python", "train.py")
+    assert code == 0, err
+    body = job_sent(api)
+    assert body["env"] == {"EPOCHS": "3", "OPTS": "--lr=0.1 -v", "EMPTY": ""}
+    assert body["stop_signal"] == "SIGUSR1"
+    api.requests.clear()
+    run(capsys, "submit", "--no-code", "--", "python", "train.py")
+    assert "env" not in job_sent(api) and "stop_signal" not in job_sent(api)  # the server's defaults
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--env", "EPOCHS"], "--env takes NAME=VALUE"),
+    (["--env", "2FAST=1"], "not a variable name: '2FAST'"),
+    (["--env", "A=1", "--env", "A=2"], "--env A is given twice"),
+    (["--stop-signal", "SIGKILL"], "invalid choice: 'SIGKILL'"),
+])
+def test_bad_env_or_stop_signal_is_a_usage_error_and_sends_nothing(api, capsys, argv, words):
+    code, _, err = run(capsys, "submit", "--no-code", *argv, "--", "python", "train.py")
+    assert code == 2 and words in err and api.requests == [], err
+
+
+def test_submit_help_names_the_preemption_notice_file(capsys):
+    code, out, _ = run(capsys, "submit", "--help")
+    assert code == 0
+    flat = " ".join(out.split())  # argparse wraps the help text
+    assert "COLONY_PREEMPT_FILE" in flat and "COLONY_PREEMPT_AT" not in flat
+    assert "--env NAME=VALUE" in flat and "--stop-signal" in flat
+
+
+def test_show_prints_when_a_pending_job_may_start(api, capsys):
+    from datetime import datetime, timedelta, timezone
+
+    eta = (datetime.now(timezone.utc) + timedelta(minutes=12, seconds=30)).replace(microsecond=0)
+    api.replies["/api/v1/jobs/5/"] = (200, {**JOB, "eta_s": 750.0, "pending_reason": {
+        "code": "waiting_for_free_gpus", "message": "Waiting for 2 GPUs", "details": {},
+        "eta_at": eta.isoformat().replace("+00:00", "Z")}})
+    code, out, _ = run(capsys, "show", "5")
+    assert code == 0
+    lines = out.splitlines()
+    assert "  pending     Waiting for 2 GPUs" in lines
+    [line] = [line for line in lines if line.startswith("  eta ")]
+    assert re.fullmatch(rf"  eta         in ~12m(29|30)s \((\d{{4}}-\d\d-\d\d )?{eta:%H:%M} UTC\)", line), line
+    api.replies["/api/v1/jobs/5/"] = (200, {**JOB, "eta_s": None, "pending_reason": {
+        "code": "waiting_for_free_gpus", "message": "Waiting for 2 GPUs", "details": {}, "eta_at": None}})
+    code, out, _ = run(capsys, "show", "5")
+    assert "eta" not in out
