@@ -131,7 +131,8 @@ def redis_acl_rules(node: str, password: str) -> list[str]:
     digest = hashlib.sha256(password.encode("utf-8")).hexdigest()
     return [
         "reset", "on", f"#{digest}", "resetchannels", "-@all",
-        "+ping", "+xadd",
+        # TIME: the agent dates its command backlog by Redis's clock (a launch's lease), not its own.
+        "+ping", "+time", "+xadd",
         f"%W~{protocol.node_events_stream(node)}", f"%W~{protocol.node_metrics_stream(node)}",
         f"%W~{protocol.node_logs_stream(node)}",
         # Own command stream (consumer group read, ack, create), own heartbeat: each key only
