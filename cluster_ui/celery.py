@@ -1,4 +1,6 @@
-"""The Celery app. Workers: ``celery -A cluster_ui worker``; beat: ``celery -A cluster_ui beat``."""
+"""The Celery app. Workers: ``celery -A cluster_ui worker -Q celery``; the scheduler, one process
+that alone runs scheduling cycles (``CELERY_TASK_ROUTES``, jobs/services/scheduling_loop.py):
+``celery -A cluster_ui worker --pool solo -Q scheduler``; beat: ``celery -A cluster_ui beat``."""
 
 import os
 

@@ -208,8 +208,17 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 COLONY_SCHEDULER_INTERVAL = env_float("COLONY_SCHEDULER_INTERVAL", 2.0)
 COLONY_EVENTS_INTERVAL = env_float("COLONY_EVENTS_INTERVAL", 1.0)
-# A cycle holding the lock longer than this is presumed dead and another may start.
+# A cycle holding the lock longer than this without renewing it is presumed dead and another may
+# start (a running cycle renews it every third of this: jobs/services/leadership.py LeaseKeeper).
 COLONY_SCHEDULER_LOCK_LEASE = env_float("COLONY_SCHEDULER_LOCK_LEASE", 30.0)
+# ... but only for this long: a cycle hung with its process running then loses the lease too.
+COLONY_SCHEDULER_MAX_CYCLE_S = env_float("COLONY_SCHEDULER_MAX_CYCLE_S", 300.0)
+# The scheduling cycle runs only in the worker that consumes this queue, one process with
+# `--pool solo -Q scheduler` (devstack's `scheduler` child, compose's `scheduler` service), so that
+# what a cycle keeps for the next (jobs/services/scheduling_loop.py) survives and the lease stays
+# with one process. General workers consume the default queue (`-Q celery`) only.
+COLONY_SCHEDULER_QUEUE = "scheduler"
+CELERY_TASK_ROUTES = {"jobs.tasks.scheduling_cycle": {"queue": COLONY_SCHEDULER_QUEUE}}
 # Fair share: a tenant's recent GPU use decays with this half-life (seconds).
 COLONY_USAGE_HALF_LIFE_S = env_float("COLONY_USAGE_HALF_LIFE_S", 24 * 3600.0)
 # Stop commands give a job this long after SIGTERM before SIGKILL.

@@ -1,8 +1,9 @@
 """``python -m cluster_ui.devstack``: the whole of Colony on one machine, on embedded defaults.
 
 Starts a private Redis, migrates and seeds the database (SQLite unless ``DATABASE_URL`` says
-otherwise), then a Celery worker, Celery beat, a metrics ingest reader, one simulated agent per
-node and the web server.
+otherwise), then a Celery worker, the scheduler (a Celery worker of one process for the
+``scheduler`` queue), Celery beat, a metrics ingest reader, one simulated agent per node and the
+web server.
 
 Supervision: a child that dies (worker, beat, ingest, an agent, the web server, Redis) is started
 again after a backoff (1 s, doubling to 30 s; back to 1 s once it has stayed up a minute), and the
@@ -61,6 +62,8 @@ RESTART_MAX_S = 30.0
 RESTART_RESET_AFTER_S = 60.0
 # The account of jobs whose tenant has none of its own (a tenant created after the stack started).
 DEFAULT_JOB_ACCOUNT = "colony-jobs"
+# settings.COLONY_SCHEDULER_QUEUE (this process does not load Django's settings).
+SCHEDULER_QUEUE = "scheduler"
 # Variables that could carry a secret: never passed to a child (they get the *_FILE path instead).
 SECRET_VARS = ("COLONY_AGENT_SECRET", "DJANGO_SECRET_KEY", "REDIS_URL", "CELERY_BROKER_URL", "COLONY_CACHE_URL",
                "COLONY_REDIS_URL", "DATABASE_URL", "COLONY_AGENT_KEY", "COLONY_METRICS_TOKEN")
@@ -458,9 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sandbox, accounts_line = [], "Jobs run as your own user (start as root for per-tenant accounts)"
         print(accounts_line, flush=True)
-        supervisor.start("worker", [python, "-m", "celery", "-A", "cluster_ui", "worker", "--loglevel=INFO",
-                                    "--concurrency=2", "-n", "worker@%h"])
-        supervisor.start("beat", [python, "-m", "celery", "-A", "cluster_ui", "beat", "--loglevel=INFO"])
+        for name, argv in celery_commands(python):
+            supervisor.start(name, argv)
         supervisor.start("ingest", [python, "manage.py", "ingest"])
         agent_env = {**agent_environment(env), "PATH": agent_path}
         for node, spec in nodes:
@@ -492,6 +494,19 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.stop_all()
         redis.stop()
         print("Stopped.", flush=True)
+
+
+def celery_commands(python: str) -> list[tuple[str, list[str]]]:
+    """The Celery children: a general worker (default queue only), the scheduler (one process,
+    ``--pool solo``, the only consumer of the ``scheduler`` queue, so that scheduling cycles keep
+    what they carry from one to the next: jobs/services/scheduling_loop.py) and beat."""
+    celery = [python, "-m", "celery", "-A", "cluster_ui"]
+    return [
+        ("worker", [*celery, "worker", "--loglevel=INFO", "--concurrency=2", "-Q", "celery", "-n", "worker@%h"]),
+        ("scheduler", [*celery, "worker", "--loglevel=INFO", "--pool=solo", "-Q", SCHEDULER_QUEUE, "-n",
+                       "scheduler@%h"]),
+        ("beat", [*celery, "beat", "--loglevel=INFO"]),
+    ]
 
 
 def _banner(args: argparse.Namespace, redis_url: str, log_dir: Path, secret_dir: Path) -> None:

@@ -33,6 +33,26 @@ is the database's (``Now()``), so scheduler hosts whose clocks drift cannot disa
   the next tick reaches may run it (Celery gives a tick to any worker process); a holder that
   never hands it back (stopped, killed, partitioned) loses it when it expires.
 
+- :class:`LeaseKeeper` renews the lease from a small daemon thread every third of the lease while
+  a cycle holds it, so that a slow cycle (a cold one: snapshot and decide of a large backlog under
+  load) keeps the lease instead of being fenced off and computed again by another process. It is
+  safe because what keeps the lease alive is the process actually running, never a session or a
+  timer elsewhere:
+
+  - A stopped process (SIGSTOP, a frozen VM) stops all its threads, the keeper too: its lease
+    expires as before, the standby takes over, and the stopped cycle's writes stay fenced by epoch.
+  - Each renewal is *one* autocommit statement that changes the row only if holder and epoch are
+    still ours and the lease was not handed back, and (on PostgreSQL) only if nobody has the row
+    locked (``FOR UPDATE NOWAIT``): it never waits in the server behind a lock, so a renewal sent
+    just before the process was stopped cannot land later (for instance when the server ends the
+    stopped holder's fenced transaction), and it never leaves an open transaction that would
+    hold the row while the process is stopped.
+  - A cycle that hangs with its process running (a blocked socket) is renewed only up to
+    ``COLONY_SCHEDULER_MAX_CYCLE_S`` (300 s); after that the keeper stops and the lease expires.
+  - A renewal that finds the lease superseded stops the keeper and marks it :attr:`LeaseKeeper.lost`;
+    the cycle's next fenced transaction is refused as before. Renewal only ever *extends* a lease
+    its holder still owns: it never takes one, nor changes an epoch.
+
 Failover: a holder stopped mid-cycle is replaced at the first tick after its lease expires, at
 most ``COLONY_SCHEDULER_LOCK_LEASE`` (default 30 s) after it last renewed plus one tick
 (``COLONY_SCHEDULER_INTERVAL``); one stopped between cycles holds nothing and is not waited for.
@@ -45,11 +65,13 @@ import os
 import secrets
 import socket
 import threading
+import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import DatabaseError, IntegrityError, OperationalError, connection, connections, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 
@@ -164,3 +186,98 @@ def current(name: str = SCHEDULER) -> dict | None:
     return (SchedulerLease.objects.filter(name=name)
             .annotate(held=ExpressionWrapper(Q(expires_at__gt=Now(), released=False), output_field=BooleanField()))
             .values("holder", "epoch", "held", "acquired_at").first())
+
+
+def renew(lease: Lease, lease_s: float) -> bool | None:
+    """Push ``lease``'s expiry ``lease_s`` on from now, only if it is still ours and not handed back.
+
+    True: renewed. False: it is not ours any more (another holder or epoch, or handed back).
+    None: not known this time (the row is locked, by our own fenced transaction or a would-be
+    leader's look at it, or the database did not answer): try again later.
+    One statement in autocommit, never waiting on a lock (see the module docstring)."""
+    try:
+        if connection.vendor == "postgresql":
+            table = connection.ops.quote_name(SchedulerLease._meta.db_table)
+            with connection.cursor() as cursor:
+                # statement_timestamp(), not now(): the same as Now() here (autocommit), said plainly.
+                cursor.execute(
+                    f"UPDATE {table} SET expires_at = statement_timestamp() + make_interval(secs => %s) "
+                    f"WHERE name = %s AND holder = %s AND epoch = %s AND NOT released "
+                    f"AND name = (SELECT name FROM {table} WHERE name = %s FOR UPDATE NOWAIT)",
+                    [float(lease_s), lease.name, lease.holder, lease.epoch, lease.name])
+                renewed = cursor.rowcount
+        else:
+            renewed = SchedulerLease.objects.filter(name=lease.name, holder=lease.holder, epoch=lease.epoch,
+                                                    released=False).update(
+                expires_at=Now() + timedelta(seconds=lease_s))
+        if renewed:
+            return True
+        row = SchedulerLease.objects.filter(name=lease.name).values("holder", "epoch", "released").first()
+    except DatabaseError as exc:
+        if _sqlstate(exc) != LOCK_NOT_AVAILABLE:
+            log.warning("scheduler lease not renewed this time (%s)", exc)
+        return None
+    if row is None:
+        return None  # not visible from here (a test's uncommitted row): nothing proves it lost
+    return False if (row["holder"], row["epoch"], row["released"]) != (lease.holder, lease.epoch, False) else None
+
+
+class LeaseKeeper:
+    """Renews ``lease`` from a daemon thread every third of ``lease_s`` while a cycle holds it
+    (``with LeaseKeeper(...)``), for at most ``max_hold_s``; ``also`` runs after each renewal
+    (the loop extends its Redis lock there). See the module docstring for why this is safe."""
+
+    def __init__(self, lease: Lease, lease_s: float, max_hold_s: float, also: Callable[[], None] | None = None):
+        self.lease, self.lease_s, self.max_hold_s, self.also = lease, lease_s, max_hold_s, also
+        self.renewals = 0
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-keeper-{lease.name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def __enter__(self) -> LeaseKeeper:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Renew no more; wait (briefly) for a renewal in flight. A renewal that lands after this
+        returns changes nothing once the lease is handed back (it only renews a lease not released)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(1.0, self.lease_s / 3))
+
+    def check(self) -> None:
+        """Raise :class:`Superseded` if a renewal found the lease taken over (the cycle can stop
+        early; its fenced transaction would be refused anyway)."""
+        if self.lost:
+            now = SchedulerLease.objects.filter(name=self.lease.name).values_list("holder", "epoch").first()
+            raise Superseded(self.lease, *(now or ("", 0)))
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.max_hold_s
+        try:
+            while not self._stop.wait(self.lease_s / 3):
+                if time.monotonic() >= deadline:
+                    log.error("scheduling cycle has held the lease for %.0fs (COLONY_SCHEDULER_MAX_CYCLE_S): no "
+                              "longer renewed, it expires in %ss and another process may take over",
+                              self.max_hold_s, self.lease_s)
+                    return
+                outcome = renew(self.lease, self.lease_s)
+                if outcome is False:
+                    self.lost = True
+                    log.warning("scheduler lease epoch %d of %s was taken over while its cycle ran",
+                                self.lease.epoch, self.lease.holder)
+                    return
+                if outcome:
+                    self.renewals += 1
+                    if self.also is not None:
+                        self.also()
+        except Exception:  # a keeper that fails only stops renewing: the lease then expires as before
+            log.exception("scheduler lease keeper failed; the lease is no longer renewed")
+        finally:
+            connections.close_all()  # this thread's own connections only

@@ -1,12 +1,30 @@
 """One scheduling cycle: usage -> snapshot -> pure core -> apply, single-flight under a Redis lock.
 
-Any number of scheduler processes may run cycles (every Celery worker process that beat's tick
-reaches). The Redis lock keeps them from wasting work on simultaneous cycles; what makes a late
-writer harmless is the lease in the database (:mod:`jobs.services.leadership`): each cycle takes
-it, and writes its usage and its decisions only inside :func:`leadership.fenced` transactions,
-which commit nothing once another process has taken the lease over. A process paused past its
-lease (SIGSTOP, a long GC, a stalled VM) therefore wakes up to find its decisions refused and
-logged, never applied on top of the new leader's.
+Where it runs: beat's tick is routed to the Celery queue ``scheduler`` (``CELERY_TASK_ROUTES``),
+which only the scheduler worker consumes, started with ``--pool solo -Q scheduler`` (the devstack's
+``scheduler`` child, compose's ``scheduler`` service). So one long-lived process runs every cycle
+of a deployment and keeps what lives between cycles (``_carry``, the snapshot loader's rows):
+under a prefork pool the tick went to either child, the lease bounced between them (a new epoch
+each time, with no failover) and each child paid its own cold cycle. A second scheduler process
+(another host) is still a standby: it takes over through the lease when the first dies.
+
+A cycle that outlives its lease: while a cycle holds the lease, a small thread renews it
+(:class:`leadership.LeaseKeeper`, every third of the lease). Sizing the lease from measured
+cycles instead would make failover as slow as the slowest cycle ever seen and still fail on the
+first cycle slower than that (a cold one under load ran 69 s against a 30 s lease, and its 2,704
+placements were fenced and computed again). A renewal thread is safe where a timer elsewhere
+would not be: a stopped process stops all its threads, so a paused leader still loses its lease
+and its late writes stay fenced by epoch; a renewal never waits on a lock in the server, so one
+sent before a pause cannot land after it; a cycle hung with its process running is renewed for
+``COLONY_SCHEDULER_MAX_CYCLE_S`` at most. The keeper also extends the Redis lock, so that no
+other process starts a cycle only to find the lease held.
+
+Any number of scheduler processes may run cycles. The Redis lock keeps them from wasting work on
+simultaneous cycles; what makes a late writer harmless is the lease in the database
+(:mod:`jobs.services.leadership`): each cycle takes it, and writes its usage and its decisions only
+inside :func:`leadership.fenced` transactions, which commit nothing once another process has taken
+the lease over. A process paused past its lease (SIGSTOP, a long GC, a stalled VM) therefore wakes
+up to find its decisions refused and logged, never applied on top of the new leader's.
 """
 
 from __future__ import annotations
@@ -108,15 +126,19 @@ def _cycle() -> CycleResult:
         return CycleResult(ran=False, backed_off=True)
     lease_s = settings.COLONY_SCHEDULER_LOCK_LEASE
     # The lease bounds how long a crashed worker can block scheduling.
-    lock = client.lock(LOCK_KEY, timeout=lease_s, blocking=False)
+    # Not thread-local: the lease keeper's thread extends it while a slow cycle runs.
+    lock = client.lock(LOCK_KEY, timeout=lease_s, blocking=False, thread_local=False)
     if not lock.acquire():
         return CycleResult(ran=False)
     started = time.perf_counter()
-    lease = decisions = None
+    lease = decisions = keeper = None
     try:
         lease = leadership.acquire(lease_s)
         if lease is None:
             return CycleResult(ran=False)
+        keeper = leadership.LeaseKeeper(lease, lease_s, settings.COLONY_SCHEDULER_MAX_CYCLE_S,
+                                        also=lambda: _extend(lock))
+        keeper.start()
         if lease.took_over_from:
             log.warning("scheduler lease taken over from %s, whose lease expired mid-cycle (epoch %d begins)",
                         lease.took_over_from, lease.epoch)
@@ -128,8 +150,10 @@ def _cycle() -> CycleResult:
         clock.lap("usage")
         snapshot = _snapshot(client)
         clock.lap("snapshot")
+        keeper.check()
         decisions = decide(snapshot, now=time.time(), config=config, carry=_carry)
         clock.lap("decide")
+        keeper.check()
         # Taken before applying: a slow cycle must not re-send the launches it has just sent.
         applying_at = timezone.now()
         with leadership.fenced(lease, lease_s):
@@ -152,6 +176,8 @@ def _cycle() -> CycleResult:
         log.error("database unavailable (%s); pausing the scheduler for %.0fs", exc, pause)
         return CycleResult(ran=False, backed_off=True)
     finally:
+        if keeper is not None:
+            keeper.stop()  # before the lease is handed back: no renewal after it
         if lease is not None:
             try:
                 leadership.release(lease)
@@ -167,6 +193,13 @@ def _cycle() -> CycleResult:
     if applied.placed or applied.preempted:
         log.info("scheduling cycle: %s", result)
     return result
+
+
+def _extend(lock) -> None:
+    try:
+        lock.reacquire()
+    except (redis.RedisError, redis.exceptions.LockError) as exc:
+        log.warning("scheduler lock not extended (%s)", exc)
 
 
 def _snapshot(client: redis.Redis):

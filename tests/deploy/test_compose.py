@@ -91,7 +91,31 @@ def test_each_service_starts_once_what_it_needs_is_healthy_or_done():
     assert {"web", "worker", "beat", "ingest"} <= set(servers)
     for name in servers:
         assert "migrate" in COMPOSE["services"][name]["depends_on"], f"{name} may start on an unmigrated schema"
-    assert COMPOSE["services"]["worker"]["deploy"]["replicas"] >= 2  # two schedulers, one lease
+    assert {"scheduler"} <= set(servers)
+    assert COMPOSE["services"]["worker"]["deploy"]["replicas"] >= 2  # general work survives one dying
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    for index, arg in enumerate(argv):
+        if arg == name:
+            return argv[index + 1]
+        if arg.startswith(f"{name}="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def test_one_solo_scheduler_consumes_the_scheduler_queue_and_the_workers_do_not():
+    """The scheduling cycle keeps what it carries between cycles only in one long-lived process:
+    a prefork worker's children would each take the lease in turn (jobs/services/scheduling_loop.py)."""
+    scheduler, worker = COMPOSE["services"]["scheduler"], COMPOSE["services"]["worker"]
+    assert scheduler["command"][:4] == ["celery", "-A", "cluster_ui", "worker"]
+    assert _option(scheduler["command"], "--pool") == "solo"
+    assert _option(scheduler["command"], "-Q") == "scheduler"
+    assert scheduler.get("deploy", {}).get("replicas", 1) == 1
+    assert _option(worker["command"], "-Q") == "celery"
+    consumers = [name for name, service in COMPOSE["services"].items()
+                 if "scheduler" in (_option(service.get("command") or [], "-Q") or "").split(",")]
+    assert consumers == ["scheduler"]
 
 
 def run_check(service: str, *, paths: dict[str, str] | None = None, env: dict[str, str] | None = None) -> int:

@@ -41,11 +41,15 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str 
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-# A Celery worker with embedded beat, as the e2e and browser stacks run it. Mingle, gossip and
-# worker heartbeats are Celery's worker-to-worker chatter, which Colony does not use (its scheduler
-# lease lives in the database): mingle alone makes every start wait a second for neighbours.
+# A Celery worker with embedded beat, as the e2e and browser stacks run it: one process (solo
+# pool) that consumes the default queue and the `scheduler` queue the scheduling cycle is routed
+# to, so, as the scheduler of a deployment, it keeps its carry from cycle to cycle (a second one is
+# a second scheduler, a standby). Mingle, gossip and worker heartbeats are Celery's
+# worker-to-worker chatter, which Colony does not use (its scheduler lease lives in the database):
+# mingle alone makes every start wait a second for neighbours.
 WORKER_ARGV = [sys.executable, "-m", "celery", "-A", "cluster_ui", "worker", "--beat", "--pool=solo",
-               "--loglevel=INFO", "--without-mingle", "--without-gossip", "--without-heartbeat"]
+               "-Q", "celery,scheduler", "--loglevel=INFO", "--without-mingle", "--without-gossip",
+               "--without-heartbeat"]
 
 
 def agent_secret() -> str:
