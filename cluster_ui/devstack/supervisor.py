@@ -222,6 +222,21 @@ def _secret_from(env: dict[str, str], name: str) -> str | None:
     return env.get(name) or None
 
 
+def devstack_settings(env: dict[str, str], python: str, port: int) -> dict[str, str]:
+    """What the devstack sets on top of the caller's environment (which wins where it says)."""
+    return {
+        # Debug off, as a user sees Colony (its own 404 and 500 pages, no settings on an error
+        # page); plain http on 127.0.0.1, static files from runserver --insecure.
+        "DJANGO_DEBUG": env.get("DJANGO_DEBUG", "0"),
+        "COLONY_HTTPS": env.get("COLONY_HTTPS", "0"),
+        # Links in notifications (email, webhooks) point where this stack serves, whatever --port.
+        "COLONY_PUBLIC_URL": env.get("COLONY_PUBLIC_URL") or f"http://127.0.0.1:{port}",
+        "PYTHONUNBUFFERED": "1",
+        # Jobs' `python` is this virtualenv's interpreter.
+        "PATH": f"{Path(python).parent}{os.pathsep}{env.get('PATH', '')}",
+    }
+
+
 def server_environment(base: dict[str, str], files: dict[str, Path]) -> dict[str, str]:
     """The control plane's environment: ``base`` without any secret, plus ``NAME_FILE`` paths."""
     env = {name: value for name, value in base.items()
@@ -417,15 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         agent_files[node] = (write_secret(secret_dir / f"{node}.key", signing.node_key(agent_secret, node).hex()),
                              write_secret(secret_dir / f"{node}.redis-url", agent_url))
     env = server_environment(base, files)
-    env.update({
-        # Debug off, as a user sees Colony (its own 404 and 500 pages, no settings on an error
-        # page); plain http on 127.0.0.1, static files from runserver --insecure.
-        "DJANGO_DEBUG": env.get("DJANGO_DEBUG", "0"),
-        "COLONY_HTTPS": env.get("COLONY_HTTPS", "0"),
-        "PYTHONUNBUFFERED": "1",
-        # Jobs' `python` is this virtualenv's interpreter.
-        "PATH": f"{Path(python).parent}{os.pathsep}{env.get('PATH', '')}",
-    })
+    env.update(devstack_settings(env, python, args.port))
     redis.start()
     version_text = ".".join(map(str, version))
     redis_line = (f"Redis {version_text}: password for the control plane, one ACL user per agent" if per_node_users

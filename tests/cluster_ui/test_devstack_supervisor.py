@@ -5,7 +5,7 @@ import io
 import sys
 import time
 
-from cluster_ui.devstack.supervisor import Supervisor, server_environment
+from cluster_ui.devstack.supervisor import Supervisor, devstack_settings, server_environment
 
 
 def _run_until(supervisor: Supervisor, predicate, timeout: float = 10.0) -> None:
@@ -52,3 +52,9 @@ def test_children_get_secret_paths_never_secret_values(tmp_path):
         {"COLONY_AGENT_SECRET": tmp_path / "agent-secret", "REDIS_URL": tmp_path / "redis-url"})
     assert env == {"PATH": "/bin", "COLONY_AGENT_SECRET_FILE": str(tmp_path / "agent-secret"),
                    "REDIS_URL_FILE": str(tmp_path / "redis-url")}
+
+
+def test_notification_links_point_at_the_port_the_devstack_serves_unless_told_otherwise():
+    assert devstack_settings({"PATH": "/bin"}, "/venv/bin/python", 8001)["COLONY_PUBLIC_URL"] == "http://127.0.0.1:8001"
+    told = {"PATH": "/bin", "COLONY_PUBLIC_URL": "https://colony.example.org"}
+    assert devstack_settings(told, "/venv/bin/python", 8001)["COLONY_PUBLIC_URL"] == "https://colony.example.org"
