@@ -269,7 +269,7 @@ class Placer:
                         if left < 0 or not fits(gpu, shape, job_class, pools):
                             continue
                         option = (delta(gpu.node, (gpu,), shape), left, len(gpu.node.empty),
-                                  bucket[position][0] - need, gpu.key)
+                                  leftover(gpu.node, (gpu,), shape), bucket[position][0] - need, gpu.key)
                         if best is None or option < best:
                             best = option
                         taken += 1
@@ -279,7 +279,7 @@ class Placer:
                 for gpu in node.gpus:
                     left = WHOLE_GPU_MILLI - gpu.requested_milli - milli
                     if gpu.occupants and left >= 0 and fits(gpu, shape, job_class, pools):
-                        option = (delta(node, (gpu,), shape), left, len(node.empty),
+                        option = (delta(node, (gpu,), shape), left, len(node.empty), leftover(node, (gpu,), shape),
                                   gpu.free_mib - shape.memory_on(gpu.capacity_mib), gpu.key)
                         if best is None or option < best:
                             best = option
@@ -294,7 +294,7 @@ class Placer:
                     if shape.needs_host and filters.gpus_on(node, shape) < 1:
                         continue
                     gpu = node.empty[0]
-                    option = (delta(node, (gpu,), shape), WHOLE_GPU_MILLI - milli, k,
+                    option = (delta(node, (gpu,), shape), WHOLE_GPU_MILLI - milli, k, leftover(node, (gpu,), shape),
                               gpu.capacity_mib - shape.memory_on(gpu.capacity_mib), gpu.key)
                     if best is None or option < best:
                         best = option
@@ -305,6 +305,7 @@ class Placer:
             usable = [g for g in node.empty if g.pool in pools]
             if usable and filters.gpus_on(node, shape) >= 1:
                 option = (delta(node, usable[:1], shape), WHOLE_GPU_MILLI - milli, len(node.empty),
+                          leftover(node, usable[:1], shape),
                           usable[0].capacity_mib - shape.memory_on(usable[0].capacity_mib), usable[0].key)
                 if best is None or option < best:
                     best = option
