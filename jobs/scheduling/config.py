@@ -78,6 +78,7 @@ class SchedulerConfig:
     # of the tenant queued behind the job needs (a single that took a GPU out of the only
     # borrowed pair of a model left the pair behind it nothing to reclaim). 0: progress alone.
     reclaim_loss_margin_s: float = 600.0
-    # How a one-GPU job's GPU is chosen among those that fit without over-committing: "fgd" (FGD's
-    # fragmentation gradient, ``fragmentation_score``) or "tightest" (least room and memory left).
+    # How a one-GPU job's GPU (and a one-node gang's node) is chosen among those that fit without
+    # over-committing: "fgd" (FGD's fragmentation gradient, ``fragmentation_score``) or "tightest"
+    # (no gradient: least room left, fullest node, BestFit's leftover, tightest memory).
     placement_score: str = "fgd"

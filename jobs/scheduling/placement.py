@@ -15,8 +15,8 @@ Rules (DESIGN.md "Packing" and "Gang + topology"):
   guaranteed neighbour suffers), tightest memory fit first. Over-commit costs every job on the GPU
   speed, an empty GPU costs nobody anything now (its owner reclaims it when needed). Memory +
   headroom must fit throughout (no headroom for a fraction whose memory is just its share: that
-  share is also its limit). ``SchedulerConfig.placement_score = "tightest"`` drops the score
-  (least room, then memory left), as earlier versions chose.
+  share is also its limit). ``SchedulerConfig.placement_score = "tightest"`` drops the gradient
+  (``NoScore``): the same candidates in the same order, ranked by the tie-breaks alone.
 * A gang on one node takes the node with the cheapest all-reduce, then the lowest gradient, then
   the least left over (GPU and CPU share, BestFit's measure), across GPU models too.
 * A guaranteed job never joins another guaranteed job unless both allow sharing (``shareable``
@@ -154,12 +154,23 @@ class OneNodeWait:
     spread_nodes: int
 
 
+class NoScore:
+    """The score that ranks nothing: candidates go by the tie-breaks alone (least room left, the
+    fullest node, BestFit's leftover, the tightest memory). ``placement_score = "tightest"``."""
+
+    name = "tightest"
+
+    @staticmethod
+    def delta(node, gpus, shape) -> float:
+        return 0.0
+
+
 class Placer:
     def __init__(self, capacity: Capacity, config: SchedulerConfig, score=None):
         self.capacity = capacity
         self.config = config
-        # Ranks one-GPU candidates (``fragmentation_score``); None: tightest fit by memory alone.
-        self.score = score
+        # Ranks the candidates of a one-GPU job and of a gang on one node (``fragmentation_score``).
+        self.score = NoScore() if score is None else score
         self._pools: dict[tuple, list[int]] = {}
         self._pools_by_shape: dict[Shape, list[int]] = {}
 
@@ -235,19 +246,9 @@ class Placer:
         # requests fill it but whose measured load leaves room, or a guaranteed job beside
         # borrowers): over-commit costs every job on the GPU speed, an empty GPU costs nothing now.
         packs = shape.gpu_milli < WHOLE_GPU_MILLI and (job_class is JobClass.OPPORTUNISTIC or shape.shareable)
-        if self.score is not None:
-            scored = self._scored(shape, job_class, pools, backfill, packs)
-            if scored is not None:
-                return self._single(scored, shape, shared=bool(scored.occupants))
-            shared = self._shared_gpu(shape, job_class, pools, backfill)
-            return None if shared is None else self._single(shared, shape, shared=True)
-        if packs:
-            within = self._within_requests(shape, job_class, pools, backfill)
-            if within is not None:
-                return self._single(within, shape, shared=True)
-        empty = self._empty_gpu(shape, pools, backfill)
-        if empty is not None:
-            return self._single(empty, shape, shared=False)
+        scored = self._scored(shape, job_class, pools, backfill, packs)
+        if scored is not None:
+            return self._single(scored, shape, shared=bool(scored.occupants))
         shared = self._shared_gpu(shape, job_class, pools, backfill)
         return None if shared is None else self._single(shared, shape, shared=True)
 
@@ -255,7 +256,7 @@ class Placer:
                 packs: bool) -> GpuSlot | None:
         """The candidate the score ranks best: GPUs whose residents' requests leave room (when the
         job packs), and an empty GPU on each of the first nodes of every empty-count bucket. Ties:
-        a shared GPU, then the least room left, then the fuller node."""
+        the least room left on the GPU, the fullest node, BestFit's leftover, the tightest memory."""
         gpus, milli, fits, delta = self.capacity.gpus, shape.gpu_milli, self.fits_gpu, self.score.delta
         best: tuple | None = None
         if packs:
@@ -311,44 +312,6 @@ class Placer:
                     best = option
         return None if best is None else gpus[best[-1]]
 
-    def _within_requests(self, shape: Shape, job_class: JobClass, pools: list[int],
-                         backfill: list[NodeSlot]) -> GpuSlot | None:
-        """The GPU with residents whose requests leave the least room that still holds this one
-        (best fit by milli-GPUs, then by memory), as FGD's baselines pack fractions."""
-        gpus, milli, fits = self.capacity.gpus, shape.gpu_milli, self.fits_gpu
-        best: tuple[int, int, int] | None = None
-        # Bucket b holds rooms [b * STEP, (b + 1) * STEP): the first holding ``milli`` may or may
-        # not fit each of its GPUs, every later one does; the tightest bucket with a fit wins.
-        first = milli // ROOM_STEP
-        for pool in pools:
-            need = shape.memory_on(self.capacity.pools[pool][1]) + shape.headroom_mib
-            buckets = self.capacity.req_index[pool]
-            for bucket_no in range(first, ROOM_BUCKETS):
-                if best is not None and (bucket_no - first) * ROOM_STEP > best[0] + ROOM_STEP:
-                    break
-                bucket = buckets[bucket_no]
-                if not bucket:
-                    continue
-                for position in range(bisect_left(bucket, (need, -1)), len(bucket)):
-                    free, key = bucket[position]
-                    gpu = gpus[key]
-                    left = WHOLE_GPU_MILLI - gpu.requested_milli - milli
-                    if left < 0 or not fits(gpu, shape, job_class, pools):
-                        continue
-                    option = (left, free - need, key)
-                    if best is None or option < best:
-                        best = option
-                    if bucket_no > first:
-                        break  # every later entry of this bucket leaves as much room, more memory
-        for node in backfill:
-            for gpu in node.gpus:
-                left = WHOLE_GPU_MILLI - gpu.requested_milli - milli
-                if gpu.occupants and left >= 0 and fits(gpu, shape, job_class, pools):
-                    option = (left, gpu.free_mib - shape.memory_on(gpu.capacity_mib) - shape.headroom_mib, gpu.key)
-                    if best is None or option < best:
-                        best = option
-        return None if best is None else gpus[best[2]]
-
     def _single(self, gpu: GpuSlot, shape: Shape, shared: bool) -> Choice:
         return Choice([(gpu.node, [gpu])], [shape.memory_on(gpu.capacity_mib)], shared, 0.0)
 
@@ -393,38 +356,6 @@ class Placer:
                         best = (slack, gpu.key)
         return None if best is None else gpus[best[1]]
 
-    def _empty_gpu(self, shape: Shape, pools: list[int], backfill: list[NodeSlot]) -> GpuSlot | None:
-        """An empty GPU on the fullest node that has one, smallest fitting memory first."""
-        best: tuple | None = None
-        for pool in pools:
-            memory = self.capacity.pools[pool][1]
-            buckets = self.capacity.buckets[pool]
-            for k in range(1, len(buckets)):
-                node_key = self._first_fed(buckets[k], shape, 1)
-                if node_key is not None:
-                    option = (memory - shape.memory_on(memory), k, pool, node_key)
-                    if best is None or option < best:
-                        best = option
-                    break
-        gpu = None if best is None else self.capacity.nodes[best[3]].empty[0]
-        for node in self.capacity.mixed_nodes + backfill:
-            usable = [g for g in node.empty if g.pool in pools]
-            if usable and filters.gpus_on(node, shape) >= 1:
-                first = usable[0]
-                option = (first.capacity_mib - shape.memory_on(first.capacity_mib), len(node.empty), first.pool, node.key)
-                if best is None or option < best:
-                    best, gpu = option, first
-        return gpu
-
-    def _first_fed(self, bucket: dict[int, None], shape: Shape, gpus: int) -> int | None:
-        """The first node of an index bucket with the CPU and host memory for ``gpus`` of the request."""
-        if not bucket:
-            return None
-        if not shape.needs_host:
-            return next(iter(bucket))
-        nodes = self.capacity.nodes
-        return next((key for key in bucket if filters.gpus_on(nodes[key], shape) >= gpus), None)
-
     def one_model(self, gpus: list[GpuSlot]) -> bool:
         """Are ``gpus`` all of one model (as a gang's must be)?"""
         return len({self.capacity.pools[gpu.pool][0] for gpu in gpus}) == 1
@@ -450,9 +381,8 @@ class Placer:
         return None if best is None else best[1]
 
     def _gang_score(self, choice: Choice, shape: Shape) -> tuple[float, float]:
-        """The score of a one-node gang placement and its tie-break (0s without a score, or over
-        several nodes)."""
-        if self.score is None or len(choice.slices) != 1:
+        """The score of a one-node gang placement and its tie-break (0s over several nodes)."""
+        if len(choice.slices) != 1:
             return 0.0, 0.0
         node, gpus = choice.slices[0]
         return self.score.delta(node, gpus, shape), leftover(node, gpus, shape)
@@ -471,38 +401,9 @@ class Placer:
         return self._gang_choice(choice, shape)
 
     def _gang_one_node(self, shape: Shape, pools: list[int], backfill: list[NodeSlot]) -> Choice | None:
-        if self.score is not None:
-            return self._gang_one_node_scored(shape, pools, backfill)
-        best: tuple | None = None
-        best_node: NodeSlot | None = None
-        n = shape.gpus
-        for pool in pools:
-            _, memory, gb_per_s, _, _ = self.capacity.pools[pool]
-            buckets = self.capacity.buckets[pool]
-            cost = allreduce_seconds(n, shape.allreduce_bytes, gb_per_s)
-            for k in range(n, len(buckets)):
-                node_key = self._first_fed(buckets[k], shape, n)
-                if node_key is not None:
-                    option = (cost, memory - shape.memory_on(memory), k, pool, node_key)
-                    if best is None or option < best:
-                        best, best_node = option, self.capacity.nodes[node_key]
-                    break
-        for node in self.capacity.mixed_nodes + backfill:
-            usable = [g for g in node.empty if g.pool in pools]
-            if len(usable) >= n and filters.gpus_on(node, shape) >= n:
-                cost = allreduce_seconds(n, shape.allreduce_bytes, node.gb_per_s)
-                option = (cost, 0, len(usable), -1, node.key)
-                if best is None or option < best:
-                    best, best_node = option, node
-        if best_node is None:
-            return None
-        usable = [g for g in best_node.empty if g.pool in pools][:n]
-        return self._gang_choice([(best_node, usable)], shape)
-
-    def _gang_one_node_scored(self, shape: Shape, pools: list[int], backfill: list[NodeSlot]) -> Choice | None:
         """The node whose all-reduce is cheapest, then the one the score ranks best, among the
-        first nodes of every empty-count bucket that holds the gang (then the tightest memory,
-        the fewest empty GPUs)."""
+        first nodes of every empty-count bucket that holds the gang (``pools``: one model's); ties:
+        BestFit's leftover, then the tightest memory."""
         n, delta, nodes = shape.gpus, self.score.delta, self.capacity.nodes
         best: tuple | None = None
         best_gpus: list[GpuSlot] | None = None
@@ -525,14 +426,12 @@ class Placer:
                     if taken == SCORED_PER_BUCKET:
                         break
         for node in self.capacity.mixed_nodes + backfill:
-            by_model = self.pools_by_model([g.pool for g in node.empty if g.pool in pools])
-            for model_pools in by_model:
-                usable = [g for g in node.empty if g.pool in model_pools]
-                if len(usable) >= n and filters.gpus_on(node, shape) >= n:
-                    option = (allreduce_seconds(n, shape.allreduce_bytes, node.gb_per_s), delta(node, usable[:n], shape),
-                              leftover(node, usable[:n], shape), 0, node.key)
-                    if best is None or option < best:
-                        best, best_gpus = option, usable[:n]
+            usable = [g for g in node.empty if g.pool in pools][:n]
+            if len(usable) == n and filters.gpus_on(node, shape) >= n:
+                option = (allreduce_seconds(n, shape.allreduce_bytes, node.gb_per_s), delta(node, usable, shape),
+                          leftover(node, usable, shape), 0, node.key)
+                if best is None or option < best:
+                    best, best_gpus = option, usable
         if best_gpus is None:
             return None
         return self._gang_choice([(nodes[best[-1]], best_gpus)], shape)
