@@ -8,7 +8,7 @@ Map: ``snapshot`` + ``config`` (inputs) -> ``cycle.decide`` (the passes, the bor
 ``cycle_state.Memo`` and what the next cycle may reuse in ``carry``) using ``capacity`` (indexed
 working copy), ``filters`` (one module per constraint: GPU model and memory, gang width, container
 runtime, compute room, exclusivity, cordon, CPU and host memory), ``placement`` + ``topology``
-(where; ``fragmentation_score`` ranks the candidates by FGD's gradient), ``reclaim`` (victims), ``reservation`` (gang starvation guard), ``user_limits`` (a lead's
+(where; ``fragmentation_score`` ranks the candidates by FGD's gradient of ``fragmentation``), ``reclaim`` (victims), ``reservation`` (gang starvation guard), ``user_limits`` (a lead's
 per-member caps), ``duty_cycles`` (AIMD duty cycles), ``waiting``, ``eta``, ``explain`` +
 ``reasons`` (why pending) -> ``decisions`` (outputs).
 ``usage`` holds the fair-share decay the service keeps; ``policies`` the baselines the trace

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from jobs.scheduling.fragmentation import WHOLE, Workload
+
 INF = float("inf")
-WHOLE = 1000
 
 
 def free_share(gpu) -> int:
@@ -34,7 +35,6 @@ class FragmentationScore:
     @property
     def workload(self):
         if self._workload is None:
-            from jobs.scheduling.policies.fragmentation import Workload  # (policies import the core)
             self._workload = Workload.of(list(self._requests()))
         return self._workload
 

@@ -6,7 +6,7 @@ import pytest
 from jobs.scheduling.decisions import Decisions
 from jobs.scheduling.policies import POLICIES
 from jobs.scheduling.policies.binpack import Protocol
-from jobs.scheduling.policies.fragmentation import Workload
+from jobs.scheduling.fragmentation import Workload
 from jobs.scheduling.simulate import fill, loaders, published
 from jobs.scheduling.simulate.trace import NodeSpec, TraceJob
 from tests.scheduling.builders import cluster, job, node

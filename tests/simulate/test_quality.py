@@ -4,7 +4,7 @@ imperfect knowledge, FGD's baselines and protocol, on traces small enough to rea
 import pytest
 
 from jobs.scheduling.policies import POLICIES, PACKING_BASELINES
-from jobs.scheduling.policies.fragmentation import Workload
+from jobs.scheduling.fragmentation import Workload
 from jobs.scheduling.simulate import fill, replay
 from jobs.scheduling.simulate.engine import Knowledge, Replay
 from jobs.scheduling.simulate.metrics import fill_curve, summarise

@@ -42,7 +42,8 @@ import random
 from bisect import insort
 
 from jobs.scheduling.decisions import Decisions, NodeSlice, Pending, Place
-from jobs.scheduling.policies.fragmentation import WHOLE, TaskClass, Workload
+from jobs.scheduling.fragmentation import WHOLE, TaskClass, Workload
+from jobs.scheduling.fragmentation_score import snapshot_requests
 from jobs.scheduling.reasons import PendingReason, ReasonCode
 from jobs.scheduling.snapshot import ClusterSnapshot, JobRequest
 
@@ -242,7 +243,7 @@ _WORKLOADS: dict[tuple, Workload] = {}
 def _workload(snapshot: ClusterSnapshot) -> tuple[tuple, Workload]:
     """FGD's target workload from the snapshot's requests, popularity rounded to a thousandth so
     that consecutive cycles of a steady workload share one (and its memo)."""
-    exact = Workload.of([*snapshot.pending, *_as_requests(snapshot)])
+    exact = Workload.of(list(snapshot_requests(snapshot)()))
     key = tuple((c.gpus, c.milli, c.models, c.cpu_milli, c.host_memory_mb, round(c.popularity, 3))
                 for c in exact.classes)
     workload = _WORKLOADS.get(key)
@@ -330,18 +331,6 @@ def _policy(score, name: str, needs_workload: bool = False, randomised: bool = F
 
 _NO_ROOM = PendingReason(ReasonCode.WAITING_FOR_FREE_GPUS,
                          "No node has room for the job's GPU share together with its CPU and memory.")
-
-
-class _Running:
-    __slots__ = ("gpus", "gpu_milli", "gpu_models", "cpu_milli", "host_memory_mb")
-
-    def __init__(self, job):
-        self.gpus, self.gpu_milli, self.gpu_models = len(job.gpu_ids), job.gpu_milli, frozenset()
-        self.cpu_milli, self.host_memory_mb = job_cpu(job), job_memory(job)
-
-
-def _as_requests(snapshot: ClusterSnapshot) -> list[_Running]:
-    return [_Running(job) for job in snapshot.running]
 
 
 # -- the baselines as FGD's simulator runs them ---------------------------------------------------------

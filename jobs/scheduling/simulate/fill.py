@@ -35,7 +35,7 @@ Read per pod, as ``analysis.go: ClusterGpuFragReport`` logs after every pod:
   it (``at``). An opportunistic whole-GPU job that joins an occupied GPU adds nothing here.
 * **allocated (requests)**: placed requests uncapped, the figure earlier Colony replays printed.
 * **fragmentation**: FGD's ``F(M)`` of the cluster against its typical pods
-  (``policies.fragmentation.Workload.typical``), as a share of GPU capacity and of the
+  (``fragmentation.Workload.typical``), as a share of GPU capacity and of the
   unallocated capacity, read at the end of the batch that reaches the level.
 * **CPU over capacity**: nodes whose placed CPU requests exceed their CPU.
 
@@ -56,7 +56,7 @@ import statistics
 from dataclasses import dataclass, replace
 
 from jobs.scheduling.config import SchedulerConfig
-from jobs.scheduling.policies.fragmentation import WHOLE, Workload
+from jobs.scheduling.fragmentation import WHOLE, Workload
 from jobs.scheduling.simulate.engine import Replay
 from jobs.scheduling.simulate.trace import NodeSpec, Trace, TraceJob, equal_quotas
 
