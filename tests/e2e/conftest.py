@@ -129,15 +129,9 @@ class Processes:
             process.wait()
 
 
-@pytest.fixture
-def stack(transactional_db, live_redis, tmp_path, request, settings):
-    """Worker + beat + one agent ``e2e-node`` with 2 simulated A100s; yields the Processes.
-
-    The test process serves the API the tests call (as the web process would), so it holds the
-    stack's agent secret too: the commands it publishes (a cancel's stop) are signed like the web
-    server's. Without it the agent refuses them and the job waits for the worker's re-send."""
-    from monitoring.models import Node
-
+def stack_environment(live_redis: str, tmp_path: Path, **overrides: str) -> dict[str, str]:
+    """The environment of an e2e stack's server processes (worker, beat, ingest): fast ticks and
+    short graces, required agent signatures; ``overrides`` on top."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "cluster_ui.settings",
@@ -159,6 +153,20 @@ def stack(transactional_db, live_redis, tmp_path, request, settings):
         "PYTHONUNBUFFERED": "1",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
+    env.update(overrides)
+    return env
+
+
+@pytest.fixture
+def stack(transactional_db, live_redis, tmp_path, request, settings):
+    """Worker + beat + one agent ``e2e-node`` with 2 simulated A100s; yields the Processes.
+
+    The test process serves the API the tests call (as the web process would), so it holds the
+    stack's agent secret too: the commands it publishes (a cancel's stop) are signed like the web
+    server's. Without it the agent refuses them and the job waits for the worker's re-send."""
+    from monitoring.models import Node
+
+    env = stack_environment(live_redis, tmp_path)
     settings.COLONY_AGENT_SECRET, settings.COLONY_AGENT_AUTH = env["COLONY_AGENT_SECRET"], "required"
     processes = Processes(env, tmp_path)
     processes.start("worker", [*WORKER_ARGV, "-s", str(tmp_path / "beat-schedule")])

@@ -15,7 +15,6 @@ borrower runs below what the control plane set for it, and the guaranteed job ru
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from agents import protocol
-from tests.e2e.conftest import WORKER_ARGV, Processes, agent_env, agent_secret, database_url, wait_for
+from tests.e2e.conftest import WORKER_ARGV, Processes, agent_env, stack_environment, wait_for
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.e2e
@@ -50,23 +49,8 @@ def burners():
 @pytest.fixture
 def quiet_loop_stack(transactional_db, live_redis, tmp_path, request, settings, burners):
     """Worker + beat (tick: an hour) + ingest + agents ``g-first`` (1 V100) and ``b-first`` (1 A10)."""
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "cluster_ui.settings",
-        "DATABASE_URL": database_url(),
-        "REDIS_URL": live_redis,
-        "CELERY_BROKER_URL": live_redis,
-        "COLONY_VAR_DIR": str(tmp_path / "var"),
-        "COLONY_SCHEDULER_INTERVAL": "3600",
-        "COLONY_EVENTS_INTERVAL": "0.2",
-        "COLONY_STOP_GRACE_SECONDS": "3",
-        "COLONY_SCHEDULER_LOCK_LEASE": "5",
-        "COLONY_NODE_REGISTRATION_GRACE_S": "1",
-        "COLONY_AGENT_SECRET": agent_secret(),
-        "COLONY_AGENT_AUTH": "required",
-        "PYTHONUNBUFFERED": "1",
-        "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
+    # The central loop ticks once an hour: only submissions nudge a cycle, so a cut is the node's.
+    env = stack_environment(live_redis, tmp_path, COLONY_SCHEDULER_INTERVAL="3600")
     settings.COLONY_AGENT_SECRET, settings.COLONY_AGENT_AUTH = env["COLONY_AGENT_SECRET"], "required"
     processes = Processes(env, tmp_path)
     processes.start("worker", [*WORKER_ARGV, "-s", str(tmp_path / "beat-schedule")])
