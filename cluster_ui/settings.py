@@ -348,7 +348,7 @@ CELERY_BEAT_SCHEDULE.update({
 
 # ---------------------------------------------------------------- single sign-on (cluster_ui/sso)
 # OpenID Connect login beside local accounts (mozilla-django-oidc, code flow with PKCE, nonce and
-# state), off until COLONY_OIDC_ISSUER is set. README "Single sign-on" describes every knob and the
+# state), off until COLONY_OIDC_ISSUER is set. docs/operations.md "Single sign-on" describes every knob and the
 # group mapping; the client secret is read only from COLONY_OIDC_CLIENT_SECRET_FILE.
 from cluster_ui.sso.config import client_secret, oidc_enabled  # noqa: E402
 from cluster_ui.sso.group_map import parse_group_map  # noqa: E402

@@ -1,1 +1,2 @@
-"""Single sign-on: OpenID Connect login and the IdP-groups -> tenants/roles mapping (README "Single sign-on")."""
+"""Single sign-on: OpenID Connect login and the IdP-groups -> tenants/roles mapping
+(docs/operations.md "Single sign-on")."""

@@ -1,4 +1,4 @@
-"""Which Colony tenants and roles an identity provider's groups grant (README "Single sign-on").
+"""Which Colony tenants and roles an identity provider's groups grant (docs/operations.md "Single sign-on").
 
 The operator's mapping is JSON: each IdP group names one grant or a list of them::
 

@@ -18,7 +18,7 @@ requeued with the work it had done (training jobs checkpoint) plus ``restart_ove
 again.
 
 ``DEFAULT_INTERFERENCE`` (0.35) is what an H100 measured (bench/gpu_duty_cycle.py and
-gpu_isolation.py, README "Sharing GPUs safely"): two compute-bound matrix-product jobs lost
+gpu_isolation.py, docs/operations.md "Sharing GPUs safely"): two compute-bound matrix-product jobs lost
 0.3-0.4 of their speed each under MPS (0.52-0.55 time-sliced, an upper bound), and a guaranteed
 job beside a borrower at duty 0.5 / 0.25 / 0.1 kept 84 / 93 / 96% of its speed, which this
 model's ``1 - interference x duty`` gives at 0.32 / 0.28 / 0.4. Reports give results at 0 and at
