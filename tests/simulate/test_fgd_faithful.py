@@ -54,11 +54,29 @@ def test_gpu_packing_prefers_a_used_gpu_then_a_used_node_then_the_smallest_idle_
     assert placed_on(packing(cluster(idle_big, idle_small, pending=[job(1, cpus=1)]), 0.0))[1][0] == "small"
 
 
-def test_a_tie_between_nodes_is_drawn_at_random_not_taken_in_list_order():
+def test_a_tie_between_nodes_goes_to_the_first_in_node_order_but_random_draws():
     nodes = [node(f"n{i}", gpus=2, model="T4", cpus=32) for i in range(8)]
-    chosen = {placed_on(Protocol("best_fit", None, seed=s)(cluster(*nodes, pending=[job(1, cpus=1)]), 0.0))[1][0]
-              for s in range(12)}
-    assert len(chosen) > 3
+    for name in ("best_fit", "gpu_packing"):
+        chosen = {placed_on(Protocol(name, None, seed=s)(cluster(*nodes, pending=[job(1, cpus=1)]), 0.0))[1][0]
+                  for s in range(12)}
+        assert chosen == {"n0"}, name
+    drawn = {placed_on(Protocol("random_fit", None, seed=s)(cluster(*nodes, pending=[job(1, cpus=1)]), 0.0))[1][0]
+             for s in range(12)}
+    assert len(drawn) > 3
+
+
+def test_fgd_packs_whole_gpu_pods_its_gradient_scores_alike_so_an_8_gpu_pod_finds_an_empty_node():
+    # A whole-GPU pod changes no typical (half-GPU) pod's fragments on any of these nodes: every node
+    # scores the same. Taken in node order the ties fill n0 then n1 and leave n2 empty for the
+    # 8-GPU pod; drawn uniformly (upstream kube-scheduler) they spread and nothing is left for it.
+    typical = Workload.typical([pod(i, 500, cpu=2000) for i in range(10)])
+    nodes = [node(f"n{i}", gpus=8, model="G2", cpus=96) for i in range(3)]
+    pending = [job(i, cpus=2, submitted_at=i) for i in range(1, 13)] + [job(13, gpus=8, cpus=64, submitted_at=13)]
+    placed = placed_on(Protocol("fgd", typical, seed=0)(cluster(*nodes, pending=pending), 0.0))
+    assert placed[13] == ("n2", tuple(range(8)))
+    spread = [placed_on(Protocol("fgd", typical, seed=s, first_on_tie=False)(cluster(*nodes, pending=pending), 0.0))
+              for s in range(6)]
+    assert sum(13 not in p for p in spread) >= 4
 
 
 def test_typical_pods_are_the_most_popular_exact_requests_up_to_95_percent_cpu_pods_included():
@@ -151,3 +169,4 @@ def test_published_spread_is_read_per_baseline_and_only_for_the_whole_cluster():
     assert figures["best_fit"]["130"]["median"] == pytest.approx(0.9305, abs=0.002)
     assert published.published("default", fill.LEVELS, gpus=100) == {}
     assert published.inside(0.952, figures["fgd"]["100"]) and not published.inside(0.93, figures["fgd"]["100"])
+

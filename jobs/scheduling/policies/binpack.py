@@ -18,9 +18,9 @@ over-subscription. A gang wider than any node takes whole free GPUs over the few
 simulator runs it in its fill protocol (``hkust-adsl/kubernetes-scheduler-simulator``), for the
 fill replay (``simulate.fill``) to land on FGD's published curves:
 
-* node scores are FGD's integer plugin scores (``pkg/simulator/plugin/*_score.go``) and a tie
-  between nodes is broken uniformly at random (kube-scheduler's ``selectHost``), with a seeded
-  generator: BestFit ``int(100 (1 - sum_r 0.5 (free_r - req_r) / maxSpec_r))`` over CPU and the
+* node scores are FGD's integer plugin scores (``pkg/simulator/plugin/*_score.go``); a tie
+  between nodes goes to the first of them in node order (``first_on_tie``, below), except for
+  Random, whose random score makes its draw uniform (a seeded generator): BestFit ``int(100 (1 - sum_r 0.5 (free_r - req_r) / maxSpec_r))`` over CPU and the
   node's total free GPU (maxSpec 128 CPUs, 8 GPUs: absolute, not a share of the node); GPU
   packing's three tiers (a partly used GPU, then a used node's free GPU, then an idle node, fewer
   GPUs first), ``100 - free%/10`` inside the first; FGD ``int(100 sigmoid(dF/1000))`` with F the
@@ -33,6 +33,17 @@ fill replay (``simulate.fill``) to land on FGD's published curves:
   memory) and come back as a ``Place`` with no GPU (the fill driver runs them);
 * no GPU-memory constraint (FGD's openb runs have none: a GPU holds 1000 milli of requests) and
   no gang spread over nodes (FGD places a pod on one node or fails it).
+
+Why ties go to the first node. FGD's simulator builds against a fork of Kubernetes
+(``go.mod``: ``k8s.io/kubernetes => github.com/mental2008/kubernetes v1.20.5-minor``), and its
+published curves can only come from a deterministic tie-break: FGD's gradient scores a whole-GPU
+pod the same (53) on almost every node, since the pod changes no typical pod's fragments, so a
+uniform draw (upstream ``selectHost``) spreads whole-GPU pods over the cluster, leaves no empty
+8-GPU node by about 60% arrived and fails the 8-GPU pods there: 90.0% allocated at 100% arrived on
+the default list, against 95.2 published, where nothing fails before 90%. Taking the first tied
+node in node order packs the ties instead and lands on the published curves (FGD 95.05 at 100%,
+BestFit 92.7, seed 0; ``docs/scheduling-quality.md`` has the seeds). Upstream's reservoir draw
+would be ``first_on_tie=False``.
 """
 
 from __future__ import annotations
@@ -399,7 +410,7 @@ def _gpu_packing_score(job, node: _Node, workload) -> tuple[int, tuple[int, ...]
     return max(MAX_SCORE - free_ratio // 10, MAX_SCORE // 2), chosen
 
 
-def _sigmoid_score(before: float, after: float) -> int:
+def sigmoid_score(before: float, after: float) -> int:
     return int(1.0 / (1.0 + math.exp(-(before - after) / 1000)) * MAX_SCORE)
 
 
@@ -414,7 +425,7 @@ def _fgd_score(job, node: _Node, workload: Workload) -> tuple[int, tuple[int, ..
         for i in _fitting(node, job.gpu_milli):
             after_free = list(free)
             after_free[i] -= job.gpu_milli
-            score = _sigmoid_score(before, workload.node(node.model, tuple(after_free), cpu_after, INF))
+            score = sigmoid_score(before, workload.node(node.model, tuple(after_free), cpu_after, INF))
             if best is None or score > best[0]:
                 best = (score, (i,))
         return best
@@ -422,7 +433,7 @@ def _fgd_score(job, node: _Node, workload: Workload) -> tuple[int, tuple[int, ..
     after_free = list(free)
     for i in chosen:
         after_free[i] -= WHOLE
-    return _sigmoid_score(before, workload.node(node.model, tuple(after_free), cpu_after, INF)), chosen
+    return sigmoid_score(before, workload.node(node.model, tuple(after_free), cpu_after, INF)), chosen
 
 
 def _random_score(job, node: _Node, workload) -> tuple[int, tuple[int, ...]]:
@@ -436,13 +447,16 @@ _PROTOCOL_SCORES = {"random_fit": _random_score, "best_fit": _best_fit_score,
 class Protocol:
     """One baseline as FGD's simulator runs it (module docstring): ``policy(snapshot, now, config)``,
     pods one after another in priority then submit order, each on the node with the highest
-    integer score, a tie drawn with this instance's seeded generator. Stateful only in that
-    generator (and a memo of scores by node state): a replay makes one per run."""
+    integer score, a tie going to the first tied node in node order (Random: drawn with this
+    instance's seeded generator). Stateful only in that generator (and a memo of scores by node
+    state): a replay makes one per run."""
 
-    def __init__(self, name: str, typical: Workload | None, seed: int):
+    def __init__(self, name: str, typical: Workload | None, seed: int, *, first_on_tie: bool | None = None):
         if name == "fgd" and typical is None:
             raise ValueError("FGD scores against a target workload: pass the typical pods")
         self.name, self.typical = name, typical
+        # Random's score is itself a draw: its ties stay uniform (module docstring).
+        self.first_on_tie = name != "random_fit" if first_on_tie is None else first_on_tie
         self.score = _PROTOCOL_SCORES[name]
         self.rng = random.Random(f"{name}:{seed}")
         self.memo: dict[tuple, tuple[int, tuple[int, ...]]] = {}
@@ -494,8 +508,8 @@ class Protocol:
                 count += len(members)
         if best is None:
             return None
-        pick = self.rng.randrange(count)
-        # Groups in node order, whatever order this cycle's placements left them in: the draw
+        pick = 0 if self.first_on_tie else self.rng.randrange(count)
+        # Groups in node order, whatever order this cycle's placements left them in: the choice
         # then lands on the same node whether the pods came in one cycle or in many.
         tied.sort(key=lambda entry: entry[0][0].position)
         for members, chosen in tied:

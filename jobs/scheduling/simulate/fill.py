@@ -22,7 +22,10 @@ would cost about the core's cycle times 10,000 pods.
 
 CPU-only pods: a baseline places them with its own score, as FGD's plugins do. Colony's core never
 sees CPU-only work; for its policies they go, on arrival, on a node with no free GPU share if one
-has room, else on the one with the most free CPU (``_cpu_only_node``).
+has room, else on the one with the most free CPU (``_cpu_only_node``). Placing them as FGD's
+protocol does instead (least fragmentation raised, first node on a tie) cost Colony 3 points at
+100% arrived (default 91.1, gpushare40 88.6; multigpu50 unchanged, 5 seeds): FGD's own GPU pods
+then pack onto the same first nodes, Colony's do not.
 
 GPU memory: FGD's openb runs have none (a GPU holds 1000 milli of requests, whatever they need in
 memory), so every pod here asks for its share of its GPU's memory and no more, for every policy.
@@ -39,14 +42,11 @@ Read per pod, as ``analysis.go: ClusterGpuFragReport`` logs after every pod:
   unallocated capacity, read at the end of the batch that reaches the level.
 * **CPU over capacity**: nodes whose placed CPU requests exceed their CPU.
 
-What still differs from FGD's runs. Random and BestFit land inside the published 10-seed spread
-on the default list; GPU packing and FGD still fall short of it from about 80% arrived (FGD
-90.0 at 100% against 95.2 published, GPU packing 88.6 against 91.8): here 8-GPU pods (not among
-the 95% typical pods) and whole-GPU pods start failing before 80% arrived, on nodes whose CPU is
-spent while GPUs are free, where FGD's runs fail nothing before 85%. The cause is not found yet;
-the scores, the tie-breaking and the typical pods follow the source as read. And its random generator (Go's ``math/rand``, seeds 42-51) is not
+What still differs from FGD's runs. Its random generator (Go's ``math/rand``, seeds 42-51) is not
 reproduced, only the same kinds of draws; so a seed here is not FGD's seed, and figures compare as
-spreads over seeds.
+spreads over seeds. Ties between nodes follow its simulator's patched kube-scheduler as its
+published curves imply (``binpack`` module docstring: the first tied node in node order), which
+the source we can read does not show.
 """
 
 from __future__ import annotations
