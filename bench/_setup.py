@@ -9,6 +9,7 @@ side by side name their own database. Nothing touches the development database.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import sys
 import tempfile
@@ -68,6 +69,13 @@ def setup(database: str = "auto", name: str = "colony_bench") -> tuple[str, "Pri
     os.environ["REDIS_URL"] = redis.url
     os.environ["COLONY_VAR_DIR"] = str(workdir)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cluster_ui.settings")
+    # Production settings refuse to start without a key when DEBUG is off: a throw-away one, in a
+    # file of the bench's own directory (a path, not the key, in the environment its children get).
+    if not (os.environ.get("DJANGO_SECRET_KEY") or os.environ.get("DJANGO_SECRET_KEY_FILE")):
+        key = workdir / "django-secret-key"
+        key.write_text(secrets.token_urlsafe(50))
+        key.chmod(0o600)
+        os.environ["DJANGO_SECRET_KEY_FILE"] = str(key)
     os.environ.setdefault("COLONY_LOG_LEVEL", "WARNING")
     # The benchmarks' test client speaks plain http (production defaults to HTTPS redirects).
     os.environ.setdefault("COLONY_HTTPS", "0")

@@ -54,9 +54,15 @@ def env_list(name: str, default: str = "") -> list[str]:
 def env_secret(name: str, default: str | None = None) -> str | None:
     """``NAME`` from the environment, or the contents of the file named by ``NAME_FILE``.
 
-    The ``_FILE`` form is what Docker and Kubernetes secrets mount.
+    The ``_FILE`` form is what Docker and Kubernetes secrets mount. An optional feature stays off
+    while ``NAME_FILE`` is unset or empty; once it names a file, that file must be readable, or the
+    process refuses to start with the variable and the reason (a bare traceback named neither).
     """
     path = os.environ.get(f"{name}_FILE")
     if path:
-        return Path(path).read_text().strip()
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}_FILE={path!r}: {exc.strerror}; create the file, or unset "
+                                       f"{name}_FILE to leave what it configures off") from None
     return os.environ.get(name, default)

@@ -18,8 +18,16 @@ VAR_DIR = Path(env_str("COLONY_VAR_DIR", str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
-# The "django-insecure-" prefix makes `check --deploy` flag a production that forgot to set its own.
-SECRET_KEY = env_secret("DJANGO_SECRET_KEY", "django-insecure-dev-only-key-set-DJANGO_SECRET_KEY-in-production")
+# Signs sessions, CSRF tokens and password resets: a public fallback would let anyone forge them,
+# so only a debug run may go without one. `make run` makes and keeps its own (var/secrets/).
+SECRET_KEY = env_secret("DJANGO_SECRET_KEY") or ""
+if not SECRET_KEY.strip():
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY_FILE (or DJANGO_SECRET_KEY) is unset or empty and DJANGO_DEBUG is off: point "
+            "DJANGO_SECRET_KEY_FILE at a file (mode 600) holding a key, e.g. "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`")
+    SECRET_KEY = "django-insecure-debug-only-key"
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
 

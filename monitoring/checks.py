@@ -29,3 +29,23 @@ def production_database(app_configs, **kwargs):
              "postgres://colony@db:5432/colony (README, 'Settings').",
         id="colony.W002",
     )]
+
+
+@register(Tags.database, deploy=True)
+def database_password(app_configs, **kwargs):
+    """A PostgreSQL login over TCP without a password works only where pg_hba.conf trusts it, and
+    then for anyone who can reach that port: on a GPU node, every job (one read another tenant's
+    rows with psql that way). A Unix socket (empty or absolute HOST) is left alone: peer
+    authentication there checks the process's own account."""
+    database = settings.DATABASES["default"]
+    host = database.get("HOST") or ""
+    if (not database["ENGINE"].startswith("django.db.backends.postgresql") or database.get("PASSWORD")
+            or not host or host.startswith("/") or (database.get("OPTIONS") or {}).get("sslcert")):
+        return []
+    return [Warning(
+        f"DATABASE_URL logs in to PostgreSQL on {host} as {database.get('USER') or 'the default user'!r} and "
+        "has no password: whoever can reach that port can log in the same way.",
+        hint="Give the role a password and put postgres://USER:PASSWORD@HOST:PORT/DB in the file "
+             "DATABASE_URL_FILE names (mode 600), or connect through a Unix socket with peer authentication.",
+        id="colony.W003",
+    )]

@@ -3,7 +3,40 @@
 Subprocesses started by end-to-end tests (worker, agents) use ``cluster_ui.settings`` itself.
 """
 
-from cluster_ui.settings import *  # noqa: F401,F403
+import os
+import secrets
+from pathlib import Path
+
+
+def _secret_key_file() -> str:
+    """A key of the tests' own, in a file (mode 600) kept across runs under var/secrets/.
+
+    Production settings refuse to start with DEBUG off and no key, and the tests run with DEBUG
+    off. A path, not the key, goes into the environment: every worker, agent and devstack the tests
+    start inherits it, and tests/security/test_secrets_in_environ.py scans environments for keys."""
+    directory = Path(os.environ.get("COLONY_VAR_DIR") or Path(__file__).resolve().parents[1] / "var") / "secrets"
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    path = directory / "test-django-secret-key"
+    if not path.exists():
+        # Written aside and linked into place: xdist workers racing here all read one whole key.
+        draft = directory / f".test-django-secret-key.{os.getpid()}"
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(50) + "\n")
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return str(path)
+
+
+if not (os.environ.get("DJANGO_SECRET_KEY") or os.environ.get("DJANGO_SECRET_KEY_FILE")):
+    os.environ["DJANGO_SECRET_KEY_FILE"] = _secret_key_file()
+
+from cluster_ui.settings import *  # noqa: E402,F401,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
@@ -13,8 +46,6 @@ SECURE_HSTS_SECONDS = 0
 
 # One test database per test run, so that two suites running at once (two terminals, or a helper
 # and CI) never share, and drop, each other's database.
-import os  # noqa: E402
-
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-colony-{os.getpid()}.sqlite3")}  # noqa: F405
 else:

@@ -46,3 +46,12 @@ def test_a_url_set_but_empty_is_refused_with_the_reason_not_replaced_by_the_defa
     empty.write_text("\n")  # a secret mount that came up empty
     done = settings_with(**{f"{name}_FILE": str(empty)})
     assert done.returncode != 0 and f"{name} is set but empty (the file {name}_FILE names)" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["DATABASE_URL", "REDIS_URL"])
+def test_a_secret_file_that_is_named_but_missing_is_refused_naming_the_variable(name, tmp_path):
+    # (It used to be a bare FileNotFoundError traceback, with no word of which setting named it.)
+    missing = tmp_path / "not-mounted"
+    done = settings_with(**{f"{name}_FILE": str(missing)})
+    assert done.returncode != 0
+    assert f"ImproperlyConfigured: {name}_FILE={str(missing)!r}: No such file or directory" in done.stderr

@@ -42,7 +42,7 @@ def manage(tmp_path, *argv, **env) -> subprocess.CompletedProcess:
 def production(**extra) -> dict:
     return {"DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": secrets.token_urlsafe(64),
             "DJANGO_ALLOWED_HOSTS": "colony.example.org", "COLONY_AGENT_SECRET": secrets.token_hex(32),
-            "DATABASE_URL": "postgres://colony@db.example.org:5432/colony", **extra}
+            "DATABASE_URL": "postgres://colony:db-password@db.example.org:5432/colony", **extra}
 
 
 def settings_in(tmp_path, **env) -> dict:
@@ -75,12 +75,49 @@ def test_check_deploy_flags_a_production_left_on_sqlite(tmp_path):
     assert "colony.W002" in done.stderr and "DATABASE_URL is unset" in done.stderr
 
 
-def test_check_deploy_flags_the_development_secret_key(tmp_path):
+@pytest.mark.parametrize("key", [None, "", "file:empty", "file:missing"])
+def test_production_refuses_to_start_without_a_secret_key(tmp_path, key):
+    # It used to serve on a public fallback key (check --deploy: W009, exit 0): sessions forgeable.
     env = production()
     del env["DJANGO_SECRET_KEY"]
-    done = manage(tmp_path, "check", "--deploy", "--fail-level", "WARNING", **env)
+    if key == "":
+        env["DJANGO_SECRET_KEY"] = ""
+    elif key is not None:
+        path = tmp_path / "django-secret-key"
+        if key == "file:empty":
+            path.write_text("\n")
+        env["DJANGO_SECRET_KEY_FILE"] = str(path)
+    done = manage(tmp_path, "check", **env)
     assert done.returncode != 0
-    assert "security.W009" in done.stderr
+    named = ("DJANGO_SECRET_KEY_FILE=" if key == "file:missing"
+             else "DJANGO_SECRET_KEY_FILE (or DJANGO_SECRET_KEY) is unset or empty and DJANGO_DEBUG is off")
+    assert f"ImproperlyConfigured: {named}" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_secret_key_from_its_file_is_used(tmp_path):
+    env = production()
+    key = env.pop("DJANGO_SECRET_KEY")
+    (tmp_path / "django-secret-key").write_text(key + "\n")
+    code = "from django.conf import settings; print(settings.SECRET_KEY)"
+    done = python(tmp_path, "-c", code, DJANGO_SECRET_KEY_FILE=str(tmp_path / "django-secret-key"), **env)
+    assert done.stdout.strip() == key, done.stderr[-2000:]
+
+
+def test_a_debug_run_needs_no_secret_key(tmp_path):
+    assert settings_in(tmp_path, DJANGO_DEBUG="1")["DEBUG"] is True
+
+
+@pytest.mark.parametrize("url, flagged", [
+    ("postgres://colony@db.example.org:5432/colony", True),            # a trusted TCP login: anyone on the host
+    ("postgres://colony@127.0.0.1:5432/colony", True),
+    ("postgres://colony:db-password@db.example.org:5432/colony", False),
+    ("postgres://colony@%2Frun%2Fpostgresql/colony", False),           # a Unix socket: peer authentication
+])
+def test_check_deploy_flags_a_postgresql_login_without_a_password(tmp_path, url, flagged):
+    done = manage(tmp_path, "check", "--deploy", "--fail-level", "WARNING", **production(DATABASE_URL=url))
+    assert (done.returncode != 0, "colony.W003" in done.stderr) == (flagged, flagged), done.stdout + done.stderr
+    if flagged:
+        assert "has no password" in done.stderr
 
 
 def test_production_is_https_only(tmp_path):
@@ -96,7 +133,8 @@ def test_behind_a_tls_proxy_the_forwarded_scheme_is_trusted_only_when_asked(tmp_
 
 
 @pytest.mark.parametrize("env", [
-    {"DJANGO_DEBUG": "0", "COLONY_HTTPS": "0"},   # what `make run` (cluster_ui.devstack) sets
+    # what `make run` (cluster_ui.devstack) sets, with the key it makes
+    {"DJANGO_DEBUG": "0", "COLONY_HTTPS": "0", "DJANGO_SECRET_KEY": secrets.token_urlsafe(64)},
     {"DJANGO_DEBUG": "1"},                        # a developer's debug run
     production(COLONY_HTTPS="0"),                 # trying the compose stack over plain http
 ])
