@@ -55,12 +55,21 @@ test: $(STAMP) | $(CHROMIUM)
 	$(BIN)/python -m pytest $(E2E_XDIST) -m e2e $(PYTEST_ARGS); second=$$?; \
 	for code in $$first $$second; do [ $$code -eq 0 ] || [ $$code -eq 5 ] || exit $$code; done
 
-# Re-pin after changing dependencies in pyproject.toml.
+# Re-pin after changing dependencies in pyproject.toml. Two locks at the same versions:
+# requirements.lock, everything with the test tools (what `make test`/`make run` and CI install), and
+# requirements/runtime.lock, the runtime dependencies alone with every file's hash (what the image
+# installs: the Dockerfile). tests/deploy/test_runtime_lock.py holds them to each other.
+PIP_TOOLS ?= pip-tools==7.4.1
 lock:
-	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	rm -rf .venv-lock .venv-lock-tools && $(PYTHON) -m venv .venv-lock && $(PYTHON) -m venv .venv-lock-tools
 	.venv-lock/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
 	.venv-lock/bin/pip freeze --all --exclude-editable | grep -v '^pip==' > requirements.lock
-	rm -rf .venv-lock
+	.venv-lock-tools/bin/pip install --quiet --disable-pip-version-check '$(PIP_TOOLS)'
+	rm -f requirements/runtime.lock
+	CUSTOM_COMPILE_COMMAND='make lock' .venv-lock-tools/bin/pip-compile --quiet --generate-hashes --allow-unsafe \
+		--strip-extras --no-emit-index-url --constraint requirements.lock --output-file requirements/runtime.lock \
+		pyproject.toml
+	rm -rf .venv-lock .venv-lock-tools
 
 clean:
 	rm -rf $(VENV) var staticfiles
