@@ -54,6 +54,12 @@ from agents.runner import FinishedJob, JobRunner, LaunchError, read_output
 
 log = logging.getLogger(__name__)
 
+
+class CredentialsRefused(Exception):
+    """Redis refused this node's login or its ACL rights: a configuration error that retrying
+    cannot mend (unlike a connection error), so the agent ends and says why."""
+
+
 READ_COUNT = 32
 # Entries read (in READ_COUNT pages) before any is applied: a launch is weighed against what
 # follows it in its stream (see ``_withdrawn_launches``), e.g. a paused agent's whole backlog.
@@ -296,7 +302,10 @@ class Agent:
         self.runner.close()
         self.runner.isolation.close()  # the MPS daemons stop once no job of ours uses them
         if self._redis is None and self._outbox:
-            self._connect(register=False)
+            try:
+                self._connect(register=False)
+            except CredentialsRefused:
+                pass  # the exits stay in their jobs' records, as when Redis is away
         if self._redis is not None:
             try:
                 self._flush()
@@ -335,6 +344,11 @@ class Agent:
             if register:
                 self._register()
                 self._ensure_group()
+        except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
+            # (AuthenticationError is a ConnectionError: caught before the transient kind.)
+            self._redis = None
+            client.close()
+            raise CredentialsRefused(f"Redis refused node {self.node}'s credentials: {exc}") from None
         except redis.RedisError as exc:
             self._redis = None
             client.close()

@@ -31,7 +31,8 @@ run under per-tenant accounts, else nothing ("unfenced"); MIG instances are fenc
 A mode named explicitly that the node cannot give stops the agent from starting (status 1).
 
 Exit status: 0 after a clean shutdown on SIGTERM/SIGINT, 2 for bad arguments, 1 when the chosen
-GPU backend cannot run here.
+GPU backend cannot run here, 78 (EX_CONFIG) when Redis refuses the node's login or ACL rights (a
+Redis that cannot be reached is retried, with back-off, for as long as it takes).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from agents import __version__, host, protocol, signing
 from agents.accounts import DEFAULT_PASS_ENV, RunAsPolicy, parse_tenant_accounts
-from agents.agent import COMMAND_MAX_AGE_S, Agent
+from agents.agent import COMMAND_MAX_AGE_S, Agent, CredentialsRefused
 from agents.backends import nvml
 from agents.backends.base import BackendUnavailable, GpuBackend
 from agents.backends.simulated import SimulatedBackend
@@ -58,6 +59,9 @@ from agents.joblog import DEFAULT_MAX_LOG_BYTES, MIN_MAX_LOG_BYTES
 from agents.runner import JobRunner
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# sysexits' EX_CONFIG: Redis refused the node's login or rights. Restarting cannot fix that, so
+# the systemd unit (agents/systemd/) lists it in RestartPreventExitStatus and the unit stays failed.
+EXIT_CREDENTIALS_REFUSED = 78
 log = logging.getLogger("agents")
 
 
@@ -466,6 +470,11 @@ def main(argv: list[str] | None = None) -> int:
             host=host.offer(args.cpus, args.host_memory, args.reserve_cpus, args.reserve_host_memory),
         )
         agent.run(stop)
+    except CredentialsRefused as exc:
+        # One line, last on stderr, for `systemctl status` and the journal.
+        log.critical("%s (at %s); check the node's Redis URL file and its ACL user "
+                     "(`manage.py agent_acl %s`); not retrying", exc, redacted_url(args.redis), args.node)
+        return EXIT_CREDENTIALS_REFUSED
     finally:
         isolation.close()  # after a crash too: no MPS daemon outlives its agent
         backend.close()
