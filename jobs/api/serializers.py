@@ -19,7 +19,7 @@ from cluster_ui.api.shared_fields import CheckedOnSharedFields, RepresentedOnce
 from jobs.choices import TERMINAL_STATES, RunClass, JobEventKind, JobState
 from jobs.models import CodeArchive, Job
 from jobs.scheduling.reasons import ReasonCode
-from jobs.services import arrays, roles
+from jobs.services import arrays, cancellation, roles
 from jobs.services.eta import eta_seconds
 from jobs.services.submission import tenants_of
 from monitoring.services.registry import cluster_inventory
@@ -538,3 +538,23 @@ class JobBulkSubmitSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
 
 class JobBulkCreatedSerializer(serializers.Serializer):
     jobs = serializers.ListField(child=serializers.IntegerField(), help_text="Ids of the jobs, in the order given.")
+
+
+class JobBulkCancelSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1), min_length=1, max_length=cancellation.MAX_JOBS,
+        help_text="The jobs to cancel, e.g. [41, 42].",
+        error_messages={"min_length": "Name at least one job.",
+                        "max_length": f"At most {cancellation.MAX_JOBS:,} jobs at once."})
+
+
+class SkippedJobSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    reason = serializers.CharField()
+
+
+class JobBulkCancelledSerializer(serializers.Serializer):
+    cancelled = serializers.ListField(child=serializers.IntegerField(), help_text="Were pending: cancelled now.")
+    stopping = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Were placed or running: cancelling; their nodes were told to stop them.")
+    skipped = SkippedJobSerializer(many=True, help_text="Left as they were, each with why.")

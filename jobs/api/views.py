@@ -3,6 +3,7 @@ the base view (``cluster_ui.api.tenancy``) before any handler runs.
 
 ``POST /api/v1/jobs/bulk/`` submits up to ``MAX_BULK_JOBS`` jobs at once, all or none, each checked
 as ``POST /api/v1/jobs/`` checks one; the submission throttle counts it as one submission.
+``POST /api/v1/jobs/cancel/`` cancels many jobs in one request and one transaction.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from cluster_ui.api import tenancy
 from cluster_ui.api.errors import Conflict
 from jobs.api.queue import JOB_FILTER_PARAMETERS, job_filter_from
 from jobs.api.serializers import (
+    JobBulkCancelledSerializer,
+    JobBulkCancelSerializer,
     JobBulkCreatedSerializer,
     JobBulkSubmitSerializer,
     JobSerializer,
@@ -28,7 +31,7 @@ from jobs.api.serializers import (
 )
 from jobs.choices import TERMINAL_STATES
 from jobs.models import Allocation, Job, JobDependency, JobEvent
-from jobs.services import job_logs, roles
+from jobs.services import cancellation, job_logs, roles
 from jobs.services.submission import (
     NotCancellable,
     TooManyWaiting,
@@ -135,6 +138,24 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         except NotCancellable as exc:
             raise Conflict(str(exc)) from exc
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+
+    @extend_schema(request=JobBulkCancelSerializer, responses={200: JobBulkCancelledSerializer},
+                   operation_id="v1_jobs_cancel_many")
+    @action(detail=False, methods=["post"], url_path="cancel")
+    def cancel_many(self, request, format=None):
+        """Cancel many jobs at once: ``{"ids": [41, 42, ...]}`` (at most 10,000). Each is cancelled
+        as ``POST /api/v1/jobs/{id}/cancel/`` would (pending ones end now, running ones are
+        stopped, and what ran ``after_ok`` them is cancelled down the chain), all in one
+        transaction; those you may not cancel, that have ended, or that you cannot see are
+        left as they are and listed under ``skipped`` with the reason."""
+        body = JobBulkCancelSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        outcome = cancellation.cancel_jobs(request.user, self.queryset, body.validated_data["ids"])
+        return Response({
+            "cancelled": list(outcome.cancelled),
+            "stopping": list(outcome.stopping),
+            "skipped": [{"id": job_id, "reason": why} for job_id, why in outcome.skipped.items()],
+        })
 
 
     @extend_schema(

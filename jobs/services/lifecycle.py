@@ -39,7 +39,7 @@ from datetime import datetime
 import redis
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Case, CharField, F, Value, When
 from django.utils import timezone
 
 from jobs.choices import RunClass, JobEventKind, JobState
@@ -463,30 +463,82 @@ def _duration(seconds: float) -> str:
 
 
 def _ended(job_id: int, state: str, *, tell_as: str | None = None) -> None:
-    """What follows a job's end, in the transaction that ended it: jobs that ran ``after_ok`` it
-    can never start unless it succeeded, so they end too (and theirs, down the chain); its owner
-    hears of it if they asked to (``tell_as``: the event they hear, when not the state itself)."""
-    waits.clear([job_id])
-    _notify(job_id, tell_as or state.lower())
-    if state == JobState.SUCCEEDED:
+    """What follows a job's end, in the transaction that ended it (see :func:`_ended_many`)."""
+    _ended_many([job_id], state, tell_as=tell_as)
+
+
+def _ended_many(job_ids: list[int], state: str, *, tell_as: str | None = None) -> None:
+    """What follows these jobs' end (each ``state``), in the transaction that ended them: jobs
+    that ran ``after_ok`` one of them can never start unless it succeeded, so they end too (and
+    theirs, down the chain); owners hear of it if they asked to (``tell_as``: the event they hear,
+    when not the state itself)."""
+    if not job_ids:
         return
-    doomed = list(JobDependency.objects.filter(on_id=job_id, kind=JobDependency.Kind.OK, job__state=JobState.PENDING)
-                  .values_list("job_id", flat=True))
-    for dependant in doomed:
-        if Job.objects.filter(pk=dependant, state=JobState.PENDING).update(
-            state=JobState.CANCELLED, finished_at=timezone.now(),
-            error=f"Cancelled: job {job_id}, which it ran after (after_ok), ended {state.lower()}.",
-        ):
-            _record(dependant, JobEventKind.FINISHED,
-                    f"Cancelled: job {job_id}, which it ran after (after_ok), ended {state.lower()}.")
-            # Nobody cancelled it: to its owner this is a failure, and opted-in failures are told.
-            _ended(dependant, JobState.CANCELLED, tell_as="failed")
+    waits.clear(job_ids)
+    _notify_many(job_ids, tell_as or state.lower())
+    if state != JobState.SUCCEEDED:
+        _cancel_after_ok_chain(job_ids, state)
+
+
+def _cancel_after_ok_chain(ended: list[int], state: str) -> None:
+    """Cancel every pending job that ran ``after_ok`` one of ``ended`` (which ended ``state``),
+    and theirs, down the chain. A chain is cut a level at a time with a fixed handful of
+    statements per level (a locking read, one UPDATE, one multi-row INSERT), never one per job:
+    a sweep of a thousand dependants is cancelled in the request that ended its root. Each
+    dependant's error and timeline name the job it ran after."""
+    causes = dict.fromkeys(ended, state.lower())  # job id -> how it ended
+    now = timezone.now()
+    while causes:
+        doomed: dict[int, tuple[int, int]] = {}  # dependant -> (its attempt, the job it ran after)
+        for dependant, attempt, on in (
+                Job.objects.select_for_update(of=("self",))
+                .filter(state=JobState.PENDING, dependencies__kind=JobDependency.Kind.OK,
+                        dependencies__on_id__in=ids_in(causes))
+                .order_by("pk").values_list("pk", "attempt", "dependencies__on_id")):
+            doomed.setdefault(dependant, (attempt, on))  # (one that waits on several: the first)
+        if not doomed:
+            return
+        words = {job_id: f"Cancelled: job {on}, which it ran after (after_ok), ended {causes[on]}."
+                 for job_id, (_, on) in doomed.items()}
+        by_words: dict[str, list[int]] = {}
+        for job_id, text in words.items():
+            by_words.setdefault(text, []).append(job_id)
+        # Locked above, so every one of them is still pending: one UPDATE, its error per cause.
+        Job.objects.filter(pk__in=ids_in(doomed), state=JobState.PENDING).update(
+            state=JobState.CANCELLED, finished_at=now,
+            error=Case(*[When(pk__in=ids_in(ids), then=Value(text)) for text, ids in by_words.items()],
+                       default=Value(""), output_field=CharField()))
+        JobEvent.objects.bulk_create(
+            [JobEvent(job_id=job_id, attempt=attempt, kind=JobEventKind.FINISHED, at=now, message=words[job_id][:500])
+             for job_id, (attempt, _) in doomed.items()], batch_size=1000)
+        waits.clear(doomed)
+        # Nobody cancelled them: to their owners this is a failure, and opted-in failures are told.
+        _notify_many(list(doomed), "failed")
+        causes = dict.fromkeys(doomed, JobState.CANCELLED.lower())
 
 
 def _notify(job_id: int, event: str) -> None:
     from jobs.services import notifications  # optional per user; keep the lifecycle importable alone
 
     notifications.job_event(job_id, event)
+
+
+def _notify_many(job_ids: list[int], event: str) -> None:
+    """:func:`_notify` for each job whose owner opted in to ``event``: found in one query, so a
+    chain of a thousand jobs whose owner asked for nothing costs one query, not a thousand."""
+    if len(job_ids) == 1:
+        _notify(job_ids[0], event)
+        return
+    from jobs.services import notifications
+
+    opt_in = notifications.OPT_IN.get(event)
+    if opt_in is None:  # (cancelled: the user asked for it; nobody is told)
+        return
+    owners = (Job.objects.filter(pk__in=ids_in(job_ids), owner__notification_settings__isnull=False)
+              .values_list("pk", "owner__notification_settings__events"))
+    for job_id, events in owners:
+        if opt_in in (events or []):
+            _notify(job_id, event)
 
 
 # ---------------------------------------------------------------- stopping
@@ -511,22 +563,59 @@ def _stop_on(job_id: int, nodes, *, notice: bool = False) -> None:
         transaction.on_commit(lambda node=node: send_stop(node, job_id, current, preempt_grace_s=grace))
 
 
+@dataclass(frozen=True)
+class CancelOutcome:
+    """What :func:`begin_cancel_many` did to each job it was given."""
+
+    cancelled: tuple[int, ...]  # were pending: ended at once
+    stopping: tuple[int, ...]  # were placed, running or preempted: their nodes were told to stop them
+    unchanged: dict[int, str]  # could not be cancelled (ended already, being cancelled): id -> state
+
+
 @transaction.atomic
 def begin_cancel(job_id: int) -> str:
     """A user's cancel: a pending job ends at once, a placed or running one is stopped first.
     Returns the new state; raises :class:`NotAllowed` for a job that already ended."""
-    if Job.objects.filter(pk=job_id, state=JobState.PENDING).update(
-        state=JobState.CANCELLED, finished_at=timezone.now()
-    ):
-        _record(job_id, JobEventKind.FINISHED, "Cancelled while waiting in the queue.")
-        _ended(job_id, JobState.CANCELLED)
+    outcome = begin_cancel_many([job_id])
+    if outcome.cancelled:
         return JobState.CANCELLED
-    if not Job.objects.filter(pk=job_id, state__in=(*LIVE, JobState.PREEMPTING)).update(state=JobState.CANCELLING):
-        state = Job.objects.filter(pk=job_id).values_list("state", flat=True).first()
-        raise NotAllowed(f"job {job_id} is {str(state).lower()} and cannot be cancelled")
-    _record(job_id, JobEventKind.STOPPING, "Cancel requested; its nodes were told to stop it.")
-    _stop_on(job_id, live_nodes(job_id))
-    return JobState.CANCELLING
+    if outcome.stopping:
+        return JobState.CANCELLING
+    raise NotAllowed(f"job {job_id} is {str(outcome.unchanged.get(job_id)).lower()} and cannot be cancelled")
+
+
+@transaction.atomic
+def begin_cancel_many(job_ids) -> CancelOutcome:
+    """Users' cancel of these jobs (whoever may cancel them is the caller's business): pending
+    ones end at once, placed, running or preempted ones are stopped first, in one transaction of
+    a fixed handful of statements however many jobs (and dependants, :func:`_cancel_after_ok_chain`)."""
+    job_ids = list(dict.fromkeys(job_ids))
+    now = timezone.now()
+    rows = list(Job.objects.select_for_update().filter(pk__in=ids_in(job_ids)).order_by("pk")
+                .values_list("pk", "state", "attempt"))
+    pending = {pk: attempt for pk, state, attempt in rows if state == JobState.PENDING}
+    stopping = {pk: attempt for pk, state, attempt in rows if state in (*LIVE, JobState.PREEMPTING)}
+    unchanged = {pk: state for pk, state, _ in rows if pk not in pending and pk not in stopping}
+    if pending:
+        Job.objects.filter(pk__in=ids_in(pending), state=JobState.PENDING).update(
+            state=JobState.CANCELLED, finished_at=now)
+    if stopping:
+        Job.objects.filter(pk__in=ids_in(stopping), state__in=(*LIVE, JobState.PREEMPTING)).update(
+            state=JobState.CANCELLING)
+    JobEvent.objects.bulk_create(
+        [JobEvent(job_id=pk, attempt=attempt, kind=JobEventKind.FINISHED, at=now,
+                  message="Cancelled while waiting in the queue.") for pk, attempt in pending.items()]
+        + [JobEvent(job_id=pk, attempt=attempt, kind=JobEventKind.STOPPING, at=now,
+                    message="Cancel requested; its nodes were told to stop it.")
+           for pk, attempt in stopping.items()],
+        batch_size=1000)
+    _ended_many(list(pending), JobState.CANCELLED)
+    if stopping:
+        for job_id, node in set(Allocation.objects.filter(job_id__in=ids_in(stopping), released_at__isnull=True)
+                                .values_list("job_id", "gpu__node__name")):
+            current = launch_id(job_id, stopping[job_id])
+            transaction.on_commit(lambda node=node, job_id=job_id, current=current: send_stop(node, job_id, current))
+    return CancelOutcome(tuple(pending), tuple(stopping), unchanged)
 
 
 @transaction.atomic
