@@ -1,8 +1,9 @@
 """``colony``: the command line for researchers, over the REST API (Slurm's sbatch/squeue/scancel
 for Colony). The standard library plus ``pathspec`` (for .gitignore rules), and never Django, so
 it runs anywhere Python does; ``cluster_ui.cli.main`` has the commands, ``submit`` the submit
-flags and code upload, ``pack`` the code archive, ``client`` the HTTP and configuration, ``units``
-the parsing of sizes and durations."""
+flags and code upload, ``script`` batch scripts and their ``#COLONY`` lines, ``cancel`` and
+``history`` those commands, ``pack`` the code archive, ``client`` the HTTP and configuration,
+``units`` the parsing of sizes and durations."""
 
 from cluster_ui.cli.main import main
 

@@ -1,4 +1,5 @@
-"""The ``colony`` commands: login, submit, queue, show, logs, cancel.
+"""The ``colony`` commands: login, submit, queue, show, logs, cancel, history (the last two in
+their own modules, ``cancel`` and ``history``; batch scripts in ``script``).
 
 Exit codes: 0 done; 1 the API refused or could not be reached; 2 a usage problem (bad flags,
 no token). ``--json`` prints the API's JSON instead of text, errors included, for scripts.
@@ -14,7 +15,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from cluster_ui.cli import login, submit, units
+from cluster_ui.cli import cancel, history, login, submit, units
 from cluster_ui.cli.client import ApiError, Client, ConfigError, Usage, resolve
 from cluster_ui.cli.submit import cmd_submit, default_name  # noqa: F401  (still importable from here)
 
@@ -252,13 +253,6 @@ def _prefixed(text: str, prefix: str, at_line_start: bool) -> tuple[str, bool]:
     return "".join(out), at_line_start
 
 
-def cmd_cancel(client: Client, args) -> tuple[object, str]:
-    job = client.post(f"api/v1/jobs/{args.id}/cancel/")
-    if job["state"] == "CANCELLED":
-        return job, f"Cancelled job {job['id']}."
-    return job, f"Stopping job {job['id']} ({job['state'].lower()}): its node was told to end it."
-
-
 # ---------------------------------------------------------------- parsing
 
 
@@ -281,10 +275,15 @@ def build_parser() -> argparse.ArgumentParser:
     login.add_arguments(login_parser)
     login_parser.set_defaults(run=None)
 
-    submit_parser = commands.add_parser("submit", parents=[common], help="submit a job",
-                                        usage="colony submit [options] -- COMMAND [ARG ...]",
-                                        description="Submit a job. Everything after -- is the command, "
-                                                    "run without a shell.")
+    submit_parser = commands.add_parser(
+        "submit", parents=[common], help="submit a job or a batch script",
+        usage="colony submit [options] -- COMMAND [ARG ...]\n       colony submit [options] SCRIPT [ARG ...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Submit a job. Everything after -- is the command, run without a shell.\n\n"
+                    "A batch script (a file starting with #! or ending in .sh) is uploaded with the code and run\n"
+                    "by its #! interpreter (else bash). Lines at its top like\n"
+                    "    #COLONY --gpus 2 --time 2h --name sweep\n"
+                    "take the flags below, as sbatch reads #SBATCH; flags on the command line win.")
     submit.add_arguments(submit_parser)
     submit_parser.set_defaults(run=cmd_submit)
 
@@ -297,14 +296,28 @@ def build_parser() -> argparse.ArgumentParser:
     queue.add_argument("--limit", type=int, default=200, help="at most this many (default 200)")
     queue.set_defaults(run=cmd_queue)
 
-    for verb, run, text in (("show", cmd_show, "a job's details"), ("logs", cmd_logs, "what a job printed (so far, while it runs)"),
-                            ("cancel", cmd_cancel, "cancel a job (stops it if running)")):
+    for verb, run, text in (("show", cmd_show, "a job's details"),
+                            ("logs", cmd_logs, "what a job printed (so far, while it runs)")):
         sub = commands.add_parser(verb, parents=[common], help=text)
         sub.add_argument("id", type=int, help="job id")
         sub.set_defaults(run=run)
         if verb == "logs":
             sub.add_argument("-f", "--follow", action="store_true",
                              help="print output live while the job runs, until it ends")
+
+    cancel_parser = commands.add_parser(
+        "cancel", parents=[common], help="cancel jobs (stops them if running)",
+        usage="colony cancel ID [ID ...]\n       colony cancel [--array ID] [--name PATTERN] [--mine] [--yes]",
+        description="Cancel jobs by id, or every unfinished job that matches all of --array, --name and --mine "
+                    "(after showing them and asking, unless --yes). Jobs that ran after_ok a cancelled job are "
+                    "cancelled too.")
+    cancel.add_arguments(cancel_parser)
+    cancel_parser.set_defaults(run=cancel.cmd_cancel)
+
+    history_parser = commands.add_parser("history", parents=[common],
+                                         help="your finished jobs: state, runtime, GPU-hours, use")
+    history.add_arguments(history_parser)
+    history_parser.set_defaults(run=history.cmd_history)
     return parser
 
 
@@ -312,12 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     as_json = getattr(args, "json", False)
-    if args.verb == "submit":
-        if args.command and args.command[0] == "--":
-            args.command = args.command[1:]
-        args.gpus_given = args.gpus is not None
-        args.gpus = 1 if args.gpus is None else args.gpus
     try:
+        if args.verb == "submit":
+            submit.prepare(args)
         if args.verb == "login":
             result, text = login.cmd_login(args)
         else:

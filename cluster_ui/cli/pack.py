@@ -47,6 +47,7 @@ class Archive:
     raw_bytes: int
     skipped_links: tuple[str, ...] = ()
     skipped_special: tuple[str, ...] = ()
+    file_names: frozenset[str] = frozenset()  # paths inside, "/"-separated
 
 
 @dataclass
@@ -97,7 +98,8 @@ def pack(root: str | os.PathLike) -> Archive:
         raise PackError(_too_big(root, f"more than {units.human_bytes(MAX_ARCHIVE_BYTES)} compressed "
                                        "(the most Colony takes)", tree.files, 1, stopped=False))
     return Archive(data=data, sha256=hashlib.sha256(data).hexdigest(), files=len(tree.files), raw_bytes=raw,
-                   skipped_links=tuple(sorted(tree.links)), skipped_special=tuple(sorted(tree.special)))
+                   skipped_links=tuple(sorted(tree.links)), skipped_special=tuple(sorted(tree.special)),
+                   file_names=frozenset(name for name, _, _ in tree.files))
 
 
 def _walk(root: Path) -> _Tree:

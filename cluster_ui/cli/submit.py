@@ -15,7 +15,7 @@ import os
 import re
 import sys
 
-from cluster_ui.cli import pack, units
+from cluster_ui.cli import pack, script, units
 from cluster_ui.cli.client import ApiError, Client, Usage
 
 # Programs that run the program named after them: a job is better named for what they run.
@@ -44,7 +44,7 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
     submit.add_argument("--priority", type=int, help="-10..10, order within your tenant")
     submit.add_argument("--opportunistic", action="store_true", help="run only on spare capacity (preemptible)")
     submit.add_argument("--shareable", action="store_true", help="let other jobs share your GPUs")
-    submit.add_argument("--max-runtime", metavar="DURATION", help="stop after e.g. 90m, 4h, 2d")
+    submit.add_argument("--max-runtime", "--time", metavar="DURATION", help="stop after e.g. 90m, 4h, 2d")
     submit.add_argument("--max-nodes", type=int, help="spread a multi-GPU job over at most N nodes")
     submit.add_argument("--profile-key", help="place from the recorded profile of runs with this key")
 
@@ -65,7 +65,7 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
                              help="set this environment variable for the job (repeatable)")
 
     preemption = submit.add_argument_group("preemption")
-    preemption.add_argument("--preempt-grace", metavar="DURATION",
+    preemption.add_argument("--preempt-grace", "--grace", metavar="DURATION",
                             help="warning before a preemption stops the job (the stop signal, and the deadline "
                                  "in the file COLONY_PREEMPT_FILE names), e.g. 90s, 5m")
     preemption.add_argument("--stop-signal", choices=STOP_SIGNALS, metavar="SIGNAL",
@@ -84,12 +84,45 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
     submit.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
 
+def prepare(args) -> None:
+    """Settle the parsed flags before anything is sent: the command after ``--``, a batch
+    script's ``#COLONY`` lines and the command that runs it, the GPU count's default."""
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    args.script = None
+    code_dir = args.code or os.curdir
+    found = script.is_script(args.command[0], code_dir) if args.command else None
+    if found is not None:
+        batch = script.read(found)
+        uploaded = not (args.workdir or args.no_code) and script.inside(found, code_dir)
+        if uploaded:
+            script.apply(args, batch, add_arguments, _check_line, code_dir)
+            args.script = args.command[len(batch.interpreter)]
+        elif batch.directives:  # a script meant for Colony that the job would not get
+            why = (f"{'--workdir' if args.workdir else '--no-code'} uploads nothing" if args.workdir or args.no_code
+                   else f"it is outside the directory being uploaded ({code_dir})")
+            raise Usage(f"{args.command[0]} has #COLONY lines, but {why}, so the job would not get it: run it from "
+                        "the directory it is in, or give --code DIR with a directory that holds it")
+        # else: a program on the nodes (a launcher by its full path, a script on a shared
+        # filesystem), run as given, as before batch scripts
+    args.gpus_given = args.gpus is not None
+    args.gpus = 1 if args.gpus is None else args.gpus
+
+
+def _check_line(args) -> None:
+    """One #COLONY line's values, checked as the command line's are."""
+    args.gpus_given = args.gpus is not None
+    args.gpus = 1 if args.gpus is None else args.gpus
+    job_body(args)
+
+
 def cmd_submit(client: Client, args) -> tuple[object, str]:
     if not args.command:
-        raise Usage("give the command after --, e.g. colony submit --gpus 1 -- python train.py")
+        raise Usage("give the command after --, e.g. colony submit --gpus 1 -- python train.py, "
+                    "or a batch script: colony submit job.sh")
     body = job_body(args)
     if not (args.workdir or args.no_code):
-        body["code"] = upload_code(client, args.code or os.curdir, args.tenant)
+        body["code"] = upload_code(client, args.code or os.curdir, args.tenant, getattr(args, "script", None))
     answer = client.post("api/v1/jobs/", body)
     if isinstance(answer, dict) and "array" in answer:
         return answer, array_submitted(answer)
@@ -173,13 +206,17 @@ def job_ids(values: list[str] | None, flag: str) -> list[int]:
     return ids
 
 
-def upload_code(client: Client, directory: str, tenant: str | None) -> str:
+def upload_code(client: Client, directory: str, tenant: str | None, needed: str | None = None) -> str:
     """Pack ``directory``, upload it, say so on stderr (stdout is the answer, for scripts), and
-    return the sha256 the server knows the code by."""
+    return the sha256 the server knows the code by. ``needed``: a file the job runs (a batch
+    script), refused before anything is sent when the archive would not hold it."""
     try:
         archive = pack.pack(directory)
     except pack.PackError as exc:
         raise Usage(str(exc)) from None
+    if needed is not None and needed not in archive.file_names:
+        raise Usage(f"{needed} would not be uploaded (a .gitignore or .colonyignore rule leaves it out, or it is "
+                    f"a symbolic link), so the job could not run it")
     try:
         status, stored = client.send("POST", "api/v1/code/", archive.data, "application/gzip", {"tenant": tenant})
     except ApiError as exc:

@@ -20,6 +20,7 @@ from jobs.models import Job
 from jobs.services.eta import eta_seconds
 from jobs.services.eta_accuracy import eta_accuracy
 from jobs.services.gpu_usage import queue_positions
+from monitoring.models import JobUsage
 
 
 JOB_FILTER_PARAMETERS = [
@@ -27,17 +28,24 @@ JOB_FILTER_PARAMETERS = [
     OpenApiParameter("state", str, description="State(s), comma-separated, or `active` / `finished`."),
     OpenApiParameter("owner", str, description="Username(s), comma-separated, or `me`."),
     OpenApiParameter("array", str, description="Array id(s), comma-separated: that array's jobs."),
+    OpenApiParameter("name", str, description="Jobs whose name matches this shell-style pattern (`*`, `?`)."),
+    OpenApiParameter("finished_after", str, description="Jobs that ended at or after this ISO 8601 time."),
+    OpenApiParameter("ordering", str, enum=["-submitted_at", "-finished_at"],
+                     description="Newest submitted first (default) or newest finished first."),
 ]
 
 
 def job_filter_from(request) -> JobFilter:
-    """The request's job filter; an unknown state is a 400 naming the ones that exist."""
+    """The request's job filter; an unknown state or unreadable parameter is a 400 naming it."""
     job_filter = JobFilter.from_params(request.query_params, request.user)
+    problems = {name: [why] for name, why in job_filter.problems.items()}
     if job_filter.unknown_states:
-        raise serializers.ValidationError({"state": [
+        problems["state"] = [
             f"Unknown state(s) {', '.join(job_filter.unknown_states)}; use "
             f"{', '.join(s.lower() for s in JobState.values)}, active or finished."
-        ]})
+        ]
+    if problems:
+        raise serializers.ValidationError(problems)
     return job_filter
 
 
@@ -49,6 +57,8 @@ class QueueEntrySerializer(serializers.ModelSerializer):
     queue_position = serializers.SerializerMethodField(help_text="1 = next in its tenant's queue (pending only).")
     queue_length = serializers.SerializerMethodField(help_text="Pending jobs in its tenant's queue.")
     nodes = serializers.SerializerMethodField(help_text="Nodes it holds GPUs on now.")
+    mean_gpu_util = serializers.SerializerMethodField(
+        help_text="Its GPUs' mean utilisation over its run so far, percent of a whole GPU; null before any sample.")
     run_class = serializers.ChoiceField(RunClass.choices, allow_blank=True, read_only=True,
                                         help_text="How it was admitted when placed; empty until then.")
 
@@ -58,7 +68,7 @@ class QueueEntrySerializer(serializers.ModelSerializer):
             "id", "name", "tenant", "owner", "state", "run_class", "gpus", "gpu_milli", "gpu_memory_mib",
             "gpu_models", "priority", "opportunistic_only", "pending_reason", "eta_s", "queue_position",
             "queue_length", "nodes", "requeue_count", "preempt_count", "array_id", "array_index", "exit_code",
-            "submitted_at", "placed_at", "started_at", "finished_at",
+            "peak_gpu_memory_mib", "mean_gpu_util", "submitted_at", "placed_at", "started_at", "finished_at",
         ]
         read_only_fields = fields
 
@@ -70,6 +80,9 @@ class QueueEntrySerializer(serializers.ModelSerializer):
 
     def get_queue_length(self, job) -> int | None:
         return self.context.get("positions", {}).get(job.pk, (None, None))[1]
+
+    def get_mean_gpu_util(self, job) -> float | None:
+        return self.context.get("mean_util", {}).get(job.pk)
 
     def get_nodes(self, job) -> list[str]:
         return sorted({a.gpu.node.name for a in job.allocations.all() if a.released_at is None})
@@ -91,10 +104,18 @@ class QueueAPIView(tenancy.ListAPIView):
 
     def list(self, request, *args, **kwargs):
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        positions = queue_positions([job.pk for job in page])
+        ids = [job.pk for job in page]
+        positions = queue_positions(ids)
         serializer = self.get_serializer(page, many=True, context={**self.get_serializer_context(),
-                                                                    "positions": positions})
+                                                                    "positions": positions,
+                                                                    "mean_util": mean_utilisation(ids)})
         return self.get_paginated_response(serializer.data)
+
+
+def mean_utilisation(job_ids: list[int]) -> dict[int, float]:
+    """Job id -> mean GPU utilisation (percent) over what its nodes reported, for those with samples."""
+    return {job_id: round(util_sum / util_n, 1) for job_id, util_sum, util_n in
+            JobUsage.objects.filter(job_id__in=job_ids, util_n__gt=0).values_list("job_id", "util_sum", "util_n")}
 
 
 class EtaAccuracyView(tenancy.GenericAPIView):
