@@ -2,15 +2,18 @@
 
     python bench/scheduling_loop.py --nodes 1024 --pending 50000 --running 1500 --tenants 100
 
-Fills a throw-away database (PostgreSQL when one answers on 127.0.0.1:5432; its own database,
-``colony_bench_loop``, so other benches running beside it are left alone) with nodes, tenants,
+Fills a throw-away database (PostgreSQL when one answers on 127.0.0.1:5432: ``$COLONY_BENCH_DB``,
+else ``colony_bench_loop_<pid>``, dropped at exit, so runs beside it are left alone) with nodes, tenants,
 running jobs with allocations and pending jobs, marks the nodes alive in a private Redis, then
 runs ``run_scheduling_cycle()``:
 
 - first cycle: a new scheduler process's (nothing kept from earlier snapshots), which places
   everything that fits (the placed jobs are then marked started, as their agents would report
   within seconds);
-- steady cycles: nothing arrives or ends; the loop still snapshots, decides and stores reasons;
+- steady cycles: nothing changed since the cycle before, which placed and preempted nothing
+  (:func:`steady_next`); the loop still snapshots, decides and stores reasons. The cycle right
+  after placements reads them (and the agents' starts) back: it is measured apart, as "after a
+  change", never in the steady median;
 - churn cycles: before each, ``--finish`` running jobs end, so a few placements, ETAs and
   reasons move (what a busy cluster sees every cycle).
 
@@ -22,8 +25,11 @@ opportunistic jobs change duty cycle in every steady cycle. Without it no node h
 
 Every phase is measured in CPU seconds (this process's ``process_time``, the PostgreSQL backend's
 and Redis's utime+stime from ``/proc``) beside wall time, because wall time moves several-fold
-between identical runs on a shared machine. The baseline measured in the same run is the pure
-core, ``decide()``, on the same snapshot: the ratios say what the database and Redis cost.
+between identical runs on a shared machine. The baseline of each kind of cycle, measured in the
+same process right after each cycle of that kind, is the pure core, ``decide()``, fresh (without
+the loop's carry) on the very snapshot, ``now`` and config that cycle decided on: first cycle vs
+the room snapshot's decide, steady vs steady, churn vs churn. The ratios say what the database,
+Redis and the rest of the loop cost beyond deciding afresh.
 Rows updated in ``jobs_job``, verdict rows written (``JobWait``) and queries per cycle are counted too. Prints figures, asserts nothing.
 """
 
@@ -134,6 +140,43 @@ class Meter:
                                   "verdict_rows_written")))
 
 
+def steady_next(previous, changed_since: int) -> bool:
+    """Whether the next cycle is a steady one, a cycle where nothing changed: the cycle before it
+    (``previous``, a ``CycleResult``; None for none) placed and preempted nothing, and nothing
+    happened since (``changed_since``: jobs the agents started, jobs that ended, submissions).
+    The cycle right after placements is not steady even when no job arrives: it reads back the
+    rows the placements and the agents' starts wrote. With live samples AIMD's duty-cycle moves
+    go on in every cycle (they are what a steady cycle with samples is)."""
+    return previous is not None and not previous.placed and not previous.preempted and not changed_since
+
+
+class LoopDecide:
+    """Keeps what the loop's last cycle decided on (``decide``'s arguments: its snapshot, ``now``,
+    config), so that the baseline decides afresh, without the carry, on exactly that."""
+
+    def __init__(self):
+        self.decide = None
+        self.last: dict | None = None
+
+    def install(self) -> None:
+        import inspect
+
+        from jobs.services import scheduling_loop
+
+        self.decide = decide = scheduling_loop.decide
+        signature = inspect.signature(decide)
+
+        def recording(*args, **kwargs):
+            self.last = dict(signature.bind(*args, **kwargs).arguments)
+            return decide(*args, **kwargs)
+
+        scheduling_loop.decide = recording
+
+    def fresh(self):
+        """``decide()`` again on the last cycle's inputs, with no carry (a restarted scheduler's)."""
+        return self.decide(**{**self.last, "carry": None})
+
+
 class PhaseClock:
     """CPU seconds (this process + the database backend) of each stage of ``run_scheduling_cycle``,
     by wrapping the functions it calls; the cycle kind is the phase ``Meter.measure`` runs."""
@@ -167,7 +210,7 @@ class PhaseClock:
         for kind, stages in self.spent.items():
             if kind in ("decide", "snapshot", "setup"):
                 continue
-            print(f"    {kind:7s} " + "  ".join(f"{stage} {statistics.median(v):.3f}" for stage, v in stages.items()))
+            print(f"    {kind:12s} " + "  ".join(f"{stage} {statistics.median(v):.3f}" for stage, v in stages.items()))
 
 
 def populate(rng: random.Random, nodes: int, tenants: int, running: int, pending: int) -> None:
@@ -263,10 +306,11 @@ def finish_some(rng: random.Random, count: int) -> None:
     Job.objects.filter(pk__in=ended).update(state=JobState.SUCCEEDED, finished_at=now, exit_code=0)
 
 
-def row(label: str, sample: Sample, core_cpu: float | None = None, extra: str = "") -> str:
-    ratio = f"x{sample.cpu / core_cpu:5.1f}" if core_cpu else "      "
-    return (f"  {label:<27}: CPU {sample.cpu:6.3f} s (Python {sample.python:6.3f} + DB {sample.database:6.3f} "
-            f"+ Redis {sample.redis:5.3f}) {ratio} decide | wall {sample.wall:6.3f} s | "
+def row(label: str, sample: Sample, baseline: tuple[str, Sample] | None = None, extra: str = "") -> str:
+    """``baseline``: (its name, its median), the fresh ``decide()`` on the same kind of snapshot."""
+    ratio = f"x{sample.cpu / baseline[1].cpu:5.1f} decide({baseline[0]})" if baseline else ""
+    return (f"  {label:<32}: CPU {sample.cpu:6.3f} s (Python {sample.python:6.3f} + DB {sample.database:6.3f} "
+            f"+ Redis {sample.redis:5.3f}) {ratio:<22} | wall {sample.wall:6.3f} s | "
             f"{sample.queries:5.0f} queries, {sample.job_rows_updated:6.0f} job rows updated, "
             f"{sample.verdict_rows_written:6.0f} verdicts written{extra}")
 
@@ -302,7 +346,6 @@ def main() -> None:
     import redis
 
     from agents.protocol import heartbeat_key
-    from jobs.scheduling import decide
     from jobs.services.scheduler_config import scheduler_config
     from jobs.services.scheduling_loop import run_scheduling_cycle
     from jobs.services import snapshot_loader
@@ -340,14 +383,20 @@ def main() -> None:
                 gc.enable()
 
     heartbeats()
+    loop_decide = LoopDecide()
+    loop_decide.install()
     phases = PhaseClock() if args.phases else None
     if phases:
         phases.install()
     meter = Meter(redis_pid=getattr(getattr(redis_server, "process", None), "pid", None), phases=phases)
 
-    snapshot = build_snapshot(client)
-    for _ in range(args.repeat):
-        meter.measure("decide", lambda: decide(snapshot, now=time.time(), config=scheduler_config()))
+    def decide_afresh(kind: str) -> None:
+        """The baseline: the pure core, fresh, on what the cycle just measured decided on."""
+        meter.measure(f"decide {kind}", loop_decide.fresh)
+        loop_decide.last = None
+        meter._last = "baseline"
+        gc.collect()  # (the baseline's garbage is not the next cycle's)
+
     def snapshot_without_gc():
         # As in the loop, which pauses the collector for the whole cycle.
         gc.disable()
@@ -364,7 +413,10 @@ def main() -> None:
     gc.collect()  # (what setting up left is not the cycles' garbage)
     meter.watch_collector()
     first = meter.measure("first", run_scheduling_cycle)
-    started = agents_start_placed()
+    room = loop_decide.last["snapshot"] if args.save_snapshots else None
+    decide_afresh("room")
+    started = changed = agents_start_placed()
+    previous = first
     if args.samples:
         # Live readings open room where jobs use less than they asked: packing goes on for some
         # cycles after the first, and duty cycles move until AIMD settles. Steady means after that.
@@ -373,36 +425,58 @@ def main() -> None:
             phases.current = "settling"
         for _ in range(args.settle):
             heartbeats()
-            result = run_scheduling_cycle()
-            agents_start_placed()
-            settling.append((result.placed, result.throttled))
-            if not result.placed and result.throttled <= 0.01 * args.running:
+            previous = run_scheduling_cycle()
+            changed = agents_start_placed()
+            settling.append((previous.placed, previous.throttled))
+            if not previous.placed and previous.throttled <= 0.01 * args.running:
                 break
         print("  settling cycles with live samples (placed, throttled): " + ", ".join(map(str, settling)))
-    steady = []
-    for _ in range(args.repeat):
+    # Steady cycles are those after one where nothing changed; the cycles after a change (the
+    # first one's placements read back) are measured apart, at most a few before giving up.
+    steady, after_change = [], []
+    while len(steady) < args.repeat and len(after_change) < 5:
         heartbeats()
-        steady.append(meter.measure("steady", run_scheduling_cycle))
+        kind = "steady" if steady_next(previous, changed) else "after change"
+        previous = meter.measure(kind, run_scheduling_cycle)
+        (steady if kind == "steady" else after_change).append(previous)
+        if kind == "steady":
+            decide_afresh("steady")
+        changed = agents_start_placed()
     churn = []
     for _ in range(args.repeat):
         heartbeats()
         finish_some(rng, args.finish)
         churn.append(meter.measure("churn", run_scheduling_cycle))
+        decide_afresh("churn")
         agents_start_placed()
 
     meter._last = "after"  # (what the report and the extras below allocate is not a cycle's)
-    core = meter.median("decide")
     print(f"scheduling loop bench: {args.nodes} nodes x {GPUS_PER_NODE} GPUs, {args.tenants} tenants, "
-          f"{args.running} running, {args.pending} pending, {db_label} + Redis; medians of {args.repeat}")
-    print(row("pure core decide()", core))
-    print(row("snapshot from DB + Redis", meter.median("snapshot"), core.cpu))
+          f"{args.running} running, {args.pending} pending, {db_label} + Redis; medians of {args.repeat} "
+          f"(first cycle and room: 1); decide(X): the pure core, fresh (no carry), on the snapshot of the "
+          f"cycles of kind X, right after each")
+    baselines = {kind: meter.median(f"decide {kind}") for kind in ("room", "steady", "churn")
+                 if f"decide {kind}" in meter.samples}
+    for kind, label in (("room", "decide(room): first cycle's"), ("steady", "decide(steady): steady cycles'"),
+                        ("churn", "decide(churn): churn cycles'")):
+        if kind in baselines:
+            print(row(label, baselines[kind]))
+    print(row("snapshot from DB + Redis", meter.median("snapshot"), ("room", baselines["room"])))
     first_sample = meter.median("first")
-    print(row("first full cycle", first_sample, core.cpu,
+    print(row("first full cycle", first_sample, ("room", baselines["room"]),
               f"; placed {first.placed} ({first.placed / first_sample.cpu:,.0f}/CPU s), "
               f"{first.pending} left pending, {started} started"))
-    print(row("steady cycle (no change)", meter.median("steady"), core.cpu,
-              f"; placed {sum(r.placed for r in steady)}"))
-    print(row(f"churn cycle ({args.finish} ended)", meter.median("churn"), core.cpu,
+    if after_change:
+        print(row("cycle after placements (apart)", meter.median("after change"), None,
+                  f"; {len(after_change)} cycle(s), placed {sum(r.placed for r in after_change)}; not in the "
+                  f"steady median"))
+    if steady:
+        print(row("steady cycle (nothing changed)", meter.median("steady"), ("steady", baselines["steady"]),
+                  f"; placed {sum(r.placed for r in steady)}"
+                  + (f"; only {len(steady)} of {args.repeat} cycles were steady" if len(steady) < args.repeat else "")))
+    else:
+        print("  steady cycle (nothing changed): none; every cycle measured came after a change")
+    print(row(f"churn cycle ({args.finish} ended)", meter.median("churn"), ("churn", baselines["churn"]),
               f"; placed {statistics.median(r.placed for r in churn):.0f}, "
               f"throttled {statistics.median(r.throttled for r in churn):.0f}"))
     print("  garbage collector (this process, wherever it ran, charged to the cycle before it): " + ", ".join(
@@ -421,7 +495,7 @@ def main() -> None:
         steady_snapshot = build_snapshot(client)
         finish_some(rng, args.finish)
         with open(args.save_snapshots, "wb") as out:
-            pickle.dump({"room": snapshot, "steady": steady_snapshot, "churn": build_snapshot(client), "now": time.time(),
+            pickle.dump({"room": room, "steady": steady_snapshot, "churn": build_snapshot(client), "now": time.time(),
                          "config": scheduler_config()}, out)
         agents_start_placed()
     if args.profile:
