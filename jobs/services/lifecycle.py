@@ -442,7 +442,8 @@ def _settle_if_stopped_everywhere(job_id: int, peak_mib: int | None, *, killed: 
 def _work_words(ran_s: float, saved: bool, checkpoints: bool) -> str:
     ran = _duration(ran_s)
     if not ran_s:
-        return "It had not started, so no work was lost."
+        # No start report reached us: it may have run (the report lost), so claim nothing.
+        return "No start of it was reported, so no work is known to be lost."
     if saved:
         return f"It ran {ran} and ended within its notice, so its checkpoint keeps that work."
     if checkpoints:

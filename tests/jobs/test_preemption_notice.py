@@ -111,3 +111,17 @@ def test_a_checkpointing_job_killed_after_its_notice_counts_the_run_as_lost(node
     borrower = stopped(redis_client, capture, preempt_borrower(redis_client, capture, checkpoints=True), code=-9)
     assert borrower.lost_work_s == pytest.approx(600, abs=30)
     assert "killed when its notice ran out" in JobEvent.objects.filter(job=borrower, kind="requeued").last().message
+
+
+def test_a_job_whose_start_was_never_reported_is_not_said_to_have_not_started(
+        node4, redis_client, django_capture_on_commit_callbacks):
+    # Its start report was lost (the agent paused, the stream trimmed): it may well have run.
+    borrower = JobFactory(gpus=4, tenant=TenantFactory(slug="nlp", guaranteed_gpus=0, max_gpus=4))
+    cycle(django_capture_on_commit_callbacks)
+    JobFactory(gpus=4, tenant=TenantFactory(slug="vision", guaranteed_gpus=4, max_gpus=4))
+    cycle(django_capture_on_commit_callbacks)
+    borrower.refresh_from_db()
+    assert borrower.state == JobState.PREEMPTING and borrower.started_at is None
+    stopped(redis_client, django_capture_on_commit_callbacks, borrower, -15)
+    message = JobEvent.objects.filter(job=borrower, kind="requeued").last().message
+    assert "No start of it was reported" in message and "had not started" not in message
