@@ -20,9 +20,9 @@ from operator import itemgetter
 
 from jobs.scheduling import reasons
 from jobs.scheduling.carry import ALONE, Entry, FlaggedOutcome, Outcome
-from jobs.scheduling.decisions import new_pending
+from jobs.scheduling.decisions import Preempt, PreemptReason, new_pending
 from jobs.scheduling.placement import OneNodeWait, Shape
-from jobs.scheduling.snapshot import JobClass, JobRequest
+from jobs.scheduling.snapshot import JobClass, JobRequest, Promise
 
 OPPORTUNISTIC = JobClass.OPPORTUNISTIC
 
@@ -220,6 +220,29 @@ class Borrowing:
                 eta = None if queue_eta.exhausted else queue_eta.next(need)
             append(new_pending((job_id, reason, eta)))
 
+    def _turn_over(self, job: JobRequest, shape: Shape) -> bool:
+        """Preempt more-served borrowers for a fresh one that would otherwise over-commit a GPU
+        (``turnover``); it waits for them to stop. False: none to preempt (it over-commits)."""
+        state = self.state
+        if state.reclaims >= self.config.max_reclaims or self.memo.failed.fails("turnover", shape):
+            return False
+        state.reclaims += 1
+        found = self.turnover.find(job.id, shape)
+        if found is None:
+            self.memo.failed.record("turnover", shape)
+            return False
+        for victim in found.victims:
+            state.preemptions.append(Preempt(
+                victim.id, PreemptReason.LEAST_ATTAINED,
+                f"Job {job.id} has had less GPU time: borrowed GPUs go to the least served first", for_job_id=job.id))
+        nodes = tuple(sorted({gpu.node.name for gpu in found.gpus}))
+        # Promised, as a guarantee's reclaim is: the freed GPUs are its, not the next borrower's in
+        # line (a victim would take them back, and be preempted again: thousands of preemptions).
+        state.promises.append(Promise(job.id, job.tenant, tuple(gpu.id for gpu in found.gpus)))
+        self._count(job, OPPORTUNISTIC)
+        self._wait(job, reasons.turning_over(job.gpus, len(found.victims), nodes), eta=0.0)
+        return True
+
     def _admit_borrowing(self, job: JobRequest, shape: Shape, key: Outcome | FlaggedOutcome) -> bool:
         """A job whose outcome under ``key`` is not known at this version: search, then place it or
         say why not (and remember that answer for the same key)."""
@@ -229,6 +252,8 @@ class Borrowing:
             self._wait_for_one_node(job, choice)  # not memoised: its ETA is its own
             return False
         if choice is not None:
+            if self.turnover is not None and self.turnover.wants(job, shape, choice) and self._turn_over(job, shape):
+                return True  # (what its tenant holds moved, as with a placement: the visit ends)
             self._place(job, shape, OPPORTUNISTIC, choice)
             self.state.borrowing_tenants.add(job.tenant)
             return True

@@ -82,3 +82,7 @@ class SchedulerConfig:
     # over-committing: "fgd" (FGD's fragmentation gradient, ``fragmentation_score``) or "tightest"
     # (no gradient: least room left, fullest node, BestFit's leftover, tightest memory).
     placement_score: str = "fgd"
+    # Turnover among borrowers (``turnover.py``): a borrower that has had less than this many
+    # GPU-seconds of service, and finds no GPU but one it would over-commit, preempts instead the
+    # most served checkpointing borrower past it (Tiresias' first queue: one GPU-hour). 0: never.
+    borrower_turnover_gpu_s: float = 3600.0

@@ -54,6 +54,7 @@ from jobs.scheduling.reservation import may_backfill
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass, JobRequest, Promise, TenantQuota
 from jobs.scheduling.duty_cycles import throttles
 from jobs.scheduling.topology import rendezvous_of, slices_of
+from jobs.scheduling.turnover import Turnover
 from jobs.scheduling.usage import weighted_share
 from jobs.scheduling.user_limits import UserLimits
 from jobs.scheduling.waiting import Waiting
@@ -151,6 +152,7 @@ class Cycle(Waiting, Borrowing):
         self.borrowing_at_start = frozenset(job.tenant for job in snapshot.running
                                             if job.job_class is OPPORTUNISTIC and job.id not in state.leaving)
         self.reclaimer = Reclaimer(self.capacity, self.placer, config, now, borrowed, state.leaving)
+        self.turnover = Turnover.of(self.capacity, self.placer, config, now, borrowed, state.leaving)
         # (kept for the tenants' own timelines, ``Waiting._tenant_timeline``: one sort for all)
         self.releases = releases_of(snapshot.running, now)
         leaving = state.leaving
@@ -339,31 +341,38 @@ class Cycle(Waiting, Borrowing):
         found.sort(key=lambda item: queue_order(item[0][0]))
         by_id, stopping = self.capacity.by_id, []
         for (job, shape, need, _, _), ahead in found:
-            if (job.opportunistic_only or need + ahead > self._guaranteed_room(job.tenant)
-                    or job.array_limit is not None and self._array_full(job)
-                    or self.users.at_limit(job)):  # (the passes say why, and count its place in line)
+            if job.array_limit is not None and self._array_full(job) or self.users.at_limit(job):
+                continue  # (the passes say why, and count its place in line)
+            room = self._guaranteed_room(job.tenant)
+            if not job.opportunistic_only and need + ahead <= room:
+                job_class = GUARANTEED
+            elif ((job.opportunistic_only or need > room) and self.turnover is not None
+                  and need <= self.quota(job.tenant).ceiling_milli - self.state.held[job.tenant]):
+                job_class = OPPORTUNISTIC  # a borrower's turnover (``turnover``)
+            else:
                 continue
             promise = wanted[job.id]
             gpus = [by_id.get(gpu_id) for gpu_id in promise.gpu_ids]
             if None in gpus:
                 continue
-            choice = self.placer.on_gpus(gpus, shape, GUARANTEED)
+            choice = self.placer.on_gpus(gpus, shape, job_class)
             if choice is not None:
-                self._place(job, shape, GUARANTEED, choice)
+                self._place(job, shape, job_class, choice)
             elif self.reclaimer.frees(gpus, shape):
-                stopping.append((job, shape, promise, gpus))
-        for *_, gpus in stopping:  # (all of them first: no job may start on another's)
+                stopping.append((job, shape, promise, gpus, job_class))
+        for *_, gpus, _ in stopping:  # (all of them first: no job may start on another's)
             for gpu in gpus:
                 self.capacity.block(gpu)
-        for job, shape, promise, gpus in stopping:
-            choice = self._find(job, shape, GUARANTEED)
+        for job, shape, promise, gpus, job_class in stopping:
+            choice = self._find(job, shape, job_class)
             if isinstance(choice, Choice):
-                self._place(job, shape, GUARANTEED, choice)
+                self._place(job, shape, job_class, choice)
                 continue
             self.state.handled.add(job.id)
             self.state.promises.append(promise)
-            self._count(job, GUARANTEED)
-            self._wait(job, reasons.reclaiming(job.gpus, 0, _node_names(gpus)), eta=0.0)
+            self._count(job, job_class)
+            self._wait(job, reasons.reclaiming(job.gpus, 0, _node_names(gpus)) if job_class is GUARANTEED
+                       else reasons.turning_over(job.gpus, 0, _node_names(gpus)), eta=0.0)
 
     def _guaranteed_room(self, tenant: str) -> int:
         """Milli-GPUs the tenant may still start as guaranteed work."""

@@ -89,6 +89,7 @@ class Place:
 class PreemptReason(StrEnum):
     RECLAIM_FOR_GUARANTEE = "reclaim_for_guarantee"
     MEMORY_PRESSURE = "memory_pressure"
+    LEAST_ATTAINED = "least_attained"  # a fresher borrower gets the GPUs (``turnover``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -336,6 +336,17 @@ def waiting_for_free_gpus(gpus: int, needed_mib: int | None, one_node: bool, mos
     )
 
 
+def turning_over(gpus: int, victims: int, nodes: tuple[str, ...] = ()) -> PendingReason:
+    """A borrower that preempted borrowers with more GPU time (``turnover``)."""
+    where = f" on {', '.join(nodes)}" if nodes else ""
+    return PendingReason(
+        ReasonCode.RECLAIMING,
+        f"Borrowed GPUs go to the least served first: preempting {victims} borrowed "
+        f"job{'s' if victims != 1 else ''} that had more GPU time{where}; starts once they have stopped.",
+        # ("borrowed": reclaiming as a borrower, not within a guarantee)
+        {"needed_gpus": gpus, "victims": victims, "borrowed": True, **({"nodes": list(nodes)} if nodes else {})})
+
+
 def reclaiming(gpus: int, victims: int, nodes: tuple[str, ...] = ()) -> PendingReason:
     """``nodes``: where the GPUs promised to it are (it starts there, or sooner elsewhere)."""
     where = f" on {', '.join(nodes)}" if nodes else ""

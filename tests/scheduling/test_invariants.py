@@ -187,7 +187,7 @@ def check_invariants(snapshot: ClusterSnapshot, decisions) -> None:
 
     # Quotas: guaranteed use within the guarantee (jobs reclaiming count), total within the ceiling.
     for pending in decisions.pending:
-        if pending.reason.code == "reclaiming":
+        if pending.reason.code == "reclaiming" and not pending.reason.details.get("borrowed"):
             guaranteed_held[requests[pending.job_id].tenant] += requests[pending.job_id].quota_milli
     placed_tenants = {requests[p.job_id].tenant for p in decisions.placements}
     for name, quota in quotas.items():

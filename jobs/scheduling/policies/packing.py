@@ -1,7 +1,8 @@
 """Comparison policy: the full core's packing, topology and throttling, with quotas switched off.
 
 Every tenant gets no guarantee and no ceiling, so all new work is opportunistic: it shares GPUs
-by memory and compute, is ordered across tenants by fair share only, and nothing is reclaimed.
+by memory and compute, is ordered across tenants by fair share only, and nothing is reclaimed for
+a guarantee (borrowers still turn over: the least served first, ``turnover``).
 The trace replay uses it to separate what packing buys from what quotas cost.
 """
 

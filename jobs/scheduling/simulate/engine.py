@@ -590,6 +590,7 @@ class Replay:
                 priority=run.job.priority, expected_runtime_s=run.job.duration_s, duty_cycle=run.duty,
                 solo_utilisation=run.job.utilisation,
                 attained_gpu_s=run.attained_before, **self._host_request(run.job),
+                checkpoints=True,  # (a preempted job resumes with its work done: module docstring)
             ))
         return run.seen[1]
 

@@ -1,0 +1,75 @@
+"""Turnover among borrowers: borrowed GPUs go to the least served first.
+
+Least attained service (Tiresias, Gu et al., NSDI'19) finishes short jobs early, and most jobs
+are short: on the Philly windows LAS's average JCT beat Colony's by an hour, with the same
+queueing, because Colony started a newcomer beside a busy borrower (both slowed) where LAS
+preempted the most served job and ran the newcomer alone. So a borrower that has had less than
+``borrower_turnover_gpu_s`` of service, and that the placer could only put on a GPU it would
+over-commit, first tries to preempt borrowers past that much service that checkpoint (they
+resume where they were): the same search a guarantee's reclaim makes (``reclaim.Reclaimer``),
+over those victims only, least progress lost first. Guaranteed work is never a victim, nor is a
+job that does not checkpoint, nor a borrower of a tenant down to its own guarantee.
+
+The freed GPUs are promised to the newcomer, as a guarantee's reclaim promises them
+(``Cycle._keep_promises`` places it there first, as a borrower): left to the borrowers in
+fair-share order, a victim took its GPU back and was preempted again (2,943 preemptions on a
+1,000-job Philly window, against 141 promised). A victim waits in its tenant's queue like any
+other job, its service counted: it preempts no one until the newcomers have had theirs.
+"""
+
+from __future__ import annotations
+
+from jobs.scheduling.placement import Choice, Shape
+from jobs.scheduling.capacity import GpuSlot
+from jobs.scheduling.reclaim import NO_LOSS, Loss, Reclaim, Reclaimer, _total, _youngest_first
+from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, JobRequest, RunningJob
+
+
+def over_commits(choice: Choice, shape: Shape) -> bool:
+    """Whether the placement asks more of a GPU than what is left of it after its residents' requests."""
+    return any(gpu.requested_milli + shape.gpu_milli > WHOLE_GPU_MILLI for _, gpus in choice.slices for gpu in gpus)
+
+
+class Turnover:
+    def __init__(self, reclaimer: Reclaimer, served_gpu_s: float):
+        self.reclaimer = reclaimer
+        self.served_gpu_s = served_gpu_s
+
+    @classmethod
+    def of(cls, capacity, placer, config, now: float, borrowed: dict[str, int], leaving: set[int]) -> "Turnover | None":
+        """``borrowed`` and ``leaving`` are the cycle's own (shared with its reclaims)."""
+        threshold = config.borrower_turnover_gpu_s
+        if threshold <= 0:
+            return None
+        return cls(_MostServed(capacity, placer, config, now, borrowed, leaving, threshold=threshold), threshold)
+
+    def wants(self, job: JobRequest, shape: Shape, choice: Choice) -> bool:
+        return job.attained_gpu_s < self.served_gpu_s and over_commits(choice, shape)
+
+    def find(self, job_id: int, shape: Shape) -> Reclaim | None:
+        return self.reclaimer.find(job_id, shape)
+
+
+class _MostServed(Reclaimer):
+    """A reclaimer whose victims are borrowers served past ``threshold`` GPU-seconds that checkpoint."""
+
+    def __init__(self, *args, threshold: float):
+        super().__init__(*args)
+        self.threshold = threshold
+
+    def _gpu_victims(self, gpu: GpuSlot, shape: Shape, pools: list[int]) -> tuple[Loss, list[RunningJob]] | None:
+        """Everyone on the GPU leaves or it is no use: the newcomer is to run alone on it (a
+        guarantee's reclaim frees memory; this frees the GPU's compute)."""
+        if gpu.blocked or gpu.pool not in pools or gpu.exclusive:
+            return None
+        if gpu.occupants == 0:
+            return NO_LOSS, []
+        evictable = [j for j in gpu.residents if j.id not in self.leaving and self._evictable(j)]
+        leaving = sum(1 for j in gpu.residents if j.id in self.leaving)
+        if leaving + len(evictable) < gpu.occupants:
+            return None
+        return _total(self._progress(j) for j in evictable), _youngest_first(evictable)
+
+    def _evictable(self, job: RunningJob) -> bool:
+        return (job.checkpoints and super()._evictable(job)
+                and job.attained_gpu_s + max(0.0, self.now - job.started_at) * len(job.gpu_ids) >= self.threshold)

@@ -1,0 +1,59 @@
+"""Turnover among borrowers: a borrower with little service that could only over-commit a GPU
+preempts instead a borrower served past ``borrower_turnover_gpu_s`` that checkpoints."""
+
+import dataclasses
+
+import pytest
+
+from jobs.scheduling import PreemptReason, decide
+from jobs.scheduling.config import SchedulerConfig
+from tests.scheduling.builders import cluster, codes, job, node, placed, preempted, running, tenant
+
+BORROWERS = [tenant("old", guaranteed=0, max_gpus=8), tenant("new", guaranteed=0, max_gpus=8)]
+HOUR = 3600.0
+
+
+def half_busy_gpu(**victim):
+    """One GPU, a borrower of ``old`` on it using half of it (room to over-commit), and a fresh
+    whole-GPU borrower of ``new`` waiting."""
+    spec = dict(on="a", gpus=[0], tenant="old", opportunistic=True, util=0.5, solo=0.5, checkpoints=True, mem_gib=20,
+                started_at=0.0)
+    spec.update(victim)
+    return cluster(node("a", gpus=1, util=0.5), tenants=BORROWERS, running=[running(9, **spec)],
+                   pending=[job(1, tenant="new", mem_gib=20)])
+
+
+def test_a_fresh_borrower_preempts_the_most_served_checkpointing_borrower_instead_of_sharing_its_gpu():
+    decisions = decide(half_busy_gpu(), now=2 * HOUR)
+    assert preempted(decisions) == [9]
+    (preempt,) = decisions.preemptions
+    assert (preempt.reason, preempt.for_job_id) == (PreemptReason.LEAST_ATTAINED, 1)
+    assert codes(decisions) == {1: "reclaiming"}
+    assert "least served" in decisions.pending[0].reason.message
+
+
+def test_without_turnover_the_fresh_borrower_over_commits_the_gpu():
+    config = dataclasses.replace(SchedulerConfig(), borrower_turnover_gpu_s=0)
+    decisions = decide(half_busy_gpu(), now=2 * HOUR, config=config)
+    assert not decisions.preemptions and placed(decisions) == {1: "a"}
+
+
+@pytest.mark.parametrize("victim", [
+    dict(checkpoints=False),  # would lose its run
+    dict(started_at=1.5 * HOUR),  # half an hour of service: in the first queue itself
+    dict(opportunistic=False, tenant="old"),  # guaranteed work is never a victim
+])
+def test_no_turnover_where_the_running_job_is_not_fair_game(victim):
+    tenants = BORROWERS if victim.get("opportunistic", True) else [
+        tenant("old", guaranteed=1, max_gpus=8), tenant("new", guaranteed=0, max_gpus=8)]
+    snapshot = half_busy_gpu(**victim)
+    snapshot = dataclasses.replace(snapshot, tenants=tuple(tenants)) if not victim.get("opportunistic", True) else snapshot
+    decisions = decide(snapshot, now=2 * HOUR)
+    assert not [p for p in decisions.preemptions if p.reason is PreemptReason.LEAST_ATTAINED]
+
+
+def test_a_borrower_served_past_the_threshold_itself_shares_rather_than_preempts():
+    snapshot = half_busy_gpu()
+    snapshot = dataclasses.replace(snapshot, pending=(dataclasses.replace(snapshot.pending[0], attained_gpu_s=2 * HOUR),))
+    decisions = decide(snapshot, now=2 * HOUR)
+    assert not decisions.preemptions and placed(decisions) == {1: "a"}
