@@ -19,4 +19,4 @@ RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \
 
 USER colony
 EXPOSE 8000
-CMD ["gunicorn", "cluster_ui.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "3"]
+CMD ["gunicorn", "cluster_ui.wsgi:application", "--config", "python:cluster_ui.gunicorn_conf", "--bind", "0.0.0.0:8000", "--workers", "3"]

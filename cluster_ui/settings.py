@@ -48,7 +48,12 @@ INSTALLED_APPS = [
     "jobs",
 ]
 
+# django-prometheus times and counts every request between its two middlewares, first and last:
+# by view name (bounded, unlike the raw path), method and status; /metrics exports them
+# (monitoring.metrics.web_process_collectors). Its app is not installed: its ready() only opens
+# export ports of its own, which Colony does not use (one /metrics, behind COLONY_METRICS_TOKEN).
 MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "cluster_ui.middleware.RefuseNulInUrlMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -58,6 +63,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "cluster_ui.urls"

@@ -17,7 +17,7 @@ from drf_spectacular.generators import SchemaGenerator
 from rest_framework.authtoken.models import Token
 
 from jobs.metrics import JobsCollector
-from monitoring.metrics import ClusterCollector
+from monitoring.metrics import ClusterCollector, web_process_collectors
 
 
 @require_GET
@@ -30,6 +30,8 @@ def prometheus_metrics(request):
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ClusterCollector())
     registry.register(JobsCollector())
+    for collector in web_process_collectors():  # HTTP requests and the web server's processes
+        registry.register(collector)
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 

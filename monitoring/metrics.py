@@ -1,9 +1,19 @@
-"""Prometheus collectors for the cluster: read at scrape time from the database and Redis."""
+"""Prometheus collectors for the cluster, read at scrape time from the database and Redis, and
+the web server's own series: HTTP requests (django-prometheus's middleware) and its processes.
+
+Nothing here touches ``jobs`` (its collector is ``jobs.metrics``); ``/metrics`` itself is
+``cluster_ui.views.prometheus_metrics``, which puts both together.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+
 from django.db.models import Count
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import REGISTRY, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from agents import protocol
@@ -99,3 +109,56 @@ class ClusterCollector(Collector):
         for kind in AlertKind.values:
             alerts.add_metric([kind], open_counts.get(kind, 0))
         yield alerts
+
+
+# prometheus_client's multiprocess files are named <type>[_<mode>]_<pid>.db (counter_123.db,
+# histogram_123.db, gauge_all_123.db).
+_WRITER_PID = re.compile(r"_(\d+)\.db$")
+
+
+class WorkerProcessCollector(Collector):
+    """``process_*`` (CPU seconds, resident memory, open and maximum fds, start time) of every live
+    process that writes to the multiprocess directory, each labelled with its ``pid``.
+
+    Under gunicorn each worker records its requests there; prometheus_client's
+    :class:`MultiProcessCollector` sums the counters but leaves process series out (they cannot be
+    summed), and the default :class:`ProcessCollector` would describe only the worker that happened
+    to serve this scrape. Its own ``/proc`` reader is run here for each worker instead. Workers that
+    died keep their counter files (their requests still count) but get no process series.
+    """
+
+    def __init__(self, directory: str, proc: str = "/proc"):
+        self.directory, self.proc = directory, proc
+
+    def pids(self) -> list[int]:
+        found = {os.getpid()}
+        for name in os.listdir(self.directory):
+            if match := _WRITER_PID.search(name):
+                found.add(int(match.group(1)))
+        return sorted(pid for pid in found if os.path.exists(os.path.join(self.proc, str(pid))))
+
+    def collect(self):
+        merged: dict[str, Metric] = {}
+        for pid in self.pids():
+            reader = ProcessCollector(pid=lambda pid=pid: pid, proc=self.proc, registry=None)
+            for family in reader.collect():
+                into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type,
+                                                             family.unit))
+                for sample in family.samples:
+                    into.add_sample(sample.name, {**sample.labels, "pid": str(pid)}, sample.value)
+        yield from merged.values()
+
+
+def web_process_collectors() -> list[Collector]:
+    """What ``/metrics`` adds to the cluster's series about the web server that answers it.
+
+    With ``PROMETHEUS_MULTIPROC_DIR`` set (gunicorn: cluster_ui/gunicorn_conf.py sets it up before
+    the workers fork), every worker's HTTP counters and histograms summed, whichever worker serves the scrape,
+    and each live worker's process series. Without it (``runserver``, the devstack, tests: one
+    process), that process's default registry: its HTTP series, ``process_*`` and ``python_*``.
+    """
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        # A registry is a collector too: registering the default one exports everything in it.
+        return [REGISTRY]
+    return [MultiProcessCollector(registry=None, path=directory), WorkerProcessCollector(directory)]

@@ -43,7 +43,9 @@ def test_rules_cover_what_operators_are_told_about(rules):
     read = set().union(*(promql_metric_names(r["expr"]) for r in rules))
     assert {"colony_nodes", "colony_alerts_open", "colony_gpu_temperature_celsius", "colony_dead_letters_total",
             "colony_ingest_lag_seconds", "colony_ingest_last_batch_timestamp_seconds", "colony_notifications",
-            "colony_notification_errors_total"} <= read
+            "colony_notification_errors_total", "colony_scheduler_lease_takeovers_total",
+            "colony_scheduler_fenced_cycles_total", "colony_scheduler_leader_epoch",
+            "django_http_responses_total_by_status_view_method_total"} <= read
     kinds = " ".join(r["expr"] for r in rules)
     for kind in ('kind="xid"', 'kind="idle_gpu"', 'state="LOST"'):
         assert kind in kinds
@@ -59,6 +61,27 @@ def test_every_rule_reads_series_metrics_exports(rules, client, db, live_redis, 
     # ...and that check bites: a rule on a series nobody exports is reported.
     assert missing_series(["rate(colony_scheduler_naps_total[5m]) == 0"], exported) == {
         "rate(colony_scheduler_naps_total[5m]) == 0": {"colony_scheduler_naps_total"}}
+
+
+# What an operator is paged for and has to act on: each says what to look at, in steps.
+RUNBOOK_ALERTS = {"ColonyHttp5xxRatio", "ColonyHttpSlow", "ColonySchedulerTakeover", "ColonySchedulerFencedCycles",
+                  "ColonySchedulerLeaderFlapping", "ColonyIngestLagging", "ColonyIngestStalled",
+                  "ColonyDeadLettersGrowing"}
+
+
+def test_paging_alerts_carry_a_runbook(rules):
+    by_name = {rule["alert"]: rule for rule in rules}
+    assert RUNBOOK_ALERTS <= set(by_name)
+    for name in RUNBOOK_ALERTS:
+        runbook = by_name[name]["annotations"].get("runbook", "")
+        assert "1. " in runbook and "2. " in runbook, name
+
+
+def test_the_5xx_alert_reads_server_errors_of_every_view(rules):
+    """Summed over views and workers, 5xx against all responses: not one view's, not a raw path's."""
+    expr = next(rule["expr"] for rule in rules if rule["alert"] == "ColonyHttp5xxRatio")
+    assert 'status=~"5.."' in expr and "path" not in expr
+    assert "django_http_responses_total_by_status_view_method_total" in promql_metric_names(expr)
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")

@@ -63,7 +63,11 @@ def missing_series(exprs, exported: set[str]) -> dict[str, set[str]]:
 
 
 def exported_series(client) -> set[str]:
-    """Every sample name the ``/metrics`` endpoint serves now (``_total`` suffixes included)."""
+    """Every sample name the ``/metrics`` endpoint serves now (``_total`` suffixes included).
+
+    The HTTP series by view and status have samples once a request was answered (a fresh worker
+    has none yet), so one page is requested first."""
+    assert client.get("/accounts/login/").status_code == 200
     response = client.get("/metrics")
     assert response.status_code == 200, response.content[:200]
     return {sample.name for family in text_string_to_metric_families(response.content.decode())
@@ -170,7 +174,13 @@ def test_dashboard_covers_what_operators_ask_for(dashboard):
     names = set().union(*(promql_metric_names(e) for e in dashboard_queries(dashboard)))
     for series in ("colony_gpus_allocated", "colony_gpus", "colony_gpu_utilization_percent", "colony_jobs",
                    "colony_ingest_lag_seconds", "colony_fanin_entries_total", "colony_dead_letters_total",
-                   "colony_notifications", "colony_alerts_open", "colony_nodes"):
+                   "colony_notifications", "colony_alerts_open", "colony_nodes",
+                   # the scheduler's lease (fencing, takeovers, leader) and the web server
+                   "colony_scheduler_lease_takeovers_total", "colony_scheduler_fenced_cycles_total",
+                   "colony_scheduler_leader_epoch", "colony_scheduler_leader",
+                   "django_http_responses_total_by_status_view_method_total",
+                   "django_http_requests_latency_seconds_by_view_method_bucket",
+                   "process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"):
         assert series in names
 
 
