@@ -66,7 +66,7 @@ def _memory(job: RunningJob, gpu: GpuSlot) -> int:
     return gpu.capacity_mib if job.memory_mib is None else job.memory_mib
 
 
-def _youngest_first(jobs: list[RunningJob]) -> list[RunningJob]:
+def youngest_first(jobs: list[RunningJob]) -> list[RunningJob]:
     """Eviction order on one GPU: jobs that checkpoint first (they lose little), then the youngest."""
     return sorted(jobs, key=lambda j: (not j.checkpoints, -j.started_at, -j.id))
 
@@ -77,7 +77,7 @@ NO_LOSS: Loss = (0.0, 0.0)
 NEVER: Loss = (math.inf, math.inf)
 
 
-def _total(losses) -> Loss:
+def total_loss(losses) -> Loss:
     lost, checkpointed = 0.0, 0.0
     for loss in losses:
         lost += loss[0]
@@ -114,7 +114,7 @@ class Reclaimer:
         if gpu.occupants == 0:
             return NO_LOSS, []  # an empty GPU next to the ones being reclaimed
         leaving = [j for j in gpu.residents if j.id in self.leaving]
-        evictable = _youngest_first([j for j in gpu.residents if j.id not in self.leaving and self._evictable(j)])
+        evictable = youngest_first([j for j in gpu.residents if j.id not in self.leaving and self._evictable(j)])
         if not evictable and not leaving:
             return None  # nothing to reclaim here; plain placement already said no
         staying = gpu.occupants - len(leaving) - len(evictable)
@@ -124,7 +124,7 @@ class Reclaimer:
         if whole:
             if staying:
                 return None
-            return _total(self._progress(j) for j in evictable), evictable
+            return total_loss(self._progress(j) for j in evictable), evictable
         if gpu.guaranteed_count and not (shape.shareable and gpu.guaranteed_milli + shape.gpu_milli <= WHOLE_GPU_MILLI):
             return None
         victims: list[RunningJob] = []
@@ -138,7 +138,7 @@ class Reclaimer:
         remaining = staying + len(evictable) - len(victims)
         if free < need + (headroom if remaining else 0):
             return None
-        return _total(self._progress(j) for j in victims), victims
+        return total_loss(self._progress(j) for j in victims), victims
 
     def frees(self, gpus: list[GpuSlot], shape: Shape) -> bool:
         """Will the job fit on ``gpus`` once the jobs already stopping there have left, with no
@@ -175,7 +175,7 @@ class Reclaimer:
                     if any(j.job_class is JobClass.GUARANTEED for j in gpu.residents):
                         costs.append(NEVER)  # usable only by shareable requests
                     else:
-                        costs.append(_total(self._progress(j) for j in gpu.residents if j.id not in self.leaving))
+                        costs.append(total_loss(self._progress(j) for j in gpu.residents if j.id not in self.leaving))
                 if costs:
                     self._node_estimates.append((node, sorted(costs)))
         return self._node_estimates
@@ -191,7 +191,7 @@ class Reclaimer:
         ranked = self._ranked.get(n)
         if ranked is None:
             ranked = self._ranked[n] = [node for *_, node in sorted(
-                (_total(costs[:n]), node.key, node) for node, costs in self._estimates() if len(costs) >= n)]
+                (total_loss(costs[:n]), node.key, node) for node, costs in self._estimates() if len(costs) >= n)]
         candidates = [node for node in ranked if node.indexed]
         per_node = self._evaluate(candidates, shape, pools, enough=RECLAIM_NODES_EVALUATED)
         choices = self._choose(shape, per_node, keep) if per_node else []
@@ -234,7 +234,7 @@ class Reclaimer:
             picked = options[:n]
             if shape.needs_host and self._host_allows(node, shape, picked) < n:
                 continue
-            lost = _total(self._progress(v) for v in {v.id: v for o in picked for v in o[3]}.values())
+            lost = total_loss(self._progress(v) for v in {v.id: v for o in picked for v in o[3]}.values())
             cost = allreduce_seconds(n, shape.allreduce_bytes, node.gb_per_s)
             fits.append(((lost, cost, node.key), node, picked))
         if fits:
@@ -272,7 +272,7 @@ class Reclaimer:
             picked = [by_key[gpu.key] for _, gpus in choice for gpu in gpus]
             if not any(o[3] for o in picked) and not self._stopping(picked):
                 continue
-            lost = _total(self._progress(v) for v in {v.id: v for o in picked for v in o[3]}.values())
+            lost = total_loss(self._progress(v) for v in {v.id: v for o in picked for v in o[3]}.values())
             key = (len(choice), lost)
             if best is None or key < best[0]:
                 best = (key, picked)
@@ -384,7 +384,7 @@ class Reclaimer:
         for _, gpu_victims in chosen:
             for victim in gpu_victims:
                 victims.setdefault(victim.id, victim)
-        ordered = _youngest_first(list(victims.values()))
+        ordered = youngest_first(list(victims.values()))
         borrowed = dict(self.borrowed)
         for victim in ordered:
             if borrowed.get(victim.tenant, 0) <= 0:
@@ -412,7 +412,7 @@ def memory_pressure_victims(capacity: Capacity, config: SchedulerConfig, leaving
         if gpu.used_mib + headroom <= gpu.capacity_mib:
             continue
         used = gpu.used_mib - sum(_memory(j, gpu) for j in gpu.residents if j.id in leaving)
-        borrowers = _youngest_first([j for j in gpu.residents
+        borrowers = youngest_first([j for j in gpu.residents
                                      if j.job_class is JobClass.OPPORTUNISTIC and j.id not in leaving])
         for job in borrowers:
             if used + headroom <= gpu.capacity_mib:

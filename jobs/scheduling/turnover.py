@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from jobs.scheduling.placement import Choice, Shape
 from jobs.scheduling.capacity import GpuSlot
-from jobs.scheduling.reclaim import NO_LOSS, Loss, Reclaim, Reclaimer, _total, _youngest_first
+from jobs.scheduling.reclaim import NO_LOSS, Loss, Reclaim, Reclaimer, total_loss, youngest_first
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, JobRequest, RunningJob
 
 
@@ -68,7 +68,7 @@ class _MostServed(Reclaimer):
         leaving = sum(1 for j in gpu.residents if j.id in self.leaving)
         if leaving + len(evictable) < gpu.occupants:
             return None
-        return _total(self._progress(j) for j in evictable), _youngest_first(evictable)
+        return total_loss(self._progress(j) for j in evictable), youngest_first(evictable)
 
     def _evictable(self, job: RunningJob) -> bool:
         return (job.checkpoints and super()._evictable(job)
