@@ -235,6 +235,9 @@ COLONY_SCHEDULER_QUEUE = "scheduler"
 CELERY_TASK_ROUTES = {"jobs.tasks.scheduling_cycle": {"queue": COLONY_SCHEDULER_QUEUE}}
 # Fair share: a tenant's recent GPU use decays with this half-life (seconds).
 COLONY_USAGE_HALF_LIFE_S = env_float("COLONY_USAGE_HALF_LIFE_S", 24 * 3600.0)
+# Borrowers turn over: one with less than this many GPU-seconds of service that would otherwise
+# over-commit a GPU preempts borrowers past it that checkpoint (jobs/scheduling/turnover.py). 0: off.
+COLONY_BORROWER_TURNOVER_GPU_S = env_float("COLONY_BORROWER_TURNOVER_GPU_S", 3600.0)
 # Stop commands give a job this long after SIGTERM before SIGKILL.
 COLONY_STOP_GRACE_SECONDS = env_float("COLONY_STOP_GRACE_SECONDS", 10.0)
 # A launch not reported started, or a stop not yet confirmed, this long after it was sent is sent

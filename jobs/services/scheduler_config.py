@@ -6,4 +6,5 @@ from jobs.scheduling import SchedulerConfig
 
 
 def scheduler_config() -> SchedulerConfig:
-    return SchedulerConfig(usage_half_life_s=settings.COLONY_USAGE_HALF_LIFE_S)
+    return SchedulerConfig(usage_half_life_s=settings.COLONY_USAGE_HALF_LIFE_S,
+                           borrower_turnover_gpu_s=settings.COLONY_BORROWER_TURNOVER_GPU_S)
