@@ -9,11 +9,11 @@ import io
 import tarfile
 
 import pytest
-from rest_framework.authtoken.models import Token
 
-from cluster_ui.cli import main, script
+from cluster_ui.cli import script
 from cluster_ui.cli.client import Usage
 from jobs.models import CodeArchive, Job
+from tests.cluster_ui.cli.helpers import point_at, run
 
 SWEEP = """#!/usr/bin/env python3 -u
 # A sweep, as a Slurm user writes one.
@@ -27,20 +27,9 @@ print(os.environ["EPOCHS"])
 """
 
 
-def run(capsys, *argv) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.fixture
 def colony(live_server, transactional_db, monkeypatch, tmp_path, alice):
-    monkeypatch.setenv("COLONY_CONFIG", str(tmp_path / "absent.toml"))
-    monkeypatch.setenv("COLONY_URL", live_server.url)
-    monkeypatch.setenv("COLONY_TOKEN", Token.objects.create(user=alice).key)
+    point_at(monkeypatch, tmp_path, live_server.url, alice)
     project = tmp_path / "project"
     (project / "jobs").mkdir(parents=True)
     monkeypatch.chdir(project)

@@ -16,6 +16,7 @@ from cluster_ui.cli import main
 from jobs.choices import JobState
 from jobs.models import Job, JobArray
 from tests.factories import GpuFactory, JobFactory, NodeFactory, running_job
+from tests.cluster_ui.cli.helpers import point_at
 
 
 def run(capsys, *argv, answer: str | None = None) -> tuple[int, str, str]:
@@ -32,9 +33,7 @@ def run(capsys, *argv, answer: str | None = None) -> tuple[int, str, str]:
 @pytest.fixture
 def colony(live_server, transactional_db, live_redis, monkeypatch, tmp_path, alice):
     """A live server for alice, its stop commands going to the tests' own Redis."""
-    monkeypatch.setenv("COLONY_CONFIG", str(tmp_path / "absent.toml"))
-    monkeypatch.setenv("COLONY_URL", live_server.url)
-    monkeypatch.setenv("COLONY_TOKEN", Token.objects.create(user=alice).key)
+    point_at(monkeypatch, tmp_path, live_server.url, alice)
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     return monkeypatch
 

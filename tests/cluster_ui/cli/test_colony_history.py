@@ -16,22 +16,12 @@ from cluster_ui.cli.client import Usage
 from jobs.choices import JobState
 from monitoring.models import JobUsage
 from tests.factories import JobFactory
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.cluster_ui.cli.helpers import point_at, run
 
 
 @pytest.fixture
 def colony(live_server, transactional_db, monkeypatch, tmp_path, alice):
-    monkeypatch.setenv("COLONY_CONFIG", str(tmp_path / "absent.toml"))
-    monkeypatch.setenv("COLONY_URL", live_server.url)
-    monkeypatch.setenv("COLONY_TOKEN", Token.objects.create(user=alice).key)
+    point_at(monkeypatch, tmp_path, live_server.url, alice)
     return monkeypatch
 
 
