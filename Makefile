@@ -56,13 +56,13 @@ test: $(STAMP) | $(CHROMIUM)
 	for code in $$first $$second; do [ $$code -eq 0 ] || [ $$code -eq 5 ] || exit $$code; done
 
 # Re-pin after changing dependencies in pyproject.toml. Two locks at the same versions:
-# requirements.lock, everything with the test tools (what `make test`/`make run` and CI install), and
+# requirements.lock, everything with the test and docs tools (what `make test`/`make run` and CI install), and
 # requirements/runtime.lock, the runtime dependencies alone with every file's hash (what the image
 # installs: the Dockerfile). tests/deploy/test_runtime_lock.py holds them to each other.
 PIP_TOOLS ?= pip-tools==7.4.1
 lock:
 	rm -rf .venv-lock .venv-lock-tools && $(PYTHON) -m venv .venv-lock && $(PYTHON) -m venv .venv-lock-tools
-	.venv-lock/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
+	.venv-lock/bin/pip install --quiet --disable-pip-version-check -e '.[test,docs]'
 	.venv-lock/bin/pip freeze --all --exclude-editable | grep -v '^pip==' > requirements.lock
 	.venv-lock-tools/bin/pip install --quiet --disable-pip-version-check '$(PIP_TOOLS)'
 	rm -f requirements/runtime.lock

@@ -12,7 +12,7 @@ def agent_authentication(app_configs, **kwargs):
     return [Warning(
         "Agent authentication is off: any client of Redis can post metrics and job events for any node.",
         hint="Set COLONY_AGENT_SECRET (or COLONY_AGENT_SECRET_FILE), at least 16 characters, and install "
-             "each node's key from `manage.py agent_key NODE` (see README, 'Agent authentication').",
+             "each node's key from `manage.py agent_key NODE` (see docs/security.md, 'Agent authentication').",
         id="colony.W001",
     )]
 
@@ -26,7 +26,7 @@ def production_database(app_configs, **kwargs):
     return [Warning(
         "The database is SQLite (the developer default): DATABASE_URL is unset.",
         hint="Set DATABASE_URL (or DATABASE_URL_FILE) to the PostgreSQL database, e.g. "
-             "postgres://colony@db:5432/colony (README, 'Settings').",
+             "postgres://colony@db:5432/colony (docs/settings.md).",
         id="colony.W002",
     )]
 

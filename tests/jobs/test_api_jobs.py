@@ -200,7 +200,7 @@ def test_an_empty_command_is_refused_in_plain_words(alice, api):
 
 
 def test_a_pending_job_says_when_it_may_start(api, alice, vision):
-    """``pending_reason.eta_at``: the scheduler's estimate as a time, as README says; null without one."""
+    """``pending_reason.eta_at``: the scheduler's estimate as a time, as docs/jobs.md says; null without one."""
     import time
     from datetime import datetime, timezone
 
