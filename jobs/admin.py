@@ -176,8 +176,9 @@ class JobAdmin(admin.ModelAdmin):
     list_filter = ("state", "run_class", "tenant")
     search_fields = ("name", "owner__username")
     list_select_related = ("tenant", "owner")
-    readonly_fields = ("submitted_at", "placed_at", "started_at", "finished_at", "pending_reason", "promised_gpus",
-                       "output_tail")
+    # The state moves only through the lifecycle (jobs/state_guard.py): by the actions below, not the form.
+    readonly_fields = ("state", "submitted_at", "placed_at", "started_at", "finished_at", "pending_reason",
+                       "promised_gpus", "output_tail")
 
     @admin.display(description="Promised GPUs")
     def promised_gpus(self, job: Job):

@@ -13,11 +13,13 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         from jobs.services import alerts  # noqa: F401  (connects the alert-notification receivers)
+        from jobs import state_guard
         from jobs.services.visibility import gpu_holders as visible_gpu_holders
         from monitoring.services import gpu_holders, placements
 
         placements.install(_placed_on)
         gpu_holders.install(visible_gpu_holders)
+        state_guard.install()
 
 
 def _placed_on(pairs: set[tuple[str, int]]) -> set[tuple[str, int]]:

@@ -9,6 +9,7 @@ from django.db import models
 from django.db.models import F, Q
 
 from agents import protocol
+from jobs import state_guard
 from jobs.choices import RunClass, JobEventKind, JobState, Role
 
 
@@ -257,6 +258,10 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
+
+    def save(self, *args, **kwargs):
+        state_guard.saving(self, kwargs)  # the lifecycle alone changes a job's state
+        super().save(*args, **kwargs)
 
 
 class JobPromise(models.Model):

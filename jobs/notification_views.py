@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 
+from cluster_ui.api.pages import page
 from jobs.models import Notification, NotificationSettings
 from jobs.services import notifications
 
@@ -71,7 +71,7 @@ class NotificationSettingsForm(forms.ModelForm):
         return cleaned
 
 
-@login_required
+@page(own_things_only=True)
 def notification_settings(request):
     prefs = NotificationSettings.objects.filter(user=request.user).first() or NotificationSettings(user=request.user)
     form = NotificationSettingsForm(request.POST or None, instance=prefs, user=request.user)

@@ -1,8 +1,9 @@
 """Server-rendered pages for researchers: queue, submit, job detail (with cancel), usage report.
 
-Every job a page shows or acts on comes from ``Job.objects.visible_to(request.user)``, so another
-tenant's job is a 404 here exactly as in the API. Pages render their first state on the server and
-then poll the JSON API (``static/js/<page>.js``) to stay current.
+Every page is built on :mod:`cluster_ui.api.pages`: the jobs a page shows or acts on are its
+``rows``, narrowed to ``visible_to(request.user)`` before the page runs, so another tenant's job is
+a 404 here exactly as in the API and no page writes its own filter. Pages render their first
+state on the server and then poll the JSON API (``static/js/<page>.js``) to stay current.
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ import math
 from datetime import timedelta
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
-from django.contrib.auth.mixins import LoginRequiredMixin
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 from django.views.generic import DetailView, FormView, ListView, TemplateView
 
+from cluster_ui.api.pages import RestrictedPage, page
 from cluster_ui.api.throttles import SubmissionRateThrottle
 from jobs.services import roles
 from jobs.services.eta import eta_seconds
@@ -33,12 +33,8 @@ from jobs.services.submission import NotCancellable, TooManyWaiting, cancel_job,
 from jobs.services.gpu_usage import queue_positions
 
 
-def visible_jobs(user):
-    return (
-        Job.objects.visible_to(user)
-        .select_related("tenant", "owner", "wait")
-        .prefetch_related("allocations__gpu__node")
-    )
+# What a job row on a page shows with it (narrowed per request by the page base).
+JOB_ROWS = Job.objects.select_related("tenant", "owner", "wait").prefetch_related("allocations__gpu__node")
 
 
 def filter_tenants(user):
@@ -49,14 +45,15 @@ def filter_tenants(user):
 ETA_ACCURACY_DAYS = 7
 
 
-class QueueView(LoginRequiredMixin, ListView):
+class QueueView(RestrictedPage, ListView):
+    queryset = JOB_ROWS
     template_name = "jobs/queue.html"
     context_object_name = "jobs"
     paginate_by = 50  # the API page size, so a live refresh shows the same rows
 
     def get_queryset(self):
         self.job_filter = JobFilter.from_params(self.request.GET, self.request.user)
-        return self.job_filter.apply(visible_jobs(self.request.user))
+        return self.job_filter.apply(super().get_queryset())
 
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
@@ -73,14 +70,15 @@ class QueueView(LoginRequiredMixin, ListView):
             selected={"tenant": self.request.GET.get("tenant", ""), "state": self.request.GET.get("state", ""),
                       "owner": self.request.GET.get("owner", "")},
             unknown_states=self.job_filter.unknown_states,
-            eta_accuracy=eta_accuracy(Job.objects.visible_to(self.request.user),
-                                      timezone.now() - timezone.timedelta(days=ETA_ACCURACY_DAYS)),
+            eta_accuracy=eta_accuracy(self.queryset, timezone.now() - timezone.timedelta(days=ETA_ACCURACY_DAYS)),
             eta_accuracy_days=ETA_ACCURACY_DAYS,
         )
         return context
 
 
-class SubmitView(LoginRequiredMixin, FormView):
+class SubmitView(RestrictedPage, FormView):
+    # The form names jobs only as dependencies, which submission checks against the owner's tenants.
+    own_things_only = True
     template_name = "jobs/submit.html"
     form_class = SubmitForm
 
@@ -145,13 +143,11 @@ def timeline_of(job) -> list[dict]:
     return steps
 
 
-class JobDetailView(LoginRequiredMixin, DetailView):
+class JobDetailView(RestrictedPage, DetailView):
+    # The archive's bytes stay in the database: the page names it, never reads it.
+    queryset = JOB_ROWS.select_related("code", "array").defer("code__data")
     template_name = "jobs/detail.html"
     context_object_name = "job"
-
-    def get_queryset(self):
-        # The archive's bytes stay in the database: the page names it, never reads it.
-        return visible_jobs(self.request.user).select_related("code", "array").defer("code__data")
 
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
@@ -174,10 +170,10 @@ class JobDetailView(LoginRequiredMixin, DetailView):
         return context
 
 
-@login_required
+@page(rows=Job.objects.select_related("owner", "tenant"))
 @require_POST
-def cancel(request, pk: int):
-    job = get_object_or_404(Job.objects.visible_to(request.user).select_related("owner", "tenant"), pk=pk)
+def cancel(request, pk: int, rows):
+    job = get_object_or_404(rows, pk=pk)
     if not roles.may_cancel(request.user, job):
         messages.error(request, f"Not cancelled: {roles.cancel_refused(job)}")
         return redirect("jobs:detail", pk=job.pk)
@@ -201,7 +197,8 @@ def report_days(request) -> int:
     return min(max(days, 1), MAX_REPORT_DAYS)
 
 
-class UsageView(LoginRequiredMixin, TemplateView):
+class UsageView(RestrictedPage, TemplateView):
+    cluster_wide = True  # GPU hours per tenant, as /api/v1/usage/ shows them: no job is named
     template_name = "jobs/usage.html"
 
     def get_context_data(self, **kwargs):
@@ -224,7 +221,7 @@ class UsageView(LoginRequiredMixin, TemplateView):
         }
 
 
-@login_required
+@page(cluster_wide=True)
 def usage_csv(request):
     days = report_days(request)
     response = HttpResponse(content_type="text/csv; charset=utf-8")
@@ -237,14 +234,15 @@ def usage_csv(request):
     return response
 
 
-@login_required
-def members(request, slug: str):
-    """A tenant lead's page: the tenant's members, what they run, and the limits the lead sets."""
+@page(rows=Membership.objects.all())
+def members(request, slug: str, rows):
+    """A tenant lead's page: the tenant's members, what they run, and the limits the lead sets
+    (``rows``: the memberships the user may see, which for a lead are the tenant's)."""
     tenant = get_object_or_404(Tenant, slug=slug)
     if not roles.leads(request.user, tenant.pk):
         raise Http404("No such tenant, or you do not lead it.")
     if request.method == "POST":
-        membership = get_object_or_404(Membership, tenant=tenant, user__username=request.POST.get("member", ""))
+        membership = get_object_or_404(rows, tenant=tenant, user__username=request.POST.get("member", ""))
         limits = {}
         for field in ("max_gpus", "max_running_jobs"):
             text = request.POST.get(field, "").strip()
@@ -259,4 +257,4 @@ def members(request, slug: str):
         memberships__user=request.user, memberships__role=Role.LEAD)
     return render(request, "jobs/members.html", {
         "tenant": tenant, "led": list(led.order_by("slug")),
-        "members": roles.members_now(tenant, Membership.objects.all())})
+        "members": roles.members_now(tenant, rows)})

@@ -1,17 +1,17 @@
 """Pages of the inventory: the cluster heatmap, the node list, one node.
 
-Cluster-wide facts (GPU states, readings, node inventory) are shown to every signed-in user. The
-node page names the jobs on each GPU through :mod:`monitoring.services.gpu_holders`, which ``jobs``
-fills in (only it can tell whom a job may be named to). Charts and live numbers are fetched by
-the page's script from the API.
+Cluster-wide facts (GPU states, readings, node inventory) are shown to every signed-in user: each
+page says so to the page base (:mod:`cluster_ui.api.pages`). The node page names the jobs on each
+GPU only through :mod:`monitoring.services.gpu_holders`, which ``jobs`` fills in (only it can tell
+whom a job may be named to). Charts and live numbers are fetched by the page's script from the API.
 """
 
 from collections import Counter
 
-from django.contrib.auth.decorators import login_required
 from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404, render
 
+from cluster_ui.api.pages import page
 from monitoring.models import Gpu, Node
 from monitoring.services import gpu_holders
 from monitoring.services.heatmap import METRICS, RANGES
@@ -22,7 +22,7 @@ def _choice(value: str | None, allowed, default: str) -> str:
     return value if value in allowed else default
 
 
-@login_required
+@page(cluster_wide=True)
 def heatmap(request):
     return render(request, "monitoring/heatmap.html", {
         "ranges": list(RANGES), "metrics": METRICS,
@@ -31,7 +31,7 @@ def heatmap(request):
     })
 
 
-@login_required
+@page(cluster_wide=True)
 def nodes(request):
     rows = list(Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.filter(present=True))))
     for node in rows:
@@ -40,7 +40,7 @@ def nodes(request):
     return render(request, "monitoring/nodes.html", {"nodes": rows})
 
 
-@login_required
+@page(cluster_wide=True)
 def node_detail(request, name: str):
     node = get_object_or_404(Node, name=name)
     gpus = list(node.gpus.filter(present=True).order_by("index"))
