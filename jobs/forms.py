@@ -13,7 +13,7 @@ import shlex
 
 from django import forms
 
-from cluster_ui.cli import units
+from agents import units
 from jobs.api.serializers import JobSubmitSerializer
 from jobs.services.submission import tenants_of
 from monitoring.services.registry import cluster_inventory
@@ -40,22 +40,14 @@ STOP_SIGNALS = [(name, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUS
 
 
 
-def parse_size_mib(text: str) -> int | None:
-    """'20GiB', '20 GB', '512MiB', '20' (GiB) -> MiB; None if it does not read as a size. The
-    command line reads sizes the same way (one parser: :mod:`cluster_ui.cli.units`)."""
+def _read(text: str, parse) -> tuple[int | None, str | None]:
+    """A size or duration as :mod:`agents.units` reads it for the command line too ('20 GiB', a
+    bare 20 is GiB; '90m', '1h30m', a bare number refused): (value, None) or (None, the reason)."""
     try:
-        return units.size_mib(text)
-    except ValueError:
-        return None
-
-
-def parse_duration_s(text: str, default_unit: str = "min") -> int | None:
-    """'90m', '4h', '2d', '3600s', '30' (``default_unit``: minutes) -> seconds; None if it does
-    not read as one."""
-    try:
-        return units.duration_s(text, bare_unit=default_unit)
-    except ValueError:
-        return None
+        return parse(text), None
+    except ValueError as exc:
+        reason = str(exc)
+        return None, f"{reason[:1].upper()}{reason[1:]}."
 
 
 class LooseMultipleChoiceField(forms.MultipleChoiceField):
@@ -164,25 +156,25 @@ class SubmitForm(forms.Form):
                 payload[name] = data[name].strip()
         payload["gpu_milli"] = data.get("gpu_milli") or "1000"
         if data.get("gpu_memory", "").strip():
-            mib = parse_size_mib(data["gpu_memory"])
-            if mib is None:
-                self.add_error("gpu_memory", "Enter a size such as 20 GiB or 512 MiB.")
+            value, problem = _read(data["gpu_memory"], units.parse_size)
+            if problem:
+                self.add_error("gpu_memory", problem)
             else:
-                payload["gpu_memory_mib"] = mib
+                payload["gpu_memory_mib"] = value
         if data.get("cpus", "").strip():
             payload["cpus"] = data["cpus"].strip()
         if data.get("host_memory", "").strip():
-            mib = parse_size_mib(data["host_memory"])
-            if mib is None:
-                self.add_error("host_memory", "Enter a size such as 64 GiB or 512 MiB.")
+            value, problem = _read(data["host_memory"], units.parse_size)
+            if problem:
+                self.add_error("host_memory", problem)
             else:
-                payload["host_memory_mib"] = mib
+                payload["host_memory_mib"] = value
         if data.get("max_runtime", "").strip():
-            seconds = parse_duration_s(data["max_runtime"])
-            if seconds is None:
-                self.add_error("max_runtime", "Enter a duration such as 90m, 4h or 2d.")
+            value, problem = _read(data["max_runtime"], units.parse_duration)
+            if problem:
+                self.add_error("max_runtime", problem)
             else:
-                payload["max_runtime_s"] = seconds
+                payload["max_runtime_s"] = value
         if data.get("gpu_models"):
             payload["gpu_models"] = list(data["gpu_models"])
         if data.get("mig_profile"):
@@ -201,11 +193,11 @@ class SubmitForm(forms.Form):
             elif ids:
                 payload[name] = [int(word) for word in ids]
         if data.get("preempt_grace", "").strip():
-            seconds = parse_duration_s(data["preempt_grace"], default_unit="s")
-            if seconds is None:
-                self.add_error("preempt_grace", "Enter a duration such as 90s or 2m.")
+            value, problem = _read(data["preempt_grace"], units.parse_duration)
+            if problem:
+                self.add_error("preempt_grace", problem)
             else:
-                payload["preempt_grace_s"] = seconds
+                payload["preempt_grace_s"] = value
         payload["stop_signal"] = data.get("stop_signal") or "SIGTERM"
         payload["checkpoints"] = bool(data.get("checkpoints"))
         upload = data.get("code_archive")

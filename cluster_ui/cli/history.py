@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from datetime import datetime, timedelta, timezone
 
-from cluster_ui.cli import units
+from agents import units
 from cluster_ui.cli.client import Client, Usage
 
 HEADER = ["ID", "NAME", "STATE", "FINISHED (UTC)", "RUNTIME", "GPUS", "GPU-HOURS", "GPU USE", "MEMORY USE"]
@@ -45,7 +45,7 @@ def since_time(text: str, now: datetime | None = None) -> datetime:
     """``7d`` -> seven days before now; ``2026-01-31`` or an ISO time -> that moment (UTC unless given)."""
     now = now or datetime.now(timezone.utc)
     try:
-        return now - timedelta(seconds=units.duration_s(text))
+        return now - timedelta(seconds=units.parse_duration(text))
     except ValueError:
         pass
     try:
@@ -53,6 +53,11 @@ def since_time(text: str, now: datetime | None = None) -> datetime:
     except ValueError:
         raise Usage(f"--since takes a duration back (7d, 12h) or a date (2026-01-31), not {text!r}") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def gpu_request(job: dict) -> str:
+    """'2 GPUs', '1/4 GPU × 10 GiB': as the dashboard words an API job."""
+    return units.format_gpu_request(job["gpus"], job.get("gpu_milli"), job.get("gpu_memory_mib"))
 
 
 def gpu_share(job: dict) -> float:
@@ -81,8 +86,8 @@ def memory_use(job: dict) -> str:
     if not peak:
         return "-"
     if not asked:
-        return f"peak {units.human_mib(peak)}"
-    return f"{units.human_mib(peak)} of {units.human_mib(asked)} ({peak / asked:.0%})"
+        return f"peak {units.format_mib(peak)}"
+    return f"{units.format_mib(peak)} of {units.format_mib(asked)} ({peak / asked:.0%})"
 
 
 def history_table(jobs: list[dict], since: str | None) -> str:
@@ -95,7 +100,7 @@ def history_table(jobs: list[dict], since: str | None) -> str:
         use = gpu_use(job)
         rows.append([str(job["id"]), name, job["state"],
                      finished.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M") if finished else "-",
-                     units.human_duration(runtime_s(job)), units.gpu_request(job), f"{gpu_hours(job):.2f}",
+                     units.format_duration(runtime_s(job)) or "-", gpu_request(job), f"{gpu_hours(job):.2f}",
                      "-" if use is None else f"{use:.0%}", memory_use(job)])
     widths = [max(len(row[i]) for row in [HEADER, *rows]) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [HEADER, *rows]]

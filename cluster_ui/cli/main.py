@@ -15,7 +15,8 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from cluster_ui.cli import cancel, history, login, submit, units
+from agents import units
+from cluster_ui.cli import cancel, history, login, submit
 from cluster_ui.cli.client import ApiError, Client, ConfigError, Usage, resolve
 from cluster_ui.cli.submit import cmd_submit, default_name  # noqa: F401  (still importable from here)
 
@@ -49,19 +50,19 @@ def queue_table(jobs: list[dict]) -> str:
     rows = []
     for job in jobs:
         if job["state"] == "PENDING":
-            time = units.human_duration(units.seconds_between(job["submitted_at"]))
+            time = units.format_duration(units.seconds_between(job["submitted_at"])) or "-"
         else:
-            time = units.human_duration(units.seconds_between(job["started_at"], job["finished_at"]))
+            time = units.format_duration(units.seconds_between(job["started_at"], job["finished_at"])) or "-"
         position = f"{job['queue_position']}/{job['queue_length']}" if job.get("queue_position") else "-"
         why = ",".join(job.get("nodes") or [])
         if job.get("pending_reason"):
             why = job["pending_reason"]["message"]
             if job.get("eta_s") is not None:
-                why += f" (starts in ~{units.human_duration(job['eta_s'])})"
+                why += f" (starts in ~{units.format_duration(job['eta_s'])})"
         run_class = job.get("run_class") or ("spare-only" if job.get("opportunistic_only") else "-")
         name = job["name"] + (f"[{job['array_index']}]" if job.get("array_index") is not None else "")
         rows.append([str(job["id"]), name, job["tenant"], job["owner"], job["state"], run_class,
-                     units.gpu_request(job), position, time, why or "-"])
+                     history.gpu_request(job), position, time, why or "-"])
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     lines = []
     limit = shutil.get_terminal_size((200, 24)).columns if sys.stdout.isatty() else None
@@ -77,7 +78,7 @@ def cmd_show(client: Client, args) -> tuple[object, str]:
         f"Job {job['id']}: {job['name']}",
         f"  state       {job['state']}" + (f" (exit code {job['exit_code']})" if job.get("exit_code") is not None else ""),
         f"  tenant      {job['tenant']}   owner {job['owner']}",
-        f"  request     {units.gpu_request(job)} GPU(s), priority {job['priority']}"
+        f"  request     {history.gpu_request(job)}, priority {job['priority']}"
         + (", spare capacity only" if job.get("opportunistic_only") else ""),
         f"  class       {job.get('run_class') or '-'}",
         f"  command     {shlex.join(job['command'])}",
@@ -92,24 +93,25 @@ def cmd_show(client: Client, args) -> tuple[object, str]:
         if job.get(field):
             lines.append(f"  {label:<11} {job[field]}")
     if job.get("peak_gpu_memory_mib"):
-        lines.append(f"  peak memory {units.human_mib(job['peak_gpu_memory_mib'])}")
+        lines.append(f"  peak memory {units.format_mib(job['peak_gpu_memory_mib'])}")
     for allocation in job.get("allocations", []):
         state = "released" if allocation.get("released_at") else "held"
         lines.append(f"  gpu         {allocation['node']}/{allocation['gpu_index']} {allocation['gpu_model']} "
-                     f"share {allocation['gpu_milli'] / 1000:g} duty {allocation['duty_cycle']:.2f} ({state})")
+                     f"share {units.format_share(allocation['gpu_milli'])} "
+                     f"duty {allocation['duty_cycle']:.2f} ({state})")
     if job.get("error"):
         lines.append(f"  error       {job['error']}")
     return job, "\n".join(lines)
 
 
 def eta_text(eta_at: str) -> str:
-    """``"in ~12m00s (14:05 UTC)"``: the scheduler's estimate, from now and on the clock (with
+    """``"in ~12 min 05 s (14:05 UTC)"``: the scheduler's estimate, from now and on the clock (with
     the date when it is not today's)."""
     at = units.parse_time(eta_at).astimezone(timezone.utc)
     now = datetime.now(timezone.utc)
     clock = at.strftime("%H:%M UTC") if at.date() == now.date() else at.strftime("%Y-%m-%d %H:%M UTC")
     left = (at - now).total_seconds()
-    return f"in ~{units.human_duration(left)} ({clock})" if left >= 1 else f"any moment now (due {clock})"
+    return f"in ~{units.format_duration(left)} ({clock})" if left >= 1 else f"any moment now (due {clock})"
 
 
 def contract_lines(job: dict) -> list[str]:
@@ -134,14 +136,14 @@ def contract_lines(job: dict) -> list[str]:
         lines.append(f"  after       {', '.join(waits)}")
     notice = []
     if job.get("preempt_grace_s"):
-        notice.append(f"{units.human_duration(job['preempt_grace_s'])} notice")
+        notice.append(f"{units.format_duration(job['preempt_grace_s'])} notice")
     if job.get("checkpoints"):
         notice.append("checkpoints")
     if notice:
         lines.append(f"  preemption  {', '.join(notice)}")
     if job.get("preemptions"):
         count = job["preemptions"]
-        lost = f", {units.human_duration(job['lost_work_s'])} of work lost" if job.get("lost_work_s") else ""
+        lost = f", {units.format_duration(job['lost_work_s'])} of work lost" if job.get("lost_work_s") else ""
         lines.append(f"  preempted   {count} time{'s' if count != 1 else ''}{lost}")
     return lines
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pathspec
 
-from cluster_ui.cli import units
+from agents import units
 
 MAX_FILES = 10_000
 MAX_ENTRIES = 20_000  # files and directories: the server's count
@@ -88,14 +88,14 @@ def pack(root: str | os.PathLike) -> Archive:
             content = _read(root, name)
             raw += len(content)  # the file may have grown since the walk saw it
             if raw > MAX_RAW_BYTES:
-                raise PackError(_too_big(root, f"more than {units.human_bytes(MAX_RAW_BYTES)}", tree.files, 1))
+                raise PackError(_too_big(root, f"more than {units.format_bytes(MAX_RAW_BYTES)}", tree.files, 1))
             info.size, info.mode = len(content), 0o755 if executable else 0o644
             tar.addfile(info, io.BytesIO(content))
             if buffer.tell() > MAX_ARCHIVE_BYTES:
                 break
     data = buffer.getvalue()
     if len(data) > MAX_ARCHIVE_BYTES:
-        raise PackError(_too_big(root, f"more than {units.human_bytes(MAX_ARCHIVE_BYTES)} compressed "
+        raise PackError(_too_big(root, f"more than {units.format_bytes(MAX_ARCHIVE_BYTES)} compressed "
                                        "(the most Colony takes)", tree.files, 1, stopped=False))
     return Archive(data=data, sha256=hashlib.sha256(data).hexdigest(), files=len(tree.files), raw_bytes=raw,
                    skipped_links=tuple(sorted(tree.links)), skipped_special=tuple(sorted(tree.special)),
@@ -142,7 +142,7 @@ def _walk(root: Path) -> _Tree:
             if len(tree.files) > MAX_FILES:
                 raise PackError(_too_big(root, f"more than {MAX_FILES:,} files", tree.files, 0))
             if tree.raw_bytes > MAX_RAW_BYTES:
-                raise PackError(_too_big(root, f"more than {units.human_bytes(MAX_RAW_BYTES)}", tree.files, 1))
+                raise PackError(_too_big(root, f"more than {units.format_bytes(MAX_RAW_BYTES)}", tree.files, 1))
         pending.extend(reversed(subdirectories))  # depth first, in name order
     return tree
 
@@ -215,5 +215,5 @@ def _heaviest(files: list[tuple[str, int, bool]], measure: int, limit: int = 5):
 def _describe(name: str, totals: list[int]) -> str:
     count, size = totals
     if name.endswith("/"):
-        return f"{name} ({count:,} file{'s' if count != 1 else ''}, {units.human_bytes(size)})"
-    return f"{name} ({units.human_bytes(size)})"
+        return f"{name} ({count:,} file{'s' if count != 1 else ''}, {units.format_bytes(size)})"
+    return f"{name} ({units.format_bytes(size)})"

@@ -15,7 +15,8 @@ import os
 import re
 import sys
 
-from cluster_ui.cli import pack, script, units
+from agents import units
+from cluster_ui.cli import pack, script
 from cluster_ui.cli.client import ApiError, Client, Usage
 
 # Programs that run the program named after them: a job is better named for what they run.
@@ -134,20 +135,20 @@ def job_body(args) -> dict:
     body: dict = {"command": args.command, "gpus": args.gpus, "name": args.name or default_name(args.command)}
     try:
         if args.gpu_fraction is not None:
-            body["gpu_milli"] = units.gpu_milli(args.gpu_fraction)
+            body["gpu_milli"] = units.parse_gpu_share(args.gpu_fraction)
             if args.gpus_given and args.gpus != 1:
                 raise Usage("--gpu-fraction is a share of one GPU; leave out --gpus (or say --gpus 1)")
             body["gpus"] = 1
         if args.memory:
-            body["gpu_memory_mib"] = units.size_mib(args.memory)
+            body["gpu_memory_mib"] = units.parse_size(args.memory)
         if args.cpus:
             body["cpus"] = args.cpus
         if args.host_memory:
-            body["host_memory_mib"] = units.size_mib(args.host_memory)
+            body["host_memory_mib"] = units.parse_size(args.host_memory)
         if args.max_runtime:
-            body["max_runtime_s"] = units.duration_s(args.max_runtime)
+            body["max_runtime_s"] = units.parse_duration(args.max_runtime)
         if args.preempt_grace:
-            body["preempt_grace_s"] = units.duration_s(args.preempt_grace)
+            body["preempt_grace_s"] = units.parse_duration(args.preempt_grace)
     except ValueError as exc:
         raise Usage(str(exc)) from None
     if args.mig_profile is not None and (args.gpu_fraction is not None or (args.gpus_given and args.gpus != 1)):
@@ -227,7 +228,7 @@ def upload_code(client: Client, directory: str, tenant: str | None, needed: str 
     sha256 = (stored or {}).get("sha256") or archive.sha256
     verb = "Uploaded code" if status == 201 else "Code already uploaded"
     line = (f"{verb}: {archive.files:,} file{'s' if archive.files != 1 else ''}, "
-            f"{units.human_bytes(len(archive.data))} (sha256 {sha256[:12]}…)")
+            f"{units.format_bytes(len(archive.data))} (sha256 {sha256[:12]}…)")
     line += _skipped(archive.skipped_links, "symbolic link") + _skipped(archive.skipped_special, "special file")
     print(line, file=sys.stderr, flush=True)
     return sha256

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import StrEnum
 
+from agents import units
+
 MIB_PER_GIB = 1024
 
 
@@ -76,7 +78,8 @@ class PendingReason:
 
 
 def gib(mib: float) -> str:
-    return f"{mib / MIB_PER_GIB:.0f} GiB" if mib % MIB_PER_GIB == 0 else f"{mib / MIB_PER_GIB:.1f} GiB"
+    """'20 GiB', '20.5 GiB', '512 MiB': as the pages word a size."""
+    return units.format_mib(mib)
 
 
 def _gpus(n: float) -> str:
@@ -154,14 +157,9 @@ def user_limit(name: str, tenant: str, running: int, max_running: int | None, he
 
 
 def duration(seconds: float) -> str:
-    """'45 s', '5 min', '2 h 5 min': for sentences, not for arithmetic."""
-    seconds = max(0, round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes = round(seconds / 60)
-    if minutes < 60:
-        return f"{minutes} min"
-    return f"{minutes // 60} h" + (f" {minutes % 60} min" if minutes % 60 else "")
+    """'45 s', '5 min', '2 h 05 min': worded as every page, the CLI and the pages' script word it
+    (a standard-library leaf, the one module of ours the core reads)."""
+    return units.format_duration(seconds)
 
 
 def waiting_for_one_node(gpus: int, spread_nodes: int, wait_s: float) -> PendingReason:

@@ -1,5 +1,6 @@
 /* Helpers every page script uses: JSON fetching, polling, and the same wording as the
-   server-side template filters (cluster_ui/templatetags/colony.py). No framework, no CDN. */
+   server-side template filters (agents/units.py, through cluster_ui/templatetags/colony.py).
+   No framework, no CDN. */
 (function () {
   "use strict";
 
@@ -41,15 +42,20 @@
     tick();
   }
 
+  /* The formatters of agents/units.py, word for word (tests/units/cases.json holds the cases both
+     are tested on). Rounding is half up, Math.floor(x + 0.5), on both sides. */
+  function halfUp(value) { return Math.floor(value + 0.5); }
+  function pad(n) { return (n < 10 ? "0" : "") + n; }
+
   function duration(seconds) {
-    if (seconds == null || isNaN(seconds)) { return ""; }
-    var s = Math.max(0, Math.round(seconds));
+    if (seconds == null || seconds === "" || isNaN(seconds)) { return ""; }
+    var s = Math.max(0, halfUp(Number(seconds)));
     if (s < 60) { return s + " s"; }
     var m = Math.floor(s / 60); s = s % 60;
-    if (m < 60) { return m + " min " + (s < 10 ? "0" : "") + s + " s"; }
+    if (m < 60) { return m + " min" + (s ? " " + pad(s) + " s" : ""); }
     var h = Math.floor(m / 60); m = m % 60;
-    if (h < 48) { return h + " h " + (m < 10 ? "0" : "") + m + " min"; }
-    return Math.floor(h / 24) + " d " + (h % 24) + " h";
+    if (h < 48) { return h + " h" + (m ? " " + pad(m) + " min" : ""); }
+    return Math.floor(h / 24) + " d" + (h % 24 ? " " + (h % 24) + " h" : "");
   }
 
   function since(iso, until) {
@@ -58,19 +64,35 @@
     return (end - Date.parse(iso)) / 1000;
   }
 
-  function mib(value) {
-    if (value == null) { return "—"; }
-    if (value >= 1024) {
-      var g = value / 1024;
-      return (g >= 100 || g === Math.round(g) ? g.toFixed(0) : g.toFixed(1)) + " GiB";
-    }
-    return Math.round(value) + " MiB";
+  function scaled(value, names) {
+    if (value == null || value === "") { return "—"; }
+    var v = Math.max(0, Number(value)), step = 0;
+    while (halfUp(v) >= 1024 && step < names.length - 1) { v /= 1024; step += 1; }
+    if (step === 0 || v >= 100) { return halfUp(v) + " " + names[step]; }
+    var tenths = halfUp(v * 10);
+    return Math.floor(tenths / 10) + (tenths % 10 ? "." + (tenths % 10) : "") + " " + names[step];
   }
+
+  function bytes(size) { return scaled(size, ["B", "KiB", "MiB", "GiB", "TiB"]); }
+  function mib(value) { return scaled(value, ["MiB", "GiB", "TiB"]); }
+
+  /* 1500 -> "1.5", exact: the digits of the thousandths, not of a float. */
+  function thousandths(milli) {
+    var whole = Math.floor(milli / 1000), rest = milli % 1000;
+    return rest ? whole + "." + String(1000 + rest).slice(1).replace(/0+$/, "") : String(whole);
+  }
+
+  function cores(milli) {
+    var text = thousandths(milli);
+    return text + (text === "1" ? " CPU core" : " CPU cores");
+  }
+
+  function gcd(a, b) { return b ? gcd(b, a % b) : a; }
 
   function share(milli) {
     if (!milli || milli >= 1000) { return "whole"; }
-    var fractions = {500: "1/2", 250: "1/4", 125: "1/8", 200: "1/5", 100: "1/10"};
-    return fractions[milli] || String(milli / 1000);
+    var divisor = gcd(milli, 1000);
+    return divisor === milli ? "1/" + (1000 / divisor) : thousandths(milli);
   }
 
   function gpuRequest(job) {
@@ -81,7 +103,6 @@
   }
 
   var MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
-  function pad(n) { return (n < 10 ? "0" : "") + n; }
   /* Same shape as the templates' "M j, H:i:s", in UTC like the server renders. */
   function stamp(iso) {
     if (!iso) { return "—"; }
@@ -110,7 +131,7 @@
   var plotConfig = {displaylogo: false, responsive: true,
                     modeBarButtonsToRemove: ["lasso2d", "select2d", "autoScale2d", "toggleSpikelines"]};
 
-  window.Colony = {esc: esc, getJSON: getJSON, poll: poll, duration: duration, since: since, mib: mib,
-                   share: share, gpuRequest: gpuRequest, stamp: stamp, csrfToken: csrfToken,
+  window.Colony = {esc: esc, getJSON: getJSON, poll: poll, duration: duration, since: since, bytes: bytes,
+                   mib: mib, cores: cores, share: share, gpuRequest: gpuRequest, stamp: stamp, csrfToken: csrfToken,
                    updated: updated, stale: stale, STATE_LABELS: STATE_LABELS, plotConfig: plotConfig};
 })();

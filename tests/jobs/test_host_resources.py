@@ -107,5 +107,5 @@ def test_the_form_says_which_field_is_wrong(client, alice, node16):
     page = client.post("/jobs/submit/", {"command": "python train.py", "gpus": "1", "gpu_milli": "1000",
                                          "run_as": "auto", "cpus": "40", "host_memory": "lots",
                                          "stop_signal": "SIGTERM"}).content.decode()
-    assert "Enter a size such as 64 GiB or 512 MiB." in page
+    assert "Not a size: &#x27;lots&#x27; (a number and a unit: 512MiB, 20GiB, 1.5T" in page
     assert not Job.objects.exists()

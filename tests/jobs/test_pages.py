@@ -10,7 +10,6 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from jobs.choices import JobState
-from jobs.forms import parse_duration_s, parse_size_mib
 from jobs.models import Allocation, Job
 from tests.factories import running_job
 from tests.factories import JobFactory, MembershipFactory, TenantFactory
@@ -81,8 +80,11 @@ def test_form_refuses_with_the_apis_words(alice, cluster, web, api, form, payloa
 @pytest.mark.parametrize("form, field, words", [
     ({"command": "python 'unbalanced"}, "command", "Could not split the command"),
     ({"command": ""}, "command", "This field is required."),
-    ({"gpu_memory": "lots"}, "gpu_memory", "Enter a size"),
-    ({"max_runtime": "soon"}, "max_runtime", "Enter a duration"),
+    ({"gpu_memory": "lots"}, "gpu_memory", "Not a size: 'lots' (a number and a unit: 512MiB, 20GiB"),
+    ({"max_runtime": "soon"}, "max_runtime", "Not a duration: 'soon' (try 90s, 45m, 4h"),
+    # As on the command line: a bare number of minutes or seconds is a guess the form does not make.
+    ({"max_runtime": "30"}, "max_runtime", "Give '30' a unit: 30s, 30m, 30h or 30d."),
+    ({"preempt_grace": "90"}, "preempt_grace", "Give '90' a unit: 90s, 90m, 90h or 90d."),
 ])
 def test_form_only_checks_of_its_own_are_about_parsing(alice, cluster, web, form, field, words):
     response = web(alice).post("/jobs/submit/", {**FORM, **form})
@@ -100,14 +102,18 @@ def test_member_of_several_tenants_picks_one(alice, cluster, web):
     assert Job.objects.get().tenant.slug == "speech"
 
 
-@pytest.mark.parametrize("text, mib", [("20GiB", 20480), ("20 gb", 20480), ("512MiB", 512), ("1.5G", 1536), ("8", 8192)])
-def test_sizes(text, mib):
-    assert parse_size_mib(text) == mib
-
-
-@pytest.mark.parametrize("text, seconds", [("90m", 5400), ("4h", 14400), ("2d", 172800), ("30", 1800), ("45s", 45)])
-def test_durations(text, seconds):
-    assert parse_duration_s(text) == seconds
+@pytest.mark.parametrize("form, fields", [
+    ({"gpu_memory": "20GiB", "host_memory": "512 MiB"}, {"gpu_memory_mib": 20480, "host_memory_mib": 512}),
+    ({"gpu_memory": "1.5G", "host_memory": "64 gb"}, {"gpu_memory_mib": 1536, "host_memory_mib": 65536}),
+    ({"gpu_memory": "8"}, {"gpu_memory_mib": 8192}),  # a bare size is GiB, as colony submit --memory 8
+    ({"max_runtime": "1h30m", "preempt_grace": "45s"}, {"max_runtime_s": 5400, "preempt_grace_s": 45}),
+    ({"max_runtime": "2 h 05 min", "preempt_grace": "2m"}, {"max_runtime_s": 7500, "preempt_grace_s": 120}),
+    ({"max_runtime": "1-00:00:00"}, {"max_runtime_s": 86400}),
+])
+def test_form_reads_sizes_and_durations_as_the_command_line_does(alice, cluster, web, form, fields):
+    web(alice).post("/jobs/submit/", {**FORM, "gpus": "1", **form})
+    job = Job.objects.get()
+    assert {name: getattr(job, name) for name in fields} == fields
 
 
 def test_queue_page_shows_position_reason_class_and_filters(alice, bob, vision, cluster, web):
@@ -121,12 +127,23 @@ def test_queue_page_shows_position_reason_class_and_filters(alice, bob, vision, 
     assert "<strong>2</strong> of 2 in vision" in page
     # (stored in whole seconds: the second the page is drawn in may round either way)
     assert "Tenant vision is using 8 of its 8-GPU ceiling" in page
-    assert "starts in ~12 min 00 s" in page or "starts in ~11 min 59 s" in page
+    assert "starts in ~12 min<" in page or "starts in ~11 min 59 s" in page
     assert "Guaranteed" in page
     mine = web(alice).get("/jobs/?owner=bob").content.decode()
     assert "older" in mine and "waiting-job" not in mine
     running = web(alice).get("/jobs/?state=running").content.decode()
     assert "busy-job" in running and "waiting-job" not in running
+
+
+def test_queue_page_words_times_as_its_script_does(alice, vision, cluster, web):
+    """The first render and the script's refresh (Colony.duration) print the same words, not
+    Django's "2 hours, 5 minutes" then "2 h 05 min"."""
+    busy = running_job(vision, alice, [cluster["a1/0"]], name="busy-job")
+    Job.objects.filter(pk=busy.pk).update(started_at=timezone.now() - timedelta(seconds=7530))
+    waiting = JobFactory(tenant=vision, owner=alice, name="waiting-job")
+    Job.objects.filter(pk=waiting.pk).update(submitted_at=timezone.now() - timedelta(seconds=3 * 86400 + 4 * 3600 + 60))
+    page = web(alice).get("/jobs/").content.decode()
+    assert "running 2 h 05 min<" in page and "waiting 3 d 4 h<" in page
 
 
 def test_job_page_shows_timeline_allocations_output_and_cancel(alice, vision, cluster, web):
@@ -140,7 +157,7 @@ def test_job_page_shows_timeline_allocations_output_and_cancel(alice, vision, cl
                                          output_tail="epoch 3 loss 0.12\n")
     Allocation.objects.filter(job=job).update(released_at=now)
     page = web(alice).get(f"/jobs/{job.pk}/").content.decode()
-    for text in ("Submitted", "Placed on GPUs", "Started", "Finished", "+1 min 00 s", "a1", "20 GiB",
+    for text in ("Submitted", "Placed on GPUs", "Started", "Finished", "+1 min<", "a1", "20 GiB",
                  "epoch 3 loss 0.12", "Succeeded"):
         assert text in page, text
     assert "throttled" not in page  # a released GPU has no duty cycle any more

@@ -66,13 +66,13 @@ def test_the_whole_round_trip_against_a_live_server(live_server, transactional_d
     assert code == 0
     assert out.splitlines()[0].split()[:5] == ["ID", "NAME", "TENANT", "OWNER", "STATE"]
     # (whole seconds are stored: the second it is read in may round either way)
-    assert re.search(r"Tenant vision is at its 16-GPU ceiling \(starts in ~(4m59s|5m00s)\)", out), out
+    assert re.search(r"Tenant vision is at its 16-GPU ceiling \(starts in ~(4 min 59 s|5 min)\)", out), out
     code, out, _ = run(capsys, "queue", "--json", "--mine")
     assert {j["id"] for j in json.loads(out)} == {job.pk, small["id"]}
 
     code, out, _ = run(capsys, "show", str(job.pk))
     assert code == 0 and "state       PENDING" in out and "python train.py --epochs 3" in out
-    assert re.search(r"^  eta         in ~(4m59s|5m00s) \((\d{4}-\d\d-\d\d )?\d\d:\d\d UTC\)$", out, re.M), out
+    assert re.search(r"^  eta         in ~(4 min 59 s|5 min) \((\d{4}-\d\d-\d\d )?\d\d:\d\d UTC\)$", out, re.M), out
     spaced = JobFactory(tenant=vision, owner=alice, command=["python", "-c", "print('a b')"])
     code, out, _ = run(capsys, "show", str(spaced.pk))
     assert "python -c 'print('\"'\"'a b'\"'\"')'" in out  # quoted as a shell would need it

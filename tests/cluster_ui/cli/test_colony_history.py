@@ -54,10 +54,10 @@ def test_history_lists_my_finished_jobs_with_their_cost_and_use(colony, capsys, 
     assert lines[0].split()[:3] == ["ID", "NAME", "STATE"]
     rows = {line.split()[1]: line for line in lines[1:-1]}
     assert list(rows) == ["small", "train", "never", "old"]  # newest finished first; only alice's finished
-    assert "2h00m" in rows["train"] and " 8.00 " in rows["train"]  # 4 GPUs x 2 h
-    assert "25%" in rows["train"] and "20.0 GiB of 40.0 GiB (50%)" in rows["train"]
+    assert "  2 h  " in rows["train"] and " 8.00 " in rows["train"]  # 4 GPUs x 2 h
+    assert "25%" in rows["train"] and "20 GiB of 40 GiB (50%)" in rows["train"]
     # A quarter GPU busy 20% of the whole GPU used 80% of what it asked for.
-    assert "36m00s" in rows["small"] and " 0.15 " in rows["small"] and "80%" in rows["small"]
+    assert "  36 min  " in rows["small"] and " 0.15 " in rows["small"] and "80%" in rows["small"]
     assert rows["never"].split()[2:4] == ["CANCELLED", str((never_ran.finished_at).astimezone(timezone.utc).date())]
     assert " 0.00 " in rows["never"]
     assert lines[-1] == "4 jobs, 9.15 GPU-hours; GPU use 26% where measured."

@@ -153,6 +153,19 @@ def test_cores_and_host_memory_reach_the_job(api, capsys):
     assert (job_sent(api)["cpus"], job_sent(api)["host_memory_mib"]) == ("12", 96 * 1024)
 
 
+@pytest.mark.parametrize("argv, fields", [
+    # A bare size is GiB, as in the submit form; the agent's --host-memory refuses one (it meant MiB).
+    (["--memory", "20", "--host-memory", "64"], {"gpu_memory_mib": 20480, "host_memory_mib": 65536}),
+    (["--memory", "512MiB", "--host-memory", "1.5T"], {"gpu_memory_mib": 512, "host_memory_mib": 1572864}),
+    (["--time", "1h30m", "--grace", "2 min"], {"max_runtime_s": 5400, "preempt_grace_s": 120}),
+    (["--time", "1-02:00:00"], {"max_runtime_s": 93600}),  # sbatch's --time, as a batch script may carry it
+])
+def test_sizes_and_durations_read_as_the_form_reads_them(api, capsys, argv, fields):
+    code, _, err = run(capsys, "submit", "--no-code", *argv, "--", "python", "t.py")
+    assert code == 0, err
+    assert {name: job_sent(api)[name] for name in fields} == fields
+
+
 def test_an_array_submit_says_how_many_and_which(api, capsys):
     api.replies["/api/v1/jobs/"] = (201, {"array": {"id": 7, "name": "train.py", "spec": "0-99%8", "size": 100,
                                                      "max_running": 8}, "jobs": list(range(101, 201))})
@@ -172,6 +185,7 @@ def test_an_array_submit_says_how_many_and_which(api, capsys):
     (["--workdir", "/x", "--no-code"], "not allowed with argument"),
     (["--venv", "/a", "--conda", "/b"], "not allowed with argument"),
     (["--preempt-grace", "90"], "give '90' a unit"),
+    (["--memory", "20 PB"], "not a size: '20 PB'"),
     (["--after-ok", "41,job"], "--after-ok takes job ids"),
 ])
 def test_bad_options_are_usage_errors_and_send_nothing(api, capsys, argv, words):
@@ -214,8 +228,8 @@ def test_show_prints_the_contract_fields_that_are_set(api, capsys):
     for line in (f"  code        uploaded, sha256 {'ab' * 6}…", "  image       pytorch/pytorch:2.3",
                  "  MIG         one 1g.10gb instance", "  unfenced    never shares unfenced GPUs",
                  "  conda       /opt/conda/envs/x", "  array       7, index 3",
-                 "  after       job 41 succeeds, job 44 ends", "  preemption  1m30s notice, checkpoints",
-                 "  preempted   2 times, 14m00s of work lost"):
+                 "  after       job 41 succeeds, job 44 ends", "  preemption  1 min 30 s notice, checkpoints",
+                 "  preempted   2 times, 14 min of work lost"):
         assert line in out.splitlines()
     assert "workdir" not in out and "venv" not in out
 
@@ -282,7 +296,7 @@ def test_show_prints_when_a_pending_job_may_start(api, capsys):
     lines = out.splitlines()
     assert "  pending     Waiting for 2 GPUs" in lines
     [line] = [line for line in lines if line.startswith("  eta ")]
-    assert re.fullmatch(rf"  eta         in ~12m(29|30)s \((\d{{4}}-\d\d-\d\d )?{eta:%H:%M} UTC\)", line), line
+    assert re.fullmatch(rf"  eta         in ~12 min (29|30) s \((\d{{4}}-\d\d-\d\d )?{eta:%H:%M} UTC\)", line), line
     api.replies["/api/v1/jobs/5/"] = (200, {**JOB, "eta_s": None, "pending_reason": {
         "code": "waiting_for_free_gpus", "message": "Waiting for 2 GPUs", "details": {}, "eta_at": None}})
     code, out, _ = run(capsys, "show", "5")
