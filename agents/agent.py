@@ -18,7 +18,8 @@ attempt) is dropped, and one that waited in the stream past ``LAUNCH_LEASE_S`` w
 control plane's fresh re-send, which comes only while the attempt still stands.
 Shared GPUs are fenced by the runner's isolation layer (:mod:`agents.isolation`): the agent reports
 each GPU's mode when it registers, ends and requeues the jobs of a GPU whose MPS service failed
-(their CUDA contexts went with it), and words an allocation failure under a limit with its figures.
+(their CUDA contexts went with it), and reports a job out of memory only from what it saw
+(:mod:`agents.oom`), never from the job's output.
 Each sample also drives the node's local coordinator (:mod:`agents.local_coordinator`): a borrower
 on a GPU that saturates beside a guaranteed job is cut within a second or two, however slow or
 silent the control plane, whose duty cycles are the borrowers' ceilings.
@@ -50,6 +51,7 @@ from agents import __version__, code, protocol, signing, streams
 from agents.backends.base import GpuBackend
 from agents.host import HostOffer
 from agents.local_coordinator import LocalCoordinator, Resident
+from agents.oom import enforcing, observed_verdict
 from agents.runner import FinishedJob, JobRunner, LaunchError, read_output
 
 log = logging.getLogger(__name__)
@@ -166,7 +168,10 @@ class Agent:
         host: HostOffer | None = None,
         coordinator: LocalCoordinator | None = None,
         launch_lease: float = LAUNCH_LEASE_S,
+        job_fences: tuple[str, ...] | None = None,
     ):
+        """``job_fences``: what fences every job here (:data:`agents.protocol.JOB_FENCES`), as the
+        command line found it at start; None: only ``accounts``, when jobs run as their researchers."""
         if not protocol.NODE_NAME_RE.match(node):
             raise ValueError(f"invalid node name {node!r}")
         if interval <= 0:
@@ -193,6 +198,9 @@ class Agent:
         if launch_lease <= 0:
             raise ValueError("launch_lease must be positive")
         self.launch_lease = launch_lease
+        if job_fences is None:
+            job_fences = ("accounts",) if runner.run_as.maps_users else ()
+        self.job_fences = tuple(fence for fence in protocol.JOB_FENCES if fence in set(job_fences))
         self.stale_launches = 0  # launches not started because they waited past the lease, or were withdrawn
 
         self._redis: redis.Redis | None = None
@@ -408,6 +416,7 @@ class Agent:
             runtimes=[runtime.name] if (runtime := getattr(self.runner, "container_runtime", None)) else [],
             cpu_milli=self.host.cpu_milli if self.host else None,
             host_memory_mib=self.host.host_memory_mib if self.host else None,
+            job_fences=list(self.job_fences),
         )
         fields = protocol.encode(message)
         if len(fields["m"]) > protocol.MAX_MESSAGE_BYTES:
@@ -677,11 +686,14 @@ class Agent:
 
     def _exited(self, finished: FinishedJob) -> protocol.JobExited:
         peaks = self._peak_mib.pop(finished.job_id, {})
-        if not finished.oom and not finished.stopped and finished.exit_code not in (0, None):
-            pressure = self.runner.isolation.memory_pressure_error(
-                finished.job_id, finished.output_tail, finished.gpu_indices, finished.gpu_memory_limit_mib, peaks)
-            if pressure is not None:
-                finished = dataclasses.replace(finished, oom=True, error=pressure)
+        if not finished.oom and not finished.stopped and not finished.requeue and finished.error is None:
+            # The verdict comes from what this node saw, never from what the job printed.
+            layer = self.runner.isolation
+            modes = {} if layer.native else {i: layer.mode(i) for i in finished.gpu_indices}
+            oom, error = observed_verdict(finished.job_id, finished.exit_code, finished.gpu_memory_limit_mib,
+                                          enforcing(modes, finished.gpu_indices), peaks, finished.output_tail)
+            if error is not None:
+                finished = dataclasses.replace(finished, oom=oom, error=error)
         sharing_fault = finished.job_id in self._sharing_faults
         self._sharing_faults.discard(finished.job_id)
         return protocol.JobExited(

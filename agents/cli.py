@@ -16,9 +16,11 @@ The agent makes itself non-dumpable first thing (:func:`agents.hardening.make_no
 a job running under the agent's own account cannot ptrace it or read its memory or environment.
 
 Job sandbox options (each also read from an environment variable, see ``--help``): the account
-jobs run as (``--run-as``, ``--run-as-tenant``; an agent running as root refuses jobs it has no
-account for unless ``--allow-root-jobs``), the agent variables jobs inherit (``--pass-env``) and
-the size bound of each job's output log (``--max-log-bytes``).
+jobs run as (their researcher's own: ``--user-accounts``, ``--account-map``, ``--min-user-uid``;
+fallbacks ``--run-as``, ``--run-as-tenant``; an agent running as root refuses jobs it has no
+account for unless ``--allow-root-jobs``), the agent variables jobs inherit (``--pass-env``), the
+directories on their PATH (``--job-path``), the variables that change who a job is that a job may
+set after all (``--allow-job-env``) and the size bound of each job's output log (``--max-log-bytes``).
 
 ``--container-runtime docker|podman|apptainer`` lets the node run jobs that name an ``image``
 (:mod:`agents.containers`); the agent refuses to start when that runtime's client is not on its
@@ -46,8 +48,17 @@ import threading
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from agents import __version__, host, protocol, signing
-from agents.accounts import DEFAULT_PASS_ENV, RunAsPolicy, parse_tenant_accounts
+from agents import __version__, host, protocol, signing, units
+from agents.protocol import IDENTITY_ENV, LOADER_ENV_PREFIX
+from agents.accounts import (
+    DEFAULT_MIN_USER_UID,
+    DEFAULT_PASS_ENV,
+    JOB_PATH,
+    USER_ACCOUNT_MODES,
+    RunAsPolicy,
+    parse_tenant_accounts,
+    read_account_map,
+)
 from agents.agent import COMMAND_MAX_AGE_S, Agent, CredentialsRefused
 from agents.backends import nvml
 from agents.backends.base import BackendUnavailable, GpuBackend
@@ -55,6 +66,7 @@ from agents.backends.simulated import SimulatedBackend
 from agents.containers import RUNTIMES, find_runtime
 from agents.hardening import make_non_dumpable
 from agents.isolation import FLAGS as ISOLATION_FLAGS, IsolationUnavailable, configure as configure_isolation
+from agents.isolation.cgroups import JobCgroups
 from agents.joblog import DEFAULT_MAX_LOG_BYTES, MIN_MAX_LOG_BYTES
 from agents.runner import JobRunner
 
@@ -135,8 +147,10 @@ def _non_negative_float(value: str) -> float:
 
 
 def _size_mib(value: str) -> int:
+    """``480GiB``, ``512MiB``. A bare number is refused, not read: it meant MiB here, and the same
+    number in GiB (what ``colony submit --memory 20`` means) would offer 1024 times the memory."""
     try:
-        return host.size_mib(value)
+        return units.parse_size(value, bare=None)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -151,17 +165,13 @@ def _positive_float(value: str) -> float:
     return number
 
 
-_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
-
-
 def _size(value: str) -> int:
-    """``16M``, ``512K``, ``1G`` or plain bytes."""
-    text = value.strip().upper().removesuffix("B").removesuffix("I")
-    unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
-    number = text[: len(text) - len(unit)]
-    if not number.isdigit():
-        raise argparse.ArgumentTypeError(f"not a size: {value!r} (bytes, or with K, M or G)")
-    size = int(number) * _SIZE_UNITS[unit]
+    """``16M``, ``512K``, ``1G`` or a bare number of bytes, as the flag's name (and the environment
+    variable's, which operators set) says."""
+    try:
+        size = units.parse_size(value, "B", bare="B")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     if size < MIN_MAX_LOG_BYTES:
         raise argparse.ArgumentTypeError(f"must be at least {MIN_MAX_LOG_BYTES // 1024}K, got {value!r}")
     return size
@@ -183,8 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "Jobs run without a shell, in their own directory under --workdir, with an environment "
             "built from an allow-list (never the agent's whole environment). When the agent runs as "
-            "root, each job drops to the account --run-as-tenant maps its tenant to, else to --run-as; "
-            "with neither, launches are refused (reported as failed to start) unless --allow-root-jobs. "
+            "root, each job drops to its researcher's own account (--user-accounts, --account-map), else "
+            "to the account --run-as-tenant maps its tenant to, else to --run-as; with none, launches are "
+            "refused (reported as failed to start) unless --allow-root-jobs. "
             "An agent that is not root runs jobs as its own user and rejects accounts naming anyone else."
         ),
     )
@@ -246,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     offered.add_argument("--reserve-cpus", type=_non_negative_float, default=1.0, metavar="N",
                          help="cores kept for the system when --cpus is not given (default 1)")
     offered.add_argument("--host-memory", type=_size_mib, metavar="SIZE",
-                         help="host memory to offer, e.g. 480GiB (default: MemTotal less --reserve-host-memory)")
+                         help="host memory to offer, with its unit, e.g. 480GiB (default: MemTotal less --reserve-host-memory)")
     offered.add_argument("--reserve-host-memory", type=_size_mib, default=4096, metavar="SIZE",
                          help="memory kept for the system when --host-memory is not given (default 4GiB)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -266,6 +277,31 @@ def build_parser() -> argparse.ArgumentParser:
         "tenants not listed fall back to --run-as; default $COLONY_AGENT_RUN_AS_TENANT",
     )
     sandbox.add_argument(
+        "--user-accounts",
+        choices=USER_ACCOUNT_MODES,
+        default=os.environ.get("COLONY_AGENT_USER_ACCOUNTS") or "nss",
+        help="how a job's submitter maps to the account it runs as, when the agent is root: nss (default): "
+        "the --account-map entry, else the account of the same name (or the identity provider's POSIX "
+        "name) through NSS/LDAP, at or above --min-user-uid; map: the --account-map entry only; off: "
+        "--run-as / --run-as-tenant for every job. Default $COLONY_AGENT_USER_ACCOUNTS",
+    )
+    sandbox.add_argument(
+        "--account-map",
+        type=Path,
+        metavar="PATH",
+        default=os.environ.get("COLONY_AGENT_ACCOUNT_MAP") or None,
+        help="file of lines 'COLONY_USER POSIX_ACCOUNT[:GROUP]' (read at start) mapping Colony users to "
+        "local accounts; default $COLONY_AGENT_ACCOUNT_MAP",
+    )
+    sandbox.add_argument(
+        "--min-user-uid",
+        type=int,
+        metavar="UID",
+        default=int(os.environ.get("COLONY_AGENT_MIN_USER_UID") or DEFAULT_MIN_USER_UID),
+        help=f"lowest uid a name found through NSS may run a job as (default {DEFAULT_MIN_USER_UID}, "
+        "$COLONY_AGENT_MIN_USER_UID): below are system accounts. The account map may name any but root",
+    )
+    sandbox.add_argument(
         "--allow-root-jobs",
         action="store_true",
         default=_env_flag("COLONY_AGENT_ALLOW_ROOT_JOBS"),
@@ -279,6 +315,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="agent environment variables jobs inherit, besides " + ", ".join(DEFAULT_PASS_ENV)
         + "; shell patterns like NCCL_* allowed (repeatable); default $COLONY_AGENT_PASS_ENV. "
         "The Redis URL is never passed",
+    )
+    sandbox.add_argument(
+        "--job-path",
+        metavar="DIR:DIR",
+        action="append",
+        help="directories put before " + ":".join(JOB_PATH) + " on every job's PATH, e.g. "
+        "/usr/local/cuda/bin (repeatable); jobs never get the agent's own PATH; default $COLONY_AGENT_JOB_PATH",
+    )
+    sandbox.add_argument(
+        "--allow-job-env",
+        metavar="NAME,...",
+        action="append",
+        help="variables a job's spec may set although they change who it is or what runs in it (refused "
+        "otherwise: " + ", ".join(IDENTITY_ENV) + f", {LOADER_ENV_PREFIX}*), e.g. LD_LIBRARY_PATH "
+        "(repeatable); default $COLONY_AGENT_ALLOW_JOB_ENV",
     )
     sandbox.add_argument(
         "--max-log-bytes",
@@ -358,13 +409,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.workdir is None:
         args.workdir = Path("var") / "agent" / args.node
     args.workdir = args.workdir.resolve()
+    if args.user_accounts not in USER_ACCOUNT_MODES:  # from $COLONY_AGENT_USER_ACCOUNTS, which argparse does not check
+        parser.error(f"--user-accounts: expected one of {', '.join(USER_ACCOUNT_MODES)}, got {args.user_accounts!r}")
+    user_map = {}
+    if args.account_map is not None:
+        try:
+            user_map = read_account_map(args.account_map)
+        except ValueError as exc:
+            parser.error(f"--account-map: {exc}")
     try:
         tenant_accounts = parse_tenant_accounts(args.run_as_tenant or _env_list("COLONY_AGENT_RUN_AS_TENANT"))
         args.run_as_policy = RunAsPolicy.configure(
-            args.run_as, tenant_accounts, allow_root=args.allow_root_jobs
+            args.run_as, tenant_accounts, allow_root=args.allow_root_jobs, user_accounts=args.user_accounts,
+            user_map=user_map, min_user_uid=args.min_user_uid,
         )
     except ValueError as exc:
         parser.error(str(exc) if str(exc).startswith("--") else f"--run-as-tenant: {exc}")
+    args.job_path = tuple(
+        directory.strip()
+        for value in (args.job_path or _env_list("COLONY_AGENT_JOB_PATH"))
+        for directory in value.split(":")
+        if directory.strip()
+    )
+    relative = [directory for directory in args.job_path if not directory.startswith("/")]
+    if relative:
+        parser.error(f"--job-path: directories must be absolute, got {relative[0]!r}")
+    args.allowed_env = tuple(
+        name.strip()
+        for value in (args.allow_job_env or _env_list("COLONY_AGENT_ALLOW_JOB_ENV"))
+        for name in value.split(",")
+        if name.strip()
+    )
     if args.isolation not in ISOLATION_FLAGS:  # from $COLONY_AGENT_ISOLATION, which argparse does not check
         parser.error(f"--isolation: expected one of {', '.join(ISOLATION_FLAGS)}, got {args.isolation!r}")
     args.runtime = None
@@ -380,6 +455,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if name.strip()
     )
     return args
+
+
+def job_fences(policy: RunAsPolicy, isolation, cgroup_root: Path | None) -> tuple[tuple[str, ...], list[str]]:
+    """What fences every job on this node (:data:`agents.protocol.JOB_FENCES`), and one warning for
+    the operator per fence it lacks. The isolation layer says which of its fences hold where it can
+    (``job_fences()``); else a cgroup per job is taken to hold where job cgroups can be made here."""
+    fences: list[str] = []
+    warnings: list[str] = []
+    reported = getattr(isolation, "job_fences", None)
+    if callable(reported):
+        fences += [fence for fence in reported() if fence in ("cgroup", "devices")]
+    else:
+        cgroups, why = JobCgroups.detect(cgroup_root)
+        if cgroups is not None:
+            fences.append("cgroup")
+        else:
+            warnings.append(f"jobs get no cgroup of their own ({why})")
+    if "cgroup" not in fences and not warnings:
+        warnings.append("jobs get no cgroup of their own")
+    if warnings:
+        warnings[-1] += ": what a job starts can outlive it; the node is shown as unfenced"
+    if "devices" not in fences:
+        warnings.append("no device filter: a job that unsets CUDA_VISIBLE_DEVICES can open every GPU of the node")
+    if policy.maps_users:
+        fences.append("accounts")
+    elif policy.switches_users:
+        warnings.append("jobs do not run as their researchers (--user-accounts off): jobs sharing an account "
+                        "can signal each other and read each other's files")
+    else:
+        warnings.append("the agent is not root, so every job runs as the agent's own account, not its researcher's")
+    return tuple(fences), warnings
 
 
 def make_backend(args: argparse.Namespace) -> GpuBackend:
@@ -420,10 +526,15 @@ def main(argv: list[str] | None = None) -> int:
         backend.close()
         return 1
     policy: RunAsPolicy = args.run_as_policy
-    if policy.switches_users and policy.default is None and not policy.tenants and not policy.allow_root:
+    if policy.switches_users and not policy.maps_users and policy.default is None and not policy.tenants \
+            and not policy.allow_root:
         log.warning("%s", policy.describe())
     else:
         log.info("%s", policy.describe())
+    fences, missing = job_fences(policy, isolation, args.cgroup_root)
+    log.info("job fences on this node: %s", ", ".join(fences) or "none")
+    for warning in missing:
+        log.warning("%s", warning)
     if not non_dumpable and sys.platform.startswith("linux"):
         log.warning("could not make the agent non-dumpable (prctl failed): jobs under its account could read its memory")
     for warning in (args.key_warning, args.redis_warning):
@@ -462,12 +573,15 @@ def main(argv: list[str] | None = None) -> int:
                 container_runtime=args.runtime,
                 node=args.node,
                 isolation=isolation,
+                job_path=args.job_path,
+                allowed_env=args.allowed_env,
             ),
             interval=args.interval,
             heartbeat_ttl=args.heartbeat_ttl,
             key=args.key,
             command_max_age=args.command_max_age,
             host=host.offer(args.cpus, args.host_memory, args.reserve_cpus, args.reserve_host_memory),
+            job_fences=fences,
         )
         agent.run(stop)
     except CredentialsRefused as exc:

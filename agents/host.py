@@ -10,29 +10,18 @@ cgroup cpuset narrows), not every core the machine has.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from agents import protocol
 
 MEMINFO = Path("/proc/meminfo")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ki|mi|gi|ti|k|m|g|t)?(?:i?b)?\s*$", re.IGNORECASE)
-_MIB_PER = {None: 1, "k": 1 / 1024, "ki": 1 / 1024, "m": 1, "mi": 1, "g": 1024, "gi": 1024, "t": 1024**2, "ti": 1024**2}
 
 
 @dataclass(frozen=True)
 class HostOffer:
     cpu_milli: int
     host_memory_mib: int
-
-
-def size_mib(text: str) -> int:
-    """'64GiB', '512 MiB', '1T', or a bare number of MiB."""
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"not a size: {text!r} (try 64GiB or 512MiB)")
-    return int(float(match.group(1)) * _MIB_PER[match.group(2) and match.group(2).lower()])
 
 
 def machine_cpu_milli() -> int:

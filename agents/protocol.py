@@ -160,6 +160,14 @@ ISOLATION_MODES: tuple[str, ...] = ("mps", "memory_limit", "mig", "unfenced")
 MIG_PROFILE_RE = r"^[1-9][0-9]?(?:c\.[1-9][0-9]?)?g\.[0-9]{1,4}gb(?:\+[a-z]{1,8})?$"  # 1g.10gb, 1c.2g.20gb, 1g.10gb+me
 
 
+# Fences of the node itself, each job's own: ``cgroup``, a cgroup v2 of its own, killed whole when
+# it ends (nothing it started outlives it); ``devices``, a device filter that lets it open only its
+# own GPUs; ``accounts``, it runs as its researcher's own account (not one shared by its tenant,
+# nor the agent's).
+JobFenceKind = Literal["cgroup", "devices", "accounts"]
+JOB_FENCES: tuple[str, ...] = ("cgroup", "devices", "accounts")
+
+
 class GpuInfo(BaseModel):
     """One schedulable device: a whole GPU, or one MIG instance of a GPU in MIG mode."""
 
@@ -213,6 +221,9 @@ class NodeRegistered(_NodeMessage):
     # the system; None: not reported, so the scheduler does not count them on this node.
     cpu_milli: int | None = Field(default=None, ge=0, le=CPU_MILLI_MAX)
     host_memory_mib: int | None = Field(default=None, ge=0, le=HOST_MEMORY_MIB_MAX)
+    # What fences every job on the node, whatever its GPUs' modes (:data:`JOB_FENCES`). A node that
+    # lists no ``cgroup`` is shown as unfenced: there a job's processes can outlive it.
+    job_fences: list[JobFenceKind] = Field(default_factory=list, max_length=len(JOB_FENCES))
 
 
 class JobStarted(_NodeMessage):
@@ -366,6 +377,23 @@ JobClass = Literal["guaranteed", "opportunistic"]
 # scheduler's default ``duty_cycle_floor``); below it only the control plane goes (a suspension).
 DEFAULT_DUTY_CYCLE_FLOOR = 0.1
 _NODE_PATH = r"^/[^\x00]{0,1023}$"
+# A POSIX account name as useradd and NSS/LDAP take it (a trailing $ is a Samba machine account).
+POSIX_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
+
+# Variables a job's spec may not set: they change who the job is (its account's HOME, USER,
+# LOGNAME and SHELL are set by its node) or what runs inside it (the dynamic loader's LD_*: an
+# LD_PRELOAD'ed library runs in every program the job starts, setuid helpers included where the
+# loader honours it). The control plane refuses them at submission and the node again at launch,
+# unless its operator allows a name (a site that needs LD_LIBRARY_PATH for a CUDA toolkit, say).
+IDENTITY_ENV = ("HOME", "USER", "LOGNAME", "SHELL")
+LOADER_ENV_PREFIX = "LD_"
+
+
+def identity_env_names(names, allowed=()) -> list[str]:
+    """The names among ``names`` a job may not set (sorted), less those in ``allowed``."""
+    allowed = set(allowed)
+    return sorted(name for name in names if name not in allowed
+                  and (name in IDENTITY_ENV or name.startswith(LOADER_ENV_PREFIX)))
 
 
 class _Command(_Message):
@@ -394,9 +422,10 @@ class LaunchJob(_Command):
     """Start ``argv`` (no shell) with ``CUDA_VISIBLE_DEVICES`` set to ``gpu_indices``.
 
     ``gpu_memory_limit_mib`` is what the job may use per GPU (the simulated GPU enforces it as an
-    OOM; NVML nodes report overuse); ``duty_cycle`` < 1 starts it throttled. ``tenant`` (the
-    tenant's slug) picks the local account the agent runs the job as (``--run-as-tenant``).
-    There is deliberately no shell or user to ask for: the agent decides those. ``workdir`` (an
+    OOM; NVML nodes report overuse); ``duty_cycle`` < 1 starts it throttled. ``user`` (and
+    ``posix_user``) name the submitter, whose own account the node runs the job as; ``tenant`` (the
+    tenant's slug) picks the fallback account an operator may configure (``--run-as-tenant``).
+    There is deliberately no shell or account to ask for: the node maps the submitter to one. ``workdir`` (an
     absolute directory on the node, say a shared filesystem) or ``code`` (an uploaded archive,
     unpacked into the job's own folder) only choose where it starts, which the job could do itself.
     ``image`` runs the argv in a container of the node's runtime; ``venv``/``conda`` activate an
@@ -426,6 +455,12 @@ class LaunchJob(_Command):
     # caps the job's SMs at it (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE). None: the whole GPU.
     compute_share: float | None = Field(default=None, gt=0, le=1)
     tenant: str | None = Field(default=None, pattern=r"^[-a-zA-Z0-9_]{1,50}$")
+    # Who submitted the job: their Colony user name, and the POSIX account name the control plane
+    # knows for them (an identity provider's claim), if any. The node runs the job as that
+    # researcher's own account (:class:`agents.accounts.RunAsPolicy`); like every field, both are
+    # inside the command's MAC, so nobody but the control plane picks whose account a job gets.
+    user: str | None = Field(default=None, pattern=r"^[\w.@+-]{1,150}$")
+    posix_user: str | None = Field(default=None, pattern=POSIX_NAME_RE)
     # Wall-clock limit of this attempt, counted by the node from the process start; the node
     # ends the job past it (its ``stop_signal``, then SIGKILL after ``stop_grace_s``) and reports ``timed_out``.
     max_runtime_s: int | None = Field(default=None, gt=0, le=MAX_RUNTIME_S)

@@ -4,20 +4,22 @@ Each job is owned by its own supervisor process (:mod:`agents.supervise`, the ro
 ``slurmstepd``), which the runner starts in a session of its own: the supervisor starts the job's
 argv without a shell as the leader of a further session and process group, so that stopping a job
 reaches everything it spawned (data loader workers, ``torchrun`` children), and nothing of a job
-outlives it. A process that calls ``setsid()`` itself escapes the group; containing that needs
-cgroups, which is out of scope here.
+outlives it. A process that calls ``setsid()`` itself escapes the group; the job's cgroup
+(:mod:`agents.isolation.cgroups`, killed whole when the job ends) contains it where the node has one.
 
 Jobs are contained by what the agent decides, never by the job spec (``LaunchJob`` has no
 shell or user to ask for; its ``workdir``, ``code``, ``venv``/``conda`` and ``image`` only choose
 where the job starts and with what software, see :mod:`agents.environments`, :mod:`agents.code`
 and :mod:`agents.containers`):
 
-- the process runs as the account :class:`agents.accounts.RunAsPolicy` picks (the supervisor's
-  ``Popen`` drops to its uid, gid and supplementary groups before exec), and an agent running as
-  root refuses a job it has no unprivileged account for unless told otherwise;
+- the process runs as the account :class:`agents.accounts.RunAsPolicy` picks, its researcher's
+  own (the supervisor's ``Popen`` drops to its uid, gid and supplementary groups before exec), and
+  an agent running as root refuses a job it has no unprivileged account for unless told otherwise;
 - its environment is an allow-list of the agent's variables plus the spec's and Colony's own,
-  never the agent's whole environment (which may hold the Redis password); the spec reaches the
-  supervisor on its stdin, never on a command line or in its environment;
+  never the agent's whole environment (which may hold the Redis password) nor its PATH; a spec
+  that sets a variable changing who the job is (``HOME``, ``LD_PRELOAD``...) is refused unless the
+  operator allows it; the spec reaches the supervisor on its stdin, never on a command line or in
+  its environment;
 - its output goes through a pipe into a size-bounded log (:mod:`agents.joblog`) that the
   supervisor writes.
 
@@ -79,7 +81,7 @@ from agents.accounts import (
 from agents.backends.base import JobProcesses
 from agents.isolation.layer import IsolationError, IsolationLayer, JobFence
 from agents.joblog import DEFAULT_MAX_LOG_BYTES
-from agents.protocol import OUTPUT_TAIL_BYTES, LaunchJob
+from agents.protocol import OUTPUT_TAIL_BYTES, LaunchJob, identity_env_names
 from agents.duty_cycler import DEFAULT_PERIOD, DutyCycler
 
 log = logging.getLogger(__name__)
@@ -249,12 +251,16 @@ class JobRunner:
         container_runtime: containers.ContainerRuntime | None = None,
         node: str | None = None,
         isolation: IsolationLayer | None = None,
+        job_path: tuple[str, ...] = (),
+        allowed_env: tuple[str, ...] = (),
     ):
         """``run_as`` picks each job's account; the default one refuses every launch when the
         agent is root. ``max_log_bytes`` bounds each job's ``output.log``; ``pass_env`` names the
         agent's variables (``NCCL_*`` patterns allowed) that jobs inherit. ``container_runtime``
         runs ``image`` jobs (None: they are refused). ``node`` names the node in launch errors.
-        ``isolation`` fences jobs on shared GPUs (:mod:`agents.isolation`; None: nothing is fenced)."""
+        ``isolation`` fences jobs on shared GPUs (:mod:`agents.isolation`; None: nothing is fenced).
+        ``job_path``: directories put before the system's on every job's PATH. ``allowed_env``:
+        names a job may set although they change who it is (``HOME``, ``LD_LIBRARY_PATH``...)."""
         self.workdir = Path(workdir)
         self.container_runtime = container_runtime
         self.node = node  # the agent sets it when None
@@ -262,6 +268,8 @@ class JobRunner:
         self.run_as = run_as if run_as is not None else RunAsPolicy()
         self.max_log_bytes = max_log_bytes
         self.pass_env = tuple(pass_env)
+        self.job_path = tuple(job_path)
+        self.allowed_env = tuple(allowed_env)
         self._jobs: dict[int, _RunningJob] = {}
         self._exiting: list[subprocess.Popen] = []  # supervisors that reported an exit, to reap
         # job id -> launch id of exits returned but whose records are kept until the agent says
@@ -298,10 +306,16 @@ class JobRunner:
         running = self._jobs.get(cmd.job_id)
         if running is not None:
             return running.pid
+        refused = identity_env_names(cmd.env, self.allowed_env)
+        if refused:
+            raise LaunchError(
+                f"the job's environment sets {', '.join(refused)}, which would change who the job is or what "
+                f"runs inside it; node {self.node or socket.gethostname()} sets HOME, USER and LOGNAME from the "
+                "job's account and allows none of these (an operator may allow a name with --allow-job-env)")
         try:
-            account = self.run_as.account_for(cmd.tenant)
+            account = self.run_as.account_for(cmd.tenant, cmd.user, cmd.posix_user)
         except NoAccount as exc:
-            raise LaunchError(str(exc)) from None
+            raise LaunchError(f"node {self.node or socket.gethostname()}: {exc}") from None
         if cmd.image is not None and self.container_runtime is None:
             raise LaunchError(containers.NO_RUNTIME)
         try:
@@ -344,7 +358,7 @@ class JobRunner:
             raise LaunchError(f"image jobs cannot share GPU {cmd.gpu_indices[0]} through MPS on this node "
                               "(the container cannot reach its MPS daemon); run it without an image or "
                               "on a GPU of its own")
-        if fence.cgroup is not None and self.container_runtime.name != "apptainer":
+        if fence.gpu_memory_limited and self.container_runtime.name != "apptainer":
             raise LaunchError(f"{self.container_runtime.name} starts containers outside the job's cgroup, so "
                               "the driver's GPU memory limit would not hold; use apptainer on this node, or "
                               "run it without an image")
@@ -461,7 +475,8 @@ class JobRunner:
     def _job_env(self, cmd: LaunchJob, account: Account | None, start_dir: Path,
                  fence: JobFence = JobFence()) -> dict[str, str]:
         env = job_environment(
-            os.environ, cmd.env, identity_environment(account, str(start_dir)), pass_env=self.pass_env
+            os.environ, cmd.env, identity_environment(account, str(start_dir)), pass_env=self.pass_env,
+            path=self.job_path,
         )
         env = environments.activate(env, cmd, containers.CONTAINER_PATH if cmd.image is not None else None)
         # Set last so a job cannot pick GPUs it was not given. CUDA numbers devices fastest-first

@@ -5,11 +5,15 @@ starts it in a fresh interpreter (:func:`command`), in a session of its own (so 
 death, a ``killpg`` of the agent's process group nor a terminal's Ctrl-C reaches it; it sets no
 parent-death signal), and writes the job's spec to its stdin as JSON. The supervisor then
 
-0. with a ``cgroup`` in the spec (a job on a GPU whose memory the driver limits per cgroup, see
-   :mod:`agents.isolation`), moves itself into that cgroup, so the job is born there;
+0. with a ``cgroup`` in the spec (every job, on a node where the agent can make cgroups, see
+   :mod:`agents.isolation.cgroups`), has the job join it between fork and exec, so the job is born
+   there, inside its device fence and limits, before it can open a GPU; the supervisor itself
+   stays outside, so that it survives killing the cgroup;
 1. starts the job's argv as the leader of its own session and process group, under the account the
-   spec names (``Popen`` drops to its uid, gid and supplementary groups before exec), in the job's
-   working directory, with the spec's environment and nothing of its own;
+   spec names: between fork and exec the child joins the cgroup (as root), drops to the account's
+   supplementary groups, gid and uid, and only then enters the job's working directory, so a job
+   cannot start (and read) where its account may not go ("account X cannot enter DIR: Permission
+   denied" is the launch error); with the spec's environment and nothing of its own;
 2. copies the job's output through a pipe into the size-bounded ``output.log``
    (:class:`agents.joblog.BoundedLog`), which is why the job need not die with the agent;
 3. writes ``process.json`` (the leader's pid and start time, its own pid and start time, the launch
@@ -19,7 +23,9 @@ parent-death signal), and writes the job's spec to its stdin as JSON. The superv
    included): the launch's stop signal (SIGTERM unless it chose another) and SIGCONT to its
    group, SIGKILL after ``stop_grace_s``;
 5. once the leader exits, SIGKILLs what is left of its group (the leader, not yet reaped, still
-   holds the group id, so nothing else can be hit), reaps it, removes the job's container if the
+   holds the group id, so nothing else can be hit) and kills its whole cgroup (``cgroup.kill``:
+   the daemons it started with ``setsid`` or a double fork die with it), waits for the cgroup to
+   empty and removes it, reaps the leader, removes the job's container if the
    leader was a container runtime's client that did not end cleanly (``container_cleanup``: a
    killed docker or podman client leaves its container running), drains the log, writes ``exit.json``
    atomically (``exit_code``, ``finished_at``, ``timed_out``, and ``stopped``/``oom``/``requeue``/
@@ -33,6 +39,7 @@ Nothing here imports Redis, the protocol or pydantic: the supervisor must start 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -132,16 +139,10 @@ class _Answer:
 def supervise(spec: dict) -> int:
     job_dir = Path(spec["job_dir"])
     answer = _Answer()
-    if spec.get("cgroup"):
-        # Joined before the job exists, so the job is born in its cgroup (the driver's memory
-        # limits for it are already set there) and cannot reach CUDA outside it. The supervisor
-        # stays in it until it exits; the agent removes the cgroup once it is empty.
-        try:
-            _join_cgroup(Path(spec["cgroup"]))
-        except OSError as exc:
-            answer.send({"error": f"cannot join the job's cgroup {spec['cgroup']}: {exc.strerror or exc}; "
-                                  "the job was not started unfenced"})
-            return 0
+    cgroup = Path(spec["cgroup"]) if spec.get("cgroup") else None
+    if cgroup is not None and not (cgroup / "cgroup.procs").is_file():
+        answer.send({"error": f"the job's cgroup {cgroup} is gone; the job was not started unfenced"})
+        return 0
     try:
         output, write_fd = BoundedLog.open(
             Path(spec["log_path"]), int(spec["max_log_bytes"]), group=spec.get("log_group"),
@@ -154,25 +155,32 @@ def supervise(spec: dict) -> int:
     if spec.get("user") is not None:
         identity = {"user": spec["user"], "group": spec["group"], "extra_groups": list(spec["extra_groups"])}
     argv = spec["argv"]
+    refusal_read, refusal_write = os.pipe()  # (close-on-exec: EOF once the job's exec succeeded)
     try:
         process = subprocess.Popen(
-            argv, cwd=spec["cwd"], env=spec["env"], stdin=subprocess.DEVNULL, stdout=write_fd,
-            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, **identity,
+            argv, env=spec["env"], stdin=subprocess.DEVNULL, stdout=write_fd, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True,
+            preexec_fn=_JobEntry(cgroup, identity, spec["cwd"], refusal_write),
         )
     except (OSError, subprocess.SubprocessError) as exc:  # missing executable, bad interpreter ...
         output.finish(0)
-        why = getattr(exc, "strerror", None) or exc
-        if getattr(exc, "filename", None) == spec["cwd"]:
-            answer.send({"error": f"cannot enter the working directory {spec['cwd']}: {why}"})
+        os.close(refusal_write)
+        refusal = _read_refusal(refusal_read)
+        if refusal is not None:
+            answer.send({"error": _refusal_message(refusal, spec, cgroup)})
         else:
-            answer.send({"error": f"cannot start {argv[0]!r}: {why}"})
+            answer.send({"error": f"cannot start {argv[0]!r}: {getattr(exc, 'strerror', None) or exc}"})
         return 0
     except ValueError as exc:  # e.g. a NUL byte in argv or env
         output.finish(0)
+        os.close(refusal_write)
+        os.close(refusal_read)
         answer.send({"error": f"cannot start {argv[0]!r}: {exc}"})
         return 0
     finally:
         os.close(write_fd)  # the child holds its own copy; the pump sees EOF once it is gone
+    os.close(refusal_write)
+    os.close(refusal_read)
     started = time.monotonic()
     started_at = time.time()
     output.start()
@@ -198,6 +206,11 @@ def supervise(spec: dict) -> int:
     # The leader is a zombie until reaped, so its pid (== the group id) cannot be reused yet:
     # this reaches only the job's stragglers.
     _signal_group(process.pid, signal.SIGKILL)
+    if cgroup is not None:
+        if kill_cgroup(cgroup):
+            _remove_cgroup(cgroup)  # (the agent does it otherwise; an agent that died cannot)
+        else:
+            log.warning("processes of the job are still in %s after it was killed", cgroup)
     exit_code = process.wait()
     if spec.get("container_cleanup") and exit_code != 0:
         _remove_container(spec["container_cleanup"], spec["env"], identity)
@@ -217,12 +230,129 @@ def supervise(spec: dict) -> int:
     return 0
 
 
-def _join_cgroup(cgroup: Path) -> None:
-    fd = os.open(cgroup / "cgroup.procs", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+class _JobEntry:
+    """What the job's child does between fork and exec (``preexec_fn``; the supervisor has no
+    thread yet): join the job's cgroup while still privileged, drop to the job's account, then
+    enter the working directory as that account. A refusal is written to ``refusal_fd`` as
+    JSON before raising, since Popen reports only that the step failed."""
+
+    def __init__(self, cgroup: Path | None, identity: dict, cwd: str, refusal_fd: int):
+        self.cgroup, self.identity, self.cwd, self.refusal_fd = cgroup, identity, cwd, refusal_fd
+
+    def __call__(self) -> None:
+        step = "cgroup"
+        try:
+            if self.cgroup is not None:
+                _write_file(self.cgroup / "cgroup.procs", str(os.getpid()))
+            step = "account"
+            if self.identity:
+                os.setgroups(self.identity["extra_groups"])
+                os.setresgid(self.identity["group"], self.identity["group"], self.identity["group"])
+                os.setresuid(self.identity["user"], self.identity["user"], self.identity["user"])
+            step = "cwd"
+            os.chdir(self.cwd)
+        except OSError as exc:
+            os.write(self.refusal_fd, json.dumps({"step": step, "error": exc.strerror or str(exc)}).encode())
+            raise
+
+
+def _read_refusal(fd: int) -> dict | None:
     try:
-        os.write(fd, f"{os.getpid()}\n".encode())  # one write: the kernel takes one pid per write
+        data = os.read(fd, 65536)
     finally:
         os.close(fd)
+    try:
+        refusal = json.loads(data) if data else None
+    except ValueError:
+        return None
+    return refusal if isinstance(refusal, dict) else None
+
+
+def _refusal_message(refusal: dict, spec: dict, cgroup: Path | None) -> str:
+    why = refusal.get("error")
+    if refusal.get("step") == "cgroup":
+        return f"cannot join the job's cgroup {cgroup}: {why}; the job was not started unfenced"
+    if refusal.get("step") == "account":
+        return f"cannot switch to the job's account (uid {spec.get('user')}): {why}"
+    return f"{_account_name(spec.get('user'))} cannot enter {spec['cwd']}: {why}"
+
+
+def _account_name(uid: int | None) -> str:
+    if uid is None:
+        uid = os.getuid()
+    import pwd  # only on this error path: a lookup may go to LDAP
+
+    try:
+        return f"account {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"account uid {uid}"
+
+
+def _write_file(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())  # one write: the kernel takes one pid per write to cgroup.procs
+    finally:
+        os.close(fd)
+
+
+def _cgroup_populated(cgroup: Path) -> bool:
+    try:
+        for line in (cgroup / "cgroup.events").read_text().splitlines():
+            if line.startswith("populated "):
+                return line.split()[1] != "0"
+    except OSError:
+        pass
+    try:  # (no cgroup.events: a plain directory standing in for a cgroup)
+        pids = [int(word) for word in (cgroup / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return False  # gone
+    return any(_live(pid) for pid in pids)
+
+
+def _live(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _remove_cgroup(cgroup: Path) -> None:
+    try:
+        os.rmdir(cgroup)
+    except OSError:
+        pass  # a test's plain directory, or the agent was first
+
+
+def kill_cgroup(cgroup: Path, wait: float = 10.0) -> bool:
+    """SIGKILL every process in ``cgroup`` (``cgroup.kill``; before Linux 5.14, each pid in
+    ``cgroup.procs`` until none is left); True once it is empty, within ``wait`` seconds."""
+    try:
+        _write_file(cgroup / "cgroup.kill", "1")
+        one_shot = True
+    except FileNotFoundError:
+        one_shot = False
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # (EINVAL: not a cgroup that has it, e.g. a test's plain directory)
+            log.warning("cannot write %s: %s", cgroup / "cgroup.kill", exc.strerror or exc)
+        one_shot = False
+    deadline = time.monotonic() + wait
+    while True:
+        if not one_shot:
+            try:
+                pids = [int(word) for word in (cgroup / "cgroup.procs").read_text().split()]
+            except (OSError, ValueError):
+                pids = []
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        if not _cgroup_populated(cgroup):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
 
 
 def _remove_container(argv: list[str], env: dict, identity: dict) -> None:

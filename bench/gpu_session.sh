@@ -50,5 +50,7 @@ for mode in none auto; do
     timeout 80 python3 -W ignore -m bench.gpu_attribution --seconds 12 --isolation $mode \
         --json "$out/attribution-$mode.json"; echo "rc=$?"
 done
+step "the node's fences: devices without CUDA_VISIBLE_DEVICES, a daemon child, an MPS client's quit"
+timeout 240 python3 -m bench.gpu_fence --json "$out/fence.json"; echo "rc=$?"
 step end
 } 2>&1 | tee "$out/all.log"

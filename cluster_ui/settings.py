@@ -253,6 +253,9 @@ COLONY_DEFAULT_CPUS_PER_GPU = env_float("COLONY_DEFAULT_CPUS_PER_GPU", 0.0)
 COLONY_DEFAULT_HOST_MEMORY_MIB_PER_GPU = env_int("COLONY_DEFAULT_HOST_MEMORY_MIB_PER_GPU", 0)
 COLONY_MAX_ARRAY_SIZE = env_int("COLONY_MAX_ARRAY_SIZE", 1000)
 COLONY_MAX_PENDING_PER_USER = env_int("COLONY_MAX_PENDING_PER_USER", 10_000)
+# Variables a job may set although they change who it is or what runs in it (HOME, USER, LOGNAME,
+# SHELL, LD_*: refused at submission otherwise). Its node must allow them too (--allow-job-env).
+COLONY_JOB_ENV_ALLOWED = env_list("COLONY_JOB_ENV_ALLOWED")
 # Uploaded code (colony submit packs the current directory): at most this much per tenant, and an
 # archive no job has needed for this long is dropped (its row stays; uploading it again restores it).
 COLONY_CODE_STORAGE_MB = env_int("COLONY_CODE_STORAGE_MB", 2048)
@@ -390,6 +393,9 @@ COLONY_OIDC_ENABLED = oidc_enabled(
     COLONY_OIDC_GROUP_MAP=_group_map_text.strip(),
 )
 COLONY_OIDC_GROUPS_CLAIM = env_str("COLONY_OIDC_GROUPS_CLAIM", "groups")
+# The claim holding a user's POSIX account name (e.g. "uid" from an LDAP-backed IdP): their jobs run
+# as that account on the nodes. Empty: nodes look the user up by their Colony name.
+COLONY_OIDC_POSIX_CLAIM = env_str("COLONY_OIDC_POSIX_CLAIM", "")
 OIDC_RP_SCOPES = env_str("COLONY_OIDC_SCOPES", "openid email profile")
 OIDC_RP_SIGN_ALGO = env_str("COLONY_OIDC_SIGN_ALGO", "RS256")
 # Seconds of clock difference tolerated on the ID token's exp/iat.

@@ -2,16 +2,19 @@
 
 :class:`IsolationLayer` holds each GPU's mode (:mod:`agents.isolation.choose` picks them) and the
 machinery behind them: the per-GPU MPS daemons (:mod:`agents.isolation.mps`), the job cgroups
-(:mod:`agents.isolation.cgroups`) and the driver's memory limits
-(:mod:`agents.isolation.memory_limits`). For each launch it returns a :class:`JobFence` (the
-variables Colony sets after the job's own, and the cgroup the job is born in) or refuses it: a
-GPU advertised as fenced never runs a job unfenced. A backend that enforces a mode itself (the
+(:mod:`agents.isolation.cgroups`), their device fence (:mod:`agents.isolation.devices`) and the
+driver's memory limits (:mod:`agents.isolation.memory_limits`). For each launch it returns a
+:class:`JobFence` (the variables Colony sets after the job's own, and the cgroup the job is born
+in: every job gets one where the node can make them, with its device filter and its host memory
+and CPU limits) or refuses it: a GPU advertised as fenced never runs a job unfenced, and a job is
+never started outside its cgroup on a node that has them. :attr:`IsolationLayer.fencing` says
+what the node fences (:class:`NodeFencing`), for the agent to report. A backend that enforces a mode itself (the
 simulated one) needs none of this: its GPUs are reported with its mode and fences are empty.
 
 Memory limits, in one rule: hard = the launch's ``gpu_memory_limit_mib`` always; soft = hard for a
 whole-GPU job (``compute_share`` None, which is how a guaranteed job is launched), soft 0 for a
 shared one (the driver may reclaim under pressure from it first). A launch without a memory
-limit gets no cgroup and no limit. MIG instances need nothing but their ``MIG-...`` UUID in
+limit gets no GPU memory limit (it still gets its cgroup). MIG instances need nothing but their ``MIG-...`` UUID in
 ``CUDA_VISIBLE_DEVICES`` (:meth:`IsolationLayer.cuda_visible_devices`).
 """
 
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from agents.isolation.cgroups import JobCgroups
+from agents.isolation.devices import DeviceFence
 from agents.isolation.memory_limits import DriverMemoryLimits, MemoryLimitError
 from agents.isolation.mps import MPS_JOB_VARIABLES, MpsDaemons, MpsError, thread_percentage
 from agents.backends.base import BackendSample
@@ -48,10 +52,41 @@ class IsolationError(RuntimeError):
 @dataclass(frozen=True)
 class JobFence:
     """What a launch gets: ``env`` set after the job's own variables (``None``: removed, so the
-    job cannot set it either), and the ``cgroup`` its supervisor joins before starting it."""
+    job cannot set it either), and the ``cgroup`` the job is born in; ``gpu_memory_limited``: the
+    driver holds that cgroup to the job's GPU memory limit (a container a daemon starts escapes it)."""
 
     env: dict[str, str | None] = field(default_factory=dict)
     cgroup: Path | None = None
+    gpu_memory_limited: bool = False
+
+
+@dataclass(frozen=True)
+class NodeFencing:
+    """What fences the node's jobs, whatever the GPUs' sharing modes: a cgroup of each job's own
+    (killed at its end: nothing outlives it), the device filter on it (a job opens only its own
+    GPUs), host memory and CPU limits. ``reasons``: why each missing part is missing."""
+
+    cgroups: bool = False
+    devices: bool = False
+    limits: bool = False
+    reasons: tuple[str, ...] = ("the isolation layer was not configured",)
+
+    @property
+    def fenced(self) -> bool:
+        """Jobs are contained and see only their own GPUs (limits are not required for it)."""
+        return self.cgroups and self.devices
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The fences present, as ``NodeRegistered.job_fences`` names them ("cgroup", "devices")."""
+        return tuple(kind for kind, present in (("cgroup", self.cgroups), ("devices", self.devices)) if present)
+
+    def summary(self) -> str:
+        parts = ["job cgroups" if self.cgroups else None, "device filter" if self.devices else None,
+                 "memory/CPU limits" if self.limits else None]
+        have = ", ".join(p for p in parts if p) or "nothing"
+        why = f" ({'; '.join(self.reasons)})" if self.reasons else ""
+        return f"{'fenced' if self.fenced else 'unfenced'}: {have}{why}"
 
 
 @dataclass(frozen=True)
@@ -71,13 +106,20 @@ class IsolationLayer:
 
     def __init__(self, gpus: list[GpuInfo], modes: dict[int, str], *, mps: MpsDaemons | None = None,
                  cgroups: JobCgroups | None = None, limits: DriverMemoryLimits | None = None,
-                 native: bool = False, mps_check_interval: float = MPS_CHECK_INTERVAL_S):
+                 native: bool = False, mps_check_interval: float = MPS_CHECK_INTERVAL_S,
+                 devices: DeviceFence | None = None, fencing: NodeFencing | None = None):
         self.gpus = {gpu.index: gpu for gpu in gpus}
         self.modes = {gpu.index: "mig" if gpu.isolation == "mig" else modes.get(gpu.index, "unfenced")
                       for gpu in gpus}
         # GPUs whose mode the backend enforces itself: nothing to do here for them.
         self._native = {gpu.index for gpu in gpus if gpu.isolation != "mig"} if native else set()
         self.mps, self.cgroups, self.limits = mps, cgroups, limits
+        self.devices = devices if devices is not None and devices.available else None
+        self.fencing = fencing if fencing is not None else NodeFencing(
+            cgroups=cgroups is not None, devices=self.devices is not None,
+            limits=bool(cgroups is not None and cgroups.controllers),
+            reasons=() if cgroups is not None and self.devices is not None else
+            ("no job cgroups" if cgroups is None else "no device filter",))
         self.mps_check_interval = mps_check_interval
         self._next_check = 0.0
         self._closed = False
@@ -156,24 +198,54 @@ class IsolationLayer:
     def fence(self, cmd: LaunchJob) -> JobFence:
         """The launch's fence; IsolationError when a fenced GPU cannot fence it now."""
         indices = list(cmd.gpu_indices)
-        if indices and all(i in self._native for i in indices):
-            return JobFence()
         env: dict[str, str | None] = {}
-        if len(indices) > 1 and cmd.compute_share is not None and any(
+        native = bool(indices) and all(i in self._native for i in indices)
+        if not native and len(indices) > 1 and cmd.compute_share is not None and any(
                 self._enforced_here(i) == "mps" for i in indices):
             # MPS fences one GPU per client here; a share of several would run as a plain client.
             raise IsolationError("a job with a compute share on several MPS GPUs cannot be fenced; "
                                  "it was not started unfenced")
-        if any(self._enforced_here(i) == "mps" for i in indices):
+        if not native and any(self._enforced_here(i) == "mps" for i in indices):
             # Removed unless set below: a job on an MPS GPU must not pick its daemon or its share.
             env = {name: None for name in MPS_JOB_VARIABLES}
-        if len(indices) == 1 and self._enforced_here(indices[0]) == "mps":
+        if not native and len(indices) == 1 and self._enforced_here(indices[0]) == "mps":
             env.update(self._mps_env(cmd, indices[0]))
-        limited = [i for i in indices if self._enforced_here(i) == "memory_limit"]
-        cgroup = self._limit(cmd, limited) if limited and cmd.gpu_memory_limit_mib else None
-        if len(indices) == 1 and self._enforced_here(indices[0]) == "mps":
+        limited = [] if native else [i for i in indices if self._enforced_here(i) == "memory_limit"]
+        cgroup = self._cgroup(cmd, limited if cmd.gpu_memory_limit_mib else [])
+        if not native and len(indices) == 1 and self._enforced_here(indices[0]) == "mps":
             self._mps_clients[cmd.job_id] = indices[0]
-        return JobFence(env, cgroup)
+        return JobFence(env, cgroup, gpu_memory_limited=bool(limited and cmd.gpu_memory_limit_mib))
+
+    def _cgroup(self, cmd: LaunchJob, limited: list[int]) -> Path | None:
+        """The job's cgroup with its limits and device filter (None on a node without job cgroups)."""
+        if self.cgroups is None:
+            if limited:
+                raise IsolationError("driver memory limits are not set up on this node")
+            return None
+        try:
+            cgroup = self.cgroups.create(cmd.job_id, memory_mib=getattr(cmd, "host_memory_mib", None),
+                                         cpu_milli=getattr(cmd, "cpu_milli", None))
+        except OSError as exc:
+            self.release(cmd.job_id)
+            raise IsolationError(f"cannot create the job's cgroup {self.cgroups.path(cmd.job_id)}: "
+                                 f"{exc.strerror or exc}; the job was not started unfenced") from None
+        if self.devices is not None:
+            try:
+                self.devices.attach(cgroup, self.devices.job_devices(self._job_gpus(cmd.gpu_indices)))
+            except (LookupError, OSError) as exc:
+                self.release(cmd.job_id)
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise IsolationError(f"cannot fence the job's devices in {cgroup}: {why}; "
+                                     "the job was not started unfenced") from None
+        if limited:
+            self._limit(cmd, limited, cgroup)
+        return cgroup
+
+    def _job_gpus(self, indices) -> list[GpuInfo]:
+        missing = [i for i in indices if i not in self.gpus]
+        if missing:
+            raise LookupError(f"GPU {missing[0]} is not in this node's inventory")
+        return [self.gpus[i] for i in indices]
 
     def _mps_env(self, cmd: LaunchJob, index: int) -> dict[str, str | None]:
         if self.mps is None or not self.mps.is_running(index):
@@ -188,16 +260,12 @@ class IsolationLayer:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(percentage)
         return env
 
-    def _limit(self, cmd: LaunchJob, indices: list[int]) -> Path:
-        if self.cgroups is None or self.limits is None:
+    def _limit(self, cmd: LaunchJob, indices: list[int], cgroup: Path) -> None:
+        if self.limits is None:
+            self.release(cmd.job_id)
             raise IsolationError("driver memory limits are not set up on this node")
         hard = cmd.gpu_memory_limit_mib
         soft = hard if cmd.compute_share is None else 0
-        try:
-            cgroup = self.cgroups.create(cmd.job_id)
-        except OSError as exc:
-            raise IsolationError(f"cannot create the job's cgroup {self.cgroups.path(cmd.job_id)}: "
-                                 f"{exc.strerror or exc}") from None
         for index in indices:
             try:
                 self.limits.set(self.gpus[index].uuid, cgroup, soft, hard)
@@ -207,7 +275,6 @@ class IsolationLayer:
                                      f"{cgroup}: {exc}; the job was not started unfenced") from None
         log.info("job %d: GPU memory limited to %d MiB (soft %d MiB) on GPU(s) %s in %s",
                  cmd.job_id, hard, soft, indices, cgroup)
-        return cgroup
 
     def release(self, job_id: int) -> None:
         """The job ended (or never started): forget its MPS link, remove its cgroup (which clears

@@ -1,13 +1,36 @@
 """CUDA MPS: one control daemon per GPU, started and stopped by the agent, and each job's MPS env.
 
 Each MPS GPU gets ``nvidia-cuda-mps-control -d`` with ``CUDA_VISIBLE_DEVICES`` set to that GPU's
-UUID and pipe and log directories of its own (``<state>/mps/<index>/{pipe,log}``, mode 0700, owned
-by the account jobs run as: MPS clients and the servers the daemon starts for them use them). The
-daemon and every control command run as that account too, never as root (see ``_run``).
+UUID and pipe and log directories of its own (``<state>/mps/<index>/{pipe,log}``).
 A single-GPU job on an MPS GPU connects to its GPU's daemon (``CUDA_MPS_PIPE_DIRECTORY``) with its
 memory pinned (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``) and its SMs capped
 (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``); CUDA reads both once, at initialisation, so the duty cycle
 stays the lever that acts at once.
+
+Who owns the daemon decides what MPS fences:
+
+- **with a service account** (``service``: an operator-chosen account no job runs as, say
+  ``colony-mps``): the daemon and every control command run as it, and its pipe and log
+  directories are its own (0755: jobs reach the daemon's sockets as clients, and cannot write
+  there). MPS takes control commands (``quit``, ``set_default_*``, ``start_server``) only from
+  the daemon's own uid and root, so a job cannot quit the daemon (and have its neighbours
+  requeued) nor start one of its own on the pipes; it cannot plant a link for the daemon to
+  write through either. The GPU is put in EXCLUSIVE_PROCESS compute mode (``nvidia-smi -c``, put
+  back to DEFAULT when the daemon stops), so only the MPS server holds a context on it: a job that
+  drops its MPS variables cannot open a context of its own beside the server and escape its caps.
+  The server-side defaults (``set_default_active_thread_percentage``,
+  ``set_default_device_pinned_mem_limit``) are set through the control pipe at start from the
+  operator's ceilings (``server_limits``);
+- **without one** (the default, as before): the daemon runs as the jobs' account, in directories
+  of that account (0700), never as root (see ``_run``). That fences *cooperating* jobs only: any
+  job of that account can ``quit`` the daemon or talk to it as its owner.
+
+What MPS never fences, even with a service account, is a *hostile client's own share*: the per-job
+limits are client variables that CUDA reads in the client's process, so a job that rewrites its
+own environment before initialising CUDA can take more SMs and pinned memory, up to the
+server-side defaults; and a client's fatal fault takes every client of the server down (below).
+Memory-limit GPUs (the driver's per-cgroup limit) and MIG instances fence hostile jobs; MPS fences
+cooperating jobs and keeps a hostile one from the daemon.
 
 What MPS cannot do shapes what the layer does:
 
@@ -84,12 +107,21 @@ class MpsDaemons:
     """The node's per-GPU control daemons."""
 
     def __init__(self, control: str, state_dir: Path, *, owner: tuple[int, int] | None = None,
-                 base_env: Mapping[str, str] | None = None):
+                 base_env: Mapping[str, str] | None = None, service: tuple[int, int] | None = None,
+                 server_limits: Mapping[str, str] | None = None, smi: str | None = None):
         """``control``: the control binary; ``state_dir``: where the pipe and log directories go;
-        ``owner``: uid and gid of the account jobs run as when not the agent's own."""
+        ``owner``: uid and gid of the account jobs run as when not the agent's own; ``service``:
+        the MPS service account's uid and gid (None: the daemon runs as ``owner``);
+        ``server_limits``: control commands sent at each daemon's start (``set_default_...``
+        name -> value); ``smi``: ``nvidia-smi``, to set the compute mode (None: looked up on PATH
+        when there is a service account)."""
         self.control = control
         self.state_dir = Path(state_dir)
-        self.owner = owner
+        self.service = service
+        # Everything below runs as this account: the service's, else the jobs'.
+        self.owner = service if service is not None else owner
+        self.server_limits = dict(server_limits or {})
+        self.smi = smi if smi is not None or service is None else shutil.which("nvidia-smi")
         source = os.environ if base_env is None else base_env
         self._base_env = {name: value for name, value in source.items()
                           if any(fnmatch.fnmatchcase(name, pattern) for pattern in DAEMON_PASS_ENV)}
@@ -121,7 +153,8 @@ class MpsDaemons:
                     shutil.rmtree(folder)
             for folder in (root, daemon.pipe_dir, daemon.log_dir):
                 folder.mkdir(parents=True, exist_ok=True)
-                os.chmod(folder, 0o700 if folder != root else 0o711)
+                # A service's folders: jobs connect as clients, and cannot write there.
+                os.chmod(folder, 0o711 if folder == root else 0o755 if self.service is not None else 0o700)
                 if self.owner is not None and folder != root:
                     os.chown(folder, *self.owner, follow_symlinks=False)
         except OSError as exc:
@@ -142,6 +175,33 @@ class MpsDaemons:
         daemon.running, daemon.servers = True, set()
         self.daemons[index] = daemon
         log.info("GPU %d: MPS control daemon started (pipes in %s)", index, daemon.pipe_dir)
+        self._fence_server(daemon)
+
+    def _fence_server(self, daemon: MpsDaemon) -> None:
+        """The server-side defaults, and EXCLUSIVE_PROCESS compute mode under a service account."""
+        for name, value in self.server_limits.items():
+            done = self._run(daemon, [], f"{name} {value}\n")
+            if done.returncode != 0:
+                log.warning("GPU %d: MPS %s %s exited %d", daemon.index, name, value, done.returncode)
+        if self.service is not None:
+            self._compute_mode(daemon, "EXCLUSIVE_PROCESS")
+
+    def _compute_mode(self, daemon: MpsDaemon, mode: str) -> None:
+        if self.smi is None:
+            log.warning("GPU %d: no nvidia-smi: compute mode left as it is (a job that drops its MPS variables "
+                        "can open a context beside the MPS server)", daemon.index)
+            return
+        try:
+            done = subprocess.run([self.smi, "-i", daemon.uuid, "-c", mode], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=CONTROL_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("GPU %d: cannot set compute mode %s: %s", daemon.index, mode, exc)
+            return
+        if done.returncode != 0:
+            log.warning("GPU %d: nvidia-smi -c %s exited %d: %s", daemon.index, mode, done.returncode,
+                        done.stdout.decode("utf-8", "replace").strip()[:200])
+        else:
+            log.info("GPU %d: compute mode %s", daemon.index, mode)
 
     def _answers(self, daemon: MpsDaemon) -> bool:
         if not (daemon.pipe_dir / "control").exists():
@@ -163,6 +223,8 @@ class MpsDaemons:
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("GPU %d: could not tell the MPS control daemon to quit: %s", index, exc)
         daemon.running = False
+        if self.service is not None:
+            self._compute_mode(daemon, "DEFAULT")
 
     def stop_all(self) -> None:
         for index in sorted(self.daemons):

@@ -20,9 +20,11 @@ get only the paths (``*_FILE``, ``--key-file``, ``--redis-file``): no secret is 
 or on the command line of any process, where a job could read it from ``/proc``. Every process
 that reads one makes itself non-dumpable (:mod:`agents.hardening`).
 
-Run as root, the agents run each tenant's jobs under its own local account (``colony-<tenant>``,
-created when missing; ``colony-jobs`` for a tenant made later), never as root, so jobs of
-different tenants cannot read each other's files or anything of the stack's.
+Run as root, the agents run each researcher's jobs under their own local account
+(``colony-u-<user>``, created when missing and listed in an account map the agents read), and a
+user made later under their tenant's account (``colony-<tenant>``, or ``colony-jobs``), never as
+root, so jobs of different people cannot signal each other or read each other's files, nor
+anything of the stack's. Not root, jobs run as the user who started the stack, which it says.
 """
 
 from __future__ import annotations
@@ -333,6 +335,28 @@ def job_accounts(tenants: list[str], agents_root: Path, python_problem: str = ""
     return argv, f"Jobs run per tenant under their own accounts ({described}; others as {DEFAULT_JOB_ACCOUNT})"
 
 
+def user_account_name(username: str) -> str | None:
+    """The demo's local account for a Colony user: ``colony-u-<name>`` where that is a valid name."""
+    name = f"colony-u-{username.lower()}"
+    return name if _ACCOUNT_RE.match(name) else None
+
+
+def user_accounts(usernames: list[str], agents_root: Path) -> tuple[list[str], str]:
+    """Agent arguments that run each researcher's jobs as their own local account (made when
+    missing) through an account map, and a line saying so; ``([], why)`` where one cannot be made."""
+    mapping = {user: name for user in usernames if (name := user_account_name(user))}
+    for name in mapping.values():
+        problem = ensure_account(name)
+        if problem:
+            return [], f"Jobs do not run per user: {problem}"
+    account_map = agents_root / "accounts.map"
+    account_map.write_text("# Colony user -> the local account their jobs run as (made by the devstack)\n"
+                           + "".join(f"{user} {name}\n" for user, name in sorted(mapping.items())))
+    os.chmod(account_map, 0o644)
+    described = ", ".join(f"{user} as {name}" for user, name in sorted(mapping.items()))
+    return ["--account-map", str(account_map)], f"Jobs run as their researchers' own accounts ({described})"
+
+
 # Migrate, seed the demo and list the tenants (after seeding) in one Django process: each start of
 # Django is about a second of the stack's start-up on a small machine, and this used three. The
 # password comes on stdin: a command line is readable by every process on the machine.
@@ -343,21 +367,26 @@ from jobs.models import Tenant
 call_command("migrate", interactive=False, verbosity=0)
 call_command("seed_demo", password=sys.stdin.readline().rstrip("\\n"))
 print("TENANTS", *Tenant.objects.values_list("slug", flat=True), flush=True)
+from django.contrib.auth import get_user_model
+print("USERS", *get_user_model().objects.values_list("username", flat=True), flush=True)
 """
 
 
-def set_up_database(python: str, env: dict[str, str], password: str) -> list[str]:
-    """Migrate and seed the database; the tenants' slugs. What the commands say is passed on."""
+def set_up_database(python: str, env: dict[str, str], password: str) -> tuple[list[str], list[str]]:
+    """Migrate and seed the database; the tenants' slugs and the user names. What the commands say
+    is passed on."""
     out = subprocess.run([python, "manage.py", "shell", "-v", "0", "-c", SET_UP_DATABASE], cwd=BASE_DIR, env=env,
                          check=True, input=password + "\n", stdout=subprocess.PIPE, text=True,
                          preexec_fn=lambda: os.umask(0o077)).stdout
-    tenants = []
+    tenants, users = [], []
     for line in out.splitlines():
         if line.startswith("TENANTS"):
             tenants = line.split()[1:]
+        elif line.startswith("USERS"):
+            users = line.split()[1:]
         else:
             print(line, flush=True)
-    return tenants
+    return tenants, users
 
 
 # ---------------------------------------------------------------- main
@@ -451,22 +480,31 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     try:
-        tenants = set_up_database(python, env, args.password)
+        tenants, users = set_up_database(python, env, args.password)
         agents_root = var_dir / "agent"
         agents_root.mkdir(exist_ok=True)
         os.chmod(agents_root, 0o711)
         agent_path = env["PATH"]
+        # Jobs get a clean PATH (never the agents'): the python they find comes first on it.
+        job_path = str(Path(python).parent)
         if os.geteuid() == 0 and not args.jobs_as_root:
             bin_dir, python_note = jobs_python(python, agents_root / "bin")
             sandbox, accounts_line = job_accounts(tenants, agents_root, "" if bin_dir or not python_note
                                                   else python_note)
+            if "--allow-root-jobs" not in sandbox:
+                per_user, users_line = user_accounts(users, agents_root)
+                sandbox += per_user
+                accounts_line = f"{users_line}\n  (users made later: {accounts_line})"
             if bin_dir is not None and "--allow-root-jobs" not in sandbox:
                 agent_path = f"{bin_dir}{os.pathsep}{agent_path}"
+                job_path = str(bin_dir)
                 accounts_line += f"\n  ({python_note})"
         elif os.geteuid() == 0:
             sandbox, accounts_line = ["--allow-root-jobs"], "Jobs run as ROOT (--jobs-as-root)"
         else:
-            sandbox, accounts_line = [], "Jobs run as your own user (start as root for per-tenant accounts)"
+            sandbox, accounts_line = [], ("Jobs run as your own user, not as their researchers' accounts "
+                                          "(start as root for per-user accounts)")
+        sandbox += ["--job-path", job_path]
         print(accounts_line, flush=True)
         for name, argv in celery_commands(python):
             supervisor.start(name, argv)

@@ -3,6 +3,7 @@ it leaves out, and accounts keyed by the provider's subject with their tenants f
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 
@@ -15,11 +16,14 @@ from django.db import transaction
 from django.utils import timezone
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
+from agents.protocol import POSIX_NAME_RE
 from cluster_ui.sso.group_map import claim_groups
 from cluster_ui.sso.models import OidcIdentity
 from cluster_ui.sso.sync import bring_in_line, granted_tenants
 
 _NOT_IN_USERNAME = re.compile(r"[^\w.@+-]")
+_POSIX_NAME = re.compile(POSIX_NAME_RE)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ class OIDCBackend(OIDCAuthenticationBackend):
             user = identity.user
             self._update_profile(user, claims)
             bring_in_line(user, grants, tenants)
+            identity.posix_name = _posix_name(claims, identity.posix_name)
             self._record(identity, groups)
         return user
 
@@ -142,6 +147,22 @@ class OIDCBackend(OIDCAuthenticationBackend):
         identity.groups = list(groups)
         identity.last_login_at = timezone.now()
         identity.save()
+
+
+def _posix_name(claims, current: str) -> str:
+    """The user's POSIX account name from ``COLONY_OIDC_POSIX_CLAIM`` (blank when not configured or
+    not sent). A value that is no POSIX name (a number, a space, 40 characters) is refused with a
+    log line and the name stays as it was: a job must never run as some other account by accident."""
+    claim = settings.COLONY_OIDC_POSIX_CLAIM
+    if not claim:
+        return ""
+    value = claims.get(claim)
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or not _POSIX_NAME.match(value):
+        log.warning("sso: claim %s of %s is %r, not a POSIX account name; ignored", claim, _display_name(claims), value)
+        return current
+    return value
 
 
 def _display_name(claims) -> str:

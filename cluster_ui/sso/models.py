@@ -17,6 +17,9 @@ class OidcIdentity(models.Model):
     subject = models.CharField(max_length=255)
     # As the last sign-in sent them: what an operator looks at when a mapping surprises someone.
     groups = models.JSONField(default=list, blank=True)
+    # The POSIX account name the provider gives (COLONY_OIDC_POSIX_CLAIM), refreshed at each
+    # sign-in: the account the user's jobs run as on the nodes. Blank: their Colony name is looked up.
+    posix_name = models.CharField(max_length=32, blank=True, default="")
     last_login_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -253,6 +253,11 @@ class JobSubmitSerializer(CheckedOnSharedFields, RejectUnknownFieldsMixin, seria
                           and name != "COLONY_SIM_WORKLOAD")
         if reserved:
             raise serializers.ValidationError(f"Set by Colony, cannot be overridden: {', '.join(reserved)}.")
+        identity = protocol.identity_env_names(env, settings.COLONY_JOB_ENV_ALLOWED)
+        if identity:
+            raise serializers.ValidationError(
+                f"Cannot be set: {', '.join(identity)} would change who the job is or what runs inside it "
+                "(HOME, USER and LOGNAME come from the account the job runs as).")
         return env
 
     def _known_tenants(self):

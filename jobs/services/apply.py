@@ -26,7 +26,7 @@ from jobs.scheduling import Decisions
 from jobs.scheduling.decisions import Throttle
 from jobs.services import lifecycle
 from jobs.services.commands import duty_cycle_commands, publish_many, send_stop
-from jobs.services.launches import send_attempt
+from jobs.services.launches import LAUNCH_RELATED, send_attempt
 from jobs.services.row_versions import RowVersions, listing
 
 
@@ -401,7 +401,7 @@ def resend_unstarted_launches(redis_client, as_of: datetime | None = None, skip=
     after_s = resend_after_s()
     cutoff = (as_of or timezone.now()) - timezone.timedelta(seconds=after_s)
     jobs = [job for job in Job.objects.filter(state=JobState.PLACED, placed_at__lt=cutoff)
-            .select_related("tenant").order_by("pk") if job.pk not in skip]
+            .select_related(*LAUNCH_RELATED).order_by("pk") if job.pk not in skip]
     if not jobs:
         return 0
     # At most one re-send per job per resend_after_s(), whichever worker gets there first.

@@ -110,7 +110,8 @@ def launch_commands(node: str, job_id: int, argv: list[str], gpu_indices: tuple[
     code cannot be staged. ``job_class``: the job's ``run_class`` (blank or None: not said, and
     its node leaves its duty cycle to the control plane)."""
     # One command id per attempt: a re-sent launch of this attempt is recognised by the agent, a
-    # requeued job's next attempt is not mistaken for it. The tenant picks the agent's run-as account.
+    # requeued job's next attempt is not mistaken for it. The submitter (``user``, ``posix_user`` in
+    # ``spec``) picks the account the node runs it as; the tenant, the operator's fallback account.
     # A job suspended before it started (duty cycle 0) is launched throttled and suspended at once.
     if code_id is not None:
         from jobs.services import code  # reads the archive table; keep this module light

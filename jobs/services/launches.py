@@ -19,17 +19,27 @@ from monitoring.models import Node
 
 # Job fields a launch is built from (for ``.only()``); ``launch_spec`` turns them into its fields.
 LAUNCH_FIELDS = ("command", "env", "attempt", "max_runtime_s", "tenant__slug", "workdir", "code_id", "image", "venv",
-                 "conda", "stop_signal", "array_id", "array_index", "gpu_milli", "run_class")
+                 "conda", "stop_signal", "array_id", "array_index", "gpu_milli", "run_class", "owner__username",
+                 "owner__oidc_identity__posix_name")
+# The relations those fields reach through (for ``.select_related()``): one query for many launches.
+LAUNCH_RELATED = ("tenant", "owner", "owner__oidc_identity")
 
 
 def launch_spec(job: Job) -> dict:
     """The launch's fields that come from the job spec as submitted (where and in what it runs, and
-    the compute share an MPS GPU caps a fractional job at), and how it was admitted (its node
-    protects a guaranteed job from its borrowers by itself)."""
+    the compute share an MPS GPU caps a fractional job at), how it was admitted (its node
+    protects a guaranteed job from its borrowers by itself) and whose it is (:func:`submitter`)."""
     return {"workdir": job.workdir or None, "image": job.image or None, "venv": job.venv or None,
             "conda": job.conda or None, "stop_signal": job.stop_signal, "array_id": job.array_id,
             "array_index": job.array_index, "code_id": job.code_id, "compute_share": compute_share(job.gpu_milli),
-            "job_class": job.run_class or None}
+            "job_class": job.run_class or None, **submitter(job)}
+
+
+def submitter(job: Job) -> dict:
+    """Whose job it is, for the node to run it as their own account: the owner's user name, and
+    their POSIX name where single sign-on carried one (``COLONY_OIDC_POSIX_CLAIM``)."""
+    identity = getattr(job.owner, "oidc_identity", None)  # (none: a local account)
+    return {"user": job.owner.username, "posix_user": (identity.posix_name or None) if identity else None}
 
 
 def compute_share(gpu_milli: int) -> float | None:
@@ -77,7 +87,7 @@ def live_slices(job_id: int) -> tuple[tuple[NodeSlice, ...], dict[str, tuple[int
 
 def send_attempt(job: Job) -> int:
     """Send the launch of the job's current attempt to every node it holds GPUs on; returns how
-    many nodes were told. ``job`` needs ``tenant`` loaded."""
+    many nodes were told. ``job`` needs :data:`LAUNCH_RELATED` loaded."""
     slices, limits = live_slices(job.pk)
     envs = launch_envs(job.env, slices, rendezvous_of(job.pk, slices, scheduler_config()))
     for node_slice in slices:

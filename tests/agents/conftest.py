@@ -6,7 +6,9 @@ Nothing here needs Django; the shared ``redis_url``/``redis_client`` fixtures co
 
 from __future__ import annotations
 
+import tempfile
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +79,15 @@ def start_agent(tmp_path):
     for running in started:
         if running.thread.is_alive():
             running.stop()
+
+
+@pytest.fixture
+def passable_tmp_path(tmp_path):
+    """``tmp_path`` with every folder above it, up to the temp root, passable by other accounts.
+    A job enters its working directory as its own account (never as root for it), as under
+    /var/lib/colony-agent; pytest's folders are 0700 root, which no job account may pass."""
+    for folder in (tmp_path, *tmp_path.parents):
+        if folder == Path(tempfile.gettempdir()):
+            break
+        folder.chmod(folder.stat().st_mode | 0o111)
+    return tmp_path

@@ -74,12 +74,21 @@ def fake_nvml(support: str = "yes", refuse_set: tuple[str, ...] = ()) -> ModuleT
 
 class FakeCgroups(JobCgroups):
     """Job cgroups in a plain directory, with the kernel's rules that matter here: a new cgroup has
-    a ``cgroup.procs``, and removing one that holds a live process fails with EBUSY."""
+    a ``cgroup.procs``, and removing one that holds a live process fails with EBUSY. Nothing is
+    killed (the real thing is tested on real cgroups, ``test_job_cgroups.py``)."""
 
-    def create(self, job_id: int) -> Path:
-        path = super().create(job_id)
+    def create(self, job_id: int, **limits) -> Path:
+        path = super().create(job_id, **limits)
         (path / "cgroup.procs").touch()
         return path
+
+    def scratch(self) -> Path:
+        path = super().scratch()
+        (path / "cgroup.procs").touch()
+        return path
+
+    def _kill(self, path: Path, wait: float = 0.0) -> None:
+        pass
 
     def _rmdir(self, path: Path) -> None:
         if not path.exists():

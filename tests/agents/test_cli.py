@@ -48,6 +48,9 @@ def test_bad_node_name_exits_2_with_a_message():
         (["--node", "n1", "--simulate", "1xT4-16GB", "--redis", "localhost:6379"], "unix:// URL"),
         (["--simulate", "1xT4-16GB"], "--node"),
         (["--node", "n1", "--simulate", "1xT4-16GB", "--host-memory", "lots"], "not a size: 'lots'"),
+        # A bare number meant MiB here; colony submit reads one as GiB. Refused, never guessed.
+        (["--node", "n1", "--simulate", "1xT4-16GB", "--host-memory", "20"], "give '20' a unit: 20GiB or 20MiB"),
+        (["--node", "n1", "--simulate", "1xT4-16GB", "--reserve-host-memory", "4096"], "give '4096' a unit"),
         (["--node", "n1", "--simulate", "1xT4-16GB", "--cpus", "-4"], "positive number"),
     ],
 )
@@ -56,6 +59,12 @@ def test_bad_arguments_exit_2(argv, message, capsys):
         cli.parse_args(argv)
     assert caught.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_memory_flags_read_sizes_as_colony_submit_does():
+    args = cli.parse_args(["--node", "n1", "--simulate", "1xT4-16GB", "--host-memory", "480 GB",
+                           "--reserve-host-memory", "8192MiB", "--max-log-bytes", "1.5M"])
+    assert (args.host_memory, args.reserve_host_memory, args.max_log_bytes) == (491520, 8192, 1572864)
 
 
 def test_defaults(monkeypatch, tmp_path):

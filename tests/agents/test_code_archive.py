@@ -175,8 +175,9 @@ def test_bounds_on_members_unpacked_bytes_and_decompression(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_modes_are_tamed_and_the_tree_belongs_to_the_jobs_account(tmp_path, throwaway_account,  # noqa: F811
+def test_modes_are_tamed_and_the_tree_belongs_to_the_jobs_account(passable_tmp_path, throwaway_account,  # noqa: F811
                                                                     python_for_anyone):  # noqa: F811
+    tmp_path = passable_tmp_path
     def setuid_script(tar):
         info = tarfile.TarInfo("bin/run")
         info.size, info.mode, info.uid, info.gid = 3, 0o4777, 0, 0

@@ -29,6 +29,11 @@ def mps(tmp_path):
     fake.kill_all(tmp_path)
 
 
+@pytest.fixture(autouse=True)
+def fake_cgroups(monkeypatch):
+    monkeypatch.setattr(choose, "JobCgroups", FakeCgroups)  # (real ones: test_job_cgroups.py)
+
+
 @pytest.fixture
 def agents():
     started: list[RunningAgent] = []
@@ -103,21 +108,42 @@ def test_a_dead_mps_daemon_requeues_every_job_on_its_gpu_with_the_reason_and_is_
 OOM = python("import sys, time; time.sleep(0.5); "
              "print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB', flush=True); "
              "sys.exit(1)")
+# Holds nearly all of its 4096 MiB limit (the simulated GPU reports it) until its allocation fails.
+AT_LIMIT = {"COLONY_SIM_WORKLOAD": "idle:mem=4000,ramp=0.1"}
+FAILS_AT_LIMIT = python("import sys, time; time.sleep(2); "
+                        "print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB', flush=True); "
+                        "sys.exit(1)")
 
 
-def test_an_allocation_failure_under_a_driver_limit_is_reported_with_the_figures(
+def test_an_allocation_failure_at_a_driver_limit_is_reported_with_the_figures(
         tmp_path, redis_url, redis_client, agents, monkeypatch):
     monkeypatch.setattr(choose, "JobCgroups", FakeCgroups)
     start(agents, tmp_path, redis_url, "memory-limit", nvml=fake_nvml("yes"))
     [registered] = wait_for(lambda: events(redis_client, "node_registered"))
     assert [gpu.isolation for gpu in registered.gpus] == ["memory_limit", "memory_limit"]
-    cmd = launch(OOM, gpus=[1], gpu_memory_limit_mib=4096, compute_share=0.5)
+    cmd = launch(FAILS_AT_LIMIT, gpus=[1], gpu_memory_limit_mib=4096, compute_share=0.5, env=AT_LIMIT)
     send(redis_client, "n1", cmd)
-    [done] = wait_for(lambda: exited(redis_client, cmd.job_id))
+    [done] = wait_for(lambda: exited(redis_client, cmd.job_id), timeout=30)
     assert done.oom and done.exit_code == 1 and not done.requeue
     assert done.error.startswith(f"CUDA out of memory on GPU 1: job {cmd.job_id} hit its limit of 4096 MiB, "
                                  "enforced by the driver; it held up to ")
     assert done.error.endswith(" MiB in the node's samples")
+
+
+def test_a_job_that_only_prints_out_of_memory_gets_no_oom_verdict(
+        tmp_path, redis_url, redis_client, agents, monkeypatch):
+    # The attack: any job can print "CUDA out of memory". The node saw it hold little of its
+    # limit, so the exit is an ordinary failure; the text is passed on as the job's own claim.
+    monkeypatch.setattr(choose, "JobCgroups", FakeCgroups)
+    start(agents, tmp_path, redis_url, "memory-limit", nvml=fake_nvml("yes"))
+    wait_for(lambda: events(redis_client, "node_registered"))
+    cmd = launch(OOM, gpus=[1], gpu_memory_limit_mib=4096, compute_share=0.5,
+                 env={"COLONY_SIM_WORKLOAD": "idle:mem=600,ramp=0.1"})
+    send(redis_client, "n1", cmd)
+    [done] = wait_for(lambda: exited(redis_client, cmd.job_id), timeout=30)
+    assert done.exit_code == 1 and not done.oom and not done.requeue
+    assert done.error.startswith("the job's output reports a CUDA allocation failure; in the node's samples it ")
+    assert done.error.endswith("of its 4096 MiB limit on GPU 1, so the node does not count it as out of memory")
 
 
 def test_the_same_failure_on_an_unfenced_gpu_is_an_ordinary_failure(tmp_path, redis_url, redis_client, agents):

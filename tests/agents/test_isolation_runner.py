@@ -113,9 +113,10 @@ def test_driver_limits_are_set_on_the_jobs_own_cgroup_before_it_starts_and_clear
     shared = launch(python("import time; time.sleep(0.3)"), gpus=[0, 1], gpu_memory_limit_mib=4096,
                     compute_share=0.5)
     runner.launch(shared)
-    cgroup = tmp_path / "cgroup" / f"colony-job-{shared.job_id}"
-    supervisor = runner._jobs[shared.job_id].supervisor.pid
-    assert members(cgroup) == [supervisor]  # joined before the job was started: the job is born there
+    cgroup = runner.isolation.cgroups.path(shared.job_id)
+    assert cgroup.parent == tmp_path / "cgroup"
+    leader = runner._jobs[shared.job_id].pid
+    assert members(cgroup) == [leader]  # joined between fork and exec: the job is born there
     # Hard limit: the reservation; soft 0 for a shared job (the driver reclaims from it first).
     assert nvml.set_calls == [("GPU-aaaa", str(cgroup), 0, 4096 * MIB), ("GPU-bbbb", str(cgroup), 0, 4096 * MIB)]
     [done] = wait_for(runner.poll)
@@ -124,18 +125,21 @@ def test_driver_limits_are_set_on_the_jobs_own_cgroup_before_it_starts_and_clear
 
     whole = launch(python("pass"), gpus=[1], gpu_memory_limit_mib=81559)
     runner.launch(whole)
-    assert nvml.set_calls[-1] == ("GPU-bbbb", str(tmp_path / "cgroup" / f"colony-job-{whole.job_id}"),
+    assert nvml.set_calls[-1] == ("GPU-bbbb", str(runner.isolation.cgroups.path(whole.job_id)),
                                   81559 * MIB, 81559 * MIB)  # whole GPU: soft = hard
     wait_for(runner.poll)
 
 
-def test_a_job_without_a_memory_limit_gets_no_cgroup(tmp_path, runners):
+def test_a_job_without_a_memory_limit_gets_a_cgroup_but_no_driver_limit(tmp_path, runners):
     nvml = fake_nvml("yes")
     runners.append(runner := make_runner(tmp_path, "memory-limit", nvml=nvml))
-    cmd = launch(python("pass"), gpus=[0])
+    cmd = launch(python("import time; time.sleep(0.2)"), gpus=[0])
     runner.launch(cmd)
+    cgroup = runner.isolation.cgroups.path(cmd.job_id)
+    assert members(cgroup) == [runner._jobs[cmd.job_id].pid]
     wait_for(runner.poll)
-    assert nvml.set_calls == [] and not (tmp_path / "cgroup" / f"colony-job-{cmd.job_id}").exists()
+    assert nvml.set_calls == []
+    wait_for(lambda: runner.poll() == [] and not cgroup.exists())
 
 
 def test_a_limit_the_driver_refuses_fails_the_launch_and_leaves_no_cgroup(tmp_path, runners):
@@ -146,7 +150,7 @@ def test_a_limit_the_driver_refuses_fails_the_launch_and_leaves_no_cgroup(tmp_pa
         runner.launch(cmd)
     assert "not started unfenced" in str(refused.value)
     assert runner.running() == set()
-    assert not (tmp_path / "cgroup" / f"colony-job-{cmd.job_id}").exists()
+    assert not runner.isolation.cgroups.path(cmd.job_id).exists()
     assert not (runner.job_dir(cmd.job_id) / "output.log").exists()
 
 
@@ -195,7 +199,7 @@ def test_an_image_job_is_refused_rather_than_run_unfenced_in_a_container(tmp_pat
     cmd = launch(["train"], gpus=[1], gpu_memory_limit_mib=4096, compute_share=0.5, image="pytorch/pytorch:2.4.0")
     with pytest.raises(LaunchError, match="docker starts containers outside the job's cgroup"):
         limited.launch(cmd)
-    assert not (tmp_path / "b" / "cgroup" / f"colony-job-{cmd.job_id}").exists()
+    assert not limited.isolation.cgroups.path(cmd.job_id).exists()
 
 
 def test_a_runner_without_a_configured_layer_keeps_what_the_backend_enforces_itself(tmp_path):

@@ -119,7 +119,8 @@ def test_an_adopted_job_is_preempted_with_its_own_signal_and_a_new_attempt_start
         fresh.close()
 
 
-def test_the_notice_is_readable_by_the_jobs_account_only(tmp_path):
+def test_the_notice_is_readable_by_the_jobs_account_only(passable_tmp_path):
+    tmp_path = passable_tmp_path
     if os.geteuid() != 0:
         pytest.skip("switching users needs root")
     nobody = lookup_account("nobody")

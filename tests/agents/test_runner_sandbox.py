@@ -86,8 +86,9 @@ def test_only_allow_listed_agent_variables_are_inherited_by_default(make_runner,
 # ---------------------------------------------------------------- working directory
 
 
-@pytest.mark.parametrize("field", ["cwd", "user", "shell"])
-def test_a_launch_cannot_ask_for_a_directory_user_or_shell(field):
+@pytest.mark.parametrize("field", ["cwd", "uid", "account", "shell"])
+def test_a_launch_cannot_ask_for_a_directory_account_or_shell(field):
+    # (It names its submitter, ``user``, whose account the node picks: see test_accounts_per_user.)
     payload = {"v": 1, "kind": "launch", "command_id": "c1", "job_id": 7, "argv": ["true"], "gpu_indices": [],
                field: "/etc"}
     with pytest.raises(protocol.ProtocolError, match=f"{field}: Extra inputs are not permitted"):
@@ -95,7 +96,7 @@ def test_a_launch_cannot_ask_for_a_directory_user_or_shell(field):
 
 
 def test_the_spec_environment_does_not_move_the_working_directory(make_runner):
-    runner = make_runner()
+    runner = make_runner(allowed_env=("HOME",))  # (HOME is refused unless the operator allows it)
     cmd = launch(python("import os; print(os.getcwd())"), env={"PWD": "/etc", "OLDPWD": "/", "HOME": "/tmp/cache"})
     runner.launch(cmd)
     [done] = finish(runner)
@@ -241,7 +242,7 @@ print(json.dumps({'uid': os.getuid(), 'euid': os.geteuid(), 'gid': os.getgid(), 
 """
 
 
-def test_job_runs_as_the_tenants_account(make_runner, throwaway_account, python_for_anyone):
+def test_job_runs_as_the_tenants_account(make_runner, throwaway_account, python_for_anyone, passable_tmp_path):
     nobody = lookup_account("nobody")
     runner = make_runner(run_as=RunAsPolicy(default=nobody, tenants={"vision": throwaway_account}, agent_uid=0))
     mine = launch([python_for_anyone, "-c", PROBE], tenant="vision")

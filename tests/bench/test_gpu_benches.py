@@ -190,6 +190,6 @@ def test_the_gpu_session_script_runs_every_gpu_bench_and_each_says_at_once_why_n
                           text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     log = (tmp_path / "all.log").read_text()
-    for bench, runs in (("gpu_isolation", 3), ("gpu_duty_cycle", 2), ("gpu_attribution", 2)):
+    for bench, runs in (("gpu_isolation", 3), ("gpu_duty_cycle", 2), ("gpu_attribution", 2), ("gpu_fence", 1)):
         assert log.count(f"{bench}: it needs an NVIDIA GPU, and NVML finds none") == runs, log
-    assert log.count("rc=2") == 7 and "=== end" in log
+    assert log.count("rc=2") == 8 and "=== end" in log
