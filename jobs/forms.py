@@ -50,6 +50,24 @@ def _read(text: str, parse) -> tuple[int | None, str | None]:
         return None, f"{reason[:1].upper()}{reason[1:]}."
 
 
+def _env_lines(text: str) -> tuple[dict[str, str] | None, str | None]:
+    """``"EPOCHS=3\nOPTS=-v --x=1"`` -> ({"EPOCHS": "3", "OPTS": "-v --x=1"}, None), or (None, the
+    reason). Blank lines are skipped; a value keeps everything after the first ``=`` (spaces too).
+    Which names may be set is the serializer's to say, in the API's words."""
+    env: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        name, equals, value = line.partition("=")
+        name = name.strip()
+        if not equals or not name:
+            return None, f"Line {number}: give NAME=VALUE, e.g. EPOCHS=3 (got {line.strip()!r})."
+        if name in env:
+            return None, f"Line {number}: {name} is given twice."
+        env[name] = value
+    return env, None
+
+
 class LooseMultipleChoiceField(forms.MultipleChoiceField):
     """Checkboxes whose values the serializer judges (so an unknown model reads as the API says)."""
 
@@ -109,6 +127,11 @@ class SubmitForm(forms.Form):
     workdir = forms.CharField(required=False, max_length=1024, label="Or start in",
                               widget=forms.TextInput(attrs={"placeholder": "/shared/me/project", "class": "mono"}),
                               help_text="A directory on the node (a shared filesystem).")
+    env = forms.CharField(
+        required=False, label="Environment variables",
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "EPOCHS=3\nWANDB_MODE=offline", "class": "mono",
+                                     "spellcheck": "false"}),
+        help_text="One NAME=VALUE a line, as colony submit --env takes them.")
     image = forms.CharField(required=False, max_length=255, label="Container image",
                             widget=forms.TextInput(attrs={"placeholder": "pytorch/pytorch:2.4.0-cuda12.1", "class": "mono"}))
     venv = forms.CharField(required=False, max_length=1024, label="Virtualenv",
@@ -179,6 +202,12 @@ class SubmitForm(forms.Form):
             payload["gpu_models"] = list(data["gpu_models"])
         if data.get("mig_profile"):
             payload["mig_profile"] = data["mig_profile"]
+        if data.get("env", "").strip():
+            env, problem = _env_lines(data["env"])
+            if problem:
+                self.add_error("env", problem)
+            else:
+                payload["env"] = env
         if data.get("accepts_unfenced") in ("yes", "no"):
             payload["accepts_unfenced"] = data["accepts_unfenced"] == "yes"
         payload["opportunistic_only"] = data.get("run_as") == "opportunistic"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import re
 import socket
 import threading
 from collections import defaultdict
@@ -43,7 +44,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs.choices import JobEventKind, JobState
-from jobs.models import Job, JobEvent, Notification, NotificationSettings
+from jobs.models import Job, JobDependency, JobEvent, Notification, NotificationSettings
+from jobs.services.bulk_rows import ids_in
 from monitoring.choices import AlertKind
 from monitoring.services.redis_client import get_redis
 
@@ -61,6 +63,12 @@ IDLE_WARNED, IDLE_DEMOTED, IDLE_SUSPENDED, IDLE_REQUEUED = (
     "idle_warned", "idle_demoted", "idle_suspended", "idle_requeued")
 IDLE_EVENTS = (IDLE_WARNED, IDLE_DEMOTED, IDLE_SUSPENDED, IDLE_REQUEUED)
 OPT_IN |= dict.fromkeys(IDLE_EVENTS, IDLE)
+# The jobs an ending cancels down its after_ok chain are failures to their owner, but one message
+# tells of them all, naming the job that ended and counting them (a chain of 1,115 sent 1,115).
+CHAIN_CANCELLED = "chain_cancelled"
+# How the lifecycle words a dependant's error when it cuts the chain (_cancel_after_ok_chain):
+# the job it names is the one above it, whose own error leads on up to the chain's root.
+CHAIN_ERROR_RE = re.compile(r"^Cancelled: job (\d+), which it ran after \(after_ok\)")
 EVENT_CHOICES = [
     (SUCCEEDED, "Job succeeded"),
     (FAILED, "Job failed or timed out"),
@@ -187,11 +195,16 @@ def _record(job_id: int, event: str) -> list[int]:
         return []
     prefix = "owner__notification_settings__"
     row = (Job.objects.filter(pk=job_id, owner__notification_settings__isnull=False)
-           .values("attempt", "owner_id", f"{prefix}email", f"{prefix}webhook_url", f"{prefix}events").first())
+           .values("attempt", "owner_id", "state", "error", f"{prefix}email", f"{prefix}webhook_url",
+                   f"{prefix}events").first())
     if row is None or opt_in not in (row[f"{prefix}events"] or []):
         return []
     channels = [channel for channel, on in ((EMAIL, row[f"{prefix}email"]), (WEBHOOK, row[f"{prefix}webhook_url"]))
                 if on]
+    if event == FAILED and row["state"] == JobState.CANCELLED:
+        root = _chain_root(row["error"])
+        if root is not None:
+            return _record_chain(root, row["owner_id"], channels)
     created = []
     for channel in channels:
         # Keyed on the opt-in, not the event: a failed-then-timed-out attempt is one message.
@@ -202,6 +215,50 @@ def _record(job_id: int, event: str) -> list[int]:
         if made:
             created.append(notification.pk)
     return created
+
+
+def _chain_root(error: str) -> tuple[int, int] | None:
+    """(id, attempt) of the job whose ending cut the after_ok chain that a dependant with this
+    error was cancelled in; None when the error is not a chain's. One query per level above it."""
+    match = CHAIN_ERROR_RE.match(error or "")
+    above = None
+    while match:
+        above = Job.objects.filter(pk=int(match[1])).values_list("pk", "attempt", "error").first()
+        if above is None:
+            return None
+        match = CHAIN_ERROR_RE.match(above[2] or "")
+    return None if above is None else (above[0], above[1])
+
+
+def _record_chain(root: tuple[int, int], owner_id: int, channels: list[str]) -> list[int]:
+    """One message per channel to ``owner_id`` about the chain below ``root``, made when its first
+    dependant is told of; the rest of the chain finds it made. It counts the chain when it is
+    sent, after the transaction that cut the chain has committed."""
+    root_id, attempt = root
+    created = []
+    for channel in channels:
+        notification, made = Notification.objects.get_or_create(
+            dedupe_key=f"{root_id}:{attempt}:{CHAIN_CANCELLED}:{owner_id}:{channel}",
+            defaults={"user_id": owner_id, "job_id": root_id, "event": CHAIN_CANCELLED, "channel": channel})
+        if made:
+            created.append(notification.pk)
+    return created
+
+
+def chain_dependants(root_id: int, owner_id: int | None = None) -> list[int]:
+    """The jobs (of ``owner_id``, if given) that the ending of ``root_id`` cancelled down its
+    after_ok chain, in id order: one query per level."""
+    seen: set[int] = set()
+    frontier = [root_id]
+    while frontier:
+        frontier = [pk for pk in Job.objects.filter(
+            state=JobState.CANCELLED, error__contains=", which it ran after (after_ok)",
+            dependencies__kind=JobDependency.Kind.OK, dependencies__on_id__in=ids_in(frontier),
+        ).order_by().values_list("pk", flat=True).distinct() if pk not in seen]
+        seen.update(frontier)
+    if owner_id is not None and seen:
+        seen = set(Job.objects.filter(pk__in=ids_in(sorted(seen)), owner_id=owner_id).values_list("pk", flat=True))
+    return sorted(seen)
 
 
 def _enqueue(notification_ids) -> None:
@@ -388,7 +445,7 @@ def _send(notification: Notification) -> None:
         raise Refused("The job started before the message went out; not sent.")
     prefs = NotificationSettings.objects.filter(user_id=notification.user_id).first()
     send_on_channel(notification.user, prefs, notification.channel,
-                    render(job, notification.event, since=notification.created_at))
+                    render(job, notification.event, since=notification.created_at, user_id=notification.user_id))
 
 
 def send_on_channel(user, prefs: NotificationSettings | None, channel: str, message: Message) -> None:
@@ -473,8 +530,10 @@ def _mrkdwn(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def render(job: Job, event: str, since: datetime | None = None) -> Message:
+def render(job: Job, event: str, since: datetime | None = None, user_id: int | None = None) -> Message:
     name = " ".join(job.name.split())[:80]  # no newline may reach a mail header
+    if event == CHAIN_CANCELLED:
+        return _render_chain(job, name, user_id)
     details = [f"State: {job.get_state_display()}", f"Tenant: {job.tenant.slug}, {job.gpus} GPU{'s' * (job.gpus > 1)}"]
     if job.exit_code is not None:
         details.append(f"Exit code: {job.exit_code}")
@@ -485,6 +544,28 @@ def render(job: Job, event: str, since: datetime | None = None) -> Message:
     output = _short_output(job.output_tail) if event != LONG_WAIT else ""
     return Message(title=f"job {job.pk} {name} {_headline(job, event, since)}",
                    url=public_url("jobs:detail", job.pk), details=details, output=output)
+
+
+# Dependants named in a chain's message; the rest are counted.
+CHAIN_NAMED = 10
+
+
+def _render_chain(root: Job, name: str, user_id: int | None) -> Message:
+    """``job 12 train cancelled, and 1,115 jobs that depended on it``: the job whose ending cut the
+    chain, and the dependants of ``user_id`` it cancelled."""
+    dependants = chain_dependants(root.pk, user_id)
+    many = len(dependants) != 1
+    count = f"{len(dependants):,} job{'s' * many} that depended on it"
+    if root.state == JobState.CANCELLED:
+        title = f"job {root.pk} {name} cancelled, and {count}"
+    else:
+        ended = {JobState.FAILED: "failed", JobState.TIMEOUT: "timed out"}.get(root.state, root.state.lower())
+        title = f"job {root.pk} {name} {ended}; {count} {'were' if many else 'was'} cancelled"
+    named = ", ".join(str(pk) for pk in dependants[:CHAIN_NAMED])
+    more = f" and {len(dependants) - CHAIN_NAMED:,} more" if len(dependants) > CHAIN_NAMED else ""
+    details = [f"State: {root.get_state_display()}", f"Tenant: {root.tenant.slug}",
+               f"Cancelled with it (they ran after it, after_ok): job{'s' * many} {named}{more}"]
+    return Message(title=title, url=public_url("jobs:detail", root.pk), details=details, output="")
 
 
 def _headline(job: Job, event: str, since: datetime | None) -> str:

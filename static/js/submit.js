@@ -26,6 +26,24 @@
     if (field("mig_profile") && field("mig_profile").value) { args.push("--mig-profile", quote(field("mig_profile").value)); }
     if (field("accepts_unfenced") && field("accepts_unfenced").value === "no") { args.push("--no-unfenced"); }
     form.querySelectorAll("input[name=gpu_models]:checked").forEach(function (box) { args.push("--gpu-model", box.value); });
+    text("cpus", "--cpus"); text("host_memory", "--host-memory");
+    text("workdir", "--workdir"); text("image", "--image"); text("venv", "--venv"); text("conda", "--conda");
+    // One --env a line, NAME=VALUE as typed (the value keeps its spaces and any further "=").
+    (field("env") ? field("env").value.split(/\r?\n/) : []).forEach(function (line) {
+      if (!line.trim()) { return; }
+      var eq = line.indexOf("=");
+      args.push("--env", quote(eq < 0 ? line.trim() : line.slice(0, eq).trim() + "=" + line.slice(eq + 1)));
+    });
+    text("array", "--array");
+    ["after_ok", "after_any"].forEach(function (name) {
+      var ids = field(name) ? field(name).value.split(/[\s,]+/).filter(Boolean) : [];
+      if (ids.length) { args.push("--" + name.replace("_", "-"), quote(ids.join(","))); }
+    });
+    text("preempt_grace", "--grace");
+    if (field("stop_signal") && field("stop_signal").value && field("stop_signal").value !== "SIGTERM") {
+      args.push("--stop-signal", field("stop_signal").value);
+    }
+    if (field("checkpoints") && field("checkpoints").checked) { args.push("--checkpoints"); }
     args.push("--", field("command").value.trim() || "python train.py");
     out.textContent = args.join(" ");
   }
