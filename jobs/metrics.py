@@ -11,6 +11,8 @@ from jobs.services.lifecycle import IGNORED_REPORTS_KEY
 from jobs.services import leadership
 from jobs.services.scheduling_loop import BACKOFF_KEY, STAGES, STATS_KEY
 from jobs.services.notifications import ERRORS_KEY as NOTIFICATION_ERRORS_KEY
+from monitoring.models import Gpu
+from monitoring.services.gpu_totals import DEVICE_FIELDS, count_devices
 from monitoring.services.redis_client import get_redis, number, numbers
 
 
@@ -21,10 +23,13 @@ class JobsCollector(Collector):
         for state in JobState.values:
             jobs.add_metric([state], counts.get(state, 0))
         yield jobs
-        # GPUs, not allocations: jobs packed onto one GPU hold it once.
-        yield GaugeMetricFamily("colony_gpus_allocated", "GPUs held by at least one job",
-                                value=Allocation.objects.filter(released_at__isnull=True)
-                                .values("gpu_id").distinct().count())
+        # GPUs, not allocations: jobs packed onto one GPU hold it once, and so do jobs on MIG
+        # instances of one GPU (colony_gpus counts it once too).
+        held = count_devices(Gpu.objects.filter(pk__in=Allocation.objects.filter(released_at__isnull=True)
+                                                .values("gpu_id")).order_by().values_list(*DEVICE_FIELDS))
+        yield GaugeMetricFamily("colony_gpus_allocated", "GPUs held by at least one job", value=held.gpus)
+        yield GaugeMetricFamily("colony_mig_instances_allocated", "MIG instances held by a job",
+                                value=held.mig_instances)
         notifications = GaugeMetricFamily("colony_notifications", "Notifications by delivery state", labels=["state"])
         sent = dict(Notification.objects.values_list("state").annotate(n=Count("id")))
         for state in Notification.State.values:

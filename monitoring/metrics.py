@@ -21,6 +21,7 @@ from monitoring.choices import AlertKind, NodeHealth
 from monitoring.models import Alert, Gpu, Node
 from monitoring.services import fanin, ingest, live
 from agents.streams import dead_letter_count
+from monitoring.services.gpu_totals import present_totals
 from monitoring.services.redis_client import get_redis, numbers
 
 GPU_GAUGES = [
@@ -42,10 +43,29 @@ class ClusterCollector(Collector):
             nodes.add_metric([state], counts.get(state, 0))
         yield nodes
 
-        gpus = GaugeMetricFamily("colony_gpus", "GPUs present, by model", labels=["model"])
-        for model, n in Gpu.objects.filter(present=True).values_list("model").annotate(n=Count("id")):
+        # 1 per fence each node's jobs have, 0 per one they lack; nothing for a node whose agent
+        # does not report them (older than the report): an alert on == 0 must not fire on ignorance.
+        fenced = GaugeMetricFamily("colony_node_fenced", "Whether every job on the node has the fence "
+                                   "(cgroup, devices, accounts), as its agent registered it", labels=["node", "fence"])
+        for name, fences in Node.objects.filter(job_fences__isnull=False).values_list("name", "job_fences"):
+            for fence in protocol.JOB_FENCES:
+                fenced.add_metric([name, fence], 1 if fence in fences else 0)
+        yield fenced
+
+        # Physical GPUs: a board split into MIG instances is one GPU, its instances a series of their own.
+        totals = present_totals()
+        gpus = GaugeMetricFamily("colony_gpus", "Physical GPUs present (a MIG-split GPU once), by model",
+                                 labels=["model"])
+        for model, n in totals.by_model:
             gpus.add_metric([model], n)
         yield gpus
+        yield GaugeMetricFamily("colony_mig_gpus", "Physical GPUs present that are split into MIG instances",
+                                value=totals.mig_gpus)
+        instances = GaugeMetricFamily("colony_mig_instances", "MIG instances present, by GPU model and profile",
+                                      labels=["model", "profile"])
+        for model, profile, n in totals.mig_by_profile:
+            instances.add_metric([model, profile], n)
+        yield instances
 
         models = dict(((n, i), m) for n, i, m in Gpu.objects.filter(present=True)
                       .values_list("node__name", "index", "model"))

@@ -3,10 +3,12 @@
 Jobs are referred to by id only (``job_id``): this app never imports ``jobs``.
 """
 
+from dataclasses import dataclass
+
 from django.core.validators import RegexValidator
 from django.db import models
 
-from agents.protocol import ISOLATION_MODES, MIG_PROFILE_RE
+from agents.protocol import ISOLATION_MODES, JOB_FENCES, MIG_PROFILE_RE
 from monitoring.choices import AlertKind, NodeHealth, Resolution
 
 
@@ -26,6 +28,11 @@ class Node(models.Model):
                                             help_text="CPU offered to jobs, in thousandths of a core, as the agent registered it.")
     host_memory_mib = models.PositiveIntegerField(null=True, blank=True,
                                                   help_text="Host memory offered to jobs, in MiB, as the agent registered it.")
+    # What fences every job on the node whatever its GPUs' modes, as its agent registered it
+    # (agents.protocol.JOB_FENCES); None: its agent predates the report, so nobody here knows.
+    job_fences = models.JSONField(null=True, blank=True,
+                                  help_text="Fences of every job there (cgroup, devices, accounts) as the agent "
+                                            "registered them; empty: none; null: not reported (an older agent).")
     registered_at = models.DateTimeField(help_text="Last time the agent (re)registered.")
 
     class Meta:
@@ -33,6 +40,47 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def fencing(self) -> "NodeFencing":
+        """How the node pages word its job fences (:class:`NodeFencing`)."""
+        return NodeFencing.of(self.job_fences)
+
+
+# What a job lacks where a fence is missing, as the node pages say it.
+MISSING_FENCE_WORDS = {"cgroup": "no job cgroup", "devices": "no device fence"}
+FENCE_MEANINGS = {
+    "cgroup": "a cgroup of its own, killed whole at its end (nothing it starts outlives it)",
+    "devices": "a device filter (it opens only its own GPUs, whatever CUDA_VISIBLE_DEVICES says)",
+    "accounts": "its researcher's own account (not one shared by a tenant's jobs)",
+}
+
+
+@dataclass(frozen=True)
+class NodeFencing:
+    """A node's job fences as a badge: ``state`` "fenced" (each job in a cgroup of its own with a
+    device filter: what a hostile job needs fencing by), "unfenced" (one of them missing) or
+    "unknown" (the agent does not say); ``text`` the badge ("fenced: cgroup, devices, accounts",
+    "unfenced: no device fence"), ``detail`` what each fence there means."""
+
+    state: str
+    text: str
+    detail: str
+
+    @classmethod
+    def of(cls, fences: list[str] | None) -> "NodeFencing":
+        if fences is None:
+            return cls("unknown", "unknown",
+                       "Its agent does not report its job fences (an agent older than that report).")
+        present = [fence for fence in JOB_FENCES if fence in fences]
+        detail = "Every job gets " + "; ".join(FENCE_MEANINGS[fence] for fence in present) + "." if present else \
+            "Jobs get no fence of their own: what a job starts can outlive it, and it can open every GPU."
+        if "accounts" not in present:
+            detail += " Jobs share accounts: they can signal each other and read each other's files."
+        missing = [MISSING_FENCE_WORDS[fence] for fence in MISSING_FENCE_WORDS if fence not in present]
+        if missing:
+            return cls("unfenced", "unfenced: " + ", ".join(missing), detail)
+        return cls("fenced", "fenced: " + ", ".join(present), detail)
 
 
 # What each isolation mode means to someone reading the node page.

@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404, render
 from cluster_ui.api.pages import page
 from monitoring.models import Gpu, Node
 from monitoring.services import gpu_holders
+from monitoring.services.gpu_totals import totals_of
 from monitoring.services.heatmap import METRICS, RANGES
 from monitoring.services.live import live_gpus
 
@@ -37,7 +38,10 @@ def nodes(request):
     for node in rows:
         # "8 mps", "7 mig, 1 unfenced": what sharing on each node risks, at a glance.
         node.isolation_counts = sorted(Counter(gpu.isolation for gpu in node.gpus.all()).items())
-    return render(request, "monitoring/nodes.html", {"nodes": rows})
+        # A GPU split into MIG instances is one GPU here, its instances named beside it.
+        node.gpu_totals = totals_of(node.gpus.all())
+    cluster = totals_of(gpu for node in rows for gpu in node.gpus.all())
+    return render(request, "monitoring/nodes.html", {"nodes": rows, "totals": cluster})
 
 
 @page(cluster_wide=True)

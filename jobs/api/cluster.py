@@ -33,12 +33,14 @@ from monitoring.services.live import live_summary
 
 
 class GpuCountsSerializer(serializers.Serializer):
-    total = serializers.IntegerField()
+    total = serializers.IntegerField(help_text="Physical GPUs: one split into MIG instances counts once.")
     busy = serializers.IntegerField(help_text="Held by at least one job (shared ones included).")
     shared = serializers.IntegerField(help_text="Held by more than one job at once.")
     idle = serializers.IntegerField(help_text="On a live node and held by nobody.")
     lost = serializers.IntegerField(help_text="On a node whose agent stopped reporting.")
     cordoned_idle = serializers.IntegerField(help_text="Idle but on a cordoned node (not offered).")
+    mig_instances = serializers.IntegerField(help_text="MIG instances of the GPUs above (a split GPU counts once).")
+    mig_instances_busy = serializers.IntegerField(help_text="MIG instances held by a job.")
 
 
 class QueueStatsSerializer(serializers.Serializer):

@@ -42,26 +42,39 @@ class GpuCounts:
     idle: int  # on an UP node, held by nobody
     lost: int  # on a LOST node
     cordoned_idle: int  # idle, but on a cordoned node: not offered to new jobs
+    mig_instances: int = 0  # the MIG instances of the GPUs counted above, each a device of its own
+    mig_instances_busy: int = 0
 
 
 def gpu_counts() -> GpuCounts:
+    """GPUs by state now. A GPU split into MIG instances counts once (busy when a job holds one of
+    its instances, shared when several jobs hold them); its instances are counted beside it."""
     holders = Counter(
         Allocation.objects.filter(released_at__isnull=True).values_list("gpu_id", flat=True)
     )
-    total = busy = shared = idle = lost = cordoned_idle = 0
-    for gpu_id, node_state, cordoned in Gpu.objects.filter(present=True).values_list(
-        "id", "node__state", "node__cordoned"
+    boards: dict[tuple, list] = {}  # physical GPU -> [jobs on it, node state, cordoned]
+    instances = instances_busy = 0
+    for gpu_id, node_id, parent, node_state, cordoned in Gpu.objects.filter(present=True).values_list(
+        "id", "node_id", "parent_index", "node__state", "node__cordoned"
     ):
+        if parent is not None:  # a MIG instance
+            instances += 1
+            instances_busy += holders[gpu_id] > 0
+        board = boards.setdefault(("gpu", gpu_id) if parent is None else ("mig", node_id, parent),
+                                  [0, node_state, cordoned])
+        board[0] += holders[gpu_id]
+    total = busy = shared = idle = lost = cordoned_idle = 0
+    for jobs, node_state, cordoned in boards.values():
         total += 1
         if node_state == NodeHealth.LOST:
             lost += 1
-        elif holders[gpu_id]:
+        elif jobs:
             busy += 1
-            shared += holders[gpu_id] > 1
+            shared += jobs > 1
         else:
             idle += 1
             cordoned_idle += cordoned
-    return GpuCounts(total, busy, shared, idle, lost, cordoned_idle)
+    return GpuCounts(total, busy, shared, idle, lost, cordoned_idle, instances, instances_busy)
 
 
 @dataclass

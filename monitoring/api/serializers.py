@@ -7,7 +7,7 @@ from dataclasses import asdict
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from agents.protocol import ISOLATION_MODES
+from agents.protocol import ISOLATION_MODES, JOB_FENCES
 from monitoring.choices import NodeHealth
 from monitoring.models import Gpu, Node
 
@@ -54,13 +54,25 @@ class GpuSerializer(serializers.ModelSerializer):
 
 class NodeSerializer(serializers.ModelSerializer):
     state = NodeStateField(read_only=True, help_text="UP while its agent reports; LOST when it stopped.")
+    job_fences = serializers.ListField(
+        child=serializers.ChoiceField([(fence, fence) for fence in JOB_FENCES]), allow_null=True, read_only=True,
+        help_text="What fences every job on the node, as its agent registered it: cgroup (a cgroup of its own, "
+                  "killed whole at its end), devices (it opens only its own GPUs), accounts (it runs as its "
+                  "researcher's own account). Null: its agent does not report them (an older agent).")
+    fencing = serializers.SerializerMethodField(
+        help_text="fenced (every job has a cgroup and a device filter), unfenced (one of them is missing), or "
+                  "unknown (not reported).")
     gpus = serializers.SerializerMethodField()
 
     class Meta:
         model = Node
         fields = ["name", "hostname", "state", "state_changed_at", "cordoned", "rack", "backend", "agent_version",
-                  "registered_at", "gpus"]
+                  "registered_at", "job_fences", "fencing", "gpus"]
         read_only_fields = fields
+
+    @extend_schema_field({"type": "string", "enum": ["fenced", "unfenced", "unknown"], "readOnly": True})
+    def get_fencing(self, node) -> str:
+        return node.fencing.state
 
     @extend_schema_field(GpuSerializer(many=True))
     def get_gpus(self, node) -> list:
@@ -75,6 +87,15 @@ class HeatmapRowSerializer(serializers.Serializer):
     index = serializers.IntegerField()
     model = serializers.CharField()
     memory_mib = serializers.IntegerField()
+    mig_profile = serializers.CharField(allow_null=True, help_text="A MIG instance: its profile, e.g. 1g.10gb.")
+    parent_index = serializers.IntegerField(allow_null=True, help_text="A MIG instance: the GPU it is carved from.")
+
+
+class HeatmapTotalsSerializer(serializers.Serializer):
+    gpus = serializers.IntegerField(help_text="Physical GPUs: one split into MIG instances counts once.")
+    mig_gpus = serializers.IntegerField(help_text="Of those, split into MIG instances.")
+    mig_instances = serializers.IntegerField()
+    label = serializers.CharField(help_text="'16 GPUs (4 split into 12 MIG instances)'.")
 
 
 class HeatmapGroupSerializer(serializers.Serializer):
@@ -98,6 +119,7 @@ class HeatmapSerializer(serializers.Serializer):
     columns = serializers.ListField(child=serializers.DateTimeField(), help_text="Start time of each column.")
     rows = HeatmapRowSerializer(many=True)
     groups = HeatmapGroupSerializer(many=True)
+    totals = HeatmapTotalsSerializer(help_text="The rows' GPUs: MIG instances are rows, not GPUs.")
     values = serializers.ListField(
         child=serializers.ListField(child=serializers.FloatField(allow_null=True)),
         help_text="rows x columns; null where no sample arrived.",

@@ -90,5 +90,6 @@ class HeatmapView(tenancy.APIView):
             "columns": [heatmap.start + step * n for n in range(heatmap.columns)],
             "rows": [asdict(row) for row in heatmap.rows],
             "groups": [asdict(group) for group in heatmap.groups],
+            "totals": heatmap.totals.as_dict(),
             "values": heatmap.values,
         })

@@ -11,6 +11,8 @@ Ranges whose columns are a minute or wider read the 1 min rollups up to the last
 and the 10 s rollups after it, so the newest minutes show up before compaction has run.
 
 Rows are GPUs (present ones), ordered by rack, node and index; ``groups`` marks each node's rows.
+A MIG instance is a row of its own (jobs run on it), with its profile and the GPU it is carved
+from; ``totals`` counts that GPU once and its instances apart (:mod:`monitoring.services.gpu_totals`).
 Values: ``util`` is the mean SM utilisation in percent; ``mem`` is the peak memory used, in percent
 of that GPU's memory (so 32 GB and 80 GB GPUs share one colour scale).
 
@@ -31,6 +33,7 @@ from django.utils import timezone
 
 from monitoring.choices import Resolution
 from monitoring.models import Gpu, GpuRollup, JobRollup
+from monitoring.services.gpu_totals import GpuTotals, totals_of
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class Row:
     index: int
     model: str
     memory_mib: int
+    mig_profile: str | None = None  # a MIG instance: its profile and the index of its GPU
+    parent_index: int | None = None
 
 
 @dataclass
@@ -78,6 +83,7 @@ class Heatmap:
     rows: list[Row] = field(default_factory=list)
     groups: list[Group] = field(default_factory=list)
     values: list[list[float | None]] = field(default_factory=list)
+    totals: GpuTotals = field(default_factory=GpuTotals)
 
     @property
     def columns(self) -> int:
@@ -120,6 +126,7 @@ def gpu_heatmap(range_key: str, metric: str, now: datetime | None = None,
     heatmap = Heatmap(range_key, metric, span.column_s, _dt(start_epoch), _dt(end_epoch))
     gpus = _gpus(nodes)
     heatmap.rows = _rows(gpus)
+    heatmap.totals = totals_of(gpus)
     for position, gpu in enumerate(gpus):
         node = gpu.node
         if not heatmap.groups or heatmap.groups[-1].node != node.name:
@@ -147,7 +154,8 @@ def _gpus(nodes: list[str] | None) -> list[Gpu]:
 
 
 def _rows(gpus: list[Gpu]) -> list[Row]:
-    return [Row(gpu.id, gpu.node.name, gpu.node.rack, gpu.index, gpu.model, gpu.memory_mib) for gpu in gpus]
+    return [Row(gpu.id, gpu.node.name, gpu.node.rack, gpu.index, gpu.model, gpu.memory_mib, gpu.mig_profile,
+                gpu.parent_index) for gpu in gpus]
 
 
 # Columns that ended this long ago no longer change: the samples an agent buffers while Redis is

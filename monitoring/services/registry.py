@@ -107,6 +107,7 @@ def register_node(message: NodeRegistered) -> Node:
             "runtimes": sorted(set(message.runtimes)),
             "cpu_milli": message.cpu_milli,
             "host_memory_mib": message.host_memory_mib,
+            "job_fences": job_fences(message),
             "registered_at": now,
         },
     )
@@ -123,6 +124,14 @@ def register_node(message: NodeRegistered) -> Node:
         )
     inventory_changed()
     return node
+
+
+def job_fences(message: NodeRegistered) -> list[str] | None:
+    """The fences the registration reports, in :data:`agents.protocol.JOB_FENCES` order; None
+    when its agent predates the field (a message without it), which is not "no fences"."""
+    if "job_fences" not in message.model_fields_set:
+        return None
+    return [fence for fence in protocol.JOB_FENCES if fence in message.job_fences]
 
 
 @dataclass(frozen=True)

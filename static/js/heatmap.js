@@ -58,7 +58,10 @@
     info.hidden = empty;
     if (empty) { return; }
     cells = occupantsByCell(map, occupancy);
-    var rowNames = map.rows.map(function (r) { return C.esc(r.node) + " · GPU " + r.index + " (" + r.model + ")"; });
+    var rowNames = map.rows.map(function (r) {
+      return C.esc(r.node) + " · " + (r.mig_profile ? "MIG " + r.mig_profile + " of GPU " + r.parent_index + " (device " + r.index + ")"
+        : "GPU " + r.index) + " (" + r.model + ")";
+    });
     var hover = cells.map(function (row, i) {
       return row.map(function (list) { return rowNames[i] + "<br>" + describe(list); });
     });
@@ -69,7 +72,8 @@
       ticks = map.rows.map(function (_, i) { return i; });
       tickText = map.rows.map(function (r, i) {
         var group = groups.filter(function (g) { return g.node === r.node; })[0];
-        return (group && group.first_row === i ? r.node + note(group) + " · " : "") + "GPU " + r.index;
+        return (group && group.first_row === i ? r.node + note(group) + " · " : "") +
+          (r.mig_profile ? "GPU " + r.parent_index + " · " + r.mig_profile : "GPU " + r.index);
       });
     } else {  // one label per node
       ticks = groups.map(function (g) { return g.first_row + (g.rows - 1) / 2; });
@@ -98,8 +102,9 @@
       xaxis: {type: "date", showgrid: false, range: [firstData > 0 ? map.columns[firstData] : map.start, map.end]},
       shapes: shapes
     }, C.plotConfig);
-    var gpus = map.rows.length, nodes = groups.length;
-    $("heatmap-caption").textContent = gpus + " GPU" + (gpus === 1 ? "" : "s") + " on " + nodes + " node" +
+    // totals.label counts a GPU split into MIG instances once: "16 GPUs (4 split into 12 MIG instances)".
+    var nodes = groups.length;
+    $("heatmap-caption").textContent = map.totals.label + " on " + nodes + " node" +
       (nodes === 1 ? "" : "s") + " · " + map.columns.length + " columns of " + C.duration(map.column_s) +
       (firstData > 0 ? " · samples since " + C.stamp(map.columns[firstData]).split(", ")[1] : "");
     if (!chart.dataset.bound) {

@@ -10,7 +10,8 @@
   function tiles(data) {
     var g = data.gpus, q = data.queue, live = data.live;
     $("t-busy").textContent = g.busy + " / " + g.total;
-    $("t-busy-sub").textContent = g.total ? Math.round(100 * g.busy / g.total) + "% of GPUs held by jobs" : "no GPUs registered";
+    $("t-busy-sub").textContent = (g.total ? Math.round(100 * g.busy / g.total) + "% of GPUs held by jobs" : "no GPUs registered") +
+      (g.mig_instances ? " · " + g.mig_instances_busy + " of " + g.mig_instances + " MIG instances" : "");
     $("t-shared").textContent = g.shared;
     $("t-idle").textContent = g.idle;
     $("t-idle-sub").textContent = g.cordoned_idle ? g.cordoned_idle + " of them on cordoned nodes" : "free for new jobs";

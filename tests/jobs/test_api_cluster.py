@@ -24,7 +24,8 @@ def test_gpu_counts_busy_shared_idle_lost(cluster, alice, charlie, vision, nlp, 
     running_job(nlp, charlie, [cluster["a1/2"]], milli=500, run_class=RunClass.OPPORTUNISTIC)
     Node.objects.filter(name="v1").update(state=NodeHealth.LOST)
     gpus = api(charlie).get("/api/v1/cluster/").json()["gpus"]
-    assert gpus == {"total": 6, "busy": 3, "shared": 1, "idle": 1, "lost": 2, "cordoned_idle": 0}
+    assert gpus == {"total": 6, "busy": 3, "shared": 1, "idle": 1, "lost": 2, "cordoned_idle": 0,
+                    "mig_instances": 0, "mig_instances_busy": 0}
 
 
 def test_tenants_against_quota_are_visible_to_everyone(cluster, alice, charlie, vision, nlp, api):
