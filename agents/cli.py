@@ -28,9 +28,11 @@ PATH, and advertises the runtime when it registers, so the scheduler places imag
 
 ``--isolation auto|mps|memory-limit|none`` chooses how jobs sharing a GPU are fenced, per GPU
 (:mod:`agents.isolation`): auto picks driver memory limits where the driver has them and jobs get
-a cgroup of their own, else CUDA MPS where ``nvidia-cuda-mps-control`` is there and jobs do not
-run under per-tenant accounts, else nothing ("unfenced"); MIG instances are fenced by the hardware.
+a cgroup of their own, else CUDA MPS where ``nvidia-cuda-mps-control`` is there and all jobs run
+under one account, else nothing ("unfenced"); MIG instances are fenced by the hardware.
 A mode named explicitly that the node cannot give stops the agent from starting (status 1).
+``--mps-account NAME`` runs the MPS control daemons under an account no job runs as, so a job
+cannot quit them; ``--mps-limits threads=50,memory=20GiB`` sets the MPS servers' own defaults.
 
 Exit status: 0 after a clean shutdown on SIGTERM/SIGINT, 2 for bad arguments, 1 when the chosen
 GPU backend cannot run here, 78 (EX_CONFIG) when Redis refuses the node's login or ACL rights (a
@@ -42,6 +44,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import pwd
 import signal
 import sys
 import threading
@@ -66,7 +69,7 @@ from agents.backends.simulated import SimulatedBackend
 from agents.containers import RUNTIMES, find_runtime
 from agents.hardening import make_non_dumpable
 from agents.isolation import FLAGS as ISOLATION_FLAGS, IsolationUnavailable, configure as configure_isolation
-from agents.isolation.cgroups import JobCgroups
+from agents.isolation.choose import job_accounts
 from agents.joblog import DEFAULT_MAX_LOG_BYTES, MIN_MAX_LOG_BYTES
 from agents.runner import JobRunner
 
@@ -184,6 +187,54 @@ def _env_flag(name: str) -> bool:
 def _env_list(name: str) -> list[str]:
     value = os.environ.get(name, "").strip()
     return [value] if value else []
+
+
+# ``--mps-limits`` names -> the MPS control command that sets that server-side default. Each
+# daemon sees one GPU (its ``CUDA_VISIBLE_DEVICES``), so the pinned memory limit is device 0's.
+MPS_LIMITS = {"threads": "set_default_active_thread_percentage", "memory": "set_default_device_pinned_mem_limit"}
+
+
+def parse_mps_limits(values: list[str]) -> dict[str, str]:
+    """``threads=50,memory=20GiB`` -> the MPS control commands that set them as each server's
+    defaults (the most a client gets whatever its own variables say); ValueError says what is wrong."""
+    limits: dict[str, str] = {}
+    for item in filter(None, (part.strip() for value in values for part in value.split(","))):
+        name, sep, value = (word.strip() for word in item.partition("="))
+        if not sep or name not in MPS_LIMITS:
+            raise ValueError(f"{item!r}: expected threads=PERCENT or memory=SIZE")
+        if name == "threads":
+            if not value.isdigit() or not 1 <= int(value) <= 100:
+                raise ValueError(f"threads={value}: a whole percentage of the GPU's SMs, 1 to 100")
+            limits[MPS_LIMITS[name]] = str(int(value))
+        else:
+            mib = units.parse_size(value, bare=None)
+            if mib <= 0:
+                raise ValueError(f"memory={value}: must be more than nothing")
+            limits[MPS_LIMITS[name]] = f"0 {mib}M"
+    return limits
+
+
+def mps_service_account(name: str, policy: RunAsPolicy) -> tuple[int, int]:
+    """The (uid, gid) of ``--mps-account``: an account no job runs as, which is what keeps jobs
+    from quitting the daemon (MPS takes control commands from the daemon's uid and root only).
+    ValueError when it is unknown, root, an account jobs run as, or one the agent cannot switch to."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise ValueError(f"no account {name!r} in this node's user database") from None
+    if entry.pw_uid == 0:
+        raise ValueError(f"{name!r} is root; name an account of its own that no job runs as, e.g. colony-mps")
+    if not policy.switches_users:
+        raise ValueError("the agent is not root, so it cannot run the MPS daemon as another account")
+    uids, _owner = job_accounts(policy)
+    if entry.pw_uid in uids:
+        raise ValueError(f"jobs run as {name!r} (--run-as / --run-as-tenant), so they could quit its daemon")
+    mapped = {spec.partition(":")[0] for spec in policy.user_map.values()}
+    by_name = policy.user_accounts == "nss" and entry.pw_uid >= policy.min_user_uid
+    if policy.maps_users and (name in mapped or by_name):
+        raise ValueError(f"a researcher's jobs could run as {name!r} (it is in --account-map, or a user account "
+                         f"at or above --min-user-uid {policy.min_user_uid}); use a system account no one maps to")
+    return entry.pw_uid, entry.pw_gid
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -352,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=ISOLATION_FLAGS,
         default=os.environ.get("COLONY_AGENT_ISOLATION") or "auto",
         help="auto (default): per GPU, driver memory limits if the driver has them, else CUDA MPS if "
-        "nvidia-cuda-mps-control is there and jobs do not run under per-tenant accounts, else none; "
+        "nvidia-cuda-mps-control is there and all jobs run under one account, else none; "
         "mps / memory-limit: that mode on every GPU or refuse to start; none: nothing enforced. "
         "Default $COLONY_AGENT_ISOLATION",
     )
@@ -362,6 +413,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         default=os.environ.get("COLONY_AGENT_MPS_CONTROL") or None,
         help="the nvidia-cuda-mps-control binary (default: found on PATH); default $COLONY_AGENT_MPS_CONTROL",
+    )
+    fencing.add_argument(
+        "--mps-account",
+        metavar="NAME",
+        default=os.environ.get("COLONY_AGENT_MPS_ACCOUNT") or None,
+        help="run the MPS control daemons as this account, one no job runs as (e.g. colony-mps): jobs are "
+        "then only clients, and cannot quit a daemon or start their own, and MPS GPUs are put in "
+        "EXCLUSIVE_PROCESS compute mode. Without it the daemon runs as the jobs' account (fences cooperating "
+        "jobs only). Default $COLONY_AGENT_MPS_ACCOUNT",
+    )
+    fencing.add_argument(
+        "--mps-limits",
+        metavar="threads=PERCENT,memory=SIZE",
+        action="append",
+        help="MPS server-side defaults set at each daemon's start, the most a client gets whatever its own "
+        "variables say: threads (percent of the SMs), memory (pinned GPU memory, e.g. 20GiB); "
+        "default $COLONY_AGENT_MPS_LIMITS",
     )
     fencing.add_argument(
         "--cgroup-root",
@@ -442,6 +510,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     if args.isolation not in ISOLATION_FLAGS:  # from $COLONY_AGENT_ISOLATION, which argparse does not check
         parser.error(f"--isolation: expected one of {', '.join(ISOLATION_FLAGS)}, got {args.isolation!r}")
+    args.mps_service = None
+    if args.mps_account:
+        try:
+            args.mps_service = mps_service_account(args.mps_account, args.run_as_policy)
+        except ValueError as exc:
+            parser.error(f"--mps-account {args.mps_account}: {exc}")
+    try:
+        args.mps_server_limits = parse_mps_limits(args.mps_limits or _env_list("COLONY_AGENT_MPS_LIMITS"))
+    except ValueError as exc:
+        parser.error(f"--mps-limits: {exc}")
     args.runtime = None
     if args.container_runtime:
         try:
@@ -457,27 +535,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def job_fences(policy: RunAsPolicy, isolation, cgroup_root: Path | None) -> tuple[tuple[str, ...], list[str]]:
-    """What fences every job on this node (:data:`agents.protocol.JOB_FENCES`), and one warning for
-    the operator per fence it lacks. The isolation layer says which of its fences hold where it can
-    (``job_fences()``); else a cgroup per job is taken to hold where job cgroups can be made here."""
-    fences: list[str] = []
+def job_fences(policy: RunAsPolicy, isolation) -> tuple[tuple[str, ...], list[str]]:
+    """What fences every job on this node (:data:`agents.protocol.JOB_FENCES`), as the isolation
+    layer found them (:attr:`~agents.isolation.IsolationLayer.fencing`) and the accounts policy
+    says, and one warning for the operator per fence it lacks."""
+    fencing = isolation.fencing
+    fences = list(fencing.kinds)
+    why = f" ({'; '.join(fencing.reasons)})" if fencing.reasons else ""
     warnings: list[str] = []
-    reported = getattr(isolation, "job_fences", None)
-    if callable(reported):
-        fences += [fence for fence in reported() if fence in ("cgroup", "devices")]
-    else:
-        cgroups, why = JobCgroups.detect(cgroup_root)
-        if cgroups is not None:
-            fences.append("cgroup")
-        else:
-            warnings.append(f"jobs get no cgroup of their own ({why})")
-    if "cgroup" not in fences and not warnings:
-        warnings.append("jobs get no cgroup of their own")
-    if warnings:
-        warnings[-1] += ": what a job starts can outlive it; the node is shown as unfenced"
-    if "devices" not in fences:
-        warnings.append("no device filter: a job that unsets CUDA_VISIBLE_DEVICES can open every GPU of the node")
+    if not fencing.cgroups:
+        warnings.append(f"jobs get no cgroup of their own{why}: what a job starts can outlive it; "
+                        "the node is shown as unfenced")
+    elif not fencing.devices:
+        warnings.append(f"no device filter{why}: a job that unsets CUDA_VISIBLE_DEVICES can open every GPU of "
+                        "the node; the node is shown as unfenced")
     if policy.maps_users:
         fences.append("accounts")
     elif policy.switches_users:
@@ -520,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
         isolation = configure_isolation(
             args.isolation, backend.inventory(), backend=backend, run_as=args.run_as_policy,
             state_dir=args.workdir / "isolation", mps_control=args.mps_control, cgroup_root=args.cgroup_root,
+            mps_service=args.mps_service, mps_server_limits=args.mps_server_limits,
         )
     except IsolationUnavailable as exc:
         log.error("%s", exc)
@@ -531,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("%s", policy.describe())
     else:
         log.info("%s", policy.describe())
-    fences, missing = job_fences(policy, isolation, args.cgroup_root)
+    fences, missing = job_fences(policy, isolation)
     log.info("job fences on this node: %s", ", ".join(fences) or "none")
     for warning in missing:
         log.warning("%s", warning)

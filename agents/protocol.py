@@ -447,6 +447,11 @@ class LaunchJob(_Command):
     env: dict[str, str] = Field(default_factory=dict)
     # Bounded like every GPU's memory: past it the driver's byte count would wrap (2**44 MiB is 0).
     gpu_memory_limit_mib: int | None = Field(default=None, gt=0, le=MEMORY_MIB_MAX)
+    # The job's host memory (MiB) and CPU (milli-cores) on this node, its request's share here: the
+    # node caps the job's cgroup at them (memory.max, cpu.max) where those controllers are enabled.
+    # None: the job asked for none, and gets no such limit.
+    host_memory_mib: int | None = Field(default=None, gt=0, le=HOST_MEMORY_MIB_MAX)
+    cpu_milli: int | None = Field(default=None, gt=0, le=CPU_MILLI_MAX)
     duty_cycle: float = Field(default=1.0, gt=0, le=1)
     job_class: JobClass | None = None
     # Borrowers only: the lowest duty cycle the node may cut the job to on its own.

@@ -223,8 +223,7 @@ class IsolationLayer:
                 raise IsolationError("driver memory limits are not set up on this node")
             return None
         try:
-            cgroup = self.cgroups.create(cmd.job_id, memory_mib=getattr(cmd, "host_memory_mib", None),
-                                         cpu_milli=getattr(cmd, "cpu_milli", None))
+            cgroup = self.cgroups.create(cmd.job_id, memory_mib=cmd.host_memory_mib, cpu_milli=cmd.cpu_milli)
         except OSError as exc:
             self.release(cmd.job_id)
             raise IsolationError(f"cannot create the job's cgroup {self.cgroups.path(cmd.job_id)}: "

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from agents import protocol
 from jobs.models import Allocation, Job
 from jobs.scheduling.decisions import NodeSlice, Rendezvous
+from jobs.scheduling.filters.host_resources import per_gpu
 from jobs.scheduling.topology import rendezvous_of
 from jobs.services.commands import send_launch
 from jobs.services.scheduler_config import scheduler_config
@@ -20,19 +22,39 @@ from monitoring.models import Node
 # Job fields a launch is built from (for ``.only()``); ``launch_spec`` turns them into its fields.
 LAUNCH_FIELDS = ("command", "env", "attempt", "max_runtime_s", "tenant__slug", "workdir", "code_id", "image", "venv",
                  "conda", "stop_signal", "array_id", "array_index", "gpu_milli", "run_class", "owner__username",
-                 "owner__oidc_identity__posix_name")
+                 "owner__oidc_identity__posix_name", "gpus", "cpu_milli", "host_memory_mib")
 # The relations those fields reach through (for ``.select_related()``): one query for many launches.
 LAUNCH_RELATED = ("tenant", "owner", "owner__oidc_identity")
 
 
-def launch_spec(job: Job) -> dict:
+def launch_spec(job: Job, node_slice: NodeSlice | None = None) -> dict:
     """The launch's fields that come from the job spec as submitted (where and in what it runs, and
     the compute share an MPS GPU caps a fractional job at), how it was admitted (its node
-    protects a guaranteed job from its borrowers by itself) and whose it is (:func:`submitter`)."""
+    protects a guaranteed job from its borrowers by itself), whose it is (:func:`submitter`) and
+    the host memory and CPU its node holds it to (:func:`host_limits`; ``node_slice``: its GPUs
+    on that node, None for a job on one node)."""
     return {"workdir": job.workdir or None, "image": job.image or None, "venv": job.venv or None,
             "conda": job.conda or None, "stop_signal": job.stop_signal, "array_id": job.array_id,
             "array_index": job.array_index, "code_id": job.code_id, "compute_share": compute_share(job.gpu_milli),
-            "job_class": job.run_class or None, **submitter(job)}
+            "job_class": job.run_class or None, **submitter(job),
+            **host_limits(job, len(node_slice.gpu_indices) if node_slice is not None else None)}
+
+
+def host_limits(job: Job, gpus_here: int | None) -> dict:
+    """The job's CPU and host memory request as its node's cgroup limits (``cpu.max``,
+    ``memory.max``): a gang's share on a node is in proportion to its GPUs there, as the scheduler
+    counts it (``jobs.scheduling.filters.host_resources``), so no node holds it to less than it
+    was placed with. None where the job asked for none (0). ``gpus_here``: the job's GPUs on the
+    node (None: all of them, a job on one node)."""
+    def share(total: int, bound: int) -> int | None:
+        if not total:
+            return None
+        if job.gpus and gpus_here is not None:
+            total = per_gpu(total, job.gpus) * gpus_here
+        return min(total, bound) or None
+
+    return {"cpu_milli": share(job.cpu_milli, protocol.CPU_MILLI_MAX),
+            "host_memory_mib": share(job.host_memory_mib, protocol.HOST_MEMORY_MIB_MAX)}
 
 
 def submitter(job: Job) -> dict:
@@ -94,5 +116,5 @@ def send_attempt(job: Job) -> int:
         memory_limit, duty = limits[node_slice.node]
         send_launch(node_slice.node, job.pk, job.command, node_slice.gpu_indices, attempt=job.attempt,
                     env=envs[node_slice.node], gpu_memory_limit_mib=memory_limit, duty_cycle=duty,
-                    tenant=job.tenant.slug, max_runtime_s=job.max_runtime_s, **launch_spec(job))
+                    tenant=job.tenant.slug, max_runtime_s=job.max_runtime_s, **launch_spec(job, node_slice))
     return len(slices)

@@ -50,7 +50,7 @@ from jobs.scheduling.reasons import PendingReason
 from jobs.services import waits
 from jobs.services.bulk_rows import ids_in, insert_rows
 from jobs.services.commands import launch_commands, launch_id, publish_many, send_stop
-from jobs.services.launches import LAUNCH_FIELDS, launch_envs, launch_spec, master_hosts
+from jobs.services.launches import LAUNCH_FIELDS, LAUNCH_RELATED, launch_envs, launch_spec, master_hosts
 from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ def place_many(decisions: list[Place], now: datetime, run_class: dict[int, str])
             state=JobState.PLACED, placed_at=now, started_at=None, reserved_since=None,
             run_class=job_class, attempt=F("attempt") + 1,
         )
-    jobs = {job.pk: job for job in Job.objects.filter(pk__in=ids_in(placed)).select_related("tenant").only(*LAUNCH_FIELDS)}
+    jobs = {job.pk: job for job in Job.objects.filter(pk__in=ids_in(placed)).select_related(*LAUNCH_RELATED).only(*LAUNCH_FIELDS)}
     # How far off the first ETA each job was given turned out to be (+: started later).
     promised = dict(JobWait.objects.filter(job_id__in=ids_in(placed), first_eta_at__isnull=False)
                     .values_list("job_id", "first_eta_at"))
@@ -179,7 +179,7 @@ def place_many(decisions: list[Place], now: datetime, run_class: dict[int, str])
             job_id=job.pk, argv=job.command, gpu_indices=node_slice.gpu_indices, attempt=job.attempt,
             env=envs[node_slice.node], gpu_memory_limit_mib=decision.memory_limit_mib,
             duty_cycle=decision.duty_cycle, tenant=job.tenant.slug, max_runtime_s=job.max_runtime_s,
-            **launch_spec(job))) for node_slice in decision.slices)
+            **launch_spec(job, node_slice))) for node_slice in decision.slices)
     transaction.on_commit(lambda: publish_many(
         [(node, command) for node, launch in launches for command in launch_commands(node, **launch)]))
     return len(ordered)
@@ -440,7 +440,7 @@ def _settle_if_stopped_everywhere(job_id: int, peak_mib: int | None, *, killed: 
 
 
 def _work_words(ran_s: float, saved: bool, checkpoints: bool) -> str:
-    ran = _duration(ran_s)
+    ran = reasons.duration(ran_s)
     if not ran_s:
         # No start report reached us: it may have run (the report lost), so claim nothing.
         return "No start of it was reported, so no work is known to be lost."
@@ -449,15 +449,6 @@ def _work_words(ran_s: float, saved: bool, checkpoints: bool) -> str:
     if checkpoints:
         return f"It was killed when its notice ran out: {ran} of work may be lost."
     return f"{ran[0].upper()}{ran[1:]} of work lost (it does not checkpoint)."
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds < 90:
-        return f"{seconds} s"
-    if seconds < 5400:
-        return f"{seconds // 60} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 # ---------------------------------------------------------------- endings
