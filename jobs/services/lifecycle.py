@@ -252,7 +252,13 @@ def finish(job_id: int, exit: Exit) -> bool:
     if exit.launch_id is not None and exit.launch_id != current:
         _ignored(job_id, exit.node, "exit", f"{exit.launch_id} is not the current attempt {current}")
         return False
-    state = Job.objects.filter(pk=job_id).values_list("state", flat=True).get()
+    state, started_at = Job.objects.filter(pk=job_id).values_list("state", "started_at").get()
+    if exit.absent and started_at is not None and exit.finished_at < started_at:
+        # "Not here" said before the attempt started there (its node's clock both times): an
+        # answer from before its launch arrived, replayed since (an agent re-sends what it said
+        # when Redis comes back). Taken now, it requeued a job that ran, and so ran it twice.
+        _ignored(job_id, exit.node, "absent-answer", "it was given before the attempt started there")
+        return False
     if exit.absent and state == JobState.RUNNING and exit.launch_id == current:
         # Reconciliation asked the node about the running attempt and the node does not know it
         # (its agent lost it, its exit is gone for good): back to the queue now, not in a minute.

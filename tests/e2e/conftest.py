@@ -41,6 +41,22 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str 
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def wait_while_moving(measure, target: int, *, stall_s: float = 120.0, interval: float = 0.25,
+                      what: str = "progress") -> int:
+    """Wait until ``measure()`` reaches ``target``, for as long as it keeps rising: fail only once
+    it has not moved for ``stall_s``. A loaded machine does the same work slower; a deadline for
+    all of it, sized on an idle one, fails there while nothing is wrong."""
+    best, moved = measure(), time.monotonic()
+    while best < target:
+        if time.monotonic() - moved > stall_s:
+            raise AssertionError(f"no progress for {stall_s}s waiting for {what} ({best} of {target})")
+        time.sleep(interval)
+        now = measure()
+        if now > best:
+            best, moved = now, time.monotonic()
+    return best
+
+
 # A Celery worker with embedded beat, as the e2e and browser stacks run it: one process (solo
 # pool) that consumes the default queue and the `scheduler` queue the scheduling cycle is routed
 # to, so, as the scheduler of a deployment, it keeps its carry from cycle to cycle (a second one is
@@ -104,6 +120,8 @@ class Processes:
             sys.executable, "-m", "agents", "--node", node, "--simulate", spec, "--redis", self.env["REDIS_URL"],
             "--interval", "0.2", "--heartbeat-ttl", "3", "--workdir", str(self.log_dir / f"agent-{node}"),
             "--allow-root-jobs",  # CI runs as root; accounts are tested in tests/agents/test_runner_sandbox.py
+            # Jobs get a clean PATH, never the agent's: the python they run is this one, as make run's.
+            "--job-path", str(Path(sys.executable).parent),
         ], env=agent_env(self.env, node))
 
     def logs(self) -> str:
@@ -158,7 +176,14 @@ def stack_environment(live_redis: str, tmp_path: Path, **overrides: str) -> dict
 
 
 @pytest.fixture
-def stack(transactional_db, live_redis, tmp_path, request, settings):
+def stack_overrides() -> dict[str, str]:
+    """Environment the ``stack`` fixture's server processes get on top of :func:`stack_environment`'s;
+    a test module overrides this fixture to change them."""
+    return {}
+
+
+@pytest.fixture
+def stack(transactional_db, live_redis, tmp_path, request, settings, stack_overrides):
     """Worker + beat + one agent ``e2e-node`` with 2 simulated A100s; yields the Processes.
 
     The test process serves the API the tests call (as the web process would), so it holds the
@@ -166,7 +191,7 @@ def stack(transactional_db, live_redis, tmp_path, request, settings):
     server's. Without it the agent refuses them and the job waits for the worker's re-send."""
     from monitoring.models import Node
 
-    env = stack_environment(live_redis, tmp_path)
+    env = stack_environment(live_redis, tmp_path, **stack_overrides)
     settings.COLONY_AGENT_SECRET, settings.COLONY_AGENT_AUTH = env["COLONY_AGENT_SECRET"], "required"
     processes = Processes(env, tmp_path)
     processes.start("worker", [*WORKER_ARGV, "-s", str(tmp_path / "beat-schedule")])
@@ -177,7 +202,7 @@ def stack(transactional_db, live_redis, tmp_path, request, settings):
     processes.start("ingest", [sys.executable, "manage.py", "ingest", "--block-ms", "200", "--hold-s", "2"])
     processes.start_agent("e2e-node", "2xA100-80GB")
     try:
-        wait_for(lambda: Node.objects.filter(name="e2e-node").exists(), timeout=30, what="agent registration")
+        wait_for(lambda: Node.objects.filter(name="e2e-node").exists(), timeout=120, what="agent registration")
         yield processes
     except BaseException:
         print(processes.logs())

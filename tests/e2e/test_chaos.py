@@ -21,13 +21,23 @@ from rest_framework.test import APIClient
 from jobs.choices import TERMINAL_STATES
 from jobs.models import Job
 from jobs.services import lifecycle
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import wait_for, wait_while_moving
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.e2e
 
 JOBS = 100
 RUN_S = 0.4
+
+
+@pytest.fixture
+def stack_overrides():
+    """Production's node-loss grace (60 s of silence past the heartbeat's TTL): an agent killed and
+    restarted is a restart, not a node loss, however long the restart takes on a loaded machine
+    (issue 35: under load, when a lapsed heartbeat alone meant loss, this test's node was marked
+    LOST four times in 22 s and jobs that had completed ran again)."""
+    return {"COLONY_NODE_LOST_GRACE_S": "60"}
+
 
 JOB_SCRIPT = r"""
 import fcntl, os, sys, time
@@ -65,7 +75,7 @@ def test_jobs_run_once_through_agent_worker_ingest_kills_and_a_redis_restart(sta
     out.mkdir()
     out.chmod(0o777)  # jobs may run under another uid
     stack.start_agent("chaos-node", "6xA100-80GB")
-    wait_for(lambda: stack_nodes() >= 2, timeout=30, what="the second agent's registration")
+    wait_for(lambda: stack_nodes() >= 2, timeout=120, what="the second agent's registration")
 
     apis = []
     for slug in ("vision", "nlp"):
@@ -88,14 +98,15 @@ def test_jobs_run_once_through_agent_worker_ingest_kills_and_a_redis_restart(sta
         return len(path.read_text().splitlines()) if path.exists() else 0
 
     faults = []
-    wait_for(lambda: completed() >= 10, timeout=60, what="the first completions")
+    # Waits last as long as jobs keep completing: a loaded machine is slower, not wrong.
+    wait_while_moving(completed, 10, what="the first completions")
     agent = next(p for n, p in stack.started if n == "agent-chaos-node")
     _kill(agent)
     faults.append(("agent SIGKILL", completed()))
     time.sleep(1.0)
     stack.start_agent("chaos-node", "6xA100-80GB")
 
-    wait_for(lambda: completed() >= 30, timeout=90, what="completions after the agent restart")
+    wait_while_moving(completed, 30, what="completions after the agent restart")
     worker = next(p for n, p in stack.started if n == "worker" and p.poll() is None)
     worker_argv = worker.args
     _kill(worker)
@@ -108,17 +119,17 @@ def test_jobs_run_once_through_agent_worker_ingest_kills_and_a_redis_restart(sta
     faults.append(("ingest SIGKILL", completed()))
     stack.start("ingest", ingest_argv)
 
-    wait_for(lambda: completed() >= 50, timeout=90, what="completions after the worker restart")
+    wait_while_moving(completed, 50, what="completions after the worker restart")
     redis_server.stop()
     faults.append(("Redis restart (empty)", completed()))
     time.sleep(2.0)
     redis_server.start()
 
-    def settled():
-        return not Job.objects.filter(pk__in=job_ids).exclude(state__in=TERMINAL_STATES).exists()
+    def ended() -> int:
+        return Job.objects.filter(pk__in=job_ids, state__in=TERMINAL_STATES).count()
 
     try:
-        wait_for(settled, timeout=240, interval=0.5, what="every job to end")
+        wait_while_moving(ended, JOBS, interval=0.5, what="every job to end")
     finally:
         states = Counter(Job.objects.filter(pk__in=job_ids).values_list("state", flat=True))
         starts = (out / "starts.txt").read_text().splitlines() if (out / "starts.txt").exists() else []
