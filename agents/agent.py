@@ -24,6 +24,10 @@ Each sample also drives the node's local coordinator (:mod:`agents.local_coordin
 on a GPU that saturates beside a guaranteed job is cut within a second or two, however slow or
 silent the control plane, whose duty cycles are the borrowers' ceilings.
 
+This module holds the loop, the connection and what is sent: the outbox, the sample buffer, the
+heartbeat and the job exits. Commands are read and applied by :mod:`agents.command_intake`, live
+output goes out through :mod:`agents.output_shipping`, recent exits are kept by
+:mod:`agents.recent_exits`, and :mod:`agents.local_duty` moves borrowers from each sample.
 What must not live here: process handling (:mod:`agents.runner`), GPU probing
 (:mod:`agents.backends`), message shapes (:mod:`agents.protocol`).
 """
@@ -35,11 +39,10 @@ import itertools
 import json
 import logging
 import math
-import os
 import socket
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 
 import pydantic
 
@@ -47,12 +50,19 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from agents import __version__, code, protocol, signing, streams
+from agents import __version__, protocol, signing, streams
 from agents.backends.base import GpuBackend
+from agents.command_intake import COMMAND_MAX_AGE_S, COMMAND_MAX_SKEW_S, LAUNCH_LEASE_S, CommandIntake
 from agents.host import HostOffer
-from agents.local_coordinator import LocalCoordinator, Resident
+from agents.local_coordinator import LocalCoordinator
+from agents.local_duty import LocalDuty
 from agents.oom import enforcing, observed_verdict
-from agents.runner import FinishedJob, JobRunner, LaunchError, read_output
+from agents.output_shipping import OutputShipper
+from agents.recent_exits import RecentExits
+from agents.runner import FinishedJob, JobRunner
+
+# COMMAND_MAX_AGE_S lives with the command checks; the command line takes its default from here.
+__all__ = ["Agent", "COMMAND_MAX_AGE_S", "CredentialsRefused"]
 
 log = logging.getLogger(__name__)
 
@@ -62,89 +72,13 @@ class CredentialsRefused(Exception):
     cannot mend (unlike a connection error), so the agent ends and says why."""
 
 
-READ_COUNT = 32
-# Entries read (in READ_COUNT pages) before any is applied: a launch is weighed against what
-# follows it in its stream (see ``_withdrawn_launches``), e.g. a paused agent's whole backlog.
-READ_BACKLOG = 1024
-# A launch starts only for the attempt the control plane holds now. One that waited in the stream
-# longer than this (its agent paused, or starved on a loaded machine) may have been requeued
-# since: it is not started, and the control plane's re-send, issued afresh every
-# COLONY_RESEND_AFTER_S (15 s) while the job is still placed, confirms the attempt and runs.
-# Timed on Redis's clock (entry id against TIME), so the node's clock plays no part.
-LAUNCH_LEASE_S = 10.0
 OUTBOX_SIZE = 10_000
 # Samples kept while Redis is away: five minutes at the default interval. Older ones are dropped
 # (the ingest sees a gap in ``seq``); events are never traded for samples.
 SAMPLE_BUFFER = 300
-# Exits sent in the last RECENT_EXITS_S seconds are sent again after a reconnect: Redis keeps
-# nothing on disk, so an exit it took just before it restarted may be gone unread. The control
-# plane ignores an exit it already applied.
-RECENT_EXITS = 256
-RECENT_EXITS_S = 600.0
-# They are also kept on disk (one JSON line each, in the work directory), so that an agent started
-# after a crash still knows how the attempts it took over ended: a re-sent launch, a stop or a
-# query about one is answered with its real exit instead of silence (a job stuck PLACED) or
-# "absent" (a finished job run again).
-RECENT_EXITS_FILE = "recent-exits.jsonl"
-# A launch delivered again this soon after this agent applied it is a duplicate delivery, whose
-# reports are still on their way: it changes nothing and says nothing. Later (the control plane
-# re-sends after 15 s without a start) it is answered with how the attempt stands.
-REANSWER_AFTER_S = 5.0
 SAMPLE_BATCH = 100  # samples per pipelined round trip when catching up
-# How many applied command ids are remembered for idempotency. Commands are
-# re-delivered only shortly after they were sent (pending entries, duplicates), so this is plenty.
-MEMORY_SIZE = 10_000
-# A signed command older than this is refused (a captured one cannot be replayed later); one
-# issued further than COMMAND_MAX_SKEW_S ahead of this node's clock too. The control plane re-sends
-# what is still wanted (launches of placed jobs, stops), freshly issued.
-COMMAND_MAX_AGE_S = 300.0
-COMMAND_MAX_SKEW_S = 30.0
 BACKOFF_FIRST = 0.2
 BACKOFF_MAX = 5.0
-# Live output: each interval, at most OUTPUT_CHUNK_BYTES of each running job's output.log and
-# OUTPUT_NODE_BYTES for the whole node go to the node's logs stream, so output never crowds out
-# events or samples. A job more than OUTPUT_LAG_BYTES ahead of what was shipped is skipped to its
-# newest output (a live tail, not a transfer); the whole log stays on the node.
-OUTPUT_CHUNK_BYTES = protocol.OUTPUT_CHUNK_BYTES
-OUTPUT_NODE_BYTES = 8 * OUTPUT_CHUNK_BYTES
-OUTPUT_LAG_BYTES = 4 * OUTPUT_CHUNK_BYTES
-# Chunks per interval for the whole node (with more running jobs, they take turns): about what
-# the control plane's fan-in moves a node per round.
-OUTPUT_NODE_CHUNKS = 32
-# The node's logs stream holds at most about this many chunks while the control plane is not
-# draining it (about 8 MiB).
-OUTPUT_STREAM_MAXLEN = 1000
-
-
-class _BoundedSet:
-    """A set that forgets its oldest members beyond ``size``."""
-
-    def __init__(self, size: int):
-        self._items: OrderedDict = OrderedDict()
-        self._size = size
-
-    def add(self, item) -> None:
-        self._items[item] = None
-        self._items.move_to_end(item)
-        while len(self._items) > self._size:
-            self._items.popitem(last=False)
-
-    def __contains__(self, item) -> bool:
-        return item in self._items
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-@dataclasses.dataclass
-class _OutputCursor:
-    """How far a job's output.log has been shipped (see :func:`agents.runner.read_output`)."""
-
-    launch_id: str | None
-    offset: int = 0
-    anchor: bytes = b""
-    shipped_at: float = 0.0  # monotonic; the longest-waiting job goes first when the node's budget is short
-    ended: bool = False  # the job is gone: its last output was read once, then the cursor goes
 
 
 class Agent:
@@ -187,28 +121,21 @@ class Agent:
         self.shutdown_grace = shutdown_grace
         self.hostname = socket.gethostname()[:255]
         self.host = host  # CPU and host memory offered to jobs; None: not reported
-        self.stream = protocol.command_stream(node)
         # This node's key: signs what it writes and authenticates the commands it reads. None
         # (authentication off) sends unsigned messages and takes unsigned commands.
         self._key = key
         if command_max_age <= 0 or command_max_skew < 0:
             raise ValueError("command_max_age must be positive and command_max_skew not negative")
-        self.command_max_age = command_max_age
-        self.command_max_skew = command_max_skew
         if launch_lease <= 0:
             raise ValueError("launch_lease must be positive")
-        self.launch_lease = launch_lease
         if job_fences is None:
             job_fences = ("accounts",) if runner.run_as.maps_users else ()
         self.job_fences = tuple(fence for fence in protocol.JOB_FENCES if fence in set(job_fences))
-        self.stale_launches = 0  # launches not started because they waited past the lease, or were withdrawn
 
         self._redis: redis.Redis | None = None
         self._stop = threading.Event()
         self._outbox: deque = deque()
-        self._recent_exits: deque[tuple[float, protocol.JobExited]] = deque(maxlen=RECENT_EXITS)
-        self._kept_exits = 0  # lines in RECENT_EXITS_FILE
-        self._launched_at: OrderedDict[str, float] = OrderedDict()  # launch command id -> when applied here
+        self._recent_exits = RecentExits(runner.workdir, node)
         self._outbox_size = outbox_size
         self.dropped_events = 0
         self._samples: deque[tuple[int, dict]] = deque()  # (seq, stream fields), oldest first
@@ -217,24 +144,23 @@ class Agent:
         self._next_sample = 0.0
         self.dropped_samples = 0
         self._sample_failures: set[str] = set()
-        self._applied_commands = _BoundedSet(MEMORY_SIZE)
-        # job id -> the newest launch attempt seen for it (least recently launched forgotten first).
-        self._launch_attempts: OrderedDict[int, int] = OrderedDict()
-        self._gpu_indices: set[int] = set()
-        self._read_pending = True
         self._next_heartbeat = 0.0
         self._next_connect = 0.0
         self._backoff = BACKOFF_FIRST
         self._disconnected_since: float | None = None
-        self._output: dict[int, _OutputCursor] = {}  # job id -> how far its output was shipped
+        self._output = OutputShipper(node, key)
         self._next_output = 0.0
-        self.shipped_output_bytes = 0
         # job id -> GPU index -> the most GPU memory a sample saw it hold (for memory-pressure exits).
         self._peak_mib: dict[int, dict[int, int]] = {}
         self._sharing_faults: set[int] = set()  # jobs being stopped because their MPS GPU failed
         # Moves borrowers between their floor and the control plane's ceiling from each sample.
         self.coordinator = coordinator or LocalCoordinator()
-        self.local_duty_changes = 0  # how many times it moved one
+        self._local_duty = LocalDuty(runner, self.coordinator)
+        self.commands = CommandIntake(
+            node, runner, publish=self._publish, exit_report=self._exited, recent_exits=self._recent_exits,
+            local_duty=self._local_duty, key=key, max_age=command_max_age, max_skew=command_max_skew,
+            launch_lease=launch_lease, grace=shutdown_grace,
+        )
 
     @property
     def connected(self) -> bool:
@@ -250,6 +176,24 @@ class Agent:
         """The ``seq`` of each sample waiting to be sent, oldest first."""
         return [seq for seq, _fields in list(self._samples)]  # list(): one step, safe from other threads
 
+    @property
+    def stale_launches(self) -> int:
+        """Launches not started because they waited past the lease, or were withdrawn."""
+        return self.commands.stale_launches
+
+    @property
+    def launch_lease(self) -> float:
+        return self.commands.launch_lease
+
+    @property
+    def local_duty_changes(self) -> int:
+        """How many times the local coordinator moved a borrower's duty cycle."""
+        return self._local_duty.changes
+
+    @property
+    def shipped_output_bytes(self) -> int:
+        return self._output.shipped_bytes
+
     # ------------------------------------------------------------------ loop
 
     def run(self, stop: threading.Event) -> None:
@@ -264,7 +208,7 @@ class Agent:
         self._load_recent_exits()
         for finished in self.runner.recover(self.shutdown_grace):
             self._publish(self._exited(finished))
-        self._remember_launches(self.runner.last_launches())
+        self.commands.remember_launches(self.runner.last_launches())
         try:
             while not stop.is_set():
                 self.step()
@@ -288,7 +232,9 @@ class Agent:
             self._flush()
             if time.monotonic() >= self._next_heartbeat:
                 self._heartbeat()
-            self._read_commands()
+            # Back in time for the next sample (which is also when the heartbeat is due).
+            block_s = min(self.interval, self._next_sample - time.monotonic())
+            self.commands.read(self._redis, block_ms=max(1, int(block_s * 1000)))
             self._flush()
             if time.monotonic() >= self._next_output:
                 self._ship_output()
@@ -363,8 +309,7 @@ class Agent:
             self._schedule_reconnect(exc)
             return
         if self._disconnected_since is not None:
-            now = time.monotonic()
-            again = [m for t, m in self._recent_exits if now - t < RECENT_EXITS_S and m not in self._outbox]
+            again = self._recent_exits.to_send_again(self._outbox)
             self._outbox.extendleft(reversed(again))  # they went before anything still buffered
             log.info(
                 "reconnected to Redis after %.1fs; sending %d buffered event(s) (%d of them exits sent "
@@ -378,7 +323,7 @@ class Agent:
             log.info("connected to Redis")
         self._disconnected_since = None
         self._backoff = BACKOFF_FIRST
-        self._read_pending = True  # entries delivered before the outage but never acked
+        self.commands.read_pending = True  # entries delivered before the outage but never acked
         self._next_heartbeat = 0.0
 
     def _lost(self, exc: Exception) -> None:
@@ -399,7 +344,7 @@ class Agent:
 
     def _register(self) -> None:
         gpus = self.runner.isolation.annotate(self.backend.inventory())
-        self._gpu_indices = {gpu.index for gpu in gpus}
+        self.commands.gpu_indices = {gpu.index for gpu in gpus}
         try:
             topology = self.backend.topology()
         except Exception:  # a backend bug must not keep the node from registering
@@ -427,7 +372,7 @@ class Agent:
         log.info("registered with %d GPU(s), %d running job(s)", len(gpus), len(message.running_jobs))
 
     def _ensure_group(self) -> None:
-        streams.ensure_group(self._redis, self.stream, protocol.AGENT_COMMAND_GROUP)
+        streams.ensure_group(self._redis, self.commands.stream, protocol.AGENT_COMMAND_GROUP)
 
     def _xadd(self, stream: str, fields: dict) -> None:
         self._redis.xadd(stream, fields, maxlen=protocol.STREAM_MAXLEN, approximate=True)
@@ -443,57 +388,13 @@ class Agent:
                 log.warning("event buffer full; %d oldest event(s) dropped so far", self.dropped_events)
         self._outbox.append(message)
         if isinstance(message, protocol.JobExited):
-            self._recent_exits.append((time.monotonic(), message))
-            if not message.absent:
-                self._keep_exit(message)
-
-    def _keep_exit(self, message: protocol.JobExited) -> None:
-        path = self.runner.workdir / RECENT_EXITS_FILE
-        try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8", opener=_private) as file:
-                file.write(_exit_line(time.time(), message))
-            self._kept_exits += 1
-            if self._kept_exits > 2 * RECENT_EXITS:
-                self._save_recent_exits()
-        except OSError as exc:
-            log.warning("could not keep job %d's exit on disk (%s); it is kept in memory only", message.job_id, exc)
-
-    def _save_recent_exits(self) -> None:
-        """Rewrite the file with the exits still remembered (it would otherwise grow for ever)."""
-        path = self.runner.workdir / RECENT_EXITS_FILE
-        now, wall = time.monotonic(), time.time()
-        lines = [_exit_line(wall - (now - sent_at), message) for sent_at, message in self._recent_exits
-                 if not message.absent]
-        partial = path.with_suffix(".tmp")
-        with open(partial, "w", encoding="utf-8", opener=_private) as file:
-            file.writelines(lines)
-        partial.replace(path)
-        self._kept_exits = len(lines)
+            self._recent_exits.add(message)
 
     def _load_recent_exits(self) -> None:
-        """The exits an earlier agent on this node sent in the last RECENT_EXITS_S seconds."""
-        path = self.runner.workdir / RECENT_EXITS_FILE
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            log.warning("%s: unreadable (%s); earlier exits are not remembered", path, exc)
-            return
-        now, wall = time.monotonic(), time.time()
-        for line in lines[-RECENT_EXITS:]:
-            try:
-                kept = json.loads(line)
-                at, message = float(kept["at"]), protocol.JobExited.model_validate(kept["exit"])
-            except (ValueError, TypeError, KeyError, pydantic.ValidationError):
-                continue  # (a line cut short by a crash)
-            if 0 <= wall - at < RECENT_EXITS_S and message.node == self.node:
-                self._recent_exits.append((now - (wall - at), message))
-        try:
-            self._save_recent_exits()
-        except OSError as exc:
-            log.warning("%s: not rewritten (%s)", path, exc)
+        self._recent_exits.load()
+
+    def _recent_exit(self, job_id: int, launch_id: str | None) -> protocol.JobExited | None:
+        return self._recent_exits.find(job_id, launch_id)
 
     def _flush(self) -> None:
         """Send buffered events, then buffered samples, oldest first; each leaves its buffer only
@@ -526,7 +427,7 @@ class Agent:
         for oom in reading.out_of_memory:
             self.runner.kill_out_of_memory(oom.job_id, oom.error)
         try:
-            self._coordinate(reading.gpus)
+            self._local_duty.after_reading(reading.gpus)
         except Exception as exc:  # a coordinator bug leaves duty cycles to the control plane, never ends the sample
             self._sample_failed("the local coordinator failed", exc)
         for usage in reading.jobs:
@@ -561,54 +462,6 @@ class Agent:
         self._samples.append((self._seq, fields))
         self._seq += 1
 
-    def _coordinate(self, gpus: list[protocol.GpuSample]) -> None:
-        """Let the local coordinator move borrowers from this reading, and apply its moves (the
-        sample being built reports them: its ``duty_cycles`` are what each job runs at now)."""
-        running = self.runner.running()
-        for job_id in self.coordinator.known() - running:
-            self.coordinator.forget(job_id)
-        for job_id in running:
-            self._coordinated(job_id)
-        utilisation = {gpu.index: None if gpu.util_sm is None else gpu.util_sm / 100.0 for gpu in gpus}
-        suspended = {job_id for job_id in running if self.runner.duty_cycle(job_id) <= 0}
-        for change in self.coordinator.step(time.monotonic(), utilisation, suspended):
-            if not self.runner.set_duty_cycle(change.job_id, change.duty_cycle):
-                continue  # (ending: nothing to throttle)
-            self.local_duty_changes += 1
-            if change.gpu_index is None:
-                log.info("job %d (borrower): duty cycle %.2f -> %.2f on this node (%s)", change.job_id,
-                         change.before, change.duty_cycle, change.reason)
-            else:
-                log.info("job %d (borrower): duty cycle %.2f -> %.2f on this node (%s: GPU %d at %.0f%% beside "
-                         "guaranteed job %s; ceiling %.2f)", change.job_id, change.before, change.duty_cycle,
-                         change.reason, change.gpu_index, 100 * change.utilisation,
-                         ", ".join(map(str, change.guaranteed)), self.coordinator.ceiling(change.job_id))
-
-    def _coordinated(self, job_id: int) -> None:
-        """Make sure the coordinator knows the running job (launched here, or adopted from an
-        earlier agent): its class, GPUs, floor, and the duty cycle the control plane launched it at."""
-        if job_id in self.coordinator.known():
-            return
-        launch = self.runner.launch_of(job_id)
-        if launch is None:
-            return
-        self.coordinator.admit(
-            Resident(job_id, launch.job_class, tuple(launch.gpu_indices), launch.duty_cycle_floor, launch.duty_cycle),
-            duty_cycle=self.runner.duty_cycle(job_id) or None,  # (0: suspended; it resumes at its launch's)
-        )
-
-    def _set_duty_cycle(self, command: protocol.SetDutyCycle) -> bool:
-        """The control plane's duty cycle: as sent for most jobs; a borrower's ceiling (it runs at
-        most that, and lower while the node holds it down beside a saturated guaranteed job)."""
-        self._coordinated(command.job_id)
-        duty = self.coordinator.set_ceiling(command.job_id, command.duty_cycle)
-        if duty is None:
-            return self.runner.set_duty_cycle(command.job_id, command.duty_cycle)
-        if duty < command.duty_cycle:
-            log.info("job %d (borrower): the control plane's duty cycle %.2f is its ceiling; the node holds it at "
-                     "%.2f", command.job_id, command.duty_cycle, duty)
-        return self.runner.set_duty_cycle(command.job_id, duty)
-
     def _sample_failed(self, what: str, exc: Exception | None) -> None:
         key = f"{what}: {exc!r}"[:300]
         if key in self._sample_failures:
@@ -618,48 +471,9 @@ class Agent:
         log.error("sample: %s%s (logged once)", what, f": {exc!r}" if exc is not None else "", exc_info=exc)
 
     def _ship_output(self) -> None:
-        """Send what each running job wrote to its output.log since the last call (one signed
-        JobOutput per job, at most OUTPUT_CHUNK_BYTES; OUTPUT_NODE_BYTES in all), and the last of
-        the jobs that ended since. Nothing is buffered while Redis is away: a live tail resumes
-        at the newest output."""
         now = time.monotonic()
         self._next_output = now + self.interval
-        launches = self.runner.running_launches()
-        for job_id in list(self._output):
-            if self._output[job_id].ended:
-                del self._output[job_id]  # its last output was read the time before
-        budget = OUTPUT_NODE_BYTES
-        entries = []
-        order = sorted(set(launches) | set(self._output),
-                       key=lambda job: self._output[job].shipped_at if job in self._output else 0.0)
-        for job_id in order:
-            if budget <= 0 or len(entries) >= OUTPUT_NODE_CHUNKS:
-                break
-            launch_id = launches.get(job_id)
-            cursor = self._output.get(job_id)
-            if launch_id is not None and (cursor is None or cursor.launch_id != launch_id):
-                cursor = self._output[job_id] = _OutputCursor(launch_id)  # a new attempt: from its start
-            cursor.ended = launch_id is None
-            chunk = read_output(self.runner.job_dir(job_id) / "output.log", cursor.offset, cursor.anchor,
-                                min(OUTPUT_CHUNK_BYTES, budget), OUTPUT_LAG_BYTES)
-            if chunk is None or not chunk.data:
-                continue
-            message = protocol.JobOutput(
-                node=self.node, job_id=job_id, launch_id=cursor.launch_id,
-                offset=chunk.offset, length=len(chunk.data), gap=chunk.gap,
-                data=chunk.data.decode("utf-8", errors="replace"),
-            )
-            entries.append((cursor, chunk, signing.signed(protocol.encode(message), self._key)))
-            budget -= len(chunk.data)
-        if not entries:
-            return
-        pipe = self._redis.pipeline(transaction=False)
-        for _cursor, _chunk, fields in entries:
-            pipe.xadd(protocol.node_logs_stream(self.node), fields, maxlen=OUTPUT_STREAM_MAXLEN, approximate=True)
-        pipe.execute()
-        for cursor, chunk, _fields in entries:  # advanced only once Redis has the chunk
-            cursor.offset, cursor.anchor, cursor.shipped_at = chunk.offset + len(chunk.data), chunk.anchor, now
-            self.shipped_output_bytes += len(chunk.data)
+        self._output.ship(self._redis, self.runner.running_launches(), self.runner.job_dir, now)
 
     def _heartbeat(self) -> None:
         value = json.dumps({"ts": time.time(), "running": sorted(self.runner.running())})
@@ -710,380 +524,3 @@ class Agent:
             output_tail=finished.output_tail,
             finished_at=finished.finished_at,
         )
-
-    # ------------------------------------------------------------------ incoming
-
-    def _read_commands(self) -> None:
-        if self._read_pending:
-            # Our own delivered-but-unacked entries first (id "0"); they come back immediately.
-            reply = self._redis.xreadgroup(
-                protocol.AGENT_COMMAND_GROUP, self.node, {self.stream: "0"}, count=READ_COUNT
-            )
-            entries = _entries(reply)
-            if not entries:
-                self._read_pending = False
-                return
-        else:
-            reply = self._redis.xreadgroup(
-                protocol.AGENT_COMMAND_GROUP,
-                self.node,
-                {self.stream: ">"},
-                count=READ_COUNT,
-                # Back in time for the next sample (which is also when the heartbeat is due).
-                block=max(1, int(min(self.interval, self._next_sample - time.monotonic()) * 1000)),
-            )
-            entries = _entries(reply)
-            page = entries
-            while len(page) == READ_COUNT and len(entries) < READ_BACKLOG:
-                page = _entries(self._redis.xreadgroup(protocol.AGENT_COMMAND_GROUP, self.node, {self.stream: ">"},
-                                                       count=READ_COUNT))
-                entries = entries + page
-        if not entries:
-            return
-        seconds, micros = self._redis.time()
-        now_ms = seconds * 1000 + micros // 1000
-        withdrawn = self._withdrawn_launches(entries)
-        for entry_id, fields in entries:
-            self._handle_entry(entry_id, fields, waited_s=max(0.0, (now_ms - _entry_ms(entry_id)) / 1000),
-                               withdrawn=entry_id in withdrawn)
-            self._redis.xack(self.stream, protocol.AGENT_COMMAND_GROUP, entry_id)
-
-    def _withdrawn_launches(self, entries) -> set:
-        """Ids of the launch entries that a later entry of the same batch withdraws: a stop of that
-        attempt (or of any attempt of the job), or a launch of a newer attempt. Starting one would
-        run an attempt the control plane has already given up (a paused agent's backlog holds
-        both the launch and, further on, the stop that requeue sent). Only commands this node would
-        apply count."""
-        withdrawn, stopped, newest = set(), {}, {}
-        for entry_id, fields in reversed(entries):
-            if fields is None:
-                continue
-            try:
-                command = protocol.decode_command(fields)
-            except protocol.ProtocolError:
-                continue
-            if self._authenticate(fields, command):
-                continue
-            if isinstance(command, protocol.StopJob):
-                stopped.setdefault(command.job_id, set()).add(command.launch_id)
-            elif isinstance(command, protocol.LaunchJob):
-                stops = stopped.get(command.job_id, ())
-                later = newest.get(command.job_id)
-                if None in stops or command.command_id in stops or (
-                        later is not None and command.attempt is not None and later > command.attempt):
-                    withdrawn.add(entry_id)
-                if command.attempt is not None:
-                    newest[command.job_id] = max(command.attempt, later if later is not None else command.attempt)
-        return withdrawn
-
-    def _handle_entry(self, entry_id, fields, *, waited_s: float = 0.0, withdrawn: bool = False) -> None:
-        """Apply one command entry. ``waited_s``: how long it sat in the stream; ``withdrawn``: a
-        later entry read with it withdraws it (a launch; see :meth:`_withdrawn_launches`)."""
-        if fields is None:
-            # A pending entry trimmed from the stream before we acked it: nothing left to apply.
-            self._dead_letter(entry_id, {}, "entry was deleted from the stream before it was applied")
-            return
-        try:
-            command = protocol.decode_command(fields)
-        except protocol.ProtocolError as exc:
-            self._dead_letter(entry_id, fields, exc.reason)
-            return
-        refusal = self._authenticate(fields, command)
-        if refusal:
-            # Applied not at all, and not remembered: a genuine command refused as stale is
-            # re-sent freshly issued, with the same command id, and must then run.
-            self._dead_letter(entry_id, fields, f"command {command.command_id} refused: {refusal}"[:500])
-            return
-        # A launch's attempt fences it: one older than an attempt seen here for the job is a
-        # replay (or a straggler) and refused even if its command id was forgotten; a re-send of
-        # the newest attempt is the usual harmless duplicate, known by its command id.
-        seen = self._launch_attempts.get(command.job_id) if isinstance(command, protocol.LaunchJob) else None
-        if seen is not None and command.attempt is not None and command.attempt < seen:
-            self._dead_letter(entry_id, fields, f"command {command.command_id} refused: launch attempt "
-                              f"{command.attempt} of job {command.job_id} is older than attempt {seen} seen here")
-            return
-        taken_not_started = False
-        if command.command_id in self._applied_commands:
-            taken_not_started = isinstance(command, protocol.LaunchJob) and self._taken_not_started(command)
-            if not taken_not_started:
-                log.info("command %s already applied; skipping", command.command_id)
-                if isinstance(command, protocol.LaunchJob) and not self._adopted_late(command.job_id, command.command_id):
-                    self._answer_resent_launch(command)
-                return
-            log.warning("launch %s: an earlier agent on this node took it and stopped before starting job %d; "
-                        "starting it now", command.command_id, command.job_id)
-        if isinstance(command, protocol.LaunchJob) and command.attempt is not None and not taken_not_started:
-            if seen is not None and command.attempt <= seen:
-                self._dead_letter(entry_id, fields, f"command {command.command_id} refused: launch attempt "
-                                  f"{command.attempt} of job {command.job_id} is not newer than attempt {seen} "
-                                  "seen here")
-                return
-        if isinstance(command, protocol.LaunchJob) and (withdrawn or waited_s > self.launch_lease):
-            # Not started, not remembered: if the control plane still holds this attempt, its
-            # re-send (same command id, issued afresh) runs it.
-            self.stale_launches += 1
-            log.warning("launch %s of job %d not started: %s", command.command_id, command.job_id,
-                        "withdrawn by a later command in this stream" if withdrawn else
-                        f"it waited {waited_s:.0f}s in the stream (at most {self.launch_lease:.0f}s); "
-                        "a fresh re-send will run it if the attempt still stands")
-            return
-        applied = True
-        try:
-            if isinstance(command, protocol.LaunchJob):
-                applied = self._launch(command)
-            elif isinstance(command, protocol.StopJob):
-                self._stop_job(command)
-            elif isinstance(command, protocol.QueryAttempt):
-                self._answer_query(command)
-            elif isinstance(command, protocol.SetDutyCycle):
-                self._not_here(command, self._set_duty_cycle(command))
-            elif isinstance(command, protocol.SuspendJob):
-                self._not_here(command, self.runner.suspend(command.job_id))
-            elif isinstance(command, protocol.ResumeJob):
-                self._not_here(command, self.runner.resume(command.job_id))
-        except redis.RedisError:
-            raise  # not the command's fault: reconnect and re-read it from the pending list
-        except Exception as exc:
-            # A bug here must not take the node's running jobs down with the agent, nor be
-            # retried forever: park the command where operators look, and move on.
-            log.exception("command %s could not be applied", command.command_id)
-            self._dead_letter(entry_id, fields, f"agent failed to apply the command: {exc!r}"[:500])
-        if not applied:
-            return  # deferred: the control plane sends it again, and then it runs
-        self._applied_commands.add(command.command_id)
-        if isinstance(command, protocol.LaunchJob):
-            self._launched_at[command.command_id] = time.monotonic()
-            while len(self._launched_at) > MEMORY_SIZE:
-                self._launched_at.popitem(last=False)
-        if isinstance(command, protocol.LaunchJob) and command.attempt is not None:
-            self._launch_attempts[command.job_id] = command.attempt
-            self._launch_attempts.move_to_end(command.job_id)
-            while len(self._launch_attempts) > MEMORY_SIZE:
-                self._launch_attempts.popitem(last=False)
-
-    def _remember_launches(self, launches: list[protocol.LaunchJob]) -> None:
-        """What an earlier agent on this node launched: a re-send of one of those (the control
-        plane's, after the start report was lost) or a replay is then skipped or refused as it
-        would have been by that agent, instead of running the attempt a second time."""
-        for launch in launches:
-            self._applied_commands.add(launch.command_id)
-            if launch.attempt is not None and launch.attempt >= self._launch_attempts.get(launch.job_id, -1):
-                self._launch_attempts[launch.job_id] = launch.attempt
-
-    def _authenticate(self, fields: dict, command) -> str | None:
-        """Why ``command`` (parsed from ``fields``) must not be applied here, or None.
-
-        With a key: it must be MACed with this node's key in the command domain, name this node,
-        and have been issued within ``command_max_age`` (and not beyond ``command_max_skew`` ahead).
-        A launch must name its attempt (checked against the newest seen by the caller). Without a
-        key (authentication off) only a command naming another node is refused.
-        """
-        if self._key is None:
-            if command.node is not None and command.node != self.node:
-                return f"it is for node {command.node}, not {self.node}"
-            return None
-        signature = fields.get(protocol.SIGNATURE_FIELD, fields.get(protocol.SIGNATURE_FIELD.encode()))
-        if signature is None:
-            return "unsigned (this agent takes only commands MACed with its node key)"
-        if not signing.verify_command(self._key, fields.get("m", fields.get(b"m")), signature):
-            return "bad signature (not MACed with this node's key)"
-        if command.node != self.node:
-            # Genuine, but for another node (copied into this stream, or sent before a rename).
-            return f"it is for node {command.node}, not {self.node}" if command.node else "it names no node"
-        if command.issued_at is None:
-            return "it carries no issue time"
-        age = time.time() - command.issued_at
-        if age > self.command_max_age:
-            return f"stale: issued {age:.0f}s ago (at most {self.command_max_age:.0f}s)"
-        if -age > self.command_max_skew:
-            return f"issued {-age:.0f}s in the future (clock skew of at most {self.command_max_skew:.0f}s)"
-        if isinstance(command, protocol.LaunchJob) and command.attempt is None:
-            return "a launch that names no attempt"
-        return None
-
-    def _launch(self, command: protocol.LaunchJob) -> bool:
-        """Start the attempt; False when it must wait (an earlier attempt still runs here)."""
-        job_id = command.job_id
-        # A second launch of a job that ran here before is a new attempt (requeued after its node
-        # was lost, or preempted): the control plane gives every attempt its own command id, and
-        # re-deliveries of one command are caught by command id above.
-        running = self.runner.launch_of(job_id)
-        if running is not None:
-            if running.command_id == command.command_id or not _older(running, command):
-                log.info("job %d already running on this node (%s); ignoring launch %s", job_id,
-                         running.command_id, command.command_id)
-                return True
-            # An earlier attempt outlived its stop (lost with a partition, say): end it first; the
-            # control plane re-sends this launch, which runs once that one is gone.
-            log.warning("job %d: attempt %s still runs here; stopping it before launching %s", job_id,
-                        running.command_id, command.command_id)
-            self.runner.stop(job_id, command.stop_grace_s)
-            return False
-        missing = sorted(set(command.gpu_indices) - self._gpu_indices)
-        try:
-            if missing:
-                raise LaunchError(
-                    f"GPU index {missing} not on node {self.node} (it has {sorted(self._gpu_indices)})"
-                )
-            archive = None
-            if self.runner.needs_code(command):
-                # Here, not in the runner: the agent holds the node's Redis connection. A Redis
-                # error is the connection's fault and re-reads the launch once reconnected.
-                try:
-                    archive = code.fetch(self._redis, self.node, command.code)
-                except code.CodeError as exc:
-                    raise LaunchError(str(exc)) from None
-            pid = self.runner.launch(command, code_archive=archive)
-        except LaunchError as exc:
-            log.warning("job %d could not start: %s", job_id, exc)
-            self._publish(
-                protocol.JobExited(
-                    node=self.node, job_id=job_id, exit_code=None, error=str(exc)[:2000], finished_at=time.time(),
-                    launch_id=command.command_id,
-                )
-            )
-            return
-        self.coordinator.forget(job_id)  # (an earlier attempt's, if one ended since the last sample)
-        self._coordinated(job_id)
-        self._publish(protocol.JobStarted(node=self.node, job_id=job_id, pid=pid, started_at=time.time(),
-                                          launch_id=command.command_id))
-        return True
-
-    def _attempt_report(self, job_id: int, launch_id: str) -> protocol.JobStarted | protocol.JobExited | None:
-        """How the attempt stands here, as its report: its start again while it runs, its exit
-        again if it ended here lately; None if this node does not know it."""
-        running = self.runner.launch_of(job_id)
-        if running is not None and running.command_id == launch_id:
-            pid = self.runner.processes()[job_id].pid
-            return protocol.JobStarted(node=self.node, job_id=job_id, pid=pid, started_at=time.time(),
-                                       launch_id=launch_id)
-        return self._recent_exit(job_id, launch_id)
-
-    def _adopted_late(self, job_id: int, launch_id: str) -> bool:
-        """Whether the attempt was one an earlier agent's supervisor ran unseen by this agent
-        (``JobRunner.adopt_late``), now taken over and said to run; its exit, if it ended, is sent now."""
-        if self.runner.launch_of(job_id) is not None:
-            return False  # (known here: it runs under this agent)
-        if self._ended_late(job_id, launch_id):
-            return True
-        if self.runner.launch_of(job_id) is None:
-            return False
-        self._publish(self._attempt_report(job_id, launch_id))  # (adopted: it runs)
-        return True
-
-    def _ended_late(self, job_id: int, launch_id: str | None) -> bool:
-        """Take over the attempt an earlier agent left unseen (``JobRunner.adopt_late``), sending
-        the exits that turned up; whether the job's own was among them."""
-        try:
-            finished = self.runner.adopt_late(job_id, launch_id, self.shutdown_grace)
-        except Exception:  # (never the end of the agent, and of every job with it)
-            log.exception("job %d: could not look for an attempt an earlier agent left", job_id)
-            return False
-        for ended in finished:
-            self._publish(self._exited(ended))
-        return any(ended.job_id == job_id for ended in finished)
-
-    def _answer_query(self, command: protocol.QueryAttempt) -> None:
-        """Say how the attempt stands here, changing nothing (see :class:`protocol.QueryAttempt`)."""
-        if self._adopted_late(command.job_id, command.launch_id):
-            return
-        self._publish(self._attempt_report(command.job_id, command.launch_id) or protocol.JobExited(
-            node=self.node, job_id=command.job_id, exit_code=None, absent=True, launch_id=command.launch_id,
-            error="this node does not know that attempt", finished_at=time.time()))
-
-    def _taken_not_started(self, command: protocol.LaunchJob) -> bool:
-        """A re-sent launch that an earlier agent on this node took (this agent remembers it as
-        applied, from its launch record) and died before starting: nothing ran and nothing will
-        report, so the job would stay PLACED for ever. Not one this agent applied itself, nor one
-        whose attempt this node can say anything about."""
-        return (command.command_id not in self._launched_at
-                and self._attempt_report(command.job_id, command.command_id) is None
-                and self.runner.never_started(command))
-
-    def _answer_resent_launch(self, command: protocol.LaunchJob) -> None:
-        """The control plane re-sends a launch when the job has not been seen to start: its start,
-        or its start and its exit, were lost (a Redis restart, an agent killed after sending).
-        Say again how that attempt stands here; never run it a second time."""
-        applied_at = self._launched_at.get(command.command_id)
-        if applied_at is not None and time.monotonic() - applied_at < REANSWER_AFTER_S:
-            return
-        report = self._attempt_report(command.job_id, command.command_id)
-        if report is not None:
-            log.info("launch %s: job %d was launched here already; reporting its %s again", command.command_id,
-                     command.job_id, "start" if isinstance(report, protocol.JobStarted) else "exit")
-            self._publish(report)
-
-    def _stop_job(self, command: protocol.StopJob) -> None:
-        running = self.runner.running_launches().get(command.job_id)
-        if running is None:  # (an attempt an earlier agent left, unseen so far, is stopped too)
-            if self._ended_late(command.job_id, command.launch_id):
-                return  # (it had ended: that is the answer)
-            running = self.runner.running_launches().get(command.job_id)
-        if running is not None and command.launch_id in (None, running):
-            self.runner.stop(command.job_id, command.grace_seconds, preempt=command.preempt)
-            return
-        # Not running here, or running as a later attempt than the one to stop. Say how that
-        # attempt ended if this node ran it (its exit may have been lost with a trimmed stream or
-        # a Redis restart), else that it is absent: a job whose launch never arrived (or whose
-        # exit was lost for good) would otherwise wait forever to be stopped.
-        known = self._recent_exit(command.job_id, command.launch_id)
-        if known is not None:
-            log.info("stop %s: job %d attempt %s ended here already; reporting its exit again",
-                     command.command_id, command.job_id, command.launch_id)
-            self._publish(known)
-            return
-        log.info("stop %s: job %d (%s) is not running here", command.command_id, command.job_id,
-                 command.launch_id or "any attempt")
-        self._publish(protocol.JobExited(node=self.node, job_id=command.job_id, exit_code=None, stopped=True,
-                                         absent=True, error="not running on this node when told to stop",
-                                         launch_id=command.launch_id, finished_at=time.time()))
-
-    def _recent_exit(self, job_id: int, launch_id: str | None) -> protocol.JobExited | None:
-        if launch_id is None:
-            return None
-        for _sent_at, message in reversed(self._recent_exits):
-            if message.job_id == job_id and message.launch_id == launch_id and not message.absent:
-                return message
-        return None
-
-    @staticmethod
-    def _not_here(command, applied: bool) -> None:
-        if not applied:
-            # Finished, stopping, or never here: the server learns the job's fate from its events.
-            log.info("%s %s: job %d is not running here; nothing to do", command.kind, command.command_id, command.job_id)
-
-    def _dead_letter(self, entry_id, fields: dict, reason: str) -> None:
-        """Report a refused command entry; the control plane dead-letters it (this node may write
-        only its own streams). The reason says what is wrong; no excerpt of the entry travels, as
-        even one that does not parse (a launch too large to accept, say) may hold a job's ``env``."""
-        log.warning("command entry %s rejected: %s", _text(entry_id), reason)
-        self._publish(protocol.CommandRejected(node=self.node, entry_id=_text(entry_id)[:64], reason=reason[:500]))
-
-
-def _older(running: protocol.LaunchJob, incoming: protocol.LaunchJob) -> bool:
-    """Whether the running launch is an earlier attempt than the incoming one."""
-    return running.attempt is not None and incoming.attempt is not None and running.attempt < incoming.attempt
-
-
-def _entry_ms(entry_id) -> int:
-    """The Redis server time (ms) at which a stream entry was added: the first part of its id."""
-    return int(_text(entry_id).split("-", 1)[0])
-
-
-def _entries(reply) -> list:
-    """The (id, fields) pairs of a one-stream XREADGROUP reply (RESP2: [[stream, entries]])."""
-    return reply[0][1] if reply else []
-
-
-def _text(value) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _exit_line(at: float, message: protocol.JobExited) -> str:
-    """One line of RECENT_EXITS_FILE: when the exit was sent (wall clock) and the exit."""
-    return json.dumps({"at": at, "exit": message.model_dump(mode="json")}) + "\n"
-
-
-def _private(path, flags):
-    """``open(..., opener=_private)``: the file readable by this user only, never followed through a link."""
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -52,6 +52,12 @@ Stop, throttling (:class:`agents.duty_cycler.DutyCycler`, its own thread) and su
 job's process group from the agent; every such signal first checks that the leader is the same,
 not yet reaped process (a pidfd held since launch or adoption), and the runner tells the cycler to
 forget a job before it reports the job's exit, so no signal can reach a reused process group id.
+
+The runner holds the table of running jobs and decides; the steps live beside it, each with no
+state of its own: :mod:`agents.job_launching` (directories, environment, the supervisor's answer),
+:mod:`agents.job_processes` (leader, supervisor, the exit reported), :mod:`agents.job_records`
+(the files above), :mod:`agents.job_adoption` (jobs of an earlier agent) and
+:mod:`agents.job_output` (reading ``output.log``).
 """
 
 from __future__ import annotations
@@ -59,182 +65,51 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
 import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from agents import code, containers, environments, supervise
-from agents.accounts import (
-    DEFAULT_PASS_ENV,
-    Account,
-    NoAccount,
-    RunAsPolicy,
-    identity_environment,
-    job_environment,
-)
+from agents.accounts import DEFAULT_PASS_ENV, Account, NoAccount, RunAsPolicy
 from agents.backends.base import JobProcesses
-from agents.isolation.layer import IsolationError, IsolationLayer, JobFence
-from agents.joblog import DEFAULT_MAX_LOG_BYTES
-from agents.protocol import OUTPUT_TAIL_BYTES, LaunchJob, identity_env_names
 from agents.duty_cycler import DEFAULT_PERIOD, DutyCycler
+from agents.isolation.layer import IsolationError, IsolationLayer, JobFence
+from agents.job_adoption import stop_unsupervised, take_over
+from agents.job_launching import (
+    LaunchError,
+    check_container_fence,
+    job_env,
+    prepare_directories,
+    stop_signal,
+    supervisor_answer,
+)
+from agents.job_output import read_tail
+from agents.job_processes import FinishedJob, Leader, RunningJob, Supervisor, reap
+from agents.job_records import (
+    EXIT_RECORD,
+    LAUNCH_RECORD,
+    NOTICE_DIR,
+    PREEMPT_FILE,
+    PROCESS_RECORD,
+    SPAWN_RECORD,
+    STOP_RECORD,
+    SUPERVISOR_START_SECONDS,
+    read_launch,
+    remove_records,
+    spawn_abandoned,
+    spawn_ended,
+    write_preempt_notice,
+    write_stop,
+)
+from agents.joblog import DEFAULT_MAX_LOG_BYTES
+from agents.protocol import LaunchJob, identity_env_names
+
+# Many importers (tests, bench, the agent) take these from here, not from where they live.
+__all__ = ["FinishedJob", "JobRunner", "LaunchError", "SUPERVISOR_START_SECONDS", "read_tail"]
 
 log = logging.getLogger(__name__)
-
-# How long the runner waits for a new supervisor to say the job started (or could not).
-SUPERVISOR_START_SECONDS = 30.0
-PROCESS_RECORD = supervise.PROCESS_RECORD
-EXIT_RECORD = supervise.EXIT_RECORD
-STOP_RECORD = supervise.STOP_RECORD
-LAUNCH_RECORD = "launch.json"
-# Written just before the job's supervisor is spawned, kept until the job's next attempt and
-# marked ``ended`` before that attempt's records go (``never_started`` reads it).
-SPAWN_RECORD = "spawned.json"
-NOTICE_DIR = "notice"
-PREEMPT_FILE = "preempt_at"
-
-
-class LaunchError(RuntimeError):
-    """The job's process could not be started; the message says why, for the user."""
-
-
-@dataclass(frozen=True)
-class FinishedJob:
-    """A job whose leader exited and whose process group has been killed."""
-
-    job_id: int
-    #: The leader's exit status, or ``-signum`` when a signal killed it; None when not known
-    #: (an orphan nobody supervised, or one whose supervisor died).
-    exit_code: int | None
-    #: True when :meth:`JobRunner.stop` was asked to end it.
-    stopped: bool
-    output_tail: str
-    finished_at: float
-    #: True when :meth:`JobRunner.kill_out_of_memory` ended it; ``error`` says what happened.
-    oom: bool = False
-    error: str | None = None
-    #: The node ended it for reasons of its own (agent restart or shutdown), not the job: run it again.
-    requeue: bool = False
-    #: Command id of the LaunchJob that started this run.
-    launch_id: str | None = None
-    #: The node ended it for running past the launch's ``max_runtime_s`` (SIGTERM, grace, SIGKILL).
-    timed_out: bool = False
-    #: The launch's GPUs and memory limit (the agent words an allocation failure with them).
-    gpu_indices: tuple[int, ...] = ()
-    gpu_memory_limit_mib: int | None = None
-
-
-class _Leader:
-    """A job's process group leader, pinned by a pidfd: signals go to its group only while the
-    leader is the same, not yet reaped process (a reaped leader's pid may name a stranger)."""
-
-    def __init__(self, pid: int, pidfd: int | None, create_time: float | None):
-        self.pid, self._pidfd, self._create_time = pid, pidfd, create_time
-
-    @classmethod
-    def attach(cls, pid: int, create_time: float | None) -> _Leader | None:
-        """The process ``pid`` if it started at ``create_time`` and is not reaped; else None."""
-        try:
-            pidfd = os.pidfd_open(pid)
-        except (OSError, AttributeError):
-            pidfd = None
-        leader = cls(pid, pidfd, create_time)
-        try:
-            same = create_time is not None and abs(psutil.Process(pid).create_time() - create_time) < 0.01
-        except psutil.Error:
-            same = False
-        if not same or not leader.unreaped():
-            leader.close()
-            return None
-        return leader
-
-    def unreaped(self) -> bool:
-        if self._pidfd is not None:
-            try:
-                signal.pidfd_send_signal(self._pidfd, 0)
-                return True
-            except ProcessLookupError:
-                return False
-            except PermissionError:
-                return True
-        try:  # no pidfd (an old kernel): the start time tells a reused pid apart
-            return abs(psutil.Process(self.pid).create_time() - (self._create_time or 0)) < 0.01
-        except psutil.Error:
-            return False
-
-    def running(self) -> bool:
-        """Alive and not a zombie."""
-        if not self.unreaped():
-            return False
-        try:
-            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-    def signal_group(self, signum: int, job_id: int) -> None:
-        if not self.unreaped():
-            return  # its group is gone, or on its way: nothing of the job is left to signal
-        try:
-            os.killpg(self.pid, signum)
-        except ProcessLookupError:
-            pass  # the whole group is already gone
-        except PermissionError as exc:  # should not happen for our own jobs; never crash
-            log.error("job %d: cannot signal process group %d: %s", job_id, self.pid, exc)
-
-    def close(self) -> None:
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
-
-
-class _Supervisor:
-    """A job's supervisor: this runner's child (``process``), or an earlier agent's (``adopted``)."""
-
-    def __init__(self, process: subprocess.Popen | None = None, adopted: psutil.Process | None = None):
-        self.process, self.adopted = process, adopted
-        self.pid = process.pid if process is not None else adopted.pid
-
-    def alive(self) -> bool:
-        if self.process is not None:
-            return self.process.poll() is None  # reaps it once it exits
-        try:
-            return self.adopted.is_running() and self.adopted.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-
-@dataclass
-class _RunningJob:
-    job_id: int
-    leader: _Leader
-    supervisor: _Supervisor
-    command: LaunchJob
-    #: Monotonic time past which the supervisor ends the job (None: no limit); the runner stops
-    #: throttling it then, so that it can act on the supervisor's SIGTERM.
-    runtime_deadline: float | None = None
-    kill_deadline: float | None = None  # monotonic; SIGKILL the group once it passes
-    stopped: bool = False  # :meth:`JobRunner.stop` was asked to end it
-    killed: bool = False
-    oom_error: str | None = None  # set when killed for running out of GPU memory
-    adopted: bool = False
-
-    @property
-    def pid(self) -> int:
-        return self.leader.pid
-
-    @property
-    def ending(self) -> bool:
-        """Told to end: SIGTERM sent, SIGKILL due at ``kill_deadline``."""
-        return self.kill_deadline is not None
-
-    @property
-    def timing_out(self) -> bool:
-        return self.runtime_deadline is not None and time.monotonic() >= self.runtime_deadline
 
 
 class JobRunner:
@@ -270,7 +145,7 @@ class JobRunner:
         self.pass_env = tuple(pass_env)
         self.job_path = tuple(job_path)
         self.allowed_env = tuple(allowed_env)
-        self._jobs: dict[int, _RunningJob] = {}
+        self._jobs: dict[int, RunningJob] = {}
         self._exiting: list[subprocess.Popen] = []  # supervisors that reported an exit, to reap
         # job id -> launch id of exits returned but whose records are kept until the agent says
         # the control plane has them (:meth:`release_reported`).
@@ -328,7 +203,7 @@ class JobRunner:
             raise LaunchError(f"the code archive {cmd.code.sha256[:12]} was not fetched for this launch")
         job_dir, work_dir = self.job_dir(cmd.job_id), self.work_dir(cmd.job_id)
         try:
-            self._prepare_directories(job_dir, work_dir, account)
+            prepare_directories(job_dir, work_dir, account)
             for name in (PROCESS_RECORD, EXIT_RECORD, STOP_RECORD, SPAWN_RECORD):  # an earlier attempt's
                 (job_dir / name).unlink(missing_ok=True)
             self.preempt_file(cmd.job_id).unlink(missing_ok=True)  # an earlier attempt's notice
@@ -341,27 +216,11 @@ class JobRunner:
         except IsolationError as exc:
             raise LaunchError(str(exc)) from None
         try:
-            self._check_container_fence(cmd, fence)
+            check_container_fence(cmd, fence, self.container_runtime)
             return self._launch_fenced(cmd, account, job_dir, work_dir, code_archive, fence)
         except BaseException:
             self.isolation.release(cmd.job_id)  # its cgroup, and with it the limits set there
             raise
-
-    def _check_container_fence(self, cmd: LaunchJob, fence: JobFence) -> None:
-        """An image job must not run unfenced on a fenced GPU: a container reaches no MPS daemon
-        (its pipes and the host's IPC are not in it), and a container that a daemon starts (docker,
-        podman) is born in the daemon's cgroup, not the job's. Apptainer runs the container's
-        processes as the job's own children, so they stay in its cgroup."""
-        if cmd.image is None:
-            return
-        if fence.env.get("CUDA_MPS_PIPE_DIRECTORY"):
-            raise LaunchError(f"image jobs cannot share GPU {cmd.gpu_indices[0]} through MPS on this node "
-                              "(the container cannot reach its MPS daemon); run it without an image or "
-                              "on a GPU of its own")
-        if fence.gpu_memory_limited and self.container_runtime.name != "apptainer":
-            raise LaunchError(f"{self.container_runtime.name} starts containers outside the job's cgroup, so "
-                              "the driver's GPU memory limit would not hold; use apptainer on this node, or "
-                              "run it without an image")
 
     def _launch_fenced(self, cmd: LaunchJob, account: Account | None, job_dir: Path, work_dir: Path,
                        code_archive: bytes | None, fence: JobFence) -> int:
@@ -383,7 +242,7 @@ class JobRunner:
             "user": account.uid if account else None, "group": account.gid if account else None,
             "extra_groups": list(account.groups) if account else [],
             "max_runtime_s": cmd.max_runtime_s, "stop_grace_s": cmd.stop_grace_s,
-            "stop_signal": int(_stop_signal(cmd)), "container_cleanup": cleanup,
+            "stop_signal": int(stop_signal(cmd)), "container_cleanup": cleanup,
             "cgroup": str(fence.cgroup) if fence.cgroup is not None else None,
         }
         try:
@@ -395,21 +254,21 @@ class JobRunner:
                 start_new_session=True,
             )
         except OSError as exc:
-            _spawn_ended(job_dir)
+            spawn_ended(job_dir)
             raise LaunchError(f"cannot start the job's supervisor: {exc.strerror or exc}") from exc
         finally:
             os.close(supervisor_log)
-        answer = _supervisor_answer(process, spec)
+        answer = supervisor_answer(process, spec)
         if "error" in answer:
-            _reap(process)
-            _spawn_ended(job_dir)  # (refused: never a spawn to run again)
+            reap(process)
+            spawn_ended(job_dir)  # (refused: never a spawn to run again)
             raise LaunchError(str(answer["error"]))
-        leader = _Leader.attach(int(answer["pid"]), answer.get("create_time"))
+        leader = Leader.attach(int(answer["pid"]), answer.get("create_time"))
         if leader is None:  # exited (and was reaped) already: the supervisor writes its exit
-            leader = _Leader(int(answer["pid"]), None, -1.0)
+            leader = Leader(int(answer["pid"]), None, -1.0)
         limit = cmd.max_runtime_s
-        self._jobs[cmd.job_id] = _RunningJob(
-            cmd.job_id, leader, _Supervisor(process), cmd,
+        self._jobs[cmd.job_id] = RunningJob(
+            cmd.job_id, leader, Supervisor(process), cmd,
             runtime_deadline=None if limit is None else time.monotonic() + limit,
         )
         log.info(
@@ -437,7 +296,8 @@ class JobRunner:
                                   f"{exc.strerror or exc}") from None
         else:
             start_dir = work_dir
-        env = self._job_env(cmd, account, start_dir, fence)
+        env = job_env(cmd, account, start_dir, fence, pass_env=self.pass_env, job_path=self.job_path,
+                      isolation=self.isolation, preempt_file=self.preempt_file(cmd.job_id))
         if cmd.image is None:
             return start_dir, list(cmd.argv), env, None
         try:
@@ -448,55 +308,6 @@ class JobRunner:
         except containers.ContainerRefused as exc:
             raise LaunchError(str(exc)) from None
         return start_dir, wrapped.argv, wrapped.env, wrapped.cleanup
-
-    def _prepare_directories(self, job_dir: Path, work_dir: Path, account: Account | None) -> None:
-        """Create the job's directories; when switching users, the job's account gets the working
-        directory (and only that) and its group may read the log and the preemption notice;
-        other accounts get nothing."""
-        jobs_root = job_dir.parent
-        jobs_root.mkdir(parents=True, exist_ok=True)
-        job_dir.mkdir(exist_ok=True)
-        work_dir.mkdir(exist_ok=True)
-        notice = job_dir / NOTICE_DIR
-        notice.mkdir(exist_ok=True)
-        # setgid: a notice written later (by the agent, as itself) gets the job's group.
-        os.chmod(notice, 0o2750)
-        if account is None:
-            return
-        os.chmod(jobs_root, 0o711)  # accounts may pass through to their own job, not list others
-        os.chown(job_dir, -1, account.gid, follow_symlinks=False)
-        os.chmod(job_dir, 0o750)
-        os.chown(notice, -1, account.gid, follow_symlinks=False)
-        os.chmod(notice, 0o2750)  # chown clears setgid
-        # Not recursive: a retried job finds its previous attempt's files as they were.
-        os.chown(work_dir, account.uid, account.gid, follow_symlinks=False)
-        os.chmod(work_dir, 0o700)
-
-    def _job_env(self, cmd: LaunchJob, account: Account | None, start_dir: Path,
-                 fence: JobFence = JobFence()) -> dict[str, str]:
-        env = job_environment(
-            os.environ, cmd.env, identity_environment(account, str(start_dir)), pass_env=self.pass_env,
-            path=self.job_path,
-        )
-        env = environments.activate(env, cmd, containers.CONTAINER_PATH if cmd.image is not None else None)
-        # Set last so a job cannot pick GPUs it was not given. CUDA numbers devices fastest-first
-        # unless told otherwise; PCI bus order is the order NVML (and so our indices) uses.
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        # A MIG instance by its MIG-... UUID, a whole GPU by its index.
-        env["CUDA_VISIBLE_DEVICES"] = self.isolation.cuda_visible_devices(cmd.gpu_indices)
-        for name, value in fence.env.items():  # the GPU's MPS daemon and the job's share of it
-            if value is None:
-                env.pop(name, None)
-            else:
-                env[name] = value
-        env["COLONY_JOB_ID"] = str(cmd.job_id)
-        env["COLONY_PREEMPT_FILE"] = str(self.preempt_file(cmd.job_id))
-        for name, value in (("COLONY_ARRAY_ID", cmd.array_id), ("COLONY_ARRAY_INDEX", cmd.array_index)):
-            if value is None:
-                env.pop(name, None)  # not the spec's to claim
-            else:
-                env[name] = str(value)
-        return env
 
     def stop(self, job_id: int, grace_seconds: float, *, requeue: bool = False, preempt: bool = False,
              error: str | None = None) -> None:
@@ -518,34 +329,19 @@ class JobRunner:
         job.stopped = True
         job.kill_deadline = deadline
         kill_at = time.time() + max(0.0, grace_seconds)
-        stop_signal = _stop_signal(job.command)
+        signum = stop_signal(job.command)
         log.info("job %d: %s (%s, grace %.1fs)", job_id, "preempting" if preempt else "stopping",
-                 stop_signal.name, grace_seconds)
+                 signum.name, grace_seconds)
         if preempt or self.preempt_file(job_id).exists():
-            self._write_notice(job, kill_at)  # a notice already given must not promise more time
+            # A notice already given must not promise more time.
+            write_preempt_notice(self.preempt_file(job_id), job_id, kill_at)
         # Recorded for the supervisor's exit.json and for an agent that adopts the job meanwhile.
-        self._write_stop(job, "shutdown" if requeue else "stop", error if requeue else None, kill_at)
+        write_stop(self.job_dir(job_id), job_id, "shutdown" if requeue else "stop", error if requeue else None, kill_at)
         # No more slicing; a stopped (throttled or suspended) group only acts on the signal once
         # it is continued, so SIGCONT follows. SIGKILL needs no help.
         self._cycler.forget(job_id)
-        self._signal_group(job, signal.SIGKILL if grace_seconds <= 0 else stop_signal)
+        self._signal_group(job, signal.SIGKILL if grace_seconds <= 0 else signum)
         self._signal_group(job, signal.SIGCONT)
-
-    def _write_notice(self, job: _RunningJob, kill_at: float) -> None:
-        """The SIGKILL deadline, unix seconds on one line; written whole (a rename) so the job
-        never reads half a number, group-readable (the notice directory gives it the job's group)."""
-        path = self.preempt_file(job.job_id)
-        tmp = path.with_name(f".{path.name}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
-            try:
-                os.write(fd, f"{int(kill_at)}\n".encode())
-                os.fchmod(fd, 0o640)  # whatever the umask
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except OSError as exc:  # the job still gets its signal and its grace
-            log.warning("job %d: cannot write its preemption notice %s: %s", job.job_id, path, exc)
 
     def kill_out_of_memory(self, job_id: int, error: str) -> None:
         """SIGKILL the job's group because its GPU ran out of memory; :meth:`poll` reports it
@@ -555,16 +351,9 @@ class JobRunner:
             return
         log.warning("job %d: out of GPU memory; killing it: %s", job_id, error)
         job.oom_error = error
-        self._write_stop(job, "oom", error, time.time())
+        write_stop(self.job_dir(job_id), job_id, "oom", error, time.time())
         self._cycler.forget(job_id)
         self._signal_group(job, signal.SIGKILL)
-
-    def _write_stop(self, job: _RunningJob, reason: str, error: str | None, kill_at: float) -> None:
-        try:
-            supervise.write_json_atomically(self.job_dir(job.job_id) / STOP_RECORD,
-                                            {"reason": reason, "error": error, "kill_at": kill_at})
-        except OSError as exc:  # the agent still knows; only an adopting agent would not
-            log.warning("job %d: cannot write %s: %s", job.job_id, STOP_RECORD, exc)
 
     # ------------------------------------------------------------------ throttling
 
@@ -598,7 +387,7 @@ class JobRunner:
         """The job's current share of wall time: 0.0 while suspended, 1.0 when unthrottled."""
         return 0.0 if self._cycler.suspended(job_id) else self._cycler.duty_cycle(job_id)
 
-    def _live(self, job_id: int) -> _RunningJob | None:
+    def _live(self, job_id: int) -> RunningJob | None:
         """A job that is running and not being ended or killed (so it may be throttled)."""
         job = self._jobs.get(job_id)
         if job is None or job.ending or job.killed or job.timing_out:
@@ -634,16 +423,16 @@ class JobRunner:
         directory's lock, none wrote the job's records and it is past the time a supervisor has
         to answer (the agent died before handing it the job, so it started nothing). An attempt
         that ran and ended is never taken for one that did not: its spawn record says it ended
-        before its records go (:func:`_remove_records`)."""
+        before its records go (:func:`agents.job_records.remove_records`)."""
         if cmd.job_id in self._jobs:
             return False
         job_dir = self.job_dir(cmd.job_id)
-        taken = self._launch_record(cmd.job_id)
+        taken = read_launch(job_dir)
         if taken is None or taken.command_id != cmd.command_id:
             return False
         if any((job_dir / name).exists() for name in (PROCESS_RECORD, EXIT_RECORD)):
             return False
-        return not (job_dir / SPAWN_RECORD).exists() or _spawn_abandoned(job_dir, cmd.command_id)
+        return not (job_dir / SPAWN_RECORD).exists() or spawn_abandoned(job_dir, cmd.command_id)
 
     def launch_of(self, job_id: int) -> LaunchJob | None:
         """The launch the job's running attempt came from; None when it does not run here."""
@@ -701,7 +490,7 @@ class JobRunner:
                 self._exiting.append(job.supervisor.process)  # exits right after writing exit.json
         return finished
 
-    def _finished(self, job: _RunningJob, result: dict | None, keep_records: bool) -> FinishedJob:
+    def _finished(self, job: RunningJob, result: dict | None, keep_records: bool) -> FinishedJob:
         """The job's exit from its supervisor's ``result`` (None: the supervisor died). Its records
         stay until :meth:`release_reported` when ``keep_records``, else they are removed now."""
         job_dir = self.job_dir(job.job_id)
@@ -709,7 +498,7 @@ class JobRunner:
         if keep_records:
             self._reported[job.job_id] = job.command.command_id
         else:
-            _remove_records(job_dir)
+            remove_records(job_dir)
         if result is None:
             done = FinishedJob(
                 job_id=job.job_id, exit_code=None, stopped=job.stopped, requeue=not job.stopped,
@@ -755,7 +544,7 @@ class JobRunner:
             job_dir = self.job_dir(job_id)
             record = supervise.read_json(job_dir / PROCESS_RECORD)
             if record is None or record.get("launch_id") == launch_id:
-                _remove_records(job_dir)
+                remove_records(job_dir)
 
     def stop_all(self, grace_seconds: float, give_up_after: float = 10.0, *, requeue: bool = False) -> list[FinishedJob]:
         """Stop every job and wait until all have exited (SIGKILL after the grace).
@@ -786,7 +575,8 @@ class JobRunner:
         A job whose supervisor and leader still run is adopted (listed by :meth:`running`,
         throttled, stopped and reported by :meth:`poll` like any other); a job that ended while
         no agent ran is returned with the exit its supervisor recorded; processes nobody
-        supervises any more are stopped and returned for a requeue (:meth:`_stop_unsupervised`).
+        supervises any more are stopped and returned for a requeue
+        (:func:`agents.job_adoption.stop_unsupervised`).
         """
         finished: list[FinishedJob] = []
         for path in sorted((self.workdir / "jobs").glob(f"*/{PROCESS_RECORD}")):
@@ -802,46 +592,23 @@ class JobRunner:
         """Take over the job whose supervisor wrote ``path`` (its ``process.json``): adopted while
         it runs; its exit, as its supervisor recorded it, when it ended; left to
         :meth:`_stop_unsupervised` when nobody supervises it any more."""
-        record = supervise.read_json(path)
-        command = self._launch_record(job_id)
-        if record is None or "supervisor_pid" not in record or command is None:
-            return None  # a record from before supervisors: _stop_unsupervised handles it
-        result = supervise.read_json(self.job_dir(job_id) / EXIT_RECORD)
-        supervisor = _adopted_supervisor(record)
-        if result is None and supervisor is None:
-            result = supervise.read_json(self.job_dir(job_id) / EXIT_RECORD)
-            if result is None:
-                return None  # nobody supervises it: _stop_unsupervised
-        leader = _Leader.attach(int(record["pid"]), record.get("create_time")) if result is None else None
-        job = _RunningJob(job_id, leader or _Leader(int(record["pid"]), None, -1.0),
-                          _Supervisor(adopted=supervisor) if supervisor else None, command, adopted=True)
+        taken = take_over(job_id, path)
+        if taken is None:
+            return None
+        job, result = taken
         if result is not None:
             log.info("job %d ended while no agent ran (or its exit was not yet sent); reporting it", job_id)
             job.leader.close()
             return self._finished(job, result, keep_records=True)
-        started_at, limit = record.get("started_at"), record.get("max_runtime_s")
-        if isinstance(started_at, (int, float)) and isinstance(limit, (int, float)):
-            job.runtime_deadline = time.monotonic() + (started_at + limit - time.time())
-        stop = supervise.read_json(self.job_dir(job_id) / STOP_RECORD) or {}
-        if stop.get("reason") == "oom":
-            job.oom_error, job.killed = str(stop.get("error") or "out of GPU memory"), True
-            job.leader.signal_group(signal.SIGKILL, job_id)
-        elif stop.get("reason") in ("stop", "shutdown"):
-            # The earlier agent was stopping it: carry the stop through, SIGKILL when it was due.
-            job.stopped = True
-            kill_at = stop.get("kill_at") if isinstance(stop.get("kill_at"), (int, float)) else time.time()
-            job.kill_deadline = time.monotonic() + max(0.0, kill_at - time.time())
-        # A duty cycle may have left it stopped. It runs at its launch's duty cycle until the
-        # control plane says otherwise (it tells a registering agent the duty cycle of each job
-        # the agent lists as running; a job adopted late was not listed, and its launch's duty
-        # cycle may never have been set: the earlier agent died before it could).
-        job.leader.signal_group(signal.SIGCONT, job_id)
         self._jobs[job_id] = job
-        self.isolation.adopt(command)
-        log.info("job %d: adopted from an earlier agent (pid %d, supervisor %d)", job_id, job.pid, supervisor.pid)
-        if command.duty_cycle < 1:
-            self.set_duty_cycle(job_id, command.duty_cycle)
+        self.isolation.adopt(job.command)
+        log.info("job %d: adopted from an earlier agent (pid %d, supervisor %d)", job_id, job.pid, job.supervisor.pid)
+        if job.command.duty_cycle < 1:
+            self.set_duty_cycle(job_id, job.command.duty_cycle)
         return None
+
+    def _stop_unsupervised(self, grace_seconds: float) -> list[FinishedJob]:
+        return stop_unsupervised(self.workdir / "jobs", set(self._jobs) | set(self._reported), grace_seconds)
 
     def adopt_late(self, job_id: int, launch_id: str | None, grace_seconds: float) -> list[FinishedJob]:
         """Take over the attempt ``launch_id`` of ``job_id`` (None: the one its record names) now,
@@ -869,294 +636,15 @@ class JobRunner:
         """The name :meth:`recover` had before jobs had supervisors (it only stopped orphans)."""
         return self.recover(grace_seconds)
 
-    def _launch_record(self, job_id: int) -> LaunchJob | None:
-        try:
-            return LaunchJob.model_validate_json((self.job_dir(job_id) / LAUNCH_RECORD).read_bytes())
-        except (OSError, ValueError):
-            return None
-
-    def _stop_unsupervised(self, grace_seconds: float) -> list[FinishedJob]:
-        """Stop job processes an earlier agent on this workdir left that nobody supervises any
-        more (their supervisor died, or the record predates supervisors).
-
-        Each is continued (a duty cycle may have left it stopped), sent SIGTERM, and its group
-        SIGKILLed after ``grace_seconds``. Returns them as finished jobs to requeue; records of
-        processes that are gone, or whose pid now names another process, are just removed (a
-        supervised job's is reported for a requeue: its fate is unknown). Jobs this runner runs or
-        adopted (:meth:`recover`) are left alone.
-        """
-        orphans: list[tuple[int, psutil.Process, str | None]] = []
-        vanished: list[tuple[int, str | None]] = []
-        for path in sorted((self.workdir / "jobs").glob(f"*/{PROCESS_RECORD}")):
-            job_id = int(path.parent.name) if path.parent.name.isdigit() else None
-            if job_id in self._jobs or job_id in self._reported:
-                continue
-            record = supervise.read_json(path) or {}
-            if "supervisor_pid" in record and self._launch_record(job_id) is not None and (
-                _adopted_supervisor(record) is not None or (path.parent / EXIT_RECORD).exists()
-            ):
-                continue  # supervised, or ended with its exit recorded: for recover(), never stopped here
-            try:
-                process = psutil.Process(int(record["pid"]))
-                same = abs(process.create_time() - float(record["create_time"])) < 0.01 and _running(process)
-            except (OSError, ValueError, KeyError, TypeError, psutil.Error):
-                same = False
-            if job_id is None or not same:
-                if job_id is not None and "supervisor_pid" in record:
-                    vanished.append((job_id, record.get("launch_id")))
-                if _spawn_ended(path.parent):  # (it ran: never taken for a spawn that did not happen)
-                    path.unlink(missing_ok=True)
-                continue
-            log.warning("job %d: process %d outlived its agent and supervisor; stopping it", job_id, process.pid)
-            for signum in (signal.SIGCONT, signal.SIGTERM):
-                _signal_orphan(process.pid, signum)
-            orphans.append((job_id, process, record.get("launch_id")))
-        survivors: list[psutil.Process] = []
-        if orphans:
-            alive = _wait_gone([process for _, process, _ in orphans], grace_seconds)
-            for process in alive:
-                log.warning("process %d: still running after %.0fs; killing its group", process.pid, grace_seconds)
-            for _, process, _ in orphans:
-                _signal_orphan(process.pid, signal.SIGKILL)  # the group's stragglers, or the leader itself
-            survivors = _wait_gone(alive, 5.0)
-        finished = []
-        for job_id, launch_id in vanished:
-            (self.job_dir(job_id) / STOP_RECORD).unlink(missing_ok=True)
-            finished.append(FinishedJob(
-                job_id=job_id, exit_code=None, stopped=True, requeue=True, finished_at=time.time(), launch_id=launch_id,
-                output_tail=read_tail(self.job_dir(job_id) / "output.log"),
-                error="the job's supervisor died while no agent ran; how the job ended is not known",
-            ))
-        for job_id, process, launch_id in orphans:
-            if process in survivors:
-                # Not reported: a requeue now would run the job beside it. The record stays, so the
-                # next agent start tries again; the control plane requeues it after it vanishes.
-                log.error("job %d: process %d survived SIGKILL (or may not be signalled); not requeued",
-                          job_id, process.pid)
-                continue
-            if _spawn_ended(self.job_dir(job_id)):
-                self._record_path(job_id).unlink(missing_ok=True)
-            (self.job_dir(job_id) / STOP_RECORD).unlink(missing_ok=True)
-            finished.append(FinishedJob(
-                job_id=job_id, exit_code=None, stopped=True, requeue=True, finished_at=time.time(), launch_id=launch_id,
-                output_tail=read_tail(self.job_dir(job_id) / "output.log"),
-                error="the node's agent restarted while the job ran; its process was stopped",
-            ))
-        return finished
-
     def close(self) -> None:
         """End the duty-cycle thread, continuing anything it holds stopped. Idempotent. Jobs
         still running keep running under their supervisors (an agent that adopts them takes over)."""
         self._cycler.close()
         for process in self._exiting:
-            _reap(process, 2.0)
+            reap(process, 2.0)
         self._exiting = []
 
-    def _signal_group(self, job: _RunningJob, signum: int) -> None:
+    def _signal_group(self, job: RunningJob, signum: int) -> None:
         if signum == signal.SIGKILL:
             job.killed = True
         job.leader.signal_group(signum, job.job_id)
-
-
-def _stop_signal(cmd: LaunchJob) -> signal.Signals:
-    return signal.Signals[cmd.stop_signal]
-
-
-def _supervisor_answer(process: subprocess.Popen, spec: dict) -> dict:
-    """Hand the supervisor its spec and read its one-line answer: ``{"pid", "create_time"}`` or
-    ``{"error"}``. A supervisor that says nothing in time is killed and its log quoted."""
-    try:
-        try:
-            process.stdin.write(json.dumps(spec).encode())
-            process.stdin.close()
-        except OSError:
-            pass  # it died at once; its log says why
-        ready, _, _ = select.select([process.stdout], [], [], SUPERVISOR_START_SECONDS)
-        line = process.stdout.readline() if ready else b""
-    finally:
-        process.stdout.close()
-    try:
-        answer = json.loads(line)
-        if isinstance(answer, dict) and ("error" in answer or isinstance(answer.get("pid"), int)):
-            return answer
-    except ValueError:
-        pass
-    process.kill()
-    _reap(process)
-    why = read_tail(Path(spec["job_dir"]) / supervise.SUPERVISOR_LOG, 500).strip().splitlines()
-    return {"error": "the job's supervisor failed to start it" + (f": {why[-1]}" if why else "")}
-
-
-def _remove_records(job_dir: Path) -> None:
-    """``process.json`` first: an ``exit.json`` left without one is never read (and a relaunch
-    removes it). The spawn record says first that the attempt ended (:meth:`JobRunner.never_started`):
-    where it cannot, the records stay."""
-    if not _spawn_ended(job_dir):
-        return
-    for name in (PROCESS_RECORD, EXIT_RECORD, STOP_RECORD):
-        (job_dir / name).unlink(missing_ok=True)
-
-
-def _spawn_ended(job_dir: Path) -> bool:
-    """Mark the job's spawn record (if any): its attempt is over (ran, or refused by its
-    supervisor). False if it cannot be written."""
-    path = job_dir / SPAWN_RECORD
-    record = supervise.read_json(path)
-    if record is None or record.get("ended"):
-        return True
-    try:
-        supervise.write_json_atomically(path, {**record, "ended": True}, mode=0o600)
-    except OSError as exc:
-        log.warning("cannot write %s: %s", path, exc)
-        return False
-    return True
-
-
-def _spawn_abandoned(job_dir: Path, launch_id: str) -> bool:
-    """Whether the spawn record of ``launch_id`` is of a supervisor that never started the job:
-    not marked ended, older than a supervisor has to answer, and no supervisor holds the job
-    directory's lock (``supervise.SUPERVISOR_LOCK``: taken before anything else, held for life)."""
-    path = job_dir / SPAWN_RECORD
-    record = supervise.read_json(path)
-    if not isinstance(record, dict) or record.get("ended") or record.get("launch_id") != launch_id:
-        return False
-    try:
-        if time.time() - path.stat().st_mtime < SUPERVISOR_START_SECONDS:
-            return False
-    except OSError:
-        return False
-    return not supervise.lock_held(job_dir)  # (held: still starting, or cannot write its records)
-
-
-def _adopted_supervisor(record: dict) -> psutil.Process | None:
-    """The supervisor a record names, if it still runs (same pid and start time)."""
-    try:
-        process = psutil.Process(int(record["supervisor_pid"]))
-        if abs(process.create_time() - float(record["supervisor_create_time"])) < 0.01 and _running(process):
-            return process
-    except (ValueError, KeyError, TypeError, psutil.Error):
-        pass
-    return None
-
-
-def _reap(process: subprocess.Popen, timeout: float = 5.0) -> None:
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def _wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Wait until each process has exited (a zombie has: its parent reaps it, not us); returns
-    those still running after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = [p for p in processes if _running(p)]
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.05)
-
-
-def _running(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _signal_orphan(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except ProcessLookupError:
-        pass
-    except PermissionError as exc:  # an agent not running as root, and a job of another account
-        log.error("cannot signal process group %d: %s", pgid, exc)
-
-
-def read_tail(path: Path, limit: int = OUTPUT_TAIL_BYTES) -> str:
-    """The last ``limit`` bytes of ``path`` as text (invalid UTF-8 replaced); "" if unreadable."""
-    try:
-        with open(path, "rb") as file:
-            size = file.seek(0, os.SEEK_END)
-            file.seek(max(0, size - limit))
-            data = file.read(limit)
-    except OSError:
-        return ""
-    if len(data) == limit:
-        # The cut may land inside a multi-byte character: drop its continuation bytes rather
-        # than start the tail with a replacement character.
-        skip = 0
-        while skip < 3 and skip < len(data) and data[skip] & 0xC0 == 0x80:
-            skip += 1
-        data = data[skip:]
-    return data.decode("utf-8", errors="replace")
-
-
-@dataclass(frozen=True)
-class OutputChunk:
-    """New bytes of a job's ``output.log`` (:func:`read_output`): ``data`` starts at byte
-    ``offset`` of the file; ``gap`` says output before it was passed over; ``anchor`` is the last
-    bytes up to ``offset + len(data)``, to tell next time whether the file was rewritten since."""
-
-    offset: int
-    data: bytes
-    gap: bool
-    anchor: bytes
-
-
-OUTPUT_ANCHOR_BYTES = 32
-
-
-def read_output(path: Path, offset: int, anchor: bytes, limit: int, lag: int) -> OutputChunk | None:
-    """The bytes of ``path`` after ``offset`` (at most ``limit``, cut at a UTF-8 character
-    boundary); None when the file cannot be read.
-
-    The log is bounded (:mod:`agents.joblog`): past its cap it is rewritten in place as head,
-    marker and recent output. Reading on from ``offset`` stays right as long as the ``anchor``
-    (the bytes just before ``offset``) is still there, which holds while ``offset`` lies in the
-    kept head; otherwise, or when more than ``lag`` bytes wait, reading resumes ``limit`` bytes
-    before the end, with ``gap`` set: a live tail shows the newest output, not a backlog.
-    """
-    try:
-        with open(path, "rb") as file:
-            size = file.seek(0, os.SEEK_END)
-            gap = False
-            if offset > size or (anchor and _bytes_at(file, offset - len(anchor), len(anchor)) != anchor):
-                offset, gap = max(0, size - limit), True  # rewritten (compacted, or a new file)
-            elif size - offset > lag:
-                offset, gap = size - limit, True
-            file.seek(offset)
-            data = file.read(limit)
-    except OSError:
-        return None
-    if gap:
-        # Started mid-file: a cut inside a character would begin with its continuation bytes.
-        skip = 0
-        while skip < 3 and skip < len(data) and data[skip] & 0xC0 == 0x80:
-            skip += 1
-        data, offset = data[skip:], offset + skip
-    data = data[:len(data) - _partial_character(data)]
-    tail = (data if gap else anchor + data)[-OUTPUT_ANCHOR_BYTES:]
-    return OutputChunk(offset=offset, data=data, gap=gap, anchor=tail)
-
-
-def _bytes_at(file, offset: int, length: int) -> bytes:
-    if offset < 0:
-        return b""
-    file.seek(offset)
-    return file.read(length)
-
-
-def _partial_character(data: bytes) -> int:
-    """How many bytes at the end of ``data`` begin a UTF-8 character that is not complete yet
-    (the job may be writing it right now): those wait for the next read."""
-    for back in range(1, min(4, len(data) + 1)):
-        byte = data[-back]
-        if byte & 0xC0 == 0x80:
-            continue  # a continuation byte: look further back for the lead
-        if byte >= 0xC0:
-            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
-            return back if need > back else 0
-        return 0
-    return 0

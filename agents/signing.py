@@ -15,7 +15,7 @@ One server secret makes every credential, so the control plane stores nothing pe
   ``m`` is a JSON object and never starts with that prefix). The agent already holds the key,
   so it needs nothing new to verify what it is told. What the MAC covers (the node, the time it
   was issued, a launch's attempt) is in :mod:`agents.protocol`; what the agent refuses is in
-  :meth:`agents.agent.Agent._authenticate`.
+  :func:`agents.command_checks.refusal`.
 - a node's **Redis password** is ``HMAC-SHA256(secret, "colony-redis:" + node)``, for a Redis ACL
   user (:func:`redis_acl_setuser`) that may read only its own command stream and only append to
   the streams agents write, so it can neither read other nodes' commands nor replay their

@@ -54,6 +54,13 @@ def read_new(client: redis.Redis, stream: str, group: str, consumer: str, count:
     return response[0][1] if response else []
 
 
+def read_pending(client: redis.Redis, stream: str, group: str, consumer: str, count: int) -> list:
+    """Entries handed to ``consumer`` before and never acked (it restarted, or lost its
+    connection), oldest first; they come back at once, without blocking."""
+    response = client.xreadgroup(group, consumer, {stream: "0"}, count=count)
+    return response[0][1] if response else []
+
+
 def drain(client: redis.Redis, stream: str, group: str, handle, *, batch: int, max_batches: int,
           claim_idle_ms: int) -> int:
     """Hand ``handle(client, entries)`` what a dead reader left pending, then up to

@@ -26,13 +26,12 @@ instances are the PCIe level of the two GPUs, never ``nvlink``.
 from __future__ import annotations
 
 import logging
-import math
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from agents.backends.base import BackendSample, BackendUnavailable, JobProcesses
 from agents import protocol
+from agents.backends import nvml_readings as readings
 from agents.backends.pids import PidOwners
 from agents.protocol import GpuInfo, GpuLink, GpuSample, JobGpuSample
 
@@ -73,8 +72,6 @@ NVLINK_GBPS_PER_LINK = 200.0
 #: Bound on XID events drained per sample, so a storm cannot stall the agent loop.
 MAX_EVENTS_PER_SAMPLE = 256
 
-_BUS_ID_RE = re.compile(r"([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)")
-_MIG_PROFILE_RE = re.compile(protocol.MIG_PROFILE_RE)
 
 
 @dataclass(frozen=True)
@@ -90,10 +87,6 @@ class _Device:
         """The handle per-device readings (memory, processes) go through."""
         return self.gpu if self.mig is None else self.mig
 
-
-def _text(value) -> str:
-    # Older pynvml releases return bytes, newer ones str.
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def available() -> bool:
@@ -197,7 +190,7 @@ class NvmlBackend:
             log.warning("GPU %d left out of the inventory: cannot read its memory: %s", index, exc)
             return []
         model = self._read("name", index, nvml.nvmlDeviceGetName, handle)
-        model = (_text(model)[:64] if model is not None else "") or "unknown"
+        model = (readings.text(model)[:64] if model is not None else "") or "unknown"
         if self._mig_enabled(index, handle):
             return self._read_mig_devices(index, handle, model, first)
         try:
@@ -215,7 +208,7 @@ class NvmlBackend:
         info = GpuInfo(
             index=first,
             # Unique per node at least, so the control plane can still tell the GPUs apart.
-            uuid=(_text(uuid)[:128] if uuid is not None else "") or f"GPU-unknown-{self._node}-{index}",
+            uuid=(readings.text(uuid)[:128] if uuid is not None else "") or f"GPU-unknown-{self._node}-{index}",
             model=model,
             memory_mib=memory_mib,
         )
@@ -280,7 +273,7 @@ class NvmlBackend:
             log.warning("%s: cannot read its memory: %s", where, exc)
             return None
         uuid = self._read(f"MIG device {slot} UUID", index, nvml.nvmlDeviceGetUUID, mig)
-        uuid = _text(uuid)[:128] if uuid is not None else ""
+        uuid = readings.text(uuid)[:128] if uuid is not None else ""
         profile = self._mig_profile(index, gpu, mig)
         if memory_mib <= 0 or not uuid.startswith("MIG-") or profile is None:
             log.warning("%s: memory %d MiB, UUID %r, profile %r", where, memory_mib, uuid, profile)
@@ -297,16 +290,16 @@ class NvmlBackend:
         attributes = None
         if hasattr(nvml, "nvmlDeviceGetAttributes"):
             attributes = self._read("MIG device attributes", index, nvml.nvmlDeviceGetAttributes, mig)
-        gpu_slices = _count(getattr(attributes, "gpuInstanceSliceCount", None))
-        compute_slices = _count(getattr(attributes, "computeInstanceSliceCount", None))
+        gpu_slices = readings.count(getattr(attributes, "gpuInstanceSliceCount", None))
+        compute_slices = readings.count(getattr(attributes, "computeInstanceSliceCount", None))
         profile = self._gpu_instance_profile(index, gpu, mig)
         if profile is None and attributes is not None:
-            profile = _built_profile(gpu_slices, getattr(attributes, "memorySizeMB", None))
+            profile = readings.built_profile(gpu_slices, getattr(attributes, "memorySizeMB", None))
         if profile is None:
             return None
         if compute_slices and gpu_slices and compute_slices < gpu_slices:
             profile = f"{compute_slices}c.{profile}"
-        return profile if _MIG_PROFILE_RE.match(profile) else None
+        return profile if readings.MIG_PROFILE.match(profile) else None
 
     def _gpu_instance_profile(self, index: int, gpu, mig) -> str | None:
         """The profile of the GPU instance the MIG device belongs to: its NVML name where the
@@ -325,8 +318,8 @@ class NvmlBackend:
         info = self._profile_info(index, gpu, profile_id)
         if info is None:
             return None
-        return _profile_name(getattr(info, "name", None)) or _built_profile(
-            _count(getattr(info, "sliceCount", None)), getattr(info, "memorySizeMB", None)
+        return readings.profile_name(getattr(info, "name", None)) or readings.built_profile(
+            readings.count(getattr(info, "sliceCount", None)), getattr(info, "memorySizeMB", None)
         )
 
     def _profile_info(self, index: int, gpu, profile_id: int):
@@ -406,11 +399,11 @@ class NvmlBackend:
         nvml = self._nvml
         by_bus: dict[tuple[int, int, int], int | None] = {}
         for index, handle in (mig_gpus or {}).items():
-            key = _bus_key(self._read("PCI info", index, nvml.nvmlDeviceGetPciInfo, handle))
+            key = readings.bus_key(self._read("PCI info", index, nvml.nvmlDeviceGetPciInfo, handle))
             if key is not None:
                 by_bus[key] = None
         for index, handle in devices.items():
-            key = _bus_key(self._read("PCI info", index, nvml.nvmlDeviceGetPciInfo, handle))
+            key = readings.bus_key(self._read("PCI info", index, nvml.nvmlDeviceGetPciInfo, handle))
             if key is not None:
                 by_bus[key] = index
         max_links = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", NVML_NVLINK_MAX_LINKS))
@@ -428,7 +421,8 @@ class NvmlBackend:
                     break
                 if not active:
                     continue
-                remote = _bus_key(self._read("NVLink peer", index, nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link))
+                remote = readings.bus_key(
+                    self._read("NVLink peer", index, nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link))
                 if remote is None:
                     continue
                 if remote in by_bus and by_bus[remote] is None:
@@ -493,11 +487,12 @@ class NvmlBackend:
         power_mw = self._read("power", index, nvml.nvmlDeviceGetPowerUsage, handle)
         return GpuSample(
             index=index,
-            util_sm=_percent(getattr(rates, "gpu", None)),
-            util_mem=_percent(getattr(rates, "memory", None)),
-            mem_used_mib=_count(getattr(memory, "used", None), MIB, protocol.MEMORY_MIB_MAX),
-            mem_total_mib=_count(getattr(memory, "total", None), MIB, protocol.MEMORY_MIB_MAX),
-            power_w=None if _number(power_mw, 0, protocol.POWER_W_MAX * 1000) is None else round(power_mw / 1000.0, 1),
+            util_sm=readings.percent(getattr(rates, "gpu", None)),
+            util_mem=readings.percent(getattr(rates, "memory", None)),
+            mem_used_mib=readings.count(getattr(memory, "used", None), MIB, protocol.MEMORY_MIB_MAX),
+            mem_total_mib=readings.count(getattr(memory, "total", None), MIB, protocol.MEMORY_MIB_MAX),
+            power_w=(None if readings.number(power_mw, 0, protocol.POWER_W_MAX * 1000) is None
+                     else round(power_mw / 1000.0, 1)),
             xid_events=xids[:64],
             **self._board_readings(index, handle),
         )
@@ -512,8 +507,8 @@ class NvmlBackend:
             board = boards[device.nvml_index] = self._board_readings(index, device.gpu)
         return GpuSample(
             index=index,
-            mem_used_mib=_count(getattr(memory, "used", None), MIB, protocol.MEMORY_MIB_MAX),
-            mem_total_mib=_count(getattr(memory, "total", None), MIB, protocol.MEMORY_MIB_MAX),
+            mem_used_mib=readings.count(getattr(memory, "used", None), MIB, protocol.MEMORY_MIB_MAX),
+            mem_total_mib=readings.count(getattr(memory, "total", None), MIB, protocol.MEMORY_MIB_MAX),
             xid_events=xids[:64],
             **board,
         )
@@ -532,10 +527,10 @@ class NvmlBackend:
             NVML_VOLATILE_ECC,
         )
         return {
-            "temperature_c": _number(temperature, protocol.TEMPERATURE_C_MIN, protocol.TEMPERATURE_C_MAX),
-            "sm_clock_mhz": _count(sm_clock, high=protocol.CLOCK_MHZ_MAX),
-            "mem_clock_mhz": _count(mem_clock, high=protocol.CLOCK_MHZ_MAX),
-            "ecc_uncorrected": _count(ecc),
+            "temperature_c": readings.number(temperature, protocol.TEMPERATURE_C_MIN, protocol.TEMPERATURE_C_MAX),
+            "sm_clock_mhz": readings.count(sm_clock, high=protocol.CLOCK_MHZ_MAX),
+            "mem_clock_mhz": readings.count(mem_clock, high=protocol.CLOCK_MHZ_MAX),
+            "ecc_uncorrected": readings.count(ecc),
         }
 
     def _processes(self, index: int, handle, graphics: bool = True) -> dict[int, int | None] | None:
@@ -560,7 +555,7 @@ class NvmlBackend:
             if not isinstance(pid, int) or pid <= 0:
                 continue
             used = getattr(process, "usedGpuMemory", None)
-            memory_mib = _count(used, MIB, protocol.MEMORY_MIB_MAX)
+            memory_mib = readings.count(used, MIB, protocol.MEMORY_MIB_MAX)
             # A process doing compute and graphics is listed twice with the same figure.
             known = processes.get(pid)
             processes[pid] = memory_mib if known is None else max(known, memory_mib or 0)
@@ -585,7 +580,7 @@ class NvmlBackend:
         for sample in samples or []:
             stamp = int(getattr(sample, "timeStamp", 0) or 0)
             pid = getattr(sample, "pid", None)
-            value = _percent(getattr(sample, "smUtil", None))
+            value = readings.percent(getattr(sample, "smUtil", None))
             newest = max(newest, stamp)
             if pid is None or value is None:
                 continue
@@ -664,61 +659,3 @@ class NvmlBackend:
             self._nvml.nvmlShutdown()
         except Exception as exc:
             log.warning("nvmlShutdown failed: %s", exc)
-
-
-def _number(value, low: float = float("-inf"), high: float = float("inf")) -> float | None:
-    """A finite reading within ``[low, high]``, else ``None``: a broken sensor's 0xFFFFFFFF is
-    "unknown", not a value the wire schema would refuse along with the node's whole sample."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value) if low <= value <= high else None
-
-
-def _percent(value) -> float | None:
-    number = _number(value)
-    return None if number is None else min(100.0, max(0.0, number))
-
-
-def _count(value, unit: int = 1, high: int = protocol.COUNTER_MAX) -> int | None:
-    """A non-negative integer reading in ``unit``s up to ``high``, or ``None`` (missing, NVML's
-    "not available", out of range)."""
-    number = _number(value)
-    if number is None or number < 0 or number >= 2**63:
-        return None
-    count = int(number) // unit
-    return count if count <= high else None
-
-
-def _profile_name(name) -> str | None:
-    """``b"MIG 1g.10gb"`` (the v2 profile info's name) -> ``"1g.10gb"``; ``None`` if it is not
-    one our wire schema takes (a newer spelling), so the caller builds one instead."""
-    if not name:
-        return None
-    text = _text(name).strip().lower()
-    text = text[len("mig "):] if text.startswith("mig ") else text
-    return text if _MIG_PROFILE_RE.match(text) else None
-
-
-def _built_profile(slices: int | None, memory_mib) -> str | None:
-    """``<slices>g.<GB>gb`` from a profile's slice count and memorySizeMB (MiB): NVML's names
-    round the memory up to whole GiB on A100 and H100 (9.5 GiB is ``1g.10gb``, 79.25 ``7g.80gb``).
-    Larger boards name theirs in other ways (H200's ``1g.18gb``), which is why the name wins."""
-    memory = _count(memory_mib)
-    if not slices or not memory:
-        return None
-    return f"{slices}g.{math.ceil(memory / 1024)}gb"
-
-
-def _bus_key(pci) -> tuple[int, int, int] | None:
-    """(domain, bus, device) of a PCI info struct; busId spellings differ in domain width."""
-    if pci is None:
-        return None
-    for field in ("busId", "busIdLegacy"):
-        text = getattr(pci, field, None)
-        match = _BUS_ID_RE.search(_text(text)) if text else None
-        if match:
-            return int(match.group(1), 16), int(match.group(2), 16), int(match.group(3), 16)
-    try:
-        return int(pci.domain), int(pci.bus), int(pci.device)
-    except (AttributeError, TypeError, ValueError):
-        return None

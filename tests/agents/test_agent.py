@@ -332,9 +332,9 @@ def test_a_resent_launch_after_its_reports_were_lost_is_answered_with_its_real_e
 
 
 def test_a_resent_launch_of_a_running_job_says_it_started(redis_url, redis_client, start_agent, monkeypatch):
-    from agents import agent as agent_module
+    from agents import command_intake
 
-    monkeypatch.setattr(agent_module, "REANSWER_AFTER_S", 0.5)  # (the control plane re-sends after 15 s)
+    monkeypatch.setattr(command_intake, "REANSWER_AFTER_S", 0.5)  # (the control plane re-sends after 15 s)
     start_agent(redis_url)
     cmd = launch(python(SLEEPER), job_id=79, command_id="launch-79-1")
     send(redis_client, "n1", cmd)
@@ -389,12 +389,12 @@ def test_a_launch_waits_until_an_earlier_attempt_still_running_here_is_stopped(r
 
 
 def test_the_exits_kept_on_disk_are_bounded_and_read_back_by_the_next_agent(tmp_path, monkeypatch):
-    from agents import agent as agent_module
+    from agents import agent as agent_module, recent_exits
     from agents.backends.simulated import SimulatedBackend
     from agents.accounts import RunAsPolicy
     from agents.runner import JobRunner
 
-    monkeypatch.setattr(agent_module, "RECENT_EXITS", 4)
+    monkeypatch.setattr(recent_exits, "RECENT_EXITS", 4)
 
     def new_agent():
         return agent_module.Agent("n1", SimulatedBackend("1xT4-16GB", "n1"), "redis://127.0.0.1:1/0",
@@ -404,7 +404,7 @@ def test_the_exits_kept_on_disk_are_bounded_and_read_back_by_the_next_agent(tmp_
     for job_id in range(1, 31):
         first._publish(protocol.JobExited(node="n1", job_id=job_id, exit_code=0, launch_id=f"launch-{job_id}-0",
                                           finished_at=time.time()))
-    kept = (tmp_path / "work" / agent_module.RECENT_EXITS_FILE).read_text().splitlines()
+    kept = (tmp_path / "work" / recent_exits.RECENT_EXITS_FILE).read_text().splitlines()
     assert len(kept) <= 2 * 4 + 1  # rewritten as it grows, never the whole history
     later = new_agent()
     later._load_recent_exits()

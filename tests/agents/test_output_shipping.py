@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from agents import protocol, runner, signing
-from agents.runner import read_output
+from agents import job_output, protocol, signing
+from agents.job_output import read_output
 
 from .helpers import launch, python, send, send_signed, stop, wait_for
 
@@ -73,4 +73,4 @@ def test_a_job_far_ahead_is_read_from_its_newest_output(tmp_path):
     path.write_bytes(os.urandom(10) + b"a" * 100_000)
     chunk = read_output(path, 0, b"", 1000, 4000)
     assert chunk.gap and chunk.offset == 100_010 - 1000 and chunk.data == b"a" * 1000
-    assert len(chunk.anchor) == runner.OUTPUT_ANCHOR_BYTES
+    assert len(chunk.anchor) == job_output.OUTPUT_ANCHOR_BYTES
