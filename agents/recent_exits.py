@@ -55,9 +55,12 @@ class RecentExits:
         return None
 
     def to_send_again(self, outbox) -> list[protocol.JobExited]:
-        """The exits sent in the last RECENT_EXITS_S seconds that are not waiting in ``outbox``."""
+        """The exits sent in the last RECENT_EXITS_S seconds that are not waiting in ``outbox``.
+        Never an "absent" answer: true when given, false once a re-sent launch of that attempt
+        ran here; replayed then, it read as the running attempt vanishing and ran the job twice
+        (the soak, issue 35). A lost answer costs nothing: the control plane asks again."""
         now = time.monotonic()
-        return [m for t, m in self._sent if now - t < RECENT_EXITS_S and m not in outbox]
+        return [m for t, m in self._sent if now - t < RECENT_EXITS_S and not m.absent and m not in outbox]
 
     def _keep(self, message: protocol.JobExited) -> None:
         try:

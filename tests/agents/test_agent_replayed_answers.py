@@ -4,15 +4,14 @@ Found by the soak (tests/e2e/test_soak.py, issue 35, seed 39): the control plane
 placed attempt whose launch had been trimmed from the node's stream, and the agent answered
 "absent" (true then). The re-sent launch ran. Redis was killed, and on reconnecting the agent
 sent its recent exits again (``Agent._connect``), that absent answer among them: ``_publish``
-keeps every JobExited in ``_recent_exits``, answers included. The control plane took it for the
-running attempt vanishing and ran the job a second time. The control plane now ignores an absent
-answer dated before the attempt's start (``jobs.services.lifecycle.finish``); the agent still
-replays it, which this test shows until ``agents/agent.py`` keeps answers out of what it re-sends.
+kept every JobExited in ``_recent_exits``, answers included. The control plane took it for the
+running attempt vanishing and ran the job a second time. Both sides now hold: the control plane
+ignores an absent answer dated before the attempt's start (``jobs.services.lifecycle.finish``),
+and the agent never re-sends an answer (``RecentExits.to_send_again``).
 """
 
 from __future__ import annotations
 
-import pytest
 import redis as redis_lib
 
 from agents import protocol
@@ -25,8 +24,6 @@ def exited(client, job_id):
     return [e for e in events(client, "job_exited") if e.job_id == job_id]
 
 
-@pytest.mark.xfail(strict=True, reason="agents/agent.py Agent._connect re-sends absent answers kept in _recent_exits "
-                                       "(issue 35 soak); the control plane ignores them when dated before the start")
 def test_an_absent_answer_given_before_the_launch_is_not_replayed_after_a_redis_restart(tmp_path, start_agent):
     with PrivateRedis(tmp_path / "redis") as server:
         client = redis_lib.Redis.from_url(server.url)
