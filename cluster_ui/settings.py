@@ -307,6 +307,12 @@ COLONY_IDLE_GPU_MINUTES = env_float("COLONY_IDLE_GPU_MINUTES", 30.0)
 COLONY_IDLE_GPU_UTIL_PERCENT = env_float("COLONY_IDLE_GPU_UTIL_PERCENT", 5.0)
 # How often tenants' idle-GPU policies are applied (jobs/services/idle_reclaim.py): steps are minutes apart.
 COLONY_IDLE_RECLAIM_INTERVAL_S = env_float("COLONY_IDLE_RECLAIM_INTERVAL_S", 60.0)
+# A job requeued for idling stays off the nodes it idled on this long (jobs/services/avoided_nodes.py).
+COLONY_IDLE_REQUEUE_AVOID_S = env_float("COLONY_IDLE_REQUEUE_AVOID_S", 900.0)
+# A launch that fails for its node's reason is tried on up to this many nodes, each then avoided
+# for COLONY_LAUNCH_AVOID_S (jobs/services/launch_failures.py).
+COLONY_LAUNCH_MAX_NODES = env_int("COLONY_LAUNCH_MAX_NODES", 3)
+COLONY_LAUNCH_AVOID_S = env_float("COLONY_LAUNCH_AVOID_S", 1800.0)
 COLONY_ROLLUP_RETENTION_10S_HOURS = env_float("COLONY_ROLLUP_RETENTION_10S_HOURS", 24.0)
 COLONY_ROLLUP_RETENTION_1M_DAYS = env_float("COLONY_ROLLUP_RETENTION_1M_DAYS", 30.0)
 # Bearer token Prometheus must send to /metrics; empty means /metrics is open (bind it privately).

@@ -18,7 +18,11 @@ The steps, each optional (a tenant with none set is never looked at), in this or
   memory stays allocated: the GPUs are not free, but their compute is, for packed work. A stopped
   process cannot show it is busy again, so a suspended job stays suspended until the ``requeue``
   step (which the policy then requires) or its owner cancels it;
-- ``requeue``: it is stopped (with its preemption notice) and put back in the queue.
+- ``requeue``: it is stopped (with its preemption notice) and put back in the queue, but only
+  while another pending job waits for GPUs it could use (:func:`someone_waits_for`): with nobody
+  waiting, a requeue only throws its work away. The requeued job then stays off the nodes it
+  idled on for ``COLONY_IDLE_REQUEUE_AVOID_S`` (15 min, :mod:`jobs.services.avoided_nodes`), so the
+  waiting job gets those GPUs instead of the idle one going straight back onto them.
 
 Each step is taken once per idle spell, recorded in the job's timeline with the figures, and
 told to its owner if they opted in to "idle". A job that becomes busy again starts a new spell.
@@ -32,16 +36,22 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from jobs.choices import JobEventKind, JobState, RunClass
 from jobs.models import Allocation, Job, JobEvent, Tenant
-from jobs.services import lifecycle
+from jobs.services import avoided_nodes, lifecycle
 from monitoring.choices import Resolution
 from monitoring.models import GpuRollup
+from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)
+
+# Pending jobs that wait for something other than GPUs: requeuing an idle job frees nothing for them.
+NOT_WAITING_FOR_GPUS = ("waiting_for_dependency", "array_limit", "user_limit", "at_max_gpus", "over_max_gpus",
+                        "invalid_request")
 
 # Rollups must cover this share of an idle spell (ingest lag, the bucket being written now).
 MIN_COVERAGE = 0.8
@@ -244,4 +254,23 @@ def _take(job: Job, step: Step, since: datetime, now: datetime, threshold: float
         return lifecycle.mark_opportunistic(job.pk, job.attempt, since, figures, now)
     if step.name == SUSPEND:
         return lifecycle.suspend_idle(job.pk, job.attempt, since, figures, now)
-    return lifecycle.requeue_idle(job.pk, job.attempt, figures, now, idle_minutes=minutes)
+    if not someone_waits_for(job, gpus):
+        return False  # nobody would get the GPUs: requeuing only loses the job's work (checked each beat)
+    nodes = set(Allocation.objects.filter(job_id=job.pk, attempt=job.attempt, released_at__isnull=True)
+                .values_list("gpu__node__name", flat=True))
+    if not lifecycle.requeue_idle(job.pk, job.attempt, figures, now, idle_minutes=minutes):
+        return False
+    # Off those nodes for a while, so the job waiting for the GPUs gets them: without it the idle
+    # job, often first in the queue, went straight back onto its GPU 0.4 s later, its work lost.
+    hold_s = settings.COLONY_IDLE_REQUEUE_AVOID_S
+    client = get_redis()
+    for node in nodes:
+        transaction.on_commit(lambda node=node: avoided_nodes.avoid(client, job.pk, node, hold_s))
+    return True
+
+
+def someone_waits_for(job: Job, gpus: int) -> bool:
+    """Whether another pending job could use what requeuing ``job`` frees: one waiting for GPUs
+    (not for a dependency or a limit of its own) that asks for no more than ``gpus`` of them."""
+    return (Job.objects.filter(state=JobState.PENDING, gpus__lte=max(gpus, 1)).exclude(pk=job.pk)
+            .exclude(wait__reason__code__in=NOT_WAITING_FOR_GPUS).exists())

@@ -12,8 +12,8 @@ The row (:class:`jobs.models.SchedulerLease`, one per name) holds ``holder`` (ho
 random token: never reused by a later process or thread), ``epoch`` and ``expires_at``. Every time
 is the database's (``Now()``), so scheduler hosts whose clocks drift cannot disagree about it.
 
-- :func:`acquire` takes the lease for one cycle when it is free (handed back, or expired) or
-  already ours. Passing to another holder adds one to the epoch; the same holder keeps its epoch.
+- :func:`acquire` takes the lease for a cycle when it is free (handed back, or expired) or
+  already ours (the leader renews the lease it kept since its last cycle). Passing to another holder adds one to the epoch; the same holder keeps its epoch.
   The row is read ``FOR UPDATE NOWAIT``: a holder inside a decision transaction holds that row, so
   a would-be leader skips this tick instead of queueing behind it.
 - :func:`fenced` opens the transaction a cycle writes its decisions in (``apply_decisions``'
@@ -29,9 +29,10 @@ is the database's (``Now()``), so scheduler hosts whose clocks drift cannot disa
   lease runs out, and the standby takes over on time. (A holder stopped while the server is still
   sending it a large result is not "idle"; PostgreSQL 17's ``transaction_timeout`` would cover
   that case too.)
-- :func:`release` hands the lease back at the end of a cycle, so that whichever scheduler process
-  the next tick reaches may run it (Celery gives a tick to any worker process); a holder that
-  never hands it back (stopped, killed, partitioned) loses it when it expires.
+- :func:`release` hands the lease back: at a warm shutdown, or after a cycle that failed. A cycle
+  that ends well keeps it (:mod:`jobs.services.scheduling_loop`), so the epoch moves only on a
+  real takeover, never because ticks reached two scheduler processes in turn. A holder that never
+  hands it back (stopped, killed, partitioned) loses it when it expires.
 
 - :class:`LeaseKeeper` renews the lease from a small daemon thread every third of the lease while
   a cycle holds it, so that a slow cycle (a cold one: snapshot and decide of a large backlog under
@@ -55,7 +56,8 @@ is the database's (``Now()``), so scheduler hosts whose clocks drift cannot disa
 
 Failover: a holder stopped mid-cycle is replaced at the first tick after its lease expires, at
 most ``COLONY_SCHEDULER_LOCK_LEASE`` (default 30 s) after it last renewed plus one tick
-(``COLONY_SCHEDULER_INTERVAL``); one stopped between cycles holds nothing and is not waited for.
+(``COLONY_SCHEDULER_INTERVAL``); one stopped between cycles is waited for as long (it keeps its
+lease between cycles), one shut down warm hands it back and is not waited for.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ class Lease:
     name: str
     holder: str
     epoch: int
-    # A holder whose lease expired without being handed back: it died, or is paused, mid-cycle.
+    # A holder whose lease expired without being handed back: it died, or is paused.
     took_over_from: str = ""
 
 

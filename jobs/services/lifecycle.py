@@ -47,7 +47,7 @@ from jobs.models import Allocation, Job, JobDependency, JobEvent, JobWait
 from jobs.scheduling import reasons
 from jobs.scheduling.decisions import Place
 from jobs.scheduling.reasons import PendingReason
-from jobs.services import waits
+from jobs.services import launch_failures, waits
 from jobs.services.bulk_rows import ids_in, insert_rows
 from jobs.services.commands import launch_commands, launch_id, publish_many, send_stop
 from jobs.services.launches import LAUNCH_FIELDS, LAUNCH_RELATED, launch_envs, launch_spec, master_hosts
@@ -274,6 +274,10 @@ def finish(job_id: int, exit: Exit) -> bool:
         # stopped: the stop was for an earlier attempt. (A lost launch is re-sent instead.)
         _ignored(job_id, exit.node, "absent-answer", "the current attempt is not being stopped")
         return False
+    if state in LIVE and launch_failures.is_start_failure(exit):
+        exit = launch_failures.retry_elsewhere(job_id, exit)  # a node-local cause: another node
+        if exit is None:
+            return True
     outcome = _outcome(job_id, exit)
     if state == JobState.PREEMPTING and not exit.requeue and _final_state(exit) == JobState.SUCCEEDED:
         # Exit 0 during its preemption notice: it finished its work (before the stop reached it,

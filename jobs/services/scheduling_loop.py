@@ -8,6 +8,15 @@ under a prefork pool the tick went to either child, the lease bounced between th
 each time, with no failover) and each child paid its own cold cycle. A second scheduler process
 (another host) is still a standby: it takes over through the lease when the first dies.
 
+The leader keeps its lease between cycles: a cycle that ends well leaves it held (its fenced
+apply has just renewed it for a whole lease) and the next tick renews it again, so the epoch
+moves only when another process takes the lease over, which it can do only once the leader
+stopped ticking for a whole lease (dead, stopped, partitioned) or handed it back (a warm shutdown,
+:func:`hand_back_on_shutdown`; a cycle that failed with an error). Handing it back after every
+cycle, as before, let the lease alternate between two scheduler processes, each handover a new
+epoch on ``colony_scheduler_leader_epoch`` with no failover behind it. The price: a leader that
+dies *between* cycles is now waited for (at most one lease) before a standby takes over.
+
 A cycle that outlives its lease: while a cycle holds the lease, a small thread renews it
 (:class:`leadership.LeaseKeeper`, every third of the lease). Sizing the lease from measured
 cycles instead would make failover as slow as the slowest cycle ever seen and still fail on the
@@ -35,13 +44,14 @@ import time
 from dataclasses import dataclass, field
 
 import redis
+from celery import signals
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, InternalError, OperationalError
 from django.utils import timezone
 
 from jobs.scheduling import Decisions, decide
 from jobs.scheduling.carry import Carry
-from jobs.services import leadership
+from jobs.services import avoided_nodes, leadership
 from jobs.services.apply import apply_decisions, resend_stops, resend_unstarted_launches
 from jobs.services.scheduler_config import scheduler_config
 from jobs.services.fair_share import advance_usage
@@ -132,6 +142,7 @@ def _cycle() -> CycleResult:
         return CycleResult(ran=False)
     started = time.perf_counter()
     lease = decisions = keeper = None
+    keep_lease = False
     try:
         lease = leadership.acquire(lease_s)
         if lease is None:
@@ -140,8 +151,8 @@ def _cycle() -> CycleResult:
                                         also=lambda: _extend(lock))
         keeper.start()
         if lease.took_over_from:
-            log.warning("scheduler lease taken over from %s, whose lease expired mid-cycle (epoch %d begins)",
-                        lease.took_over_from, lease.epoch)
+            log.warning("scheduler lease taken over from %s, whose lease expired without being handed back "
+                        "(it died or stopped; epoch %d begins)", lease.took_over_from, lease.epoch)
             _count(client, "takeovers")
         config = scheduler_config()
         clock = _StageClock()
@@ -151,7 +162,9 @@ def _cycle() -> CycleResult:
         snapshot = _snapshot(client)
         clock.lap("snapshot")
         keeper.check()
-        decisions = decide(snapshot, now=time.time(), config=config, carry=_carry)
+        now = time.time()
+        # (Jobs kept off a node for a while, a launch failed or an idle requeue there, are decided last.)
+        decisions = avoided_nodes.decide_avoiding(snapshot, now, config, _carry, client, decide=decide)
         clock.lap("decide")
         keeper.check()
         # Taken before applying: a slow cycle must not re-send the launches it has just sent.
@@ -163,6 +176,7 @@ def _cycle() -> CycleResult:
         resend_stops(client)
         clock.lap("resend")
         client.delete(BACKOFF_KEY + ":next")
+        keep_lease = True
     except leadership.Superseded as exc:
         return _refused(client, decisions, str(exc))
     except (OperationalError, InterfaceError, InternalError) as exc:
@@ -178,11 +192,10 @@ def _cycle() -> CycleResult:
     finally:
         if keeper is not None:
             keeper.stop()  # before the lease is handed back: no renewal after it
-        if lease is not None:
-            try:
-                leadership.release(lease)
-            except DatabaseError as exc:
-                log.warning("scheduler lease not handed back (%s); it expires in %ss", exc, lease_s)
+        if keep_lease:
+            _held.lease = lease  # renewed by the next tick; handed back only at a warm shutdown
+        elif lease is not None:
+            _hand_back(lease, lease_s)
         try:
             lock.release()
         except redis.exceptions.LockError:
@@ -193,6 +206,33 @@ def _cycle() -> CycleResult:
     if applied.placed or applied.preempted:
         log.info("scheduling cycle: %s", result)
     return result
+
+
+class _Held:
+    """The lease this process keeps between cycles, to hand back when it shuts down warm."""
+
+    lease: leadership.Lease | None = None
+
+
+_held = _Held()
+
+
+def _hand_back(lease: leadership.Lease, lease_s: float) -> None:
+    try:
+        leadership.release(lease)
+    except DatabaseError as exc:
+        log.warning("scheduler lease not handed back (%s); it expires in %ss", exc, lease_s)
+
+
+@signals.worker_shutdown.connect
+@signals.worker_process_shutdown.connect
+def hand_back_on_shutdown(**_kwargs) -> None:
+    """A scheduler stopped warm (a deploy, systemd stop) hands its lease back, so that a standby
+    takes over at its next tick instead of waiting for the lease to run out. (A process killed or
+    stopped cannot: its lease expires, and that is a takeover.)"""
+    lease, _held.lease = _held.lease, None
+    if lease is not None:
+        _hand_back(lease, settings.COLONY_SCHEDULER_LOCK_LEASE)
 
 
 def _extend(lock) -> None:

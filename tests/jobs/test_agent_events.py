@@ -66,7 +66,8 @@ def test_nonzero_exit_fails_with_its_code(placed_job, redis_client, live_redis):
 
 
 def test_launch_error_fails_the_job_with_the_reason(placed_job, redis_client, live_redis):
-    emit(redis_client, exited(placed_job, None, error="No such file or directory: 'pyhton'"))
+    # (One that may be the node's, a bare 'pyhton' on its PATH, is tried elsewhere: test_launch_failures.py.)
+    emit(redis_client, exited(placed_job, None, error="cannot start './pyhton': No such file or directory"))
     consume_events(redis_client)
     placed_job.refresh_from_db()
     assert placed_job.state == JobState.FAILED

@@ -108,6 +108,7 @@ def test_each_step_fires_at_its_time_and_once(idle_job, alice, redis_client, dja
     job.refresh_from_db()
     assert job.state == JobState.RUNNING and job.allocations.filter(released_at__isnull=True).count() == 2
 
+    JobFactory(gpus=2, tenant=job.tenant, owner=alice)  # someone waits for GPUs (test_idle_requeue_hold.py)
     for _ in range(2):
         taken = reclaim_at(django_capture_on_commit_callbacks, minutes(61))
     job.refresh_from_db()
@@ -163,6 +164,7 @@ def test_a_policy_less_tenant_and_other_tenants_jobs_are_untouched(idle_job, nlp
     # charlie's job in nlp (no policy) is as idle as alice's, on the other node.
     other = running_job(nlp, charlie, [cluster["v1/0"]], started_at=now - timedelta(minutes=150))
     fill([cluster["v1/0"]], now - timedelta(minutes=150), now, 0.0)
+    JobFactory(gpus=1, tenant=nlp, owner=charlie)  # someone waits for GPUs: the requeue step is taken
 
     taken = reclaim_at(django_capture_on_commit_callbacks, now)
     assert taken == dict.fromkeys(idle_reclaim.ORDER, 1)
@@ -249,6 +251,7 @@ def test_a_real_agent_suspends_then_requeues_the_idle_job(idle_job, redis_client
         wait_for(lambda: status(started.pid) == psutil.STATUS_STOPPED)
         assert runner.duty_cycle(job.pk) == 0.0
 
+        JobFactory(gpus=1, tenant=job.tenant)  # someone waits for GPUs: the requeue step is taken
         reclaim_at(django_capture_on_commit_callbacks, idle_from + timedelta(minutes=61))
         [exited] = wait_for(lambda: [e for e in events(redis_client, "job_exited") if e.job_id == job.pk], timeout=15)
         assert exited.stopped and exited.launch_id == f"launch-{job.pk}-1"

@@ -64,12 +64,12 @@ def in_another_process(work):
     return outcome.get("value")
 
 
-def test_first_cycle_takes_the_lease_at_epoch_one_and_hands_it_back(online_node):
+def test_first_cycle_takes_the_lease_at_epoch_one_and_keeps_it(online_node):
     job = JobFactory(gpus=1)
     assert run_scheduling_cycle().placed == 1
     lease = SchedulerLease.objects.get()
-    assert (lease.holder, lease.epoch, lease.released) == (leadership.holder_id(), 1, True)
-    assert lease.expires_at <= timezone.now()  # free for whichever process the next tick reaches
+    assert (lease.holder, lease.epoch, lease.released) == (leadership.holder_id(), 1, False)
+    assert lease.expires_at > timezone.now()  # kept for its next cycle (test_scheduler_leader_epoch.py)
     job.refresh_from_db()
     assert job.state == JobState.PLACED
 
@@ -146,7 +146,7 @@ def test_metrics_name_the_leader_and_its_epoch(client, online_node):
     families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").content.decode())}
     assert families["colony_scheduler_leader_epoch"].samples[0].value == 8
     (leader,) = families["colony_scheduler_leader"].samples
-    assert leader.labels == {"holder": leadership.holder_id()} and leader.value == 0  # handed back
+    assert leader.labels == {"holder": leadership.holder_id()} and leader.value == 1  # kept between cycles
     assert families["colony_scheduler_lease_takeovers"].samples[0].value == 1
     assert families["colony_scheduler_fenced_cycles"].samples[0].value == 0
 
