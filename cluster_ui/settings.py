@@ -175,7 +175,7 @@ COLONY_MAX_JSON_DEPTH = env_int("COLONY_MAX_JSON_DEPTH", 32)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "cluster_ui.api_tokens.ExpiringTokenAuthentication",  # tokens expire and can be revoked
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -313,6 +313,10 @@ COLONY_IDLE_REQUEUE_AVOID_S = env_float("COLONY_IDLE_REQUEUE_AVOID_S", 900.0)
 # for COLONY_LAUNCH_AVOID_S (jobs/services/launch_failures.py).
 COLONY_LAUNCH_MAX_NODES = env_int("COLONY_LAUNCH_MAX_NODES", 3)
 COLONY_LAUNCH_AVOID_S = env_float("COLONY_LAUNCH_AVOID_S", 1800.0)
+# API tokens last this many days unless made for fewer or more, never more than the maximum
+# (cluster_ui/api_tokens.py).
+COLONY_API_TOKEN_DAYS = env_int("COLONY_API_TOKEN_DAYS", 90)
+COLONY_API_TOKEN_MAX_DAYS = env_int("COLONY_API_TOKEN_MAX_DAYS", 365)
 COLONY_ROLLUP_RETENTION_10S_HOURS = env_float("COLONY_ROLLUP_RETENTION_10S_HOURS", 24.0)
 COLONY_ROLLUP_RETENTION_1M_DAYS = env_float("COLONY_ROLLUP_RETENTION_1M_DAYS", 30.0)
 # Bearer token Prometheus must send to /metrics; empty means /metrics is open (bind it privately).

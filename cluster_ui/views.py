@@ -14,8 +14,9 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from drf_spectacular.generators import SchemaGenerator
-from rest_framework.authtoken.models import Token
 
+from cluster_ui import api_tokens as tokens
+from cluster_ui.models import ApiToken
 from jobs.metrics import JobsCollector
 from monitoring.metrics import ClusterCollector, web_process_collectors
 
@@ -42,29 +43,33 @@ def overview(request):
 
 @login_required
 def api_tokens(request):
-    """Create (or replace) and revoke your own API token. DRF keeps one token per user; the key is
-    shown once, right after it is made."""
+    """Your API tokens: make one (a name, days until it expires), see each one's state, revoke
+    one. A new key is shown once, right after it is made (cluster_ui/api_tokens.py)."""
     new_key = None
     if request.method == "POST":
         action = request.POST.get("action")
         if action == "create":
-            Token.objects.filter(user=request.user).delete()
-            new_key = Token.objects.create(user=request.user).key
-            messages.success(request, "New API token created. Copy it now: it is not shown again.")
+            try:
+                days = int(request.POST.get("days") or tokens.default_days())
+                _token, new_key = tokens.issue(request.user, request.POST.get("name", "").strip(), days)
+                messages.success(request, "New API token created. Copy it now: it is not shown again.")
+            except (ValueError, tokens.TooLong) as exc:
+                messages.error(request, str(exc) if isinstance(exc, tokens.TooLong) else "Days must be a number.")
         elif action == "revoke":
-            deleted, _ = Token.objects.filter(user=request.user).delete()
-            messages.success(request, "API token revoked." if deleted else "You had no API token.")
+            token = ApiToken.objects.filter(user=request.user, pk=request.POST.get("token") or 0).first()
+            if token is not None and tokens.revoke(token, request.user):
+                messages.success(request, f"API token …{token.ending} revoked: it no longer works.")
             return redirect("api-tokens")
-    token = Token.objects.filter(user=request.user).first()
     return render(request, "cluster_ui/tokens.html", {
-        "token": token, "new_key": new_key,
+        "tokens": ApiToken.objects.filter(user=request.user), "new_key": new_key,
+        "default_days": tokens.default_days(), "max_days": tokens.max_days(),
         "api_url": request.build_absolute_uri("/"),
     })
 
 
 # Endpoints whose views carry no docstring (the schema's description comes from it).
 DOCS_FALLBACK = {
-    ("post", "/api/v1/auth/token/"): "Username and password in, your API token out.",
+    ("post", "/api/v1/auth/token/"): "Username and password in, a new API token out (it expires).",
     ("get", "/api/v1/jobs/"): "Jobs you may see (filters: ?state=pending,running, ?tenant=), paginated.",
     ("post", "/api/v1/jobs/"): "Submit a job (throttled per user).",
     ("get", "/api/v1/jobs/{id}/"): "One job: state, pending reason, allocations, exit code, output tail.",

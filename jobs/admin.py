@@ -6,6 +6,7 @@ from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, Subquery, Sum
 from django.utils.html import format_html
 
+from cluster_ui import audit
 from jobs.choices import TERMINAL_STATES, RunClass, JobState
 from jobs.models import Allocation, Job, JobProfile, JobPromise, Membership, QuotaChange, Tenant
 from jobs.services.submission import NotCancellable, NotRequeueable, cancel_job, requeue_job, submit_job
@@ -194,6 +195,7 @@ class JobAdmin(admin.ModelAdmin):
         for job in queryset:
             try:
                 cancel_job(job)
+                audit.jobs_cancelled(request.user, [job])
                 done += 1
             except NotCancellable as exc:
                 refused.append(str(exc))
@@ -257,10 +259,27 @@ class NodeWithJobsAdmin(NodeAdmin):
 
     actions = [*NodeAdmin.actions, "drain_now"]
 
+    # Each node action is written to the audit log (cluster_ui/audit.py; monitoring may not import it).
+    @admin.action(description="Cordon selected nodes (no new jobs)")
+    def cordon(self, request, queryset):
+        audit.nodes_changed(request.user, "node.cordon", queryset.filter(cordoned=False).values_list("name", flat=True))
+        super().cordon(request, queryset)
+
+    @admin.action(description="Uncordon selected nodes")
+    def uncordon(self, request, queryset):
+        audit.nodes_changed(request.user, "node.uncordon", queryset.filter(cordoned=True).values_list("name", flat=True))
+        super().uncordon(request, queryset)
+
+    @admin.action(description="Drain selected nodes (cordon; running jobs finish on their own)")
+    def drain(self, request, queryset):
+        audit.nodes_changed(request.user, "node.drain", queryset.values_list("name", flat=True))
+        super().drain(request, queryset)
+
     @admin.action(description="Drain now: cordon, and requeue the jobs running there (stopped, placed elsewhere)")
     def drain_now(self, request, queryset):
         names = list(queryset.values_list("name", flat=True))
         queryset.update(cordoned=True)
+        audit.nodes_changed(request.user, "node.drain_now", names)
         jobs = Job.objects.filter(
             allocations__gpu__node__name__in=names, allocations__released_at__isnull=True,
             state__in=(JobState.PLACED, JobState.RUNNING),

@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 from django.views.generic import DetailView, FormView, ListView, TemplateView
 
+from cluster_ui import audit
 from cluster_ui.api.pages import RestrictedPage, page
 from cluster_ui.api.throttles import SubmissionRateThrottle
 from jobs.services import roles
@@ -182,6 +183,7 @@ def cancel(request, pk: int, rows):
     except NotCancellable as exc:
         messages.error(request, f"Not cancelled: {exc}.")
     else:
+        audit.jobs_cancelled(request.user, [job])  # (only someone else's job is written)
         if job.state == JobState.CANCELLED:
             messages.success(request, f"Job #{job.pk} cancelled.")
         else:

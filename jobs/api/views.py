@@ -18,6 +18,7 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
 from agents import protocol
+from cluster_ui import audit
 from cluster_ui.api import tenancy
 from cluster_ui.api.errors import Conflict
 from jobs.api.queue import JOB_FILTER_PARAMETERS, job_filter_from
@@ -137,6 +138,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
             job = cancel_job(job)
         except NotCancellable as exc:
             raise Conflict(str(exc)) from exc
+        audit.jobs_cancelled(request.user, [job])  # (only someone else's job is written)
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
 
     @extend_schema(request=JobBulkCancelSerializer, responses={200: JobBulkCancelledSerializer},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cluster_ui import audit
 from jobs.services import lifecycle, roles
 from jobs.services.bulk_rows import ids_in
 
@@ -37,6 +38,8 @@ def cancel_jobs(user, visible, job_ids) -> Outcome:
         if job.pk not in allowed:
             skipped[job.pk] = roles.cancel_refused(job)
     done = lifecycle.begin_cancel_many(allowed) if allowed else lifecycle.CancelOutcome((), (), {})
+    ended = {*done.cancelled, *done.stopping}
+    audit.jobs_cancelled(user, [job for job in rows if job.pk in ended])  # (only others' jobs are written)
     for job_id, state in done.unchanged.items():
         skipped[job_id] = ("being cancelled already" if state == "CANCELLING"
                            else f"it has ended ({str(state).lower()})")

@@ -13,11 +13,12 @@ import re
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.urls import URLResolver, get_resolver
-from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.routers import APIRootView
 from rest_framework.test import APIRequestFactory, force_authenticate
 
 from cluster_ui.api import tenancy
+from cluster_ui.api.audit import AuditEventListView
+from cluster_ui.api.tokens import ObtainTokenView, TokenDetailView, TokenListView
 from jobs.api.code import CodeUploadView
 from jobs.api.notifications import MyNotificationSettingsView, SendTestView
 from jobs.choices import JobState
@@ -32,7 +33,9 @@ SECRET_ETA_ERROR = 31337.5  # shows in /eta-accuracy/ only to those who may see 
 MARKERS = (SECRET_NAME, str(SECRET_ETA_ERROR))
 
 # Views that read no other user's rows: the token exchange, the index, your own uploads and settings.
-OWN_THINGS_ONLY = {ObtainAuthToken, APIRootView, CodeUploadView, MyNotificationSettingsView, SendTestView}
+# (The tokens' views: your own, or any for an operator; the audit log: operators only.)
+OWN_THINGS_ONLY = {ObtainTokenView, TokenListView, TokenDetailView, AuditEventListView, APIRootView, CodeUploadView,
+                   MyNotificationSettingsView, SendTestView}
 
 
 def _walk(patterns, prefix=""):
