@@ -547,7 +547,8 @@ class JobBulkCreatedSerializer(serializers.Serializer):
 
 class JobBulkCancelSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     ids = serializers.ListField(
-        child=serializers.IntegerField(min_value=1), min_length=1, max_length=cancellation.MAX_JOBS,
+        child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),  # (a job id is a 64-bit integer)
+        min_length=1, max_length=cancellation.MAX_JOBS,
         help_text="The jobs to cancel, e.g. [41, 42].",
         error_messages={"min_length": "Name at least one job.",
                         "max_length": f"At most {cancellation.MAX_JOBS:,} jobs at once."})
