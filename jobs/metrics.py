@@ -8,7 +8,7 @@ from prometheus_client.registry import Collector
 from jobs.choices import JobState
 from jobs.models import Allocation, Job, Notification
 from jobs.services.lifecycle import IGNORED_REPORTS_KEY
-from jobs.services import leadership
+from jobs.services import launch_failures, leadership
 from jobs.services.scheduling_loop import BACKOFF_KEY, STAGES, STATS_KEY
 from jobs.services.notifications import ERRORS_KEY as NOTIFICATION_ERRORS_KEY
 from monitoring.models import Gpu
@@ -37,7 +37,8 @@ class JobsCollector(Collector):
         yield notifications
         yield from _leader_series()
         try:
-            ignored, unrecorded = (number(v or 0) or 0.0 for v in get_redis().mget(IGNORED_REPORTS_KEY, NOTIFICATION_ERRORS_KEY))
+            ignored, unrecorded = (number(v or 0) or 0.0
+                                   for v in get_redis().mget(IGNORED_REPORTS_KEY, NOTIFICATION_ERRORS_KEY))
         except redis.RedisError:
             return
         yield CounterMetricFamily("colony_lifecycle_ignored_reports", "Node reports about an attempt that is not "
@@ -46,9 +47,15 @@ class JobsCollector(Collector):
                                   "recorded or queued (logged; the job's change went ahead)", value=unrecorded)
         try:
             scheduler = list(_scheduler_series())
+            flagged = numbers(get_redis(), launch_failures.FLAGGED_KEY)
         except redis.RedisError:
             return
         yield from scheduler
+        failures = CounterMetricFamily("colony_node_launch_failures", "Launches that failed on the node for a "
+                                       "reason of its own (the job was tried on another node)", labels=["node"])
+        for node, count in sorted(flagged.items()):
+            failures.add_metric([node], count)
+        yield failures
 
 
 def _scheduler_series():

@@ -69,6 +69,10 @@ def fails_anywhere(error: str) -> bool:
     return "/" in program and not program.startswith("/")
 
 
+# Start failures blamed on each node, a Redis hash of counters read by /metrics.
+FLAGGED_KEY = "colony:launch_failures"
+
+
 def retry_elsewhere(job_id: int, exit):
     """Settle a start failure of ``job_id`` on ``exit.node``. None: the job went back to the
     queue, that node avoided. Else the exit to fail it with (its error lists the nodes tried)."""
@@ -80,6 +84,10 @@ def retry_elsewhere(job_id: int, exit):
     error = exit.error.strip()
     if fails_anywhere(error):
         return exit
+    # The node is flagged (colony_node_launch_failures_total, alert ColonyNodeLaunchFailures):
+    # jobs go elsewhere, but someone should see why this one refuses them.
+    node = exit.node
+    transaction.on_commit(lambda: get_redis().hincrby(FLAGGED_KEY, node, 1))
     if len(tried) + 1 >= settings.COLONY_LAUNCH_MAX_NODES:
         earlier = "; ".join(message[len(RETRY_WORDS):].split(". Trying")[0] for message in tried)
         summary = f"could not start on {len(tried) + 1} nodes: {earlier}; {exit.node}: {error}" if tried else error

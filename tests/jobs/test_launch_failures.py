@@ -63,6 +63,23 @@ def test_a_node_local_start_failure_is_tried_on_other_nodes_then_fails_with_ever
     assert JobEvent.objects.filter(job=job, kind=JobEventKind.REQUEUED).count() == 2
 
 
+def test_a_node_that_refuses_launches_is_flagged_in_metrics(
+        four_nodes, redis_client, django_capture_on_commit_callbacks, client, settings):
+    """Jobs go elsewhere, so nothing else would show that one node keeps refusing them."""
+    settings.COLONY_METRICS_TOKEN = ""
+    job = JobFactory(gpus=1)
+    cycle(django_capture_on_commit_callbacks)
+    node = placed_on(job)
+    start_fails(redis_client, django_capture_on_commit_callbacks, job, node, "cannot start 'python': No such file")
+    other = JobFactory(gpus=1)
+    cycle(django_capture_on_commit_callbacks)
+    start_fails(redis_client, django_capture_on_commit_callbacks, other, placed_on(other),
+                "cannot start './train.sh': No such file or directory")  # (the job's fault, not the node's)
+    exported = client.get("/metrics").content.decode()
+    flagged = [line for line in exported.splitlines() if line.startswith("colony_node_launch_failures_total{")]
+    assert flagged == [f'colony_node_launch_failures_total{{node="{node}"}} 1.0']
+
+
 def test_a_start_failure_that_would_happen_anywhere_fails_at_once(
         four_nodes, redis_client, django_capture_on_commit_callbacks):
     job = JobFactory(gpus=1)

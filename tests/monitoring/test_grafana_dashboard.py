@@ -83,7 +83,7 @@ def populate_cluster(redis_client) -> None:
     report, a fan-in, a dead letter and notifications in each state."""
     from jobs.choices import JobState
     from jobs.models import Notification
-    from jobs.services import lifecycle, notifications
+    from jobs.services import launch_failures, lifecycle, notifications
     from monitoring.choices import NodeHealth
     from monitoring.services import fanin
     from monitoring.services.ingest import Ingestor
@@ -117,6 +117,7 @@ def populate_cluster(redis_client) -> None:
     fanin.fan_in(redis_client, "events")
     redis_client.incr(protocol.DEAD_LETTER_COUNT_KEY)
     redis_client.incr(lifecycle.IGNORED_REPORTS_KEY)
+    redis_client.hincrby(launch_failures.FLAGGED_KEY, "n1", 1)
     redis_client.incr(notifications.ERRORS_KEY)
     for n, state in enumerate(Notification.State.values):
         Notification.objects.create(user=running.owner, job=running, event="failed", channel="email", state=state,
@@ -228,7 +229,8 @@ def test_metrics_show_ingest_age_per_node_and_every_alert_kind(client, db, live_
     assert before <= families["colony_ingest_last_batch_timestamp_seconds"].samples[0].value <= time.time()
     newest = {s.labels["node"]: s.value for s in families["colony_node_last_sample_timestamp_seconds"].samples}
     assert list(newest) == ["n1"] and before - 1 <= newest["n1"] <= time.time()
-    assert families["colony_ingest_lag_max_seconds"].samples[0].value >= families["colony_ingest_lag_seconds"].samples[0].value
+    assert (families["colony_ingest_lag_max_seconds"].samples[0].value
+            >= families["colony_ingest_lag_seconds"].samples[0].value)
     open_alerts = {s.labels["kind"]: s.value for s in families["colony_alerts_open"].samples}
     assert open_alerts == {"idle_gpu": 0, "xid": 1, "thermal": 2, "memory_over_request": 0, "node_lost": 0}
 
