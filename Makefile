@@ -26,6 +26,7 @@ $(CHROMIUM):
 	@(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 		|| echo "!! could not install chromium: browser tests will be skipped"
 
+# `ruff check` runs first ([tool.ruff] in pyproject.toml); no test starts while it finds a problem.
 # Uses PostgreSQL when one answers on 127.0.0.1:5432 (as CI does), SQLite otherwise; the tests
 # start their own private Redis either way. Two passes: the unit and integration tests on three
 # xdist workers, then the end-to-end tests (real worker, agent, Redis and web processes) on two,
@@ -47,7 +48,8 @@ $(CHROMIUM):
 XDIST ?= -n 3 --dist loadfile --no-loadscope-reorder
 E2E_XDIST ?= -n 2 --dist loadfile
 test: $(STAMP) | $(CHROMIUM)
-	@unset PYTHONDONTWRITEBYTECODE; [ -n "$$DATABASE_URL" ] || unset DATABASE_URL; \
+	@$(BIN)/ruff check . || exit 1; \
+	unset PYTHONDONTWRITEBYTECODE; [ -n "$$DATABASE_URL" ] || unset DATABASE_URL; \
 	if [ -z "$$DATABASE_URL" ] && $(BIN)/python -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null; then \
 		export DATABASE_URL=postgres://postgres@127.0.0.1:5432/colony; echo "Testing on PostgreSQL (127.0.0.1:5432)"; \
 	else echo "Testing on $${DATABASE_URL:-SQLite}"; fi; \

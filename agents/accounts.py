@@ -120,7 +120,8 @@ def parse_account_map(text: str, source: str = "account map") -> dict[str, str]:
             raise ValueError(f"{source}, line {number}: expected COLONY_USER POSIX_ACCOUNT, got {line.strip()!r}")
         user, account = fields
         if mapping.get(user, account) != account:
-            raise ValueError(f"{source}, line {number}: user {user!r} is mapped twice ({mapping[user]!r} and {account!r})")
+            raise ValueError(f"{source}, line {number}: user {user!r} is mapped twice "
+                             f"({mapping[user]!r} and {account!r})")
         mapping[user] = account
     return mapping
 
@@ -200,7 +201,8 @@ class RunAsPolicy:
         for user, spec in (user_map or {}).items():
             name = spec.partition(":")[0]
             if name == "root" or name == "0":
-                raise ValueError(f"--account-map: user {user!r} is mapped to root; jobs never run as root through the map")
+                raise ValueError(f"--account-map: user {user!r} is mapped to root; "
+                                 "jobs never run as root through the map")
         specs = {None: run_as} if run_as else {}
         specs.update(tenant_accounts or {})
         accounts: dict[str | None, Account] = {}

@@ -302,13 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse a signed command issued longer ago than this (default 300); keep node clocks in sync",
     )
     parser.add_argument("--workdir", type=Path, help="job directories and logs (default var/agent/<node>)")
-    offered = parser.add_argument_group("CPU and host memory offered to jobs (the scheduler never places more requested there)")
+    offered = parser.add_argument_group(
+        "CPU and host memory offered to jobs (the scheduler never places more requested there)")
     offered.add_argument("--cpus", type=_positive_float, metavar="N",
                          help="CPU cores to offer (default: the cores this agent may run on, less --reserve-cpus)")
     offered.add_argument("--reserve-cpus", type=_non_negative_float, default=1.0, metavar="N",
                          help="cores kept for the system when --cpus is not given (default 1)")
     offered.add_argument("--host-memory", type=_size_mib, metavar="SIZE",
-                         help="host memory to offer, with its unit, e.g. 480GiB (default: MemTotal less --reserve-host-memory)")
+                         help="host memory to offer, with its unit, e.g. 480GiB "
+                              "(default: MemTotal less --reserve-host-memory)")
     offered.add_argument("--reserve-host-memory", type=_size_mib, default=4096, metavar="SIZE",
                          help="memory kept for the system when --host-memory is not given (default 4GiB)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -608,7 +610,8 @@ def main(argv: list[str] | None = None) -> int:
     for warning in missing:
         log.warning("%s", warning)
     if not non_dumpable and sys.platform.startswith("linux"):
-        log.warning("could not make the agent non-dumpable (prctl failed): jobs under its account could read its memory")
+        log.warning("could not make the agent non-dumpable (prctl failed): "
+                    "jobs under its account could read its memory")
     for warning in (args.key_warning, args.redis_warning):
         if warning:
             log.warning("%s", warning)

@@ -475,7 +475,8 @@ class LaunchJob(_Command):
     attempt: int | None = Field(default=None, ge=0, le=MAX_ATTEMPT)
     workdir: str | None = Field(default=None, pattern=_NODE_PATH)
     code: CodeRef | None = None
-    image: str | None = Field(default=None, pattern=r"^(?:[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}|/[A-Za-z0-9._/+-]{1,254})$")
+    image: str | None = Field(default=None,
+                              pattern=r"^(?:[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}|/[A-Za-z0-9._/+-]{1,254})$")
     venv: str | None = Field(default=None, pattern=_NODE_PATH)
     conda: str | None = Field(default=None, pattern=_NODE_PATH)
     # Sent at a stop or preemption; SIGKILL follows after the grace (``stop_grace_s``, or for a

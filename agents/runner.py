@@ -546,7 +546,8 @@ class JobRunner:
             if record is None or record.get("launch_id") == launch_id:
                 remove_records(job_dir)
 
-    def stop_all(self, grace_seconds: float, give_up_after: float = 10.0, *, requeue: bool = False) -> list[FinishedJob]:
+    def stop_all(self, grace_seconds: float, give_up_after: float = 10.0, *,
+                 requeue: bool = False) -> list[FinishedJob]:
         """Stop every job and wait until all have exited (SIGKILL after the grace).
 
         Returns their exits. Gives up ``give_up_after`` seconds past the grace on processes that

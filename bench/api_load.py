@@ -3,8 +3,9 @@
     python bench/api_load.py --queued 10000 --users 50 --burst 1000
 
 Fills a throw-away database (PostgreSQL when one answers: ``$COLONY_BENCH_DB``, else
-``colony_bench_api_<pid>``, dropped at exit, so that it can run beside other benches) with ``--queued`` pending jobs across tenants, then, through Django's test
-client (the full middleware, auth and DRF stack, no network):
+``colony_bench_api_<pid>``, dropped at exit, so that it can run beside other benches) with
+``--queued`` pending jobs across tenants, then, through Django's test client (the full
+middleware, auth and DRF stack, no network):
 
 1. the jobs list API (first and a deep page), the queue API, the queue page: p50/p95;
 2. single submissions (``POST /api/v1/jobs/``) against the baseline, a plain DRF ``CreateAPIView``

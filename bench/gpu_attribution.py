@@ -134,7 +134,8 @@ class Streams:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gib", type=float, action="append", help="GiB each job holds (repeat per job; default 6 and 12)")
+    parser.add_argument("--gib", type=float, action="append",
+                        help="GiB each job holds (repeat per job; default 6 and 12)")
     parser.add_argument("--stranger-gib", type=float, default=3.0, help="GiB a process the agent did not launch holds")
     parser.add_argument("--seconds", type=float, default=25.0, help="how long each job runs")
     parser.add_argument("--tolerance", type=float, default=0.05, help="largest relative error accepted")
@@ -222,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                 utils = [j.util_sm for s in recent for j in s.jobs if j.job_id == job_id and j.util_sm is not None]
                 agent_mib = statistics.median(reported) if reported else 0
                 errors = {name: relative_error(agent_mib, truth)
-                          for name, truth in (("vs_nvidia_smi", smi.get(own["pid"])), ("vs_own", own["process_mib_nvml"]))}
+                          for name, truth in (("vs_nvidia_smi", smi.get(own["pid"])),
+                                              ("vs_own", own["process_mib_nvml"]))}
                 ok &= all(e <= args.tolerance for e in errors.values())
                 rows.append({"job": job_id, "pid": own["pid"], "requested_gib": sizes[job_id - 1],
                              "torch_reserved_mib": round(own["reserved_mib"]),

@@ -413,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table([solo_opp, solo_guar, *steps], solo_o, solo_g))
     ok, lines = verdict(steps, solo_o, solo_g, tolerance=args.tolerance, guaranteed_target=args.guaranteed_target,
-                        slowdown_margin=args.slowdown_margin, saturated_utilisation=SchedulerConfig().saturated_utilisation,
+                        slowdown_margin=args.slowdown_margin,
+                        saturated_utilisation=SchedulerConfig().saturated_utilisation,
                         solo_guaranteed_util=solo_guar.guaranteed_util)
     print("\n".join(lines))
     print(f"bench: {time.monotonic() - wall:.0f} s wall, {own_cpu_seconds() - cpu:.1f} s CPU (this process)")

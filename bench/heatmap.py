@@ -190,7 +190,8 @@ def main() -> None:
     print(f"  warmer (beat, every 60 s): {sum(c for _, _, c in busy) / blocks * 1000:.1f} ms CPU (all processes) "
           f"and {sum(w for _, w, _ in busy) / blocks * 1000:.1f} ms wall per block computed (means) "
           f"({statistics.median(n for n, _, _ in busy):.0f} blocks a run at most); a run with nothing to compute "
-          f"{statistics.median(c for _, c in idle) * 1000:.0f} ms CPU, {statistics.median(w for w, _ in idle) * 1000:.0f} ms wall")
+          f"{statistics.median(c for _, c in idle) * 1000:.0f} ms CPU, "
+          f"{statistics.median(w for w, _ in idle) * 1000:.0f} ms wall")
     print(f"  GET occupancy (6h)       : median {ms(occ):.0f} ms, {tail(occ)}; {cpu_text('occupancy')}")
     cpu_total = lambda series: sum(cpu_mean(series))  # noqa: E731
     print(f"  baseline: count rows SQL : median {ms(base):.0f} ms; {cpu_text('floor')}  -> heatmap = "

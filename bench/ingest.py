@@ -246,7 +246,8 @@ class Resources:
             producer_rss = self.producer.memory_info().rss
         except Exception:  # the producer has finished
             producer_rss = 0
-        self.rows.append({"t": now, "reader_mib": self.me.memory_info().rss / 2**20, "producer_mib": producer_rss / 2**20,
+        self.rows.append({"t": now, "reader_mib": self.me.memory_info().rss / 2**20,
+                          "producer_mib": producer_rss / 2**20,
                           "redis_mib": self.client.info("memory")["used_memory"] / 2**20,
                           "stream_len": self.client.xlen(protocol.METRICS_STREAM),
                           "rate": (samples_total - self._samples) / (now - self._next + self.every)})
@@ -369,7 +370,8 @@ def main() -> None:
     print(f"  CPU while measured      : wall {spent['wall']:.1f} s; reader {spent['reader']:.2f} s "
           f"({spent['reader'] / spent['wall']:.2f} core), PostgreSQL backend {spent['pg']:.2f} s, "
           f"Redis {spent['redis']:.2f} s")
-    print(f"  CPU per node sample     : reader {spent['reader'] / per * 1e6:.0f} us, PostgreSQL {spent['pg'] / per * 1e6:.0f} us,"
+    print(f"  CPU per node sample     : reader {spent['reader'] / per * 1e6:.0f} us, "
+          f"PostgreSQL {spent['pg'] / per * 1e6:.0f} us,"
           f" Redis {spent['redis'] / per * 1e6:.0f} us (with the producer's writes)  (reader / baseline reader = "
           f"{spent['reader'] / per * 1e6 / base_us['reader']:.2f}x)")
     print(f"  batch time              : median {statistics.median(batch_seconds) * 1000:.0f} ms over "
@@ -381,7 +383,8 @@ def main() -> None:
           f"(wall {drained['wall']:.1f} s for {args.backlog:,})")
     print(f"  baseline: read, decode, verify, ack; reader's decoder, no database: {baseline:,.0f} node samples/s, "
           f"CPU per sample {base_us['all']:.0f} us (reader {base_us['reader']:.0f} + Redis {base_us['redis']:.0f}); "
-          f"capacity / baseline = {capacity / baseline:.2f}x by rate, CPU per sample {drained_us['all'] / base_us['all']:.1f}x "
+          f"capacity / baseline = {capacity / baseline:.2f}x by rate, "
+          f"CPU per sample {drained_us['all'] / base_us['all']:.1f}x "
           f"(all processes), {drained_us['reader'] / base_us['reader']:.1f}x (reader)")
     print(f"  not a baseline: same with pydantic (agents.protocol.decode_sample, not the reader's decoder): "
           f"{pydantic:,.0f} node samples/s, CPU per sample {pydantic_us['all']:.0f} us (reader "

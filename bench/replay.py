@@ -81,7 +81,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=["fgd", "philly", "all"], default="all")
     parser.add_argument("--seeds", type=int, default=1, help="seeds per comparison (FGD's protocol uses 10)")
-    parser.add_argument("--pods", default="default", help="fgd: comma-separated pod lists (default, gpushare40, multigpu50)")
+    parser.add_argument("--pods", default="default",
+                        help="fgd: comma-separated pod lists (default, gpushare40, multigpu50)")
     parser.add_argument("--windows", default=",".join(QUICK_WINDOWS),
                         help=f"philly: comma-separated first days, or 'all' ({', '.join(PHILLY_WINDOWS)})")
     parser.add_argument("--interference", default=f"0,{DEFAULT_INTERFERENCE}",

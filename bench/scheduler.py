@@ -4,8 +4,9 @@
 
 Builds a seeded random cluster (1,024 nodes x 8 GPUs in 32 racks, three GPU models, 100 tenants
 with guarantees, ceilings, weights and decayed usage, 10,000 running jobs packed on ~90% of the
-GPUs with live utilisation, held mostly by tenants other than those owed the capacity, 50,000 pending jobs of mixed shapes: gangs up to 32 GPUs, fractions,
-recorded profiles, model constraints, runtimes), runs ``decide()`` several times and prints the
+GPUs with live utilisation, held mostly by tenants other than those owed the capacity, 50,000
+pending jobs of mixed shapes: gangs up to 32 GPUs, fractions, recorded profiles, model
+constraints, runtimes), runs ``decide()`` several times and prints the
 median cycle time and placements per second, the same with the carry a previous cycle on the
 same queue left (as the scheduling loop runs it), then the baselines on the same snapshot.
 ``--steady``: the cycle a full cluster repeats (a few hundred placements, into what its victims
@@ -265,8 +266,10 @@ def main(argv: list[str] | None = None) -> None:
     decide(snapshot, NOW, carry=carry)
     median, best, carried = measure(lambda s, now: decide(s, now, carry=carry), snapshot, args.repeat)
     assert carried == rows[0][2], "a carry must not change a decision"
-    print(f"{'fair_share, carried':24s} median {median * 1000:7.1f} ms  (min {best * 1000:6.1f} ms, {args.repeat} runs)  "
-          f"x{median / rows[0][1]:.2f} of fair_share without: the queue step reuses last cycle's sorted queues and shapes")
+    print(f"{'fair_share, carried':24s} median {median * 1000:7.1f} ms  "
+          f"(min {best * 1000:6.1f} ms, {args.repeat} runs)  "
+          f"x{median / rows[0][1]:.2f} of fair_share without: "
+          "the queue step reuses last cycle's sorted queues and shapes")
     fair, fifo = rows[0], rows[1]
     print(f"fair_share / fifo_exclusive: cycle time x{fair[1] / fifo[1]:.2f}, "
           f"placements x{len(fair[2].placements) / max(1, len(fifo[2].placements)):.2f}")

@@ -30,7 +30,8 @@ same process right after each cycle of that kind, is the pure core, ``decide()``
 the loop's carry) on the very snapshot, ``now`` and config that cycle decided on: first cycle vs
 the room snapshot's decide, steady vs steady, churn vs churn. The ratios say what the database,
 Redis and the rest of the loop cost beyond deciding afresh.
-Rows updated in ``jobs_job``, verdict rows written (``JobWait``) and queries per cycle are counted too. Prints figures, asserts nothing.
+Rows updated in ``jobs_job``, verdict rows written (``JobWait``) and queries per cycle are counted
+too. Prints figures, asserts nothing.
 """
 
 from __future__ import annotations
@@ -512,7 +513,8 @@ def main() -> None:
             agents_start_placed()
             print(f"--- profile of one {label} cycle (own time)")
             stats = pstats.Stats(profiler)
-            stats.sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(int(os.environ.get("PROFILE_LINES", "25")))
+            stats.sort_stats(os.environ.get("PROFILE_SORT", "tottime"))
+            stats.print_stats(int(os.environ.get("PROFILE_LINES", "25")))
     redis_server.stop()
 
 

@@ -333,7 +333,8 @@ if COLONY_AGENT_AUTH not in ("required", "off"):
     raise ImproperlyConfigured(f"COLONY_AGENT_AUTH={COLONY_AGENT_AUTH!r}: use 'required' or 'off'")
 if COLONY_AGENT_AUTH == "required" and len(COLONY_AGENT_SECRET) < 16:
     raise ImproperlyConfigured("COLONY_AGENT_AUTH=required needs COLONY_AGENT_SECRET (or COLONY_AGENT_SECRET_FILE) "
-                               "of at least 16 characters, e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`")
+                               "of at least 16 characters, "
+                               "e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`")
 
 CELERY_BEAT_SCHEDULE.update({
     "node-health": {
@@ -398,7 +399,8 @@ _group_map_text = env_secret("COLONY_OIDC_GROUP_MAP", "") or ""
 COLONY_OIDC_GROUP_MAP = parse_group_map(_group_map_text)
 COLONY_OIDC_ENABLED = oidc_enabled(
     COLONY_OIDC_ISSUER, COLONY_OIDC_CLIENT_ID=OIDC_RP_CLIENT_ID, COLONY_OIDC_CLIENT_SECRET_FILE=OIDC_RP_CLIENT_SECRET,
-    COLONY_OIDC_AUTHORIZATION_ENDPOINT=OIDC_OP_AUTHORIZATION_ENDPOINT, COLONY_OIDC_TOKEN_ENDPOINT=OIDC_OP_TOKEN_ENDPOINT,
+    COLONY_OIDC_AUTHORIZATION_ENDPOINT=OIDC_OP_AUTHORIZATION_ENDPOINT,
+    COLONY_OIDC_TOKEN_ENDPOINT=OIDC_OP_TOKEN_ENDPOINT,
     COLONY_OIDC_USERINFO_ENDPOINT=OIDC_OP_USER_ENDPOINT, COLONY_OIDC_JWKS_ENDPOINT=OIDC_OP_JWKS_ENDPOINT,
     COLONY_OIDC_GROUP_MAP=_group_map_text.strip(),
 )

@@ -267,7 +267,8 @@ class NodeWithJobsAdmin(NodeAdmin):
 
     @admin.action(description="Uncordon selected nodes")
     def uncordon(self, request, queryset):
-        audit.nodes_changed(request.user, "node.uncordon", queryset.filter(cordoned=True).values_list("name", flat=True))
+        audit.nodes_changed(request.user, "node.uncordon",
+                            queryset.filter(cordoned=True).values_list("name", flat=True))
         super().uncordon(request, queryset)
 
     @admin.action(description="Drain selected nodes (cordon; running jobs finish on their own)")

@@ -34,7 +34,8 @@ RUN_AS = [
     ("opportunistic", "Spare capacity only (preemptible)"),
 ]
 # Serializer field -> form field, where the form asks in friendlier units.
-FIELD_OF = {"gpu_memory_mib": "gpu_memory", "host_memory_mib": "host_memory", "max_runtime_s": "max_runtime", "opportunistic_only": "run_as",
+FIELD_OF = {"gpu_memory_mib": "gpu_memory", "host_memory_mib": "host_memory", "max_runtime_s": "max_runtime",
+            "opportunistic_only": "run_as",
             "preempt_grace_s": "preempt_grace", "code": "code_archive", "archive": "code_archive"}
 STOP_SIGNALS = [(name, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")]
 
@@ -133,7 +134,8 @@ class SubmitForm(forms.Form):
                                      "spellcheck": "false"}),
         help_text="One NAME=VALUE a line, as colony submit --env takes them.")
     image = forms.CharField(required=False, max_length=255, label="Container image",
-                            widget=forms.TextInput(attrs={"placeholder": "pytorch/pytorch:2.4.0-cuda12.1", "class": "mono"}))
+                            widget=forms.TextInput(attrs={"placeholder": "pytorch/pytorch:2.4.0-cuda12.1",
+                                                          "class": "mono"}))
     venv = forms.CharField(required=False, max_length=1024, label="Virtualenv",
                            widget=forms.TextInput(attrs={"placeholder": "/shared/venvs/torch", "class": "mono"}))
     conda = forms.CharField(required=False, max_length=1024, label="Conda env",
@@ -245,7 +247,8 @@ class SubmitForm(forms.Form):
             return  # the serializer says what is wrong with the tenant
         tenant = candidates[0]
         if upload.size > code.MAX_BYTES:
-            self.add_error("code_archive", f"The archive has {upload.size} bytes; the most is {code.MAX_BYTES >> 20} MiB.")
+            self.add_error("code_archive",
+                           f"The archive has {upload.size} bytes; the most is {code.MAX_BYTES >> 20} MiB.")
             return
         try:
             archive, _ = code.store(tenant, self.request.user, upload.read())

@@ -58,7 +58,8 @@ class Tenant(models.Model):
     class Meta:
         ordering = ["slug"]
         constraints = [
-            models.CheckConstraint(condition=Q(max_gpus__gte=F("guaranteed_gpus")), name="tenant_max_at_least_guaranteed"),
+            models.CheckConstraint(condition=Q(max_gpus__gte=F("guaranteed_gpus")),
+                                   name="tenant_max_at_least_guaranteed"),
             models.CheckConstraint(condition=Q(weight__gt=0), name="tenant_weight_positive"),
         ]
 
@@ -89,10 +90,10 @@ class Membership(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=20, choices=Role.choices, default=Role.RESEARCHER)
     # Set by a lead of the tenant (or an operator): what this member may hold at once here.
-    max_gpus = models.PositiveIntegerField(null=True, blank=True,
-                                           help_text="Most GPUs this member's jobs hold at once in the tenant; empty: no limit.")
-    max_running_jobs = models.PositiveIntegerField(null=True, blank=True,
-                                                   help_text="Most jobs of this member running at once; empty: no limit.")
+    max_gpus = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Most GPUs this member's jobs hold at once in the tenant; empty: no limit.")
+    max_running_jobs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Most jobs of this member running at once; empty: no limit.")
 
     objects = MembershipQuerySet.as_manager()
 
@@ -163,7 +164,8 @@ class Job(models.Model):
     gpus = models.PositiveSmallIntegerField()
     gpu_memory_mib = models.PositiveIntegerField(null=True, blank=True, help_text="Memory needed per GPU.")
     # Of the node(s), for the whole job; a gang spread over nodes takes them in proportion to its GPUs.
-    cpu_milli = models.PositiveIntegerField(default=0, help_text="CPU needed, in thousandths of a core (0: none asked).")
+    cpu_milli = models.PositiveIntegerField(default=0,
+                                            help_text="CPU needed, in thousandths of a core (0: none asked).")
     host_memory_mib = models.PositiveIntegerField(default=0, help_text="Host memory needed, in MiB (0: none asked).")
     gpu_milli = models.PositiveSmallIntegerField(
         default=1000, validators=[MinValueValidator(1), MaxValueValidator(1000)],
@@ -174,7 +176,8 @@ class Job(models.Model):
     mig_profile = models.CharField(max_length=32, null=True, blank=True,
                                    validators=[RegexValidator(protocol.MIG_PROFILE_RE,
                                                               "Not a MIG profile, e.g. 1g.10gb.")],
-                                   help_text="MIG instance profile to run on, e.g. 1g.10gb; empty: a whole GPU or a share.")
+                                   help_text="MIG instance profile to run on, e.g. 1g.10gb; "
+                                             "empty: a whole GPU or a share.")
     # May share a GPU that fences nothing ("unfenced") with other jobs; None: its tenant's setting.
     accepts_unfenced = models.BooleanField(
         null=True, blank=True,
@@ -197,7 +200,8 @@ class Job(models.Model):
     preempt_grace_s = models.PositiveIntegerField(null=True, blank=True,
                                                   help_text="Seconds between the preemption notice and SIGKILL.")
     stop_signal = models.CharField(max_length=8, default="SIGTERM",
-                                   choices=[(name, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")],
+                                   choices=[(name, name)
+                                            for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")],
                                    help_text="Sent first when it is stopped or preempted; SIGKILL after the grace.")
     checkpoints = models.BooleanField(default=False,
                                       help_text="Saves its state when told to stop: preferred as a preemption victim.")
@@ -407,7 +411,8 @@ class NotificationSettings(models.Model):
 
     EVENTS = ("succeeded", "failed", "preempted", "long_wait")
 
-    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_settings")
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="notification_settings")
     email = models.BooleanField(default=False, help_text="Mail the user's address.")
     webhook_url = models.URLField(max_length=500, blank=True, help_text="Slack-compatible incoming webhook.")
     events = models.JSONField(default=list, blank=True, help_text="Any of succeeded, failed, preempted, long_wait.")

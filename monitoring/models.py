@@ -22,12 +22,13 @@ class Node(models.Model):
     cordoned = models.BooleanField(default=False, help_text="Cordoned nodes get no new jobs.")
     rack = models.CharField(max_length=63, blank=True, help_text="Placement prefers gangs within one rack.")
     topology = models.JSONField(default=list, blank=True, help_text="GPU-to-GPU links as the agent reported them.")
-    runtimes = models.JSONField(default=list, blank=True,
-                                help_text="Container runtimes the agent runs image jobs with (docker, podman, apptainer).")
-    cpu_milli = models.PositiveIntegerField(null=True, blank=True,
-                                            help_text="CPU offered to jobs, in thousandths of a core, as the agent registered it.")
-    host_memory_mib = models.PositiveIntegerField(null=True, blank=True,
-                                                  help_text="Host memory offered to jobs, in MiB, as the agent registered it.")
+    runtimes = models.JSONField(
+        default=list, blank=True,
+        help_text="Container runtimes the agent runs image jobs with (docker, podman, apptainer).")
+    cpu_milli = models.PositiveIntegerField(
+        null=True, blank=True, help_text="CPU offered to jobs, in thousandths of a core, as the agent registered it.")
+    host_memory_mib = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Host memory offered to jobs, in MiB, as the agent registered it.")
     # What fences every job on the node whatever its GPUs' modes, as its agent registered it
     # (agents.protocol.JOB_FENCES); None: its agent predates the report, so nobody here knows.
     job_fences = models.JSONField(null=True, blank=True,

@@ -350,7 +350,8 @@ class SimulatedBackend:
             try:
                 workload = parse_workload(spec, job.gpu_memory_limit_mib)
             except ValueError as exc:
-                log.warning("job %d: bad %s=%r (%s); simulating the default workload", job.job_id, WORKLOAD_ENV, spec, exc)
+                log.warning("job %d: bad %s=%r (%s); simulating the default workload",
+                            job.job_id, WORKLOAD_ENV, spec, exc)
                 workload = parse_workload(None, job.gpu_memory_limit_mib)
             self._started += 1
             state = self._jobs[job.job_id] = _SimulatedJob(workload, started=self._started, last_seen=now)

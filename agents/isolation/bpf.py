@@ -125,7 +125,8 @@ def _bpf(cmd: int, attr: ctypes.Structure) -> int:
     if number is None:
         raise BpfError(errno.ENOSYS, f"bpf(2) is not wired for {platform.machine()} here")
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    result = libc.syscall(ctypes.c_long(number), ctypes.c_int(cmd), ctypes.byref(attr), ctypes.c_uint(ctypes.sizeof(attr)))
+    result = libc.syscall(ctypes.c_long(number), ctypes.c_int(cmd), ctypes.byref(attr),
+                          ctypes.c_uint(ctypes.sizeof(attr)))
     if result < 0:
         code = ctypes.get_errno()
         raise BpfError(code, os.strerror(code))
@@ -149,7 +150,8 @@ def load_device_program(rules: list[DeviceRule]) -> int:
             # Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK (64 KiB by default).
             return _bpf(BPF_PROG_LOAD, attr)
         if exc.errno == errno.EINVAL and log.value:
-            raise BpfError(exc.errno, f"{exc.strerror}: {log.value.decode('utf-8', 'replace').strip()[-300:]}") from None
+            verifier_log = log.value.decode("utf-8", "replace").strip()[-300:]
+            raise BpfError(exc.errno, f"{exc.strerror}: {verifier_log}") from None
         raise
 
 

@@ -196,8 +196,9 @@ def _mps(gpus: list[GpuInfo], run_as: RunAsPolicy, state_dir: Path, control_path
         refusal = f"no MPS: {control_path or 'nvidia-cuda-mps-control'} is not an executable" + (
             "" if control_path else " on PATH")
     elif len(uids) > 1:
-        refusal = ("no MPS: jobs run under several accounts (per-tenant accounts, or their researchers' own), and MPS runs one server per "
-                   "uid per GPU, so jobs of different accounts would be serialised, not shared")
+        refusal = ("no MPS: jobs run under several accounts (per-tenant accounts, or their researchers' own), "
+                   "and MPS runs one server per uid per GPU, so jobs of different accounts would be serialised, "
+                   "not shared")
     if refusal is not None:
         if strict:
             raise IsolationUnavailable(f"--isolation mps: {refusal.removeprefix('no MPS: ')}")

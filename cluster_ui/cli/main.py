@@ -76,7 +76,8 @@ def cmd_show(client: Client, args) -> tuple[object, str]:
     job = client.get(f"api/v1/jobs/{args.id}/")
     lines = [
         f"Job {job['id']}: {job['name']}",
-        f"  state       {job['state']}" + (f" (exit code {job['exit_code']})" if job.get("exit_code") is not None else ""),
+        f"  state       {job['state']}"
+        + (f" (exit code {job['exit_code']})" if job.get("exit_code") is not None else ""),
         f"  tenant      {job['tenant']}   owner {job['owner']}",
         f"  request     {history.gpu_request(job)}, priority {job['priority']}"
         + (", spare capacity only" if job.get("opportunistic_only") else ""),
@@ -273,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
 
-    login_parser = commands.add_parser("login", parents=[common], help="get an API token and keep it in the config file")
+    login_parser = commands.add_parser("login", parents=[common],
+                                       help="get an API token and keep it in the config file")
     login.add_arguments(login_parser)
     login_parser.set_defaults(run=None)
 

@@ -3,11 +3,12 @@
 A script is the first word of the command when it names a local file that starts with a shebang
 or ends in ``.sh`` and lies in the directory being uploaded (one elsewhere, or with ``--workdir``
 or ``--no-code``, is a program on the nodes, run as given, unless it has ``#COLONY`` lines: then
-the job could not get it, which is refused). Its ``#COLONY`` lines carry ``colony submit`` flags (``#COLONY --gpus 2 --time
-2h``), read from the top as sbatch reads ``#SBATCH``: after the shebang, through blank lines and
-comments, up to the first other line. Flags given on the command line win over the script's
-(``--env`` per variable). The script travels with the code upload (it must lie in the uploaded
-directory) and runs as ``<interpreter from its shebang, else bash> <its path there> [args]``.
+the job could not get it, which is refused). Its ``#COLONY`` lines carry ``colony submit`` flags
+(``#COLONY --gpus 2 --time 2h``), read from the top as sbatch reads ``#SBATCH``: after the
+shebang, through blank lines and comments, up to the first other line. Flags given on the command
+line win over the script's (``--env`` per variable). The script travels with the code upload (it
+must lie in the uploaded directory) and runs as
+``<interpreter from its shebang, else bash> <its path there> [args]``.
 
 Nothing here talks HTTP or submits: :func:`apply` only rewrites the parsed arguments, and every
 problem is a :class:`Usage` naming the line, so a bad script submits nothing.

@@ -33,7 +33,8 @@ def add_arguments(submit: argparse.ArgumentParser) -> None:
     submit.add_argument("--gpus", type=int, default=None, help="GPUs, all granted at once (default 1)")
     submit.add_argument("--gpu-fraction", metavar="F", help="a share of one GPU, e.g. 0.25 or 1/4")
     submit.add_argument("--memory", metavar="SIZE", help="GPU memory needed per GPU, e.g. 20GiB")
-    submit.add_argument("--cpus", metavar="N", help="CPU cores for the whole job, e.g. 8 (default: the cluster's per-GPU default)")
+    submit.add_argument("--cpus", metavar="N",
+                        help="CPU cores for the whole job, e.g. 8 (default: the cluster's per-GPU default)")
     submit.add_argument("--host-memory", metavar="SIZE", help="host memory (RAM) for the whole job, e.g. 64GiB")
     submit.add_argument("--gpu-model", action="append", metavar="MODEL", help="allowed GPU model (repeatable)")
     submit.add_argument("--mig-profile", metavar="PROFILE",

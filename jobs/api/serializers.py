@@ -129,7 +129,8 @@ class JobSerializer(RepresentedOnce, serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "name", "tenant", "owner", "command", "env", "eta_s", "gpus", "gpu_milli", "gpu_memory_mib", "gpu_models",
+            "id", "name", "tenant", "owner", "command", "env", "eta_s",
+            "gpus", "gpu_milli", "gpu_memory_mib", "gpu_models",
             "cpus", "host_memory_mib", "priority", "opportunistic_only", "shareable", "max_nodes", "max_runtime_s",
             "profile_key", "mig_profile", "accepts_unfenced",
             "workdir", "code", "image", "venv", "conda", "preempt_grace_s", "stop_signal", "checkpoints",
@@ -440,7 +441,8 @@ class JobSubmitSerializer(CheckedOnSharedFields, RejectUnknownFieldsMixin, seria
         unknown_models = sorted(wanted - inventory.models)
         if unknown_models:
             raise serializers.ValidationError({"gpu_models": [
-                f"Unknown GPU model(s) {', '.join(unknown_models)}; the cluster has {', '.join(sorted(inventory.models))}."
+                f"Unknown GPU model(s) {', '.join(unknown_models)}; "
+                f"the cluster has {', '.join(sorted(inventory.models))}."
             ]})
         which = f" {' or '.join(sorted(wanted))}" if wanted else ""
         largest = inventory.largest_mib_of(wanted)
@@ -469,7 +471,8 @@ class JobSubmitSerializer(CheckedOnSharedFields, RejectUnknownFieldsMixin, seria
                       else sum(per_node[:max_nodes]))
             if gpus > widest:
                 raise serializers.ValidationError({"gpus": [
-                    f"No {max_nodes} node(s) together have {gpus} GPUs{' that fit the request' if total < inventory.total_gpus else ''}; "
+                    f"No {max_nodes} node(s) together have {gpus} GPUs"
+                    f"{' that fit the request' if total < inventory.total_gpus else ''}; "
                     f"the most is {widest}."
                 ]})
 
@@ -562,5 +565,6 @@ class SkippedJobSerializer(serializers.Serializer):
 class JobBulkCancelledSerializer(serializers.Serializer):
     cancelled = serializers.ListField(child=serializers.IntegerField(), help_text="Were pending: cancelled now.")
     stopping = serializers.ListField(
-        child=serializers.IntegerField(), help_text="Were placed or running: cancelling; their nodes were told to stop them.")
+        child=serializers.IntegerField(),
+        help_text="Were placed or running: cancelling; their nodes were told to stop them.")
     skipped = SkippedJobSerializer(many=True, help_text="Left as they were, each with why.")

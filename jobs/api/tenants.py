@@ -45,7 +45,8 @@ class TenantSerializer(serializers.Serializer):
     @extend_schema_field(serializers.DictField(child=serializers.FloatField(allow_null=True)))
     def get_idle_policy(self, row: TenantNow) -> dict:
         tenant = row.tenant
-        return {"notify_minutes": tenant.idle_notify_minutes, "opportunistic_minutes": tenant.idle_opportunistic_minutes,
+        return {"notify_minutes": tenant.idle_notify_minutes,
+                "opportunistic_minutes": tenant.idle_opportunistic_minutes,
                 "suspend_minutes": tenant.idle_suspend_minutes, "requeue_minutes": tenant.idle_requeue_minutes,
                 "util_percent": tenant.idle_util_percent}
 

@@ -163,7 +163,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     @extend_schema(
         parameters=[
             OpenApiParameter("node", str, description="only this node's output (a multi-node job has one per node)"),
-            OpenApiParameter("after", str, description="entry id: only chunks stored after it (the previous answer's `next`)"),
+            OpenApiParameter("after", str,
+                             description="entry id: only chunks stored after it (the previous answer's `next`)"),
         ],
         responses={200: None},
     )

@@ -80,8 +80,9 @@ def _throttle(throttles: tuple[Throttle, ...]) -> int:
     _store_duty_cycles(final)
     if sends:
         # (one pipeline: a busy cycle changes the duty cycles of a thousand jobs)
-        transaction.on_commit(lambda: publish_many([command for node, job_id, duty, resume in sends
-                                                    for command in duty_cycle_commands(node, job_id, duty, resume=resume)]))
+        transaction.on_commit(lambda: publish_many([
+            command for node, job_id, duty, resume in sends
+            for command in duty_cycle_commands(node, job_id, duty, resume=resume)]))
     return throttled
 
 

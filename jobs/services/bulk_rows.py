@@ -54,7 +54,8 @@ def _element(value) -> str:
         return '"' + value.isoformat() + '"'
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    raise TypeError(f"insert_rows takes ints, floats, bools, strings, aware datetimes and None, not {type(value).__name__}")
+    raise TypeError("insert_rows takes ints, floats, bools, strings, aware datetimes and None, "
+                    f"not {type(value).__name__}")
 
 
 def insert_rows(model, columns: tuple[str, ...], rows: list[tuple]) -> None:

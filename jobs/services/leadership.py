@@ -13,7 +13,8 @@ random token: never reused by a later process or thread), ``epoch`` and ``expire
 is the database's (``Now()``), so scheduler hosts whose clocks drift cannot disagree about it.
 
 - :func:`acquire` takes the lease for a cycle when it is free (handed back, or expired) or
-  already ours (the leader renews the lease it kept since its last cycle). Passing to another holder adds one to the epoch; the same holder keeps its epoch.
+  already ours (the leader renews the lease it kept since its last cycle). Passing to another
+  holder adds one to the epoch; the same holder keeps its epoch.
   The row is read ``FOR UPDATE NOWAIT``: a holder inside a decision transaction holds that row, so
   a would-be leader skips this tick instead of queueing behind it.
 - :func:`fenced` opens the transaction a cycle writes its decisions in (``apply_decisions``'

@@ -79,7 +79,8 @@ def _memberships_read() -> _CompiledRead:
 
 @functools.cache
 def _waiting_sql() -> str:
-    ids = _compiled(Job.objects.filter(owner_id=0, state=JobState.PENDING).order_by().values("pk"), (0, JobState.PENDING))
+    ids = _compiled(Job.objects.filter(owner_id=0, state=JobState.PENDING).order_by().values("pk"),
+                    (0, JobState.PENDING))
     return f"SELECT count(*) FROM ({ids}) waiting"
 
 

@@ -46,7 +46,8 @@ def gpu_holders(user, gpu_ids: list[int]) -> dict[int, list[GpuHolder]]:
 def open_alerts(jobs) -> list[dict]:
     """The newest open alerts; one about a job not in ``jobs`` (what the reader may see) names no job."""
     alerts = list(
-        Alert.objects.filter(resolved_at__isnull=True).select_related("node", "gpu").order_by("-last_seen_at")[:MAX_ALERTS]
+        Alert.objects.filter(resolved_at__isnull=True).select_related("node", "gpu")
+        .order_by("-last_seen_at")[:MAX_ALERTS]
     )
     visible = visible_job_ids(jobs, [a.job_id for a in alerts if a.job_id])
     labels = dict(AlertKind.choices)

@@ -43,7 +43,8 @@ class GpuSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Gpu
-        fields = ["id", "node", "index", "model", "memory_mib", "uuid", "isolation", "mig_profile", "parent_index", "live"]
+        fields = ["id", "node", "index", "model", "memory_mib", "uuid", "isolation", "mig_profile", "parent_index",
+                  "live"]
         read_only_fields = fields
 
     @extend_schema_field(LiveGpuSerializer(allow_null=True))

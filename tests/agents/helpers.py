@@ -32,7 +32,8 @@ def python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def launch(argv: list[str], job_id: int | None = None, gpus=(), env=None, command_id=None, **fields) -> protocol.LaunchJob:
+def launch(argv: list[str], job_id: int | None = None, gpus=(), env=None, command_id=None,
+           **fields) -> protocol.LaunchJob:
     """A LaunchJob; ``fields`` sets the rest (``duty_cycle``, ``gpu_memory_limit_mib``)."""
     return protocol.LaunchJob(
         command_id=command_id or f"launch-{uuid.uuid4().hex[:12]}",

@@ -73,7 +73,8 @@ def open_dir():
 def python_for_anyone():
     for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
         real = os.path.realpath(candidate)
-        if os.path.isfile(real) and all(os.stat(p).st_mode & stat.S_IXOTH for p in [real, *map(str, Path(real).parents)]):
+        if os.path.isfile(real) and all(os.stat(p).st_mode & stat.S_IXOTH
+                                        for p in [real, *map(str, Path(real).parents)]):
             return candidate
     pytest.skip("no Python interpreter that other accounts may execute")
 
@@ -210,7 +211,8 @@ def test_the_submitter_is_inside_the_commands_mac(redis_url, redis_client, open_
         cmd = launch(python(f"open({str(marker)!r}, 'w')"), user=researchers["alice"].name, attempt=0)
         fields = _signed_fields(cmd)
         # Whoever can write the stream swaps the submitter for another researcher; the MAC is left.
-        fields["m"] = fields["m"].replace(f'"user":"{researchers["alice"].name}"', f'"user":"{researchers["bob"].name}"')
+        fields["m"] = fields["m"].replace(f'"user":"{researchers["alice"].name}"',
+                                          f'"user":"{researchers["bob"].name}"')
         assert researchers["bob"].name in fields["m"]
         redis_client.xadd(protocol.command_stream("n1"), fields)
         [rejected] = wait_for(lambda: events(redis_client, "command_rejected"))

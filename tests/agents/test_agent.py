@@ -82,7 +82,8 @@ def test_stop_command_ends_a_sleeping_job(redis_url, redis_client, start_agent):
     cmd = launch(python(SLEEPER))
     send(redis_client, "n1", cmd)
     wait_for(lambda: started(redis_client, cmd.job_id))
-    wait_for(lambda: cmd.job_id in json.loads(redis_client.get(protocol.heartbeat_key("n1")) or "{}").get("running", []))
+    wait_for(lambda: cmd.job_id in json.loads(redis_client.get(protocol.heartbeat_key("n1")) or "{}")
+             .get("running", []))
     log = agent.agent.runner.job_dir(cmd.job_id) / "output.log"
     wait_for(lambda: log.exists() and "working" in log.read_text())  # a loaded machine starts Python slowly
     send(redis_client, "n1", stop(cmd.job_id, grace=5))
@@ -266,7 +267,8 @@ def test_a_job_past_its_runtime_limit_is_reported_timed_out(redis_url, redis_cli
 def test_a_stop_for_an_earlier_attempt_leaves_the_running_one_alone(redis_url, redis_client, start_agent):
     start_agent(redis_url)
     job_id = 4242
-    send(redis_client, "n1", launch(python("import time; time.sleep(30)"), job_id=job_id, command_id=f"launch-{job_id}-2"))
+    send(redis_client, "n1", launch(python("import time; time.sleep(30)"), job_id=job_id,
+                                    command_id=f"launch-{job_id}-2"))
     wait_for(lambda: started(redis_client, job_id))
     send(redis_client, "n1", stop(job_id, grace=1, command_id="stop-old")
          .model_copy(update={"launch_id": f"launch-{job_id}-1"}))

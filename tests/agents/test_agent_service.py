@@ -179,7 +179,8 @@ def unit_values(key: str) -> list[str]:
     return [line.split("=", 1)[1] for line in UNIT.read_text().splitlines() if line.startswith(key + "=")]
 
 
-def exec_start_argv(node: str = "gpu-01", credentials: str = "/run/credentials/x", state: str = "/var/lib") -> list[str]:
+def exec_start_argv(node: str = "gpu-01", credentials: str = "/run/credentials/x",
+                    state: str = "/var/lib") -> list[str]:
     """ExecStart with the specifiers the unit uses filled in as systemd would."""
     line = unit()["Service"]["ExecStart"]
     assert not re.search(r"%[^idS%]", line), "a specifier this test does not know"

@@ -301,7 +301,8 @@ def test_probe_prints_inventory_topology_and_a_sample_as_json(monkeypatch, capsy
     report = json.loads(capsys.readouterr().out)
     assert [gpu["uuid"] for gpu in report["inventory"]] == ["GPU-aaaa", "GPU-b"]
     assert report["topology"] == [{"a": 0, "b": 1, "kind": "system", "bandwidth_gbps": None}]
-    assert report["sample"]["jobs"] == [{"job_id": 1, "gpu_index": 0, "mem_used_mib": 2048, "util_sm": 0.0}]  # no samples: idle
+    # no samples: idle
+    assert report["sample"]["jobs"] == [{"job_id": 1, "gpu_index": 0, "mem_used_mib": 2048, "util_sm": 0.0}]
     assert report["sample"]["gpus"][0]["power_w"] == 251.5
 
 

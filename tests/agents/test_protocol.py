@@ -25,7 +25,8 @@ EVENTS = [
 COMMANDS = [
     protocol.LaunchJob(command_id="c1", job_id=7, argv=["python", "train.py"], gpu_indices=[0, 1], env={"A": "b"}),
     protocol.StopJob(command_id="c2", job_id=7, grace_seconds=2.5),
-    protocol.LaunchJob(command_id="c3", job_id=8, argv=["x"], gpu_indices=[0], gpu_memory_limit_mib=20000, duty_cycle=0.5),
+    protocol.LaunchJob(command_id="c3", job_id=8, argv=["x"], gpu_indices=[0], gpu_memory_limit_mib=20000,
+                       duty_cycle=0.5),
     protocol.SetDutyCycle(command_id="c4", job_id=8, duty_cycle=0.3),
     protocol.SuspendJob(command_id="c5", job_id=8),
     protocol.ResumeJob(command_id="c6", job_id=8),

@@ -60,7 +60,8 @@ FIELDS = [
         "index", "util_sm", "util_mem", "mem_used_mib", "mem_total_mib", "temperature_c", "power_w",
         "sm_clock_mhz", "mem_clock_mhz", "ecc_uncorrected")],
     (SAMPLE, protocol.decode_sample, ("gpus", 0, "xid_events", 0)),
-    *[(SAMPLE, protocol.decode_sample, ("jobs", 0, name)) for name in ("job_id", "gpu_index", "mem_used_mib", "util_sm")],
+    *[(SAMPLE, protocol.decode_sample, ("jobs", 0, name))
+      for name in ("job_id", "gpu_index", "mem_used_mib", "util_sm")],
     (SAMPLE, protocol.decode_sample, ("unattributed_mib", "0")),
     (SAMPLE, protocol.decode_sample, ("unattributed_mib", *KEY)),
     (SAMPLE, protocol.decode_sample, ("running_jobs", 0)),

@@ -101,7 +101,8 @@ def test_a_node_user_cannot_read_another_nodes_commands_or_what_others_sent(redi
         "XTRIM node-b's events": lambda: node_a.xtrim(protocol.node_events_stream("node-b"), maxlen=0),
         "XADD the dead-letter stream": lambda: node_a.xadd(protocol.DEAD_LETTER_STREAM, {"m": "x"}),
         "INCRBY the dead-letter count": lambda: node_a.incrby(protocol.DEAD_LETTER_COUNT_KEY, 10**6),
-        "XGROUP CREATE on the events stream": lambda: node_a.xgroup_create(protocol.EVENTS_STREAM, "evil", mkstream=True),
+        "XGROUP CREATE on the events stream": lambda: node_a.xgroup_create(
+            protocol.EVENTS_STREAM, "evil", mkstream=True),
         "XGROUP CREATE on node-b's commands": lambda: node_a.xgroup_create(
             protocol.command_stream("node-b"), "evil"),
         "XREAD its own events back": lambda: node_a.xrange(protocol.node_events_stream("node-a")),

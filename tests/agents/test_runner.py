@@ -56,7 +56,8 @@ def test_agent_redis_url_is_not_passed_to_jobs(runner, monkeypatch):
     monkeypatch.setenv("COLONY_REDIS_URL", "redis://:secret@control:6379/0")
     monkeypatch.setenv("SOME_SITE_SETTING", "kept")
     runner.pass_env += ("SOME_SITE_*", "COLONY_REDIS_URL")  # passing the Redis URL is never honoured
-    runner.launch(launch(python("import os; print(os.environ.get('COLONY_REDIS_URL'), os.environ['SOME_SITE_SETTING'])")))
+    runner.launch(launch(python(
+        "import os; print(os.environ.get('COLONY_REDIS_URL'), os.environ['SOME_SITE_SETTING'])")))
     [done] = finish(runner)
     assert done.output_tail == "None kept\n"
 
@@ -156,12 +157,14 @@ def test_stopping_an_unknown_job_is_a_no_op(runner):
 
 
 def test_stop_all_returns_once_everything_exited(runner):
-    stubborn = launch(python("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('r', flush=True); time.sleep(60)"))
+    stubborn = launch(python("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                             "print('r', flush=True); time.sleep(60)"))
     polite = launch(python("import time; time.sleep(60)"))
     pids = [runner.launch(stubborn), runner.launch(polite)]
     wait_for(lambda: "r" in read_tail(runner.job_dir(stubborn.job_id) / "output.log"))
     finished = runner.stop_all(grace_seconds=0.3)
-    assert {f.job_id: f.exit_code for f in finished} == {stubborn.job_id: -signal.SIGKILL, polite.job_id: -signal.SIGTERM}
+    assert {f.job_id: f.exit_code for f in finished} == {stubborn.job_id: -signal.SIGKILL,
+                                                          polite.job_id: -signal.SIGTERM}
     assert all(f.stopped for f in finished)
     assert runner.running() == set()
     assert all(gone(pid) for pid in pids)

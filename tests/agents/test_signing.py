@@ -80,7 +80,8 @@ def test_an_agent_with_a_key_signs_registration_events_and_samples(redis_url, re
     job = launch(python("print('hi')"), attempt=0)
     send_signed(redis_client, "n1", job, key)
     wait_for(lambda: events(redis_client, "job_exited"))
-    kinds = [json.loads(fields[b"m"])["kind"] for _id, fields in _all_signed_by(redis_client, protocol.node_events_stream("n1"), key)]
+    kinds = [json.loads(fields[b"m"])["kind"]
+             for _id, fields in _all_signed_by(redis_client, protocol.node_events_stream("n1"), key)]
     assert kinds[:1] == ["node_registered"] and {"job_started", "job_exited"} <= set(kinds)
     _all_signed_by(redis_client, protocol.node_metrics_stream("n1"), key)
 

@@ -253,7 +253,7 @@ def test_readings_are_valid_wire_samples():
 
 def test_topology_of_simulated_servers():
     def kinds(spec):
-        return {(l.a, l.b): (l.kind, l.bandwidth_gbps) for l in SimulatedBackend(spec, "n1").topology()}
+        return {(link.a, link.b): (link.kind, link.bandwidth_gbps) for link in SimulatedBackend(spec, "n1").topology()}
 
     a100 = kinds("8xA100-80GB")
     assert len(a100) == 28 and set(a100.values()) == {("nvlink", 2400.0)}

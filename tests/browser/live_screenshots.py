@@ -13,11 +13,13 @@ import urllib.request
 from pathlib import Path
 
 URL = sys.argv[1].rstrip("/") + "/"
-OUT = Path(sys.argv[2]); OUT.mkdir(parents=True, exist_ok=True)
+OUT = Path(sys.argv[2])
+OUT.mkdir(parents=True, exist_ok=True)
 
 def api(method, path, token=None, data=None):
-    req = urllib.request.Request(URL + path, method=method, data=json.dumps(data).encode() if data is not None else None,
-                                 headers={"Content-Type": "application/json", **({"Authorization": f"Token {token}"} if token else {})})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Token {token}"} if token else {})}
+    req = urllib.request.Request(URL + path, method=method, headers=headers,
+                                 data=json.dumps(data).encode() if data is not None else None)
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read() or b"null")
 
@@ -28,7 +30,8 @@ def wait(pred, timeout=120, what=""):
     end = time.time() + timeout
     while time.time() < end:
         v = pred()
-        if v: return v
+        if v:
+            return v
         time.sleep(1)
     raise SystemExit(f"timed out: {what}")
 
@@ -48,31 +51,41 @@ def snap(name: str, user: str, path: str) -> None:
         browser.close()
     print("saved", OUT / f"{name}.png")
 
+def spec(name, argv, gpus, **kw):
+    return {"name": name, "command": argv, "gpus": gpus, **kw}
+
 
 bob, alice = token("bob"), token("alice")
 CKPT = ("import os,signal,sys,time\n"
         "def notice(*_):\n"
         "    f=os.environ['COLONY_PREEMPT_FILE']; d=float(open(f).read())\n"
-        "    print(f'preemption notice: {d-time.time():.0f} s to save; checkpoint saved at step {step}', flush=True); sys.exit(0)\n"
+        "    print(f'preemption notice: {d-time.time():.0f} s to save; "
+        "checkpoint saved at step {step}', flush=True); sys.exit(0)\n"
         "signal.signal(signal.SIGTERM, notice)\n"
         "start=int(open('ckpt').read()) if os.path.exists('ckpt') else 0\n"
         "print(f'resuming from step {start}' if start else 'starting from scratch', flush=True)\n"
         "step=start\n"
         "while step < start+400:\n"
-        "    step+=1; open('ckpt','w').write(str(step)); print(f'step {step} loss {1/step:.4f}', flush=True); time.sleep(1)\n")
-spec = lambda name, argv, gpus, **kw: {"name": name, "command": argv, "gpus": gpus, **kw}
-api("POST", "api/v1/jobs/", bob, spec("bert-pretrain", ["python", "-c", "import time; time.sleep(900)"], 8, max_runtime_s=1800))
+        "    step+=1; open('ckpt','w').write(str(step)); "
+        "print(f'step {step} loss {1/step:.4f}', flush=True); time.sleep(1)\n")
+
+api("POST", "api/v1/jobs/", bob,
+    spec("bert-pretrain", ["python", "-c", "import time; time.sleep(900)"], 8, max_runtime_s=1800))
 borrower = api("POST", "api/v1/jobs/", bob, spec("resnet-sweep", ["python", "-c", CKPT], 8, checkpoints=True,
                                                       preempt_grace_s=20, max_runtime_s=3600, opportunistic_only=True))
 wait(lambda: api("GET", f"api/v1/jobs/{borrower['id']}/", bob)["state"] == "RUNNING", what="borrower running")
 time.sleep(8)
-owed = api("POST", "api/v1/jobs/", alice, spec("vit-finetune", ["python", "-c", "import time; print('fine-tuning', flush=True); time.sleep(40)"], 8, max_runtime_s=120))
+owed = api("POST", "api/v1/jobs/", alice,
+           spec("vit-finetune", ["python", "-c", "import time; print('fine-tuning', flush=True); time.sleep(40)"], 8,
+                max_runtime_s=120))
 wait(lambda: api("GET", f"api/v1/jobs/{borrower['id']}/", bob)["state"] == "PENDING", what="borrower preempted")
-later = api("POST", "api/v1/jobs/", alice, spec("vit-eval", ["python", "-c", "import time; time.sleep(30)"], 8, max_runtime_s=300))
+later = api("POST", "api/v1/jobs/", alice,
+            spec("vit-eval", ["python", "-c", "import time; time.sleep(30)"], 8, max_runtime_s=300))
 time.sleep(5)
 print(json.dumps({"borrower": borrower["id"], "owed": owed["id"]}))
 snap("queue", "bob", "jobs/")
 snap("job-preempted-pending", "bob", f"jobs/{borrower['id']}/")
-wait(lambda: api("GET", f"api/v1/jobs/{borrower['id']}/", bob)["state"] == "RUNNING", timeout=200, what="borrower resumed")
+wait(lambda: api("GET", f"api/v1/jobs/{borrower['id']}/", bob)["state"] == "RUNNING", timeout=200,
+     what="borrower resumed")
 time.sleep(10)
 snap("job-resumed-live", "bob", f"jobs/{borrower['id']}/")

@@ -134,15 +134,18 @@ def test_researcher_follows_a_job_from_the_form_to_the_heatmap(backend, browser,
     wait_for(lambda: GpuRollup.objects.exists(), timeout=20, what="GPU rollups")
     page.goto(f"{url}/heatmap/?range=1h")
     page.wait_for_function(CELLS_WITH_DATA)
-    page.wait_for_function("() => document.getElementById('heatmap').data[0].text.flat().some(t => t.includes('hello-colony'))")
+    page.wait_for_function("() => document.getElementById('heatmap').data[0].text.flat()"
+                           ".some(t => t.includes('hello-colony'))")
     cell = cell_of(page, "hello-colony")
     assert cell, "no heatmap cell names the job"
     page.mouse.move(cell["x"], cell["y"])
     page.wait_for_function("() => document.getElementById('cell-info').textContent.includes('hello-colony')")
     screenshot(page, "heatmap")
     # Bob's job shows up for alice as somebody else's, never by name.
-    assert page.evaluate("() => document.getElementById('heatmap').data[0].text.flat().some(t => t.includes('another tenant'))")
-    assert not page.evaluate("() => document.getElementById('heatmap').data[0].text.flat().some(t => t.includes('bert-finetune'))")
+    assert page.evaluate("() => document.getElementById('heatmap').data[0].text.flat()"
+                         ".some(t => t.includes('another tenant'))")
+    assert not page.evaluate("() => document.getElementById('heatmap').data[0].text.flat()"
+                             ".some(t => t.includes('bert-finetune'))")
     page.mouse.click(cell["x"], cell["y"])
     page.wait_for_url(re.compile(rf"/jobs/{job_id}/$"))
 

@@ -42,9 +42,11 @@ def test_the_node_page_shows_each_gpus_isolation_mode(transactional_db, live_red
     assert "no samples" in page.inner_text("#node-gpus tr[data-index='3'] .util")
     live.store_latest(redis_client, [protocol.NodeSample(
         node="h100-1", ts=time.time(), seq=1,
-        gpus=[protocol.GpuSample(index=i, util_sm=40.0 + i, mem_used_mib=1000, mem_total_mib=81559) for i in range(4)])])
+        gpus=[protocol.GpuSample(index=i, util_sm=40.0 + i, mem_used_mib=1000, mem_total_mib=81559)
+              for i in range(4)])])
     # The script's poll of /api/v1/nodes/h100-1/ has redrawn the readings, and left the modes be.
-    page.wait_for_function("document.querySelector('#node-gpus tr[data-index=\"3\"] .util').textContent.includes('43%')")
+    page.wait_for_function("document.querySelector('#node-gpus tr[data-index=\"3\"] .util')"
+                           ".textContent.includes('43%')")
     cells = [cell.inner_text().strip() for cell in page.query_selector_all("#node-gpus tbody td.isolation")]
     assert cells == [
         "MPS (memory and compute limits per job)",

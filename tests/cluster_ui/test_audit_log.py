@@ -3,7 +3,7 @@ point (API, page, admin, sign-in); operators read the log in the admin and the A
 
 import pytest
 
-from cluster_ui.models import ApiToken, AuditEvent
+from cluster_ui.models import AuditEvent
 from jobs.choices import JobState, Role
 from jobs.models import Membership
 from monitoring.models import Node

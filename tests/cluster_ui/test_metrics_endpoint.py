@@ -101,7 +101,8 @@ def test_metrics_say_how_the_scheduling_loop_runs(client, db, live_redis):
     assert all(seconds > 0 for seconds in stages.values())
     assert sum(stages.values()) <= families["colony_scheduler_cycle_seconds"].samples[0].value
     last = {s.labels["stage"]: s.value for s in families["colony_scheduler_last_cycle_stage_seconds"].samples}
-    assert set(last) == set(stages) and sum(last.values()) <= families["colony_scheduler_last_cycle_seconds"].samples[0].value
+    assert set(last) == set(stages)
+    assert sum(last.values()) <= families["colony_scheduler_last_cycle_seconds"].samples[0].value
 
 
 def test_a_garbled_counter_in_redis_costs_its_own_series_not_the_scrape(client, db, live_redis, redis_client):

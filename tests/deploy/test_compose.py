@@ -58,7 +58,7 @@ def test_service_command_names_an_entry_point_that_exists(service):
 
 
 def test_dockerfile_default_command_exists():
-    line = next(l for l in (ROOT / "Dockerfile").read_text().splitlines() if l.startswith("CMD"))
+    line = next(text for text in (ROOT / "Dockerfile").read_text().splitlines() if text.startswith("CMD"))
     _check_entry_point(yaml.safe_load(line.removeprefix("CMD ")))
 
 

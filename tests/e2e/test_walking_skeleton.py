@@ -95,7 +95,8 @@ def test_a_job_past_its_runtime_limit_ends_timeout_within_the_grace(stack, api):
     assert "runtime limit of 5 s" in ended["error"] and "working" in ended["output_tail"]
     from datetime import datetime
 
-    ran_s = (datetime.fromisoformat(ended["finished_at"]) - datetime.fromisoformat(running["started_at"])).total_seconds()
+    ran_s = (datetime.fromisoformat(ended["finished_at"])
+             - datetime.fromisoformat(running["started_at"])).total_seconds()
     # The node counts the limit from the process's start, a moment before it reports the start.
     assert 4.5 <= ran_s <= 5 + 3 + 2, ran_s  # the limit, the grace, and a little slack
     assert all(a["released_at"] for a in ended["allocations"])

@@ -209,7 +209,8 @@ def test_a_pending_job_says_when_it_may_start(api, alice, vision):
     waiting = JobFactory(tenant=vision, owner=alice, pending_reason={**reason, "eta_at": eta_at})
     unknown = JobFactory(tenant=vision, owner=alice, pending_reason=reason)
     shown = api(alice).get(f"{URL}{waiting.pk}/").json()["pending_reason"]
-    assert datetime.fromisoformat(shown["eta_at"].replace("Z", "+00:00")) == datetime.fromtimestamp(eta_at, timezone.utc)
+    assert (datetime.fromisoformat(shown["eta_at"].replace("Z", "+00:00"))
+            == datetime.fromtimestamp(eta_at, timezone.utc))
     assert api(alice).get(f"{URL}{unknown.pk}/").json()["pending_reason"]["eta_at"] is None
     queued = {job["id"]: job for job in api(alice).get("/api/v1/queue/").json()["results"]}
     assert queued[waiting.pk]["pending_reason"]["eta_at"] == shown["eta_at"]

@@ -60,7 +60,8 @@ def test_filters_by_state_tenant_and_owner(alice, bob, vision, api):
     assert set(by_id(client.get(URL, {"owner": "bob"}))) == {teammates.pk}
     assert set(by_id(client.get(URL, {"state": "active"}))) == {mine.pk, teammates.pk}
     assert set(by_id(client.get(URL, {"state": "finished"}))) == {done.pk}
-    assert set(by_id(client.get(URL, {"state": "succeeded,pending", "tenant": "vision"}))) == {mine.pk, done.pk, teammates.pk}
+    assert (set(by_id(client.get(URL, {"state": "succeeded,pending", "tenant": "vision"})))
+            == {mine.pk, done.pk, teammates.pk})
 
 
 def test_unknown_state_is_a_validation_error(alice, api):

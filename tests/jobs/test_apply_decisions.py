@@ -116,7 +116,8 @@ def test_throttle_decision_reaches_the_agent(node4, redis_client, django_capture
                             tenant=TenantFactory(slug="vision", guaranteed_gpus=1, max_gpus=1))
     cycle(django_capture_on_commit_callbacks)
     gpu = Allocation.objects.get(job=guaranteed).gpu
-    borrower = JobFactory(gpus=1, gpu_milli=500, gpu_memory_mib=20000, tenant=TenantFactory(slug="nlp", guaranteed_gpus=0, max_gpus=4))
+    borrower = JobFactory(gpus=1, gpu_milli=500, gpu_memory_mib=20000,
+                          tenant=TenantFactory(slug="nlp", guaranteed_gpus=0, max_gpus=4))
     # Fill the other GPUs so the borrower can only share the guaranteed job's GPU.
     for other in range(1, 4):
         JobFactory(gpus=1, tenant=guaranteed.tenant, state=JobState.RUNNING)

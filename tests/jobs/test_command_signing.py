@@ -20,7 +20,8 @@ SECRET = "c" * 40
 
 
 def published(redis_client, node: str) -> list[tuple[dict, protocol._Command]]:
-    return [(fields, protocol.decode_command(fields)) for _id, fields in redis_client.xrange(protocol.command_stream(node))]
+    return [(fields, protocol.decode_command(fields))
+            for _id, fields in redis_client.xrange(protocol.command_stream(node))]
 
 
 @pytest.fixture

@@ -1,7 +1,5 @@
 """A pending job's ETA reaches the researcher: queue API, job API, queue page and job page."""
 
-import time
-
 import pytest
 from django.utils import timezone
 
@@ -9,7 +7,7 @@ from agents import protocol
 from jobs.choices import JobState
 from jobs.models import Allocation, JobWait
 from jobs.services.scheduling_loop import run_scheduling_cycle
-from tests.factories import GpuFactory, JobFactory, MembershipFactory, NodeFactory, UserFactory
+from tests.factories import GpuFactory, JobFactory, NodeFactory
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def last_week(db):
-    vision, nlp = TenantFactory(slug="vision", guaranteed_gpus=2, max_gpus=4), TenantFactory(slug="nlp", guaranteed_gpus=2)
+    vision = TenantFactory(slug="vision", guaranteed_gpus=2, max_gpus=4)
+    nlp = TenantFactory(slug="nlp", guaranteed_gpus=2)
     node = NodeFactory(name="big", rack="r7")
     for index in range(4):
         GpuFactory(node=node, index=index)

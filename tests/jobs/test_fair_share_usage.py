@@ -19,7 +19,7 @@ def test_usage_grows_with_what_a_tenant_holds_and_decays_without(db):
     an_hour_ago = timezone.now() - timedelta(hours=1)
     busy = TenantFactory(slug="busy", decayed_usage=1000.0)
     idle = TenantFactory(slug="idle", decayed_usage=5000.0)
-    new = TenantFactory(slug="new", decayed_usage=0.0)
+    TenantFactory(slug="new", decayed_usage=0.0)
     Tenant.objects.filter(pk__in=[busy.pk, idle.pk]).update(usage_updated_at=an_hour_ago)
     node = NodeFactory(name="n1")
     job = JobFactory(tenant=busy, gpus=2, state=JobState.RUNNING)

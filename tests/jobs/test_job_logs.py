@@ -82,7 +82,8 @@ def test_a_job_printing_10_mb_keeps_redis_bounded(redis_client, job_on_a):
     stream = job_logs.job_log_stream(job_on_a.pk, "node-a")
     text = kept(redis_client, job_on_a)
     assert job_logs.LOG_BYTES_CAP - len(chunk) < len(text) <= job_logs.LOG_BYTES_CAP
-    usage = redis_client.memory_usage(stream, samples=0) + redis_client.memory_usage(job_logs.job_log_index(job_on_a.pk))
+    usage = (redis_client.memory_usage(stream, samples=0)
+             + redis_client.memory_usage(job_logs.job_log_index(job_on_a.pk)))
     assert usage < 2 * job_logs.LOG_BYTES_CAP, usage
     # Many small chunks are capped by count as well.
     for i in range(job_logs.LOG_MAX_ENTRIES + 50):

@@ -156,7 +156,8 @@ def test_throttles_take_a_bounded_number_of_queries_and_tell_each_node_once(node
                     (borrowers[1].pk, "set_duty_cycle"), (borrowers[2].pk, "set_duty_cycle")]
 
 
-def test_duty_cycles_of_many_values_are_stored_in_one_statement(node4, redis_client, django_capture_on_commit_callbacks):
+def test_duty_cycles_of_many_values_are_stored_in_one_statement(node4, redis_client,
+                                                                 django_capture_on_commit_callbacks):
     """AIMD leaves about as many distinct duty cycles as jobs it moves: one UPDATE for all of them
     (one per value was most of a busy cycle's apply), and one pipeline to tell the nodes."""
     jobs = []

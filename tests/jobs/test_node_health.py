@@ -195,4 +195,5 @@ def test_a_job_its_node_runs_slower_than_stored_is_left_alone(running_on_n1, red
         live.store_latest(redis_client, [protocol.NodeSample(node="n1", ts=at, seq=1, gpus=[],
                                                              running_jobs=[running_on_n1.pk], duty_cycles=[0.0])])
         assert check_node_health(redis_client)["duty_cycles_resent"] == 0
-    assert [c for _, f in redis_client.xrange(protocol.command_stream("n1")) if protocol.decode_command(f)] == []
+    assert [c for _, f in redis_client.xrange(protocol.command_stream("n1"))
+            if (c := protocol.decode_command(f))] == []

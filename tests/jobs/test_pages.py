@@ -29,7 +29,8 @@ def test_submit_form_shares_the_per_user_submission_budget_with_the_api(alice, c
     try:
         browser = web(alice)
         assert browser.post("/jobs/submit/", FORM).status_code == 302
-        assert api(alice).post("/api/v1/jobs/", {"command": ["python", "x.py"], "gpus": 1}, format="json").status_code == 201
+        created = api(alice).post("/api/v1/jobs/", {"command": ["python", "x.py"], "gpus": 1}, format="json")
+        assert created.status_code == 201
         refused = browser.post("/jobs/submit/", FORM)
         assert refused.status_code == 429 and 0 < int(refused["Retry-After"]) <= 60
         assert "faster than allowed" in refused.content.decode()
@@ -119,7 +120,8 @@ def test_form_reads_sizes_and_durations_as_the_command_line_does(alice, cluster,
 def test_queue_page_shows_position_reason_class_and_filters(alice, bob, vision, cluster, web):
     JobFactory(tenant=vision, owner=bob, name="older")
     waiting = JobFactory(tenant=vision, owner=alice, name="waiting-job", pending_reason={
-        "code": "at_max_gpus", "message": "Tenant vision is using 8 of its 8-GPU ceiling", "details": {}, "eta_at": time.time() + 720.4})
+        "code": "at_max_gpus", "message": "Tenant vision is using 8 of its 8-GPU ceiling", "details": {},
+        "eta_at": time.time() + 720.4})
     Job.objects.filter(pk=waiting.pk).update(submitted_at=timezone.now() + timedelta(seconds=1))
     running_job(vision, alice, [cluster["a1/0"]], name="busy-job")
     page = web(alice).get("/jobs/").content.decode()

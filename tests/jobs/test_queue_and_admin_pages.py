@@ -3,7 +3,7 @@
 import pytest
 
 from jobs.choices import JobState
-from tests.factories import GpuFactory, JobFactory, MembershipFactory, TenantFactory, UserFactory
+from tests.factories import GpuFactory, JobFactory, TenantFactory
 
 
 def test_queue_requires_login(client):

@@ -23,7 +23,8 @@ def launches(redis_client, node="n1"):
     return [protocol.decode_command(fields) for _, fields in redis_client.xrange(protocol.command_stream(node))]
 
 
-def test_pending_job_is_placed_and_its_node_told_to_launch(online_node, redis_client, django_capture_on_commit_callbacks):
+def test_pending_job_is_placed_and_its_node_told_to_launch(online_node, redis_client,
+                                                           django_capture_on_commit_callbacks):
     job = JobFactory(gpus=2, command=["python", "-c", "print(1)"])
     with django_capture_on_commit_callbacks(execute=True):
         result = run_scheduling_cycle()

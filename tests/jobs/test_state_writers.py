@@ -11,7 +11,6 @@ test that moves a job through it.
 from __future__ import annotations
 
 import importlib.util
-import textwrap
 
 import pytest
 from django.db import transaction

@@ -23,7 +23,8 @@ def test_each_tenant_keeps_its_own_cap_and_a_stranger_is_refused(api, alice, vis
     mixed = client.post(URL, JOB, format="json")
     assert mixed.json()["error"]["fields"]["tenant"] == ["You belong to several tenants; say which one."]
     stranger = client.post(URL, {**JOB, "tenant": "elsewhere"}, format="json")
-    assert stranger.json()["error"]["fields"]["tenant"] == ["Unknown tenant 'elsewhere', or you are not a member of it."]
+    assert stranger.json()["error"]["fields"]["tenant"] == [
+        "Unknown tenant 'elsewhere', or you are not a member of it."]
 
 
 def test_the_waiting_count_is_the_submitters_own(api, alice, bob, vision, inventory, settings):

@@ -44,7 +44,8 @@ def jobs(alice, bob, vision, inventory):
                                                 "details": {"free": 0}})
     JobDependency.objects.create(job=waiting, on=done, kind=JobDependency.Kind.ANY)
     running = running_job(vision, alice, inventory[:2])
-    JobEvent.objects.create(job=running, attempt=1, kind="placed", at=running.submitted_at, node="big", message="on big")
+    JobEvent.objects.create(job=running, attempt=1, kind="placed", at=running.submitted_at, node="big",
+                            message="on big")
     return [done, waiting, running]
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agents import protocol, signing
+from agents import protocol
 from cluster_ui.devstack.redis_server import redis_server_version
 from jobs.choices import JobState
 from jobs.services.agent_events import consume_events

@@ -84,7 +84,8 @@ def test_after_the_warmer_a_first_view_reads_only_its_unsettled_columns(gpus, me
     warm_until_done(NOW)
     reads = []
     real = heatmap._matrix
-    monkeypatch.setattr(heatmap, "_matrix", lambda cells, since, until: reads.append((since, until)) or real(cells, since, until))
+    monkeypatch.setattr(heatmap, "_matrix",
+                        lambda cells, since, until: reads.append((since, until)) or real(cells, since, until))
     served = heatmap.gpu_heatmap("1h", metric, now=NOW)
     assert served.values == expected
     cells = heatmap.Cells.of(metric, served.rows, heatmap.RANGES["1h"])

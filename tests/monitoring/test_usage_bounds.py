@@ -139,7 +139,8 @@ def test_a_profile_poisoned_before_the_fix_neither_blocks_its_key_nor_survives_t
         n1, redis_client, django_capture_on_commit_callbacks):
     capture = django_capture_on_commit_callbacks
     job = JobFactory(gpus=1, profile_key="train-resnet")
-    JobProfile.objects.create(tenant=job.tenant, key="train-resnet", runs=1, peak_gpu_memory_mib=protocol.MEMORY_MIB_MAX)
+    JobProfile.objects.create(tenant=job.tenant, key="train-resnet", runs=1,
+                              peak_gpu_memory_mib=protocol.MEMORY_MIB_MAX)
     with capture(execute=True):
         run_scheduling_cycle()
     job.refresh_from_db()

@@ -9,7 +9,8 @@ GIB = 1024
 
 
 def tjob(id: int, submit: float = 0.0, duration: float = 100.0, gpus: int = 1, tenant: str = "vision",
-         util: float = 1.0, mem_gib: float | None = 10, milli: int = 1000, opportunistic_only: bool = False) -> TraceJob:
+         util: float = 1.0, mem_gib: float | None = 10, milli: int = 1000,
+         opportunistic_only: bool = False) -> TraceJob:
     return TraceJob(id=id, tenant=tenant, submit_s=submit, duration_s=duration, gpus=gpus, gpu_milli=milli,
                     memory_mib=int(mem_gib * GIB) if mem_gib is not None else None, utilisation=util,
                     opportunistic_only=opportunistic_only)

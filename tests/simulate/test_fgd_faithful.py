@@ -38,7 +38,8 @@ def test_best_fit_scores_absolute_free_resources_not_the_node_share():
 
 
 def test_best_fit_and_gpu_packing_put_a_share_on_the_tightest_gpu_of_the_node():
-    snapshot = cluster(node("a", gpus=3, model="T4", cpus=64), pending=[job(1, milli=300, cpus=1), job(2, milli=500, cpus=1)])
+    snapshot = cluster(node("a", gpus=3, model="T4", cpus=64),
+                       pending=[job(1, milli=300, cpus=1), job(2, milli=500, cpus=1)])
     for name in ("best_fit", "gpu_packing"):
         decisions = Protocol(name, None, seed=0)(snapshot, 0.0)
         # The second share joins the GPU the first left at 700 free, not an empty one.
@@ -97,14 +98,15 @@ def test_fgd_places_against_the_typical_pods_of_the_original_list():
     # Half-GPU pods are the workload: FGD puts a 0.5 share beside another 0.5 (leaving nothing a
     # typical pod cannot use), not on the GPU where 0.3 is left.
     typical = Workload.typical([pod(i, 500) for i in range(10)])
-    snapshot = cluster(node("a", gpus=2, model="T4", cpus=64), pending=[job(1, milli=500, cpus=1), job(2, milli=200, cpus=1),
-                                                                        job(3, milli=500, cpus=1)])
+    snapshot = cluster(node("a", gpus=2, model="T4", cpus=64),
+                       pending=[job(1, milli=500, cpus=1), job(2, milli=200, cpus=1), job(3, milli=500, cpus=1)])
     decisions = Protocol("fgd", typical, seed=0)(snapshot, 0.0)
     assert placed_on(decisions) == {1: ("a", (0,)), 2: ("a", (1,)), 3: ("a", (0,))}
 
 
 def test_cpu_only_pods_are_placed_by_the_baseline_and_hold_cpu():
-    snapshot = cluster(node("gpu-free", gpus=2, model="T4", cpus=16), node("gpu-full", gpus=2, busy=2, model="T4", cpus=16),
+    snapshot = cluster(node("gpu-free", gpus=2, model="T4", cpus=16),
+                       node("gpu-full", gpus=2, busy=2, model="T4", cpus=16),
                        pending=[job(1, gpus=0, cpus=8)])
     decisions = Protocol("best_fit", None, seed=0)(snapshot, 0.0)
     # BestFit: no free GPU left on the full node is the tighter fit; the pod holds no GPU.

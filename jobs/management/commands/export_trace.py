@@ -26,7 +26,8 @@ class Command(BaseCommand):
             raise CommandError("the window is empty: --since must be before --until")
         trace = export_trace(start, end)
         write_colony_trace(trace, out)
-        self.stdout.write(f"wrote {len(trace.jobs)} jobs, {len(trace.nodes)} nodes, {len(trace.quotas)} tenants to {out}")
+        self.stdout.write(f"wrote {len(trace.jobs)} jobs, {len(trace.nodes)} nodes, "
+                          f"{len(trace.quotas)} tenants to {out}")
 
 
 def _when(text: str, flag: str) -> datetime:

@@ -45,5 +45,6 @@ class Command(BaseCommand):
             if tenant:
                 Membership.objects.get_or_create(user=user, tenant=tenants[tenant])
         self.stdout.write(self.style.SUCCESS(
-            "Demo ready: " + ", ".join(f"{u} ({t or 'operator'})" for u, t, _ in DEMO_USERS) + f" / password {password!r}"
+            "Demo ready: " + ", ".join(f"{u} ({t or 'operator'})" for u, t, _ in DEMO_USERS)
+            + f" / password {password!r}"
         ))

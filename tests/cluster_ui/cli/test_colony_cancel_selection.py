@@ -9,7 +9,6 @@ import json
 import sys
 
 import pytest
-from rest_framework.authtoken.models import Token
 
 from agents import protocol
 from cluster_ui.cli import main

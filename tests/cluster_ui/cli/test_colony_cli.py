@@ -61,7 +61,8 @@ def test_the_whole_round_trip_against_a_live_server(live_server, transactional_d
     assert code == 0 and (small["gpu_milli"], small["gpus"], small["opportunistic_only"]) == (250, 1, True)
 
     JobWait.objects.create(job=job, reason={
-        "code": "at_max_gpus", "message": "Tenant vision is at its 16-GPU ceiling", "details": {}}, eta_at=int(time.time() + 300.4))
+        "code": "at_max_gpus", "message": "Tenant vision is at its 16-GPU ceiling", "details": {}},
+        eta_at=int(time.time() + 300.4))
     code, out, _ = run(capsys, "queue")
     assert code == 0
     assert out.splitlines()[0].split()[:5] == ["ID", "NAME", "TENANT", "OWNER", "STATE"]

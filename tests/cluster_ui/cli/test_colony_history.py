@@ -8,9 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from django.utils import timezone as django_timezone
-from rest_framework.authtoken.models import Token
 
-from cluster_ui.cli import main
 from cluster_ui.cli.history import since_time
 from cluster_ui.cli.client import Usage
 from jobs.choices import JobState

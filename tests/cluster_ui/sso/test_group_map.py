@@ -32,7 +32,8 @@ def test_groups_grant_their_tenants_with_the_strongest_role_and_unmapped_groups_
 
 
 def test_the_order_of_groups_does_not_change_the_role():
-    assert MAPPING.resolve(["vision-leads", "vision-lab"]).tenants == MAPPING.resolve(["vision-lab", "vision-leads"]).tenants
+    assert (MAPPING.resolve(["vision-leads", "vision-lab"]).tenants
+            == MAPPING.resolve(["vision-lab", "vision-leads"]).tenants)
 
 
 def test_operator_is_cluster_wide():

@@ -42,4 +42,5 @@ class Command(BaseCommand):
         algs = config.get("id_token_signing_alg_values_supported") or []
         if algs and settings.OIDC_RP_SIGN_ALGO not in algs:
             self.stdout.write(f"COLONY_OIDC_SIGN_ALGO={algs[0]}")
-        self.stderr.write(f"Register this redirect URI with the provider: {settings.COLONY_PUBLIC_URL}/sso/oidc/callback/")
+        self.stderr.write("Register this redirect URI with the provider: "
+                          f"{settings.COLONY_PUBLIC_URL}/sso/oidc/callback/")
