@@ -172,6 +172,13 @@ def waiting_for_one_node(gpus: int, spread_nodes: int, wait_s: float) -> Pending
     )
 
 
+def launch_failed_on_node(node: str, error: str) -> PendingReason:
+    """Requeued after its launch failed on ``node`` for that node's reason (a wait reason the core
+    never gives: the next cycle replaces it)."""
+    return PendingReason("launch_failed_on_node",
+                         f"Could not start on node {node}: {error[:400]}. Trying another node.", {"node": node})
+
+
 def invalid_request(problem: str) -> PendingReason:
     return PendingReason(ReasonCode.INVALID_REQUEST, f"This request cannot be scheduled: {problem}.",
                          {"problem": problem})
@@ -381,7 +388,8 @@ def holding_reservation(gpus: int, nodes: tuple[str, ...], until: float, now: fl
 
 def _spare(needed_gpus: int) -> str:
     """'the 1 spare GPU it needs is not free' / 'the 4 spare GPUs it needs are not free'."""
-    return f"the {_gpus(needed_gpus).replace(' GPU', ' spare GPU')} it needs {'is' if needed_gpus == 1 else 'are'} not free"
+    verb = "is" if needed_gpus == 1 else "are"
+    return f"the {_gpus(needed_gpus).replace(' GPU', ' spare GPU')} it needs {verb} not free"
 
 
 def not_considered(limit: int) -> PendingReason:

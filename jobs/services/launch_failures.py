@@ -34,13 +34,12 @@ from django.db import transaction
 
 from jobs.choices import JobEventKind
 from jobs.models import JobEvent
-from jobs.scheduling.reasons import PendingReason
+from jobs.scheduling import reasons
 from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)
 
 RETRY_WORDS = "Could not start on node "
-REASON_CODE = "launch_failed_on_node"  # (a wait reason the core never gives: the next cycle replaces it)
 # ``cannot start 'PROGRAM': WHY`` is the supervisor's wording for an exec that failed.
 _EXEC = re.compile(r"cannot start '(?P<program>[^']*)': (?P<why>.*)", re.DOTALL)
 _ANYWHERE = (
@@ -92,8 +91,7 @@ def retry_elsewhere(job_id: int, exit):
         earlier = "; ".join(message[len(RETRY_WORDS):].split(". Trying")[0] for message in tried)
         summary = f"could not start on {len(tried) + 1} nodes: {earlier}; {exit.node}: {error}" if tried else error
         return dataclasses.replace(exit, error=summary[:2000])
-    message = f"{RETRY_WORDS}{exit.node}: {error[:400]}. Trying another node."
-    requeued = lifecycle.requeue_now([job_id], PendingReason(REASON_CODE, message, {"node": exit.node}))
+    requeued = lifecycle.requeue_now([job_id], reasons.launch_failed_on_node(exit.node, error))
     if not requeued:
         return exit
     seconds = settings.COLONY_LAUNCH_AVOID_S
