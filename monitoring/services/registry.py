@@ -115,9 +115,9 @@ def register_node(message: NodeRegistered) -> Node:
         Node.objects.filter(pk=node.pk).update(state=NodeHealth.UP, state_changed_at=now)
         node.refresh_from_db()
     Gpu.objects.filter(node=node).exclude(uuid__in=reported).update(present=False)
-    for uuid, info in reported.items():
+    for gpu_uuid, info in reported.items():
         Gpu.objects.update_or_create(
-            uuid=uuid,
+            uuid=gpu_uuid,
             defaults={"node": node, "index": info.index, "model": info.model,
                       "memory_mib": info.memory_mib, "present": True, "isolation": info.isolation,
                       "mig_profile": info.mig_profile, "parent_index": info.parent_index},
@@ -273,7 +273,8 @@ def load_inventory() -> Inventory:
     cpus = [cpu for _, _, cpu, _ in nodes]
     memories = [mib for _, _, _, mib in nodes]
     reported = lambda values: bool(values) and None not in values  # noqa: E731
-    return Inventory(node_kinds=tuple(sorted(kinds.items())), runtimes=runtimes, mig_profiles=tuple(sorted(mig.items())),
+    return Inventory(node_kinds=tuple(sorted(kinds.items())), runtimes=runtimes,
+                     mig_profiles=tuple(sorted(mig.items())),
                      largest_cpu_milli=max(cpus) if reported(cpus) else None,
                      total_cpu_milli=sum(cpus) if reported(cpus) else None,
                      largest_host_memory_mib=max(memories) if reported(memories) else None,

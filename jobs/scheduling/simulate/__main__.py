@@ -33,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", default="philly",
                    help="philly, alibaba, or the path of a Colony JSON trace (manage.py export_trace)")
-    p.add_argument("--traces-dir", type=Path, default=None, help="folder of the public traces (default ../shared/traces)")
+    p.add_argument("--traces-dir", type=Path, default=None,
+                   help="folder of the public traces (default ../shared/traces)")
     p.add_argument("--pods", default="default", help="alibaba pod list: default, gpushare40, multigpu50 or a CSV path")
     p.add_argument("--nodes", type=int, default=None,
                    help="philly: nodes in the cluster (default 64); alibaba: evenly spaced subset of the node list")

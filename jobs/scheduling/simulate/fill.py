@@ -264,9 +264,9 @@ def summary(readings: list[Reading], levels: tuple[float, ...] = LEVELS) -> dict
     for level in levels:
         r = at(readings, level)
         if r is not None:
-            out[f"{round(level * 100)}"] = {"physical": r.physical, "requested": r.requested,
-                                            "fragmentation": r.fragmentation, "frag_of_unallocated": r.frag_of_unallocated,
-                                            "cpu_over_nodes": r.cpu_over}
+            out[f"{round(level * 100)}"] = {
+                "physical": r.physical, "requested": r.requested, "fragmentation": r.fragmentation,
+                "frag_of_unallocated": r.frag_of_unallocated, "cpu_over_nodes": r.cpu_over}
     return out
 
 

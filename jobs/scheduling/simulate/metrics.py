@@ -125,7 +125,8 @@ def _arrival_window(result: ReplayResult) -> dict:
         "window_gpu_utilisation": result.window_used_gpu_s / (result.trace.total_gpus * span),
         "window_gpu_allocation": result.window_busy_gpu_s / (result.trace.total_gpus * span),
         "window_gpu_physical_allocation": result.window_physical_gpu_s / (result.trace.total_gpus * span),
-        "window_gpu_memory_utilisation": result.window_memory_mib_s / (sum(n.gpus * n.memory_mib for n in nodes) * span),
+        "window_gpu_memory_utilisation":
+            result.window_memory_mib_s / (sum(n.gpus * n.memory_mib for n in nodes) * span),
     }
 
 

@@ -163,6 +163,7 @@ def windows_table(document: dict, baseline: str = "fifo_exclusive") -> str:
                 ratio = f"x{mine / base:.3f}" if base and mine is not None else "-"
                 lines.append(f"  {name:24s}" + "".join(cells) + f"{ratio:>28s}")
         if entry["synthetic"]:
-            lines.append(f"  JCT, queueing and fairness of sharing policies rest on synthetic {'; '.join(entry['synthetic'])}"
+            synthetic = "; ".join(entry["synthetic"])
+            lines.append(f"  JCT, queueing and fairness of sharing policies rest on synthetic {synthetic}"
                          " and on the interference level; exclusive policies' do not")
     return "\n".join(lines)

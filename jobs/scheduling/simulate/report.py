@@ -157,7 +157,8 @@ def write_html(comparison: dict, path: str | Path) -> None:
     for name, summary in runs.items():
         jcts = summary["jct_sorted_s"]
         n = len(jcts)
-        cdf.add_trace(go.Scatter(x=[j / 3600 for j in jcts], y=[(i + 1) / n for i in range(n)], mode="lines", name=name))
+        cdf.add_trace(go.Scatter(x=[j / 3600 for j in jcts], y=[(i + 1) / n for i in range(n)],
+                                 mode="lines", name=name))
     cdf.update_layout(title="Job completion time CDF", xaxis_title="JCT (hours, log)", xaxis_type="log",
                       yaxis_title="share of jobs")
     util = go.Figure()

@@ -190,7 +190,8 @@ def read_colony_trace(path: str | Path) -> Trace:
     if not isinstance(document, dict) or document.get("format") != "colony-trace":
         raise TraceFormatError(f"{path}: not a Colony trace (no \"format\": \"colony-trace\")")
     if document.get("version") != TRACE_FORMAT_VERSION:
-        raise TraceFormatError(f"{path}: trace version {document.get('version')!r}, this Colony reads {TRACE_FORMAT_VERSION}")
+        raise TraceFormatError(
+            f"{path}: trace version {document.get('version')!r}, this Colony reads {TRACE_FORMAT_VERSION}")
     try:
         jobs = tuple(
             TraceJob(**{**row, "gpu_models": frozenset(row.get("gpu_models", ()))}) for row in document["jobs"]
