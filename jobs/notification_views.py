@@ -81,7 +81,9 @@ def notification_settings(request):
         if request.POST.get("action") == "test":
             _send_test(request)
         return redirect("jobs:notifications")
-    recent = Notification.objects.filter(user=request.user).select_related("job")[:RECENT]
+    recent = list(Notification.objects.filter(user=request.user).select_related("job")[:RECENT])
+    for note in recent:
+        note.words = notifications.event_words(note.event)
     return render(request, "jobs/notifications.html", {"form": form, "recent": recent})
 
 

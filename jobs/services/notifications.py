@@ -76,12 +76,28 @@ EVENT_CHOICES = [
     (LONG_WAIT, "Job waiting longer than my limit"),
     (IDLE, "Job's GPUs idle (warned, made opportunistic, suspended or requeued by the tenant's policy)"),
 ]
+
+
+def event_words(event: str) -> str:
+    """What the notifications page calls an event: the words of the user's own settings, not the
+    stored key (``chain_cancelled``, ``alert:node_lost``)."""
+    if event.startswith(ALERT_PREFIX):
+        return dict(ALERT_EVENT_CHOICES).get(event, event[len(ALERT_PREFIX):].replace("_", " "))
+    return EVENT_WORDS.get(event, event.replace("_", " "))
+
+
 # Operators only. Dead letters are no Alert row (those need a node); jobs.services.alerts watches them.
 ALERT_PREFIX = "alert:"
 DEAD_LETTERS = f"{ALERT_PREFIX}dead_letters"
 ALERT_EVENT_CHOICES = [(f"{ALERT_PREFIX}{kind}", label) for kind, label in AlertKind.choices] + [
     (DEAD_LETTERS, "Messages dead-lettered (agents or readers sent what could not be applied)")]
 ALERT_EVENTS = [event for event, _ in ALERT_EVENT_CHOICES]
+EVENT_WORDS = {
+    SUCCEEDED: "succeeded", FAILED: "failed", TIMEOUT: "timed out", PREEMPTED: "preempted",
+    LONG_WAIT: "long wait", IDLE_WARNED: "idle GPUs: warned", IDLE_DEMOTED: "idle GPUs: made opportunistic",
+    IDLE_SUSPENDED: "idle GPUs: suspended", IDLE_REQUEUED: "idle GPUs: put back in the queue",
+    CHAIN_CANCELLED: "ended; the jobs after it cancelled",
+}
 EMAIL, WEBHOOK = "email", "webhook"
 MAX_LONG_WAIT_MINUTES = 7 * 24 * 60
 

@@ -80,3 +80,17 @@ def test_recent_messages_say_what_happened(page, alice_mail, charlie):
 
     assert "bert" in html and "Gave up after 5 tries" in html and "The webhook answered 500" in html
     assert "secret-llm" not in html  # another user's messages never show
+
+
+def test_recent_messages_name_events_in_words_not_stored_keys(page, alice_mail):
+    job = JobFactory(owner=alice_mail)
+    for event in ("chain_cancelled", "idle_demoted", "long_wait", "timeout"):
+        Notification.objects.create(user=alice_mail, job=job, event=event, channel="email",
+                                    dedupe_key=f"{job.pk}:{event}")
+
+    html = page.get(URL).content.decode()
+    table = html[html.index('id="recent-notifications"'):]
+
+    for words in ("ended; the jobs after it cancelled", "idle GPUs: made opportunistic", "long wait", "timed out"):
+        assert f"<td>{words}</td>" in table
+    assert "chain_cancelled" not in table and "idle_demoted" not in table
