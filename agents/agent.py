@@ -60,6 +60,7 @@ from agents.oom import enforcing, observed_verdict
 from agents.output_shipping import OutputShipper
 from agents.recent_exits import RecentExits
 from agents.runner import FinishedJob, JobRunner
+from agents.sessions import SessionRelay, interactive_launches
 
 # COMMAND_MAX_AGE_S lives with the command checks; the command line takes its default from here.
 __all__ = ["Agent", "COMMAND_MAX_AGE_S", "CredentialsRefused"]
@@ -149,6 +150,8 @@ class Agent:
         self._backoff = BACKOFF_FIRST
         self._disconnected_since: float | None = None
         self._output = OutputShipper(node, key)
+        # Interactive sessions' keystrokes and output, on a thread of their own so they echo fast.
+        self.sessions = SessionRelay(node, redis_url, key, runner.job_dir)
         self._next_output = 0.0
         # job id -> GPU index -> the most GPU memory a sample saw it hold (for memory-pressure exits).
         self._peak_mib: dict[int, dict[int, int]] = {}
@@ -209,6 +212,7 @@ class Agent:
         for finished in self.runner.recover(self.shutdown_grace):
             self._publish(self._exited(finished))
         self.commands.remember_launches(self.runner.last_launches())
+        self.sessions.start()
         try:
             while not stop.is_set():
                 self.step()
@@ -220,6 +224,7 @@ class Agent:
         if self._redis is None and time.monotonic() >= self._next_connect:
             self._connect()
         self._report_exits()
+        self.sessions.track(interactive_launches(self.runner))
         self._requeue_mps_faults()
         if time.monotonic() >= self._next_sample:
             self._take_sample()
@@ -253,6 +258,8 @@ class Agent:
             # that finished or ran out of memory just before the stop reached it is reported as it was.
             ended_by_stop = finished.exit_code != 0 and not finished.oom and not finished.timed_out
             self._publish(self._exited(dataclasses.replace(finished, requeue=ended_by_stop)))
+        self.sessions.track({})  # their last output goes out as the relay stops
+        self.sessions.close()
         self.runner.close()
         self.runner.isolation.close()  # the MPS daemons stop once no job of ours uses them
         if self._redis is None and self._outbox:

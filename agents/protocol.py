@@ -623,3 +623,75 @@ def decode_sample(fields: dict) -> NodeSample:
 def decode_output(fields: dict) -> JobOutput:
     """Parse one logs-stream entry; raises :class:`ProtocolError`."""
     return _parse(_output_adapter, fields, _AGENT_FIELDS)
+
+
+# ---------------------------------------------------------------- interactive sessions
+# A job whose launch env sets SESSION_IDLE_ENV runs on a pseudo-terminal (``agents.sessions``): the
+# control plane relays its user's keystrokes onto the node's session input stream (MACed with the
+# node key, in a domain of their own), and the node writes what the terminal printed to a stream
+# per job that only it may append to. The flag travels in the env so that a launch, re-sent or
+# not, carries everything the node needs; the API sets it, a spec may not (it starts with COLONY_).
+
+SESSION_IDLE_ENV = "COLONY_SESSION_IDLE_S"
+SESSION_IDLE_MIN_S = 60
+SESSION_IDLE_MAX_S = 7 * 86400
+SESSION_INPUT_BYTES = 4096  # raw bytes of keystrokes in one SessionInput
+SESSION_OUTPUT_BYTES = 16 * 1024  # raw bytes of terminal output in one SessionOutput
+TERMINAL_MAX_CELLS = 10_000
+
+
+def session_input_stream(node: str) -> str:
+    """Keystrokes and window sizes for ``node``'s interactive jobs; the control plane writes it."""
+    return f"colony:node:{node}:session-input"
+
+
+def session_output_stream(node: str, job_id: int) -> str:
+    """What job ``job_id``'s terminal printed on ``node``; only that node writes it."""
+    return f"colony:node:{node}:session-output:{job_id}"
+
+
+def session_idle_s(env: dict[str, str]) -> int | None:
+    """The idle timeout of an interactive job (from its launch env), or None for a batch job."""
+    value = env.get(SESSION_IDLE_ENV)
+    if value is None or not value.isdigit():
+        return None
+    return min(max(int(value), SESSION_IDLE_MIN_S), SESSION_IDLE_MAX_S)
+
+
+class SessionInput(_Command):
+    """Bytes a user typed into job ``job_id``'s terminal (``data``, base64) and/or its new window
+    size. ``launch_id`` pins the attempt: a requeued session's next run never gets old keystrokes."""
+
+    kind: Literal["session_input"] = "session_input"
+    job_id: int = Field(gt=0, le=ID_MAX)
+    launch_id: str = Field(min_length=1, max_length=64)
+    data: str = Field(default="", max_length=(SESSION_INPUT_BYTES + 2) // 3 * 4, pattern=r"^[A-Za-z0-9+/]*={0,2}$")
+    rows: int | None = Field(default=None, ge=1, le=TERMINAL_MAX_CELLS)
+    cols: int | None = Field(default=None, ge=1, le=TERMINAL_MAX_CELLS)
+
+
+class SessionOutput(_NodeMessage):
+    """Bytes job ``job_id``'s terminal printed (``data``, base64); ``eof``: the job ended and this
+    is the last of its output."""
+
+    kind: Literal["session_output"] = "session_output"
+    job_id: int = Field(gt=0, le=ID_MAX)
+    launch_id: str | None = Field(default=None, max_length=64)
+    data: str = Field(default="", max_length=(SESSION_OUTPUT_BYTES + 2) // 3 * 4,
+                      pattern=r"^[A-Za-z0-9+/]*={0,2}$")
+    gap: bool = False
+    eof: bool = False
+
+
+_session_input_adapter: TypeAdapter = TypeAdapter(SessionInput)
+_session_output_adapter: TypeAdapter = TypeAdapter(SessionOutput)
+
+
+def decode_session_input(fields: dict) -> SessionInput:
+    """Parse one session-input entry; raises :class:`ProtocolError` (its MAC is the agent's to check)."""
+    return _parse(_session_input_adapter, fields, _COMMAND_FIELDS)
+
+
+def decode_session_output(fields: dict) -> SessionOutput:
+    """Parse one session-output entry; raises :class:`ProtocolError`."""
+    return _parse(_session_output_adapter, fields, _AGENT_FIELDS)

@@ -71,7 +71,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from agents import code, containers, environments, supervise
+from agents import code, containers, environments, sessions, supervise
 from agents.accounts import DEFAULT_PASS_ENV, Account, NoAccount, RunAsPolicy
 from agents.backends.base import JobProcesses
 from agents.duty_cycler import DEFAULT_PERIOD, DutyCycler
@@ -104,7 +104,7 @@ from agents.job_records import (
     write_stop,
 )
 from agents.joblog import DEFAULT_MAX_LOG_BYTES
-from agents.protocol import LaunchJob, identity_env_names
+from agents.protocol import LaunchJob, identity_env_names, session_idle_s
 
 # Many importers (tests, bench, the agent) take these from here, not from where they live.
 __all__ = ["FinishedJob", "JobRunner", "LaunchError", "SUPERVISOR_START_SECONDS", "read_tail"]
@@ -298,6 +298,12 @@ class JobRunner:
             start_dir = work_dir
         env = job_env(cmd, account, start_dir, fence, pass_env=self.pass_env, job_path=self.job_path,
                       isolation=self.isolation, preempt_file=self.preempt_file(cmd.job_id))
+        idle_s = session_idle_s(cmd.env)
+        if idle_s is not None:  # an interactive session: the argv runs on a terminal (agents.sessions)
+            if cmd.image is not None:
+                raise LaunchError("interactive sessions do not run in container images yet; leave out the image")
+            fifo = sessions.prepare_input(self.job_dir(cmd.job_id), account.gid if account else None)
+            return start_dir, sessions.host_command(fifo, idle_s, list(cmd.argv)), env, None
         if cmd.image is None:
             return start_dir, list(cmd.argv), env, None
         try:

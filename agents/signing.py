@@ -135,10 +135,14 @@ def redis_acl_rules(node: str, password: str) -> list[str]:
         "+ping", "+time", "+xadd",
         f"%W~{protocol.node_events_stream(node)}", f"%W~{protocol.node_metrics_stream(node)}",
         f"%W~{protocol.node_logs_stream(node)}",
+        # Interactive sessions: what each of its jobs' terminals printed (one stream per job).
+        f"%W~{protocol.session_output_stream(node, '*')}",
         # Own command stream (consumer group read, ack, create), own heartbeat: each key only
         # the commands it needs, so a node cannot, say, turn its command stream into a string.
         f"(~{protocol.command_stream(node)} +xreadgroup +xack +xgroup|create)",
         f"(~{protocol.heartbeat_key(node)} +set)",
+        # Keystrokes for its sessions, which the control plane writes: read only, no group.
+        f"(%R~{protocol.session_input_stream(node)} +xread)",
         # Code archives the control plane staged for this node's launches: read only.
         f"(%R~{protocol.code_key(node, '*')} +lrange +llen)",
     ]

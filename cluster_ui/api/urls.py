@@ -7,6 +7,7 @@ from rest_framework.urlpatterns import format_suffix_patterns
 
 from cluster_ui.api.audit import AuditEventListView
 from cluster_ui.api.tokens import ObtainTokenView, TokenDetailView, TokenListView
+from jobs.api.sessions import SessionInputView, SessionOutputView
 from jobs.api.urls import router as jobs_router
 
 index = DefaultRouter()
@@ -18,6 +19,8 @@ urlpatterns = [
     path("auth/tokens/", TokenListView.as_view(), name="api-token-list"),
     path("auth/tokens/<int:pk>/", TokenDetailView.as_view(), name="api-token-detail"),
     path("audit/", AuditEventListView.as_view(), name="api-audit"),
+    path("jobs/<int:pk>/session/input/", SessionInputView.as_view(), name="api-session-input"),
+    path("jobs/<int:pk>/session/output/", SessionOutputView.as_view(), name="api-session-output"),
     path("", include("jobs.api.urls")),
     path("", include("monitoring.api.urls")),
     *format_suffix_patterns([path("", index.get_api_root_view(), name=index.root_view_name)]),

@@ -16,7 +16,7 @@ import time
 from datetime import datetime, timezone
 
 from agents import units
-from cluster_ui.cli import cancel, history, login, submit
+from cluster_ui.cli import cancel, history, login, shell, submit
 from cluster_ui.cli.client import ApiError, Client, ConfigError, Usage, resolve
 from cluster_ui.cli.submit import cmd_submit, default_name  # noqa: F401  (still importable from here)
 
@@ -318,6 +318,17 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_arguments(cancel_parser)
     cancel_parser.set_defaults(run=cancel.cmd_cancel)
 
+    shell_parser = commands.add_parser(
+        "shell", parents=[common], help="an interactive session on a node (a terminal in a job)",
+        usage="colony shell [options] [-- COMMAND [ARG ...]]\n       colony shell --attach ID",
+        description="Start an interactive session: a job that runs COMMAND (default: bash -l) on a terminal, "
+                    "placed and accounted like any other job, attached to this terminal once it runs. It ends "
+                    "when the command exits (colony shell exits with its code) or after --idle without input. "
+                    "Enter ~ . detaches and leaves it running. Takes colony submit's options; uploads no code "
+                    "unless --code DIR is given.")
+    shell.add_arguments(shell_parser)
+    shell_parser.set_defaults(run=shell.cmd_shell)
+
     history_parser = commands.add_parser("history", parents=[common],
                                          help="your finished jobs: state, runtime, GPU-hours, use")
     history.add_arguments(history_parser)
@@ -345,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
     elif not as_json and text is not None:
         print(text)
-    return OK
+    return getattr(args, "exit_status", OK)  # colony shell: the session's own exit code
 
 
 def report_api_error(exc: ApiError, as_json: bool) -> int:

@@ -19,7 +19,7 @@ from cluster_ui.api.shared_fields import CheckedOnSharedFields, RepresentedOnce
 from jobs.choices import TERMINAL_STATES, RunClass, JobEventKind, JobState
 from jobs.models import CodeArchive, Job
 from jobs.scheduling.reasons import ReasonCode
-from jobs.services import arrays, cancellation, roles
+from jobs.services import arrays, cancellation, roles, sessions
 from jobs.services.eta import eta_seconds
 from jobs.services.submission import tenants_of
 from monitoring.services.registry import cluster_inventory
@@ -122,6 +122,9 @@ class JobSerializer(RepresentedOnce, serializers.ModelSerializer):
     dependencies = serializers.SerializerMethodField(help_text='Jobs it waits for: [{"job": 41, "kind": "ok"}].')
     preemptions = serializers.IntegerField(source="preempt_count", read_only=True)
     cpus = serializers.SerializerMethodField(help_text="CPU cores it asked for (whole job).")
+    session = serializers.SerializerMethodField(
+        help_text='An interactive session: {"idle_timeout_s": N} (attach with colony shell --attach ID); null for a '
+                  "batch job.")
     idle = serializers.SerializerMethodField(
         help_text="Running with all its GPUs idle under its tenant's idle policy: {since, minutes, done, next_step, "
                   "next_at, upcoming: [{step, minutes, at}]}; null otherwise.")
@@ -138,7 +141,7 @@ class JobSerializer(RepresentedOnce, serializers.ModelSerializer):
             "state", "run_class", "pending_reason", "allocations", "events", "attempt", "requeue_count",
             "preempt_count",
             "peak_gpu_memory_mib", "exit_code", "error", "output_tail", "submitted_at", "placed_at",
-            "started_at", "finished_at", "idle",
+            "started_at", "finished_at", "idle", "session",
         ]
         read_only_fields = fields
 
@@ -155,6 +158,11 @@ class JobSerializer(RepresentedOnce, serializers.ModelSerializer):
 
         idle = idle_reclaim.idle_state(job)
         return None if idle is None else idle.as_dict()
+
+    @extend_schema_field({"type": "object", "nullable": True})
+    def get_session(self, job) -> dict | None:
+        idle = sessions.idle_timeout_s(job)
+        return None if idle is None else {"idle_timeout_s": idle}
 
     def get_dependencies(self, job) -> list[dict]:
         return [{"job": d.on_id, "kind": d.kind} for d in job.dependencies.all()]
@@ -238,6 +246,13 @@ class JobSubmitSerializer(CheckedOnSharedFields, RejectUnknownFieldsMixin, seria
                                      help_text="Start only after these jobs succeed; cancelled if one does not.")
     after_any = serializers.ListField(child=serializers.IntegerField(min_value=1), required=False,
                                       max_length=MAX_DEPENDENCIES, help_text="Start only after these jobs end.")
+    interactive = serializers.BooleanField(
+        required=False, default=False,
+        help_text="An interactive session (colony shell): the command runs on a terminal you attach to through "
+                  "/api/v1/jobs/{id}/session/, on one node.")
+    idle_timeout_s = serializers.IntegerField(
+        min_value=protocol.SESSION_IDLE_MIN_S, max_value=protocol.SESSION_IDLE_MAX_S, required=False, allow_null=True,
+        help_text=f"An interactive session ends after this long without input (default {sessions.DEFAULT_IDLE_S}).")
 
     def validate_command(self, command: list[str]) -> list[str]:
         if not command[0].strip():
@@ -288,6 +303,7 @@ class JobSubmitSerializer(CheckedOnSharedFields, RejectUnknownFieldsMixin, seria
         if attrs.get("gpu_milli", 1000) < 1000 and attrs["gpus"] != 1:
             raise serializers.ValidationError({"gpu_milli": ["A GPU fraction is only possible with gpus=1."]})
         self._check_mig_request(attrs)
+        self._check_session(attrs)
         self._check_launch_size(attrs["command"], attrs.get("env") or {})
         self._host_request(attrs)
         self._check_where_and_what(attrs)
@@ -502,6 +518,23 @@ class JobSubmitSerializer(CheckedOnSharedFields, RejectUnknownFieldsMixin, seria
                 f"of {need} GPU{'' if need == '1' else 's'} could never start. An operator can raise the ceiling "
                 "in the admin (Tenants)."
             ]})
+
+    @staticmethod
+    def _check_session(attrs) -> None:
+        """An interactive session is one job on one node; its idle timeout travels in its launch env."""
+        interactive, idle = attrs.pop("interactive", False), attrs.pop("idle_timeout_s", None)
+        if not interactive:
+            if idle is not None:
+                raise serializers.ValidationError({"idle_timeout_s": ["Only for an interactive session."]})
+            return
+        if attrs.get("array", "").strip():
+            raise serializers.ValidationError({"array": ["An interactive session is one job; leave out array."]})
+        if attrs.get("image"):
+            raise serializers.ValidationError({"image": ["Interactive sessions do not run in container images yet."]})
+        if attrs.get("max_nodes") not in (None, 1):
+            raise serializers.ValidationError({"max_nodes": ["An interactive session runs on one node."]})
+        attrs["max_nodes"] = 1
+        attrs["env"] = {**(attrs.get("env") or {}), protocol.SESSION_IDLE_ENV: str(idle or sessions.DEFAULT_IDLE_S)}
 
     @staticmethod
     def _check_launch_size(command: list[str], env: dict[str, str]) -> None:

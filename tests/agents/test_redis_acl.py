@@ -113,6 +113,25 @@ def test_a_node_user_cannot_read_another_nodes_commands_or_what_others_sent(redi
     assert redis_client.xlen(protocol.EVENTS_STREAM) == 1
 
 
+def test_a_node_user_reads_only_its_own_session_keystrokes_and_writes_only_its_own_terminals(
+        redis_client, acl_users):
+    redis_client.xadd(protocol.session_input_stream("node-a"), {"m": "keys for node-a"})
+    redis_client.xadd(protocol.session_input_stream("node-b"), {"m": "keys for node-b"})
+    node_a = acl_users("node-a")
+
+    assert len(node_a.xread({protocol.session_input_stream("node-a"): "0"})[0][1]) == 1
+    node_a.xadd(protocol.session_output_stream("node-a", 7), {"m": "x"}, maxlen=1000, approximate=True)
+    forbidden = {
+        "XREAD node-b's keystrokes": lambda: node_a.xread({protocol.session_input_stream("node-b"): "0"}),
+        "XADD to its own keystrokes": lambda: node_a.xadd(protocol.session_input_stream("node-a"), {"m": "x"}),
+        "XTRIM its own keystrokes": lambda: node_a.xtrim(protocol.session_input_stream("node-a"), maxlen=0),
+        "XADD node-b's terminal": lambda: node_a.xadd(protocol.session_output_stream("node-b", 7), {"m": "x"}),
+        "XRANGE its own terminal back": lambda: node_a.xrange(protocol.session_output_stream("node-a", 7)),
+    }
+    assert [what for what, call in forbidden.items() if not _refused(call)] == []
+    assert redis_client.xlen(protocol.session_output_stream("node-a", 7)) == 1
+
+
 def _refused(call) -> bool:
     try:
         call()
