@@ -404,7 +404,7 @@ class JobRunner:
         """The duty cycler's signals (called with its lock held), checked against the leader."""
         job = self._jobs.get(job_id)
         if job is not None and job.pid == pgid:
-            job.leader.signal_group(signum, job_id)
+            self._signal_group(job, signum)
 
     def running(self) -> set[int]:
         """Ids of jobs whose exit has not yet been returned by :meth:`poll`."""
@@ -609,6 +609,7 @@ class JobRunner:
             return self._finished(job, result, keep_records=True)
         self._jobs[job_id] = job
         self.isolation.adopt(job.command)
+        self.isolation.freeze(job_id, False)  # as take_over's SIGCONT: a duty cycle may have left it frozen
         log.info("job %d: adopted from an earlier agent (pid %d, supervisor %d)", job_id, job.pid, job.supervisor.pid)
         if job.command.duty_cycle < 1:
             self.set_duty_cycle(job_id, job.command.duty_cycle)
@@ -652,6 +653,12 @@ class JobRunner:
         self._exiting = []
 
     def _signal_group(self, job: RunningJob, signum: int) -> None:
+        """Signal the job's process group; a stop or continue also freezes or thaws its cgroup,
+        so what left the group (``setsid()``) stops and continues with it."""
         if signum == signal.SIGKILL:
             job.killed = True
+        if signum == signal.SIGCONT:
+            self.isolation.freeze(job.job_id, False)
         job.leader.signal_group(signum, job.job_id)
+        if signum == signal.SIGSTOP:
+            self.isolation.freeze(job.job_id, True)

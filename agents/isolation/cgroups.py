@@ -185,6 +185,18 @@ class JobCgroups:
             _write(path / "cpu.max", f"{quota if quota else 'max'} {CPU_PERIOD_US}")
         return path
 
+    def freeze(self, job_id: int, frozen: bool) -> None:
+        """Freeze (or thaw) everything in the job's cgroup. Suspension and duty cycles signal the
+        job's process group, which a child that called ``setsid()`` (a daemon, a session's shell)
+        has left; the freezer reaches it. The supervisor is outside the cgroup and runs on."""
+        try:
+            _write(self.path(job_id) / "cgroup.freeze", "1" if frozen else "0")
+        except FileNotFoundError:
+            pass  # not made yet, or already removed: nothing of the job runs in it
+        except OSError as exc:
+            log.warning("cannot %s the cgroup of job %d: %s", "freeze" if frozen else "thaw", job_id,
+                        exc.strerror or exc)
+
     def remove(self, job_id: int) -> bool:
         """Kill what is left in the job's cgroup and remove it; False while processes (a straggler
         on its way out) are still in it, so the caller tries again later."""

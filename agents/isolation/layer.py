@@ -275,6 +275,11 @@ class IsolationLayer:
         log.info("job %d: GPU memory limited to %d MiB (soft %d MiB) on GPU(s) %s in %s",
                  cmd.job_id, hard, soft, indices, cgroup)
 
+    def freeze(self, job_id: int, frozen: bool) -> None:
+        """Freeze or thaw the job's cgroup, where the node makes them (see ``JobCgroups.freeze``)."""
+        if self.cgroups is not None:
+            self.cgroups.freeze(job_id, frozen)
+
     def release(self, job_id: int) -> None:
         """The job ended (or never started): forget its MPS link, remove its cgroup (which clears
         its limits); a cgroup not yet empty is removed by a later :meth:`retry_releases`."""

@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import stat
+import time
 import uuid
 from pathlib import Path
 
@@ -233,3 +234,32 @@ def test_a_cgroup_an_earlier_attempt_left_is_made_anew_for_the_next_one(tmp_path
     runner.launch(cmd)
     [done] = wait_for(runner.poll, timeout=30)
     assert done.output_tail.strip() == "No such device or address"  # its own GPU, past the filter
+
+
+def test_a_suspended_job_freezes_whole_even_a_child_that_left_its_process_group(tmp_path, cgroup_root, runners):
+    """Suspension and duty cycles signal the job's process group; a child that called setsid()
+    (a daemon, an interactive session's shell) is not in it. Frozen through the cgroup, it stops
+    too: a borrower cannot keep the GPU at full speed beside a guaranteed job that way."""
+    runners.append(runner := make_runner(tmp_path, cgroup_root))
+    ticks = tmp_path / "ticks"
+    child = tmp_path / "child.py"
+    child.write_text("import time\nn = 0\nwhile True:\n    n += 1\n"
+                     f"    open({str(ticks)!r}, 'w').write(str(n))\n    time.sleep(0.01)\n")
+    escapee = python(
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, {str(child)!r}], start_new_session=True,"
+        " stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)\n"
+        "time.sleep(300)\n")
+    cmd = launch(escapee)
+    runner.launch(cmd)
+    count = lambda: int(ticks.read_text() or 0) if ticks.exists() else 0  # noqa: E731
+    wait_for(lambda: count() > 5, timeout=30)
+
+    assert runner.suspend(cmd.job_id)
+    time.sleep(0.3)  # a tick already under way lands
+    frozen_at = count()
+    time.sleep(1.0)
+    assert count() == frozen_at, "a child outside the job's process group kept running while suspended"
+
+    assert runner.resume(cmd.job_id)
+    wait_for(lambda: count() > frozen_at + 5, timeout=10)
