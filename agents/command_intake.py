@@ -97,6 +97,9 @@ class CommandIntake:
         self._launched_at: OrderedDict[str, float] = OrderedDict()  # launch command id -> when applied here
         # job id -> the newest launch attempt seen for it (least recently launched forgotten first).
         self._launch_attempts: OrderedDict[int, int] = OrderedDict()
+        # Launch command ids a stop named: the control plane gave those attempts up, so their
+        # launch, arriving after the stop (re-sent, duplicated, reordered), must never start.
+        self._stopped_launches = _BoundedSet(MEMORY_SIZE)
 
     def read(self, client: redis.Redis, block_ms: int) -> None:
         """Read a batch (blocking at most ``block_ms`` for the first entry), apply and ack it."""
@@ -158,11 +161,20 @@ class CommandIntake:
             taken_not_started = isinstance(command, protocol.LaunchJob) and self._taken_not_started(command)
             if not taken_not_started:
                 log.info("command %s already applied; skipping", command.command_id)
-                if isinstance(command, protocol.LaunchJob) and not self._adopted_late(command.job_id, command.command_id):
+                if (isinstance(command, protocol.LaunchJob)
+                        and not self._adopted_late(command.job_id, command.command_id)):
                     self._answer_resent_launch(command)
                 return
             log.warning("launch %s: an earlier agent on this node took it and stopped before starting job %d; "
                         "starting it now", command.command_id, command.job_id)
+        if isinstance(command, protocol.LaunchJob) and command.command_id in self._stopped_launches:
+            # Its stop came first (a re-sent launch of an attempt whose node was since lost and
+            # whose job was requeued, within the launch lease): starting it would run the job
+            # beside its next attempt, and run it twice.
+            self.stale_launches += 1
+            self._dead_letter(entry_id, fields, f"command {command.command_id} refused: attempt "
+                              f"{command.attempt} of job {command.job_id} was stopped here before its launch came")
+            return
         if isinstance(command, protocol.LaunchJob) and command.attempt is not None and not taken_not_started:
             if seen is not None and command.attempt <= seen:
                 self._dead_letter(entry_id, fields, f"command {command.command_id} refused: launch attempt "
@@ -333,6 +345,8 @@ class CommandIntake:
             self._publish(report)
 
     def _stop_job(self, command: protocol.StopJob) -> None:
+        if command.launch_id is not None:
+            self._stopped_launches.add(command.launch_id)
         running = self.runner.running_launches().get(command.job_id)
         if running is None:  # (an attempt an earlier agent left, unseen so far, is stopped too)
             if self._ended_late(command.job_id, command.launch_id):
@@ -361,7 +375,8 @@ class CommandIntake:
     def _not_here(command, applied: bool) -> None:
         if not applied:
             # Finished, stopping, or never here: the server learns the job's fate from its events.
-            log.info("%s %s: job %d is not running here; nothing to do", command.kind, command.command_id, command.job_id)
+            log.info("%s %s: job %d is not running here; nothing to do", command.kind, command.command_id,
+                     command.job_id)
 
     def _dead_letter(self, entry_id, fields: dict, reason: str) -> None:
         """Report a refused command entry; the control plane dead-letters it (this node may write
