@@ -3,14 +3,17 @@
 No Django, no Redis, no clock: ``now`` is an argument. The production loop
 (``jobs.services.scheduling_loop``) and the trace-replay simulator drive the same functions.
 
-Map: ``snapshot`` + ``config`` (inputs) -> ``cycle.decide`` (the passes, the borrowing one in
-``borrowing``, with what they change in ``cycle_state.CycleState``, what they reuse in
-``cycle_state.Memo`` and what the next cycle may reuse in ``carry``) using ``capacity`` (indexed
-working copy), ``filters`` (one module per constraint: GPU model and memory, gang width, container
-runtime, compute room, exclusivity, cordon, CPU and host memory), ``placement`` + ``topology``
-(where; ``fragmentation_score`` ranks the candidates by FGD's gradient of ``fragmentation``), ``reclaim`` (victims), ``reservation`` (gang starvation guard), ``user_limits`` (a lead's
-per-member caps), ``duty_cycles`` (AIMD duty cycles), ``waiting``, ``eta``, ``explain`` +
-``reasons`` (why pending) -> ``decisions`` (outputs).
+Map: ``snapshot`` + ``config`` (inputs) -> ``cycle.decide`` (the policy: its docstring names the
+steps; the pass objects ``queues``, ``guaranteed``, ``borrowing``, ``search``, ``outcomes`` and
+``waiting`` are handed what they read in ``cycle_state.CycleInputs``, what they change in
+``cycle_state.CycleState``, what they reuse in ``cycle_state.Memo``; what the next cycle may reuse
+is in ``carry``) using ``capacity`` (indexed working copy), ``filters`` (one ``protocol.Filter``
+per constraint in a registry: GPU model and memory, gang width, container runtime, compute room,
+exclusivity, isolation, cordon, CPU and host memory), ``placement`` + ``topology`` (where;
+``fragmentation_score`` ranks the candidates by FGD's gradient of ``fragmentation``), ``reclaim``
+(victims), ``reservation`` (gang starvation guard), ``user_limits`` (a lead's per-member caps),
+``duty_cycles`` (AIMD duty cycles), ``eta``, ``explain`` + ``reasons`` (why pending) ->
+``decisions`` (outputs).
 ``usage`` holds the fair-share decay the service keeps; ``policies`` the baselines the trace
 replay compares.
 """

@@ -1,16 +1,18 @@
 """The borrowing pass (step 4 of ``cycle``): everything the guaranteed pass left, tenant by tenant
-in weighted fair-share order, never past a tenant's ``max_gpus``.
+in weighted fair-share order (lowest (decayed usage + GPUs held) / weight first, re-ranked after
+every placement), never past a tenant's ``max_gpus``. Within a tenant, priority then submit time;
+a job that does not fit is skipped, not waited on (gangs are protected by the reservation instead).
 
-Part of ``cycle.Cycle``, as ``waiting.Waiting`` is. At 50,000 pending jobs this pass sees every
-one of them, and almost all are settled without a search: a tenant's requests of one shape get
-the same answer until something changes (a placement, a hold, the search budget running out).
-Where a tenant's jobs come in few requests (``TenantQueue.shares_keys``), the first job of each
-memo key is settled one by one and the jobs after it by the answer it got: a few inline, then
-whole runs at once (``_settle_known``: slices and maps over the queue's carried columns, one map
-to build their ``Pending``). Where nearly every job is a request of its own, each is settled one
-by one (``_one_by_one``), as every job was before. Jobs whose answer is their own (array jobs,
-members of users with limits, jobs already handled) always go one by one. Either way the
-decisions are the same (tests/scheduling/test_borrowing.py).
+At 50,000 pending jobs this pass sees every one of them, and almost all are settled without a
+search: a tenant's requests of one shape get the same answer until something changes (a
+placement, a hold, the search budget running out). Where a tenant's jobs come in few requests
+(``TenantQueue.shares_keys``), the first job of each memo key is settled one by one and the jobs
+after it by the answer it got: a few inline, then whole runs at once (``_settle_known``: slices
+and maps over the queue's carried columns, one map to build their ``Pending``). Where nearly every
+job is a request of its own, each is settled one by one (``_one_by_one``), as every job was
+before. Jobs whose answer is their own (array jobs, members of users with limits, jobs already
+handled) always go one by one. Either way the decisions are the same
+(tests/scheduling/test_borrowing.py).
 """
 
 from __future__ import annotations
@@ -20,9 +22,17 @@ from operator import itemgetter
 
 from jobs.scheduling import reasons
 from jobs.scheduling.carry import ALONE, Entry, FlaggedOutcome, Outcome
+from jobs.scheduling.cycle_state import CycleInputs, CycleState, Memo
 from jobs.scheduling.decisions import Preempt, PreemptReason, new_pending
+from jobs.scheduling.eta import QueueEta
+from jobs.scheduling.outcomes import JobOutcomes, node_names
 from jobs.scheduling.placement import OneNodeWait, Shape
-from jobs.scheduling.snapshot import JobClass, JobRequest, Promise
+from jobs.scheduling.search import GpuSearch
+from jobs.scheduling.snapshot import JobClass, JobRequest, Promise, TenantQuota
+from jobs.scheduling.turnover import Turnover
+from jobs.scheduling.usage import weighted_share
+from jobs.scheduling.user_limits import UserLimits
+from jobs.scheduling.waiting import WaitExplainer
 
 OPPORTUNISTIC = JobClass.OPPORTUNISTIC
 
@@ -37,19 +47,26 @@ ANSWERED_AT = object()
 BULK_AFTER, FIRST_CHUNK, LARGEST_CHUNK = 4, 16, 1024
 
 
-class Borrowing:
+class BorrowingPass:
     # Settle the jobs that share an answered memo key many at a time (False: every job one by one,
     # as the tests compare).
     settle_in_bulk = True
 
-    def _borrowing_pass(self, queues: dict[str, list[Entry]]) -> None:
+    def __init__(self, inputs: CycleInputs, state: CycleState, memo: Memo, search: GpuSearch,
+                 outcomes: JobOutcomes, waits: WaitExplainer, users: UserLimits, queue_eta: QueueEta,
+                 turnover: Turnover | None):
+        self.inputs, self.now, self.config, self.carry = inputs, inputs.now, inputs.config, inputs.carry
+        self.state, self.memo, self.search, self.outcomes, self.waits = state, memo, search, outcomes, waits
+        self.users, self.queue_eta, self.turnover = users, queue_eta, turnover
+
+    def run(self, queues: dict[str, list[Entry]]) -> None:
         cursors = dict.fromkeys(queues, 0)
         heap = [(self._share(t), t) for t in queues]
         heapq.heapify(heap)
         held, carried = self.state.held, self.carry.queues
         while heap:
             _, tenant = heapq.heappop(heap)
-            queue, quota = queues[tenant], self.quota(tenant)
+            queue, quota = queues[tenant], self.inputs.quota(tenant)
             position, end = cursors[tenant], len(queue)
             if held[tenant] >= quota.ceiling_milli:  # at the ceiling: nothing more of this tenant can run
                 self._all_at_ceiling(queue, position, quota)
@@ -107,7 +124,7 @@ class Borrowing:
         gets that answer (kept while true: emptied when the version, the search budget or the
         queue's ETAs move), each answer a job's key gave is kept there, and it stops before the
         job after ``BULK_AFTER`` answered ones in a row, for ``_visit_in_bulk`` to settle the run."""
-        state, memo, now = self.state, self.memo, self.now
+        state, memo, now, outcomes = self.state, self.memo, self.now, self.outcomes
         handled, limit = state.handled, self.config.max_placement_searches
         one_node_wait, users_limited = self.config.gang_single_node_wait_s, bool(self.users.limits)
         append_pending, queue_eta = state.pending.append, self.queue_eta
@@ -123,7 +140,7 @@ class Borrowing:
                     at_version, at_exhausted, at_out = state.version, queue_eta.exhausted, state.searches >= limit
                     answers.clear()
                     answers[ANSWERED_AT], run = (at_version, at_exhausted, at_out), 0
-                    # (a hold moves the version too: ``Waiting._hold``; only a hold changes the keys)
+                    # (a hold moves the version too: ``WaitExplainer._hold``; only a hold changes the keys)
                     holder = state.holder
                     if (None if holder is None else holder[2]) != memo.keys[tenant][0]:
                         return position, False  # a hold came: which jobs may backfill it is asked again
@@ -141,18 +158,18 @@ class Borrowing:
                 run = 0
             if job.id in handled:
                 continue
-            if job.array_limit is not None and self._array_full(job):
-                self._wait_for_array(job)
+            if job.array_limit is not None and outcomes.array_full(job):
+                outcomes.wait_for_array(job)
                 continue
             if users_limited and (capped := self.users.why_waiting(job)) is not None:
-                self._wait(job, *capped)
+                outcomes.wait(job, *capped)
                 continue
             if state.version != version:
                 version, holder = state.version, state.holder
                 backfill_until = None if holder is None else holder[2]
                 known = memo.now(version)
             # Its memo key: its outcome, set apart when it may backfill the hold (``may_backfill``)
-            # or is a gang young enough to wait for one node (``Cycle._young_gang``).
+            # or is a gang young enough to wait for one node (``GpuSearch.young_gang``).
             key = outcome
             if depends:
                 backfill = (backfill_until is not None and (runtime := job.expected_runtime_s) is not None
@@ -164,16 +181,16 @@ class Borrowing:
                     key = outcome.young_key or outcome.key(False, True)
             if need > room:
                 if by_need is None:
-                    by_need = self._ceiling_waits(tenant)
-                answer = by_need.get(need) or self._ceiling_wait(quota, need)
+                    by_need = self.waits.ceiling_waits(tenant)
+                answer = by_need.get(need) or self.waits.ceiling_wait(quota, need)
                 append_pending(new_pending((job.id, *answer)))
             elif state.searches >= limit:
-                answer = (self._reason(reasons.not_considered, limit), None)
+                answer = (memo.reason(reasons.not_considered, limit), None)
                 append_pending(new_pending((job.id, *answer)))
             else:
                 reason = known.get(key)
                 if reason is None:
-                    if self._admit_borrowing(job, shape, key):
+                    if self._admit(job, shape, key):
                         return position + 1, True
                     # (unless the answer was the job's own, or a hold taken meanwhile changed it)
                     if answers is None or state.version != version or (reason := known.get(key)) is None:
@@ -235,29 +252,56 @@ class Borrowing:
             state.preemptions.append(Preempt(
                 victim.id, PreemptReason.LEAST_ATTAINED,
                 f"Job {job.id} has had less GPU time: borrowed GPUs go to the least served first", for_job_id=job.id))
-        nodes = tuple(sorted({gpu.node.name for gpu in found.gpus}))
         # Promised, as a guarantee's reclaim is: the freed GPUs are its, not the next borrower's in
         # line (a victim would take them back, and be preempted again: thousands of preemptions).
         state.promises.append(Promise(job.id, job.tenant, tuple(gpu.id for gpu in found.gpus)))
-        self._count(job, OPPORTUNISTIC)
-        self._wait(job, reasons.turning_over(job.gpus, len(found.victims), nodes), eta=0.0)
+        self.outcomes.count(job, OPPORTUNISTIC)
+        self.outcomes.wait(job, reasons.turning_over(job.gpus, len(found.victims), node_names(found.gpus)), eta=0.0)
         return True
 
-    def _admit_borrowing(self, job: JobRequest, shape: Shape, key: Outcome | FlaggedOutcome) -> bool:
+    def _admit(self, job: JobRequest, shape: Shape, key: Outcome | FlaggedOutcome) -> bool:
         """A job whose outcome under ``key`` is not known at this version: search, then place it or
         say why not (and remember that answer for the same key)."""
         version = self.state.version
-        choice = self._find(job, shape, OPPORTUNISTIC)
+        choice = self.search.find(job, shape, OPPORTUNISTIC)
         if isinstance(choice, OneNodeWait):
-            self._wait_for_one_node(job, choice)  # not memoised: its ETA is its own
+            self.outcomes.wait_for_one_node(job, choice)  # not memoised: its ETA is its own
             return False
         if choice is not None:
             if self.turnover is not None and self.turnover.wants(job, shape, choice) and self._turn_over(job, shape):
                 return True  # (what its tenant holds moved, as with a placement: the visit ends)
-            self._place(job, shape, OPPORTUNISTIC, choice)
+            self.outcomes.place(job, shape, OPPORTUNISTIC, choice)
             self.state.borrowing_tenants.add(job.tenant)
             return True
-        reason = self._blocked(job, shape, OPPORTUNISTIC)
+        reason = self.waits.blocked(job, shape, OPPORTUNISTIC)
         if self.state.version == version:  # (a hold taken meanwhile changed the answer)
             self.memo.now(version)[key] = reason
         return False
+
+    def _all_at_ceiling(self, queue: list[Entry], position: int, quota: TenantQuota) -> None:
+        """Every job of ``queue`` from ``position`` on waits for its tenant's ceiling: what each is
+        told depends only on the milli-GPUs it needs."""
+        by_need = self.waits.ceiling_waits(quota.name)
+        handled, pending = self.state.handled, self.state.pending
+        if self.settle_in_bulk:
+            columns = self.carry.queues[quota.name].columns_of()
+            ids, needs = columns.ids[position:], columns.needs[position:]
+            if handled.isdisjoint(ids):
+                # (tens of thousands of jobs at their ceiling, a handful of needs: C-level maps)
+                for need in dict.fromkeys(needs):  # (each distinct need once, in queue order)
+                    if need not in by_need:
+                        self.waits.ceiling_wait(quota, need)
+                found = list(map(by_need.__getitem__, needs))
+                pending.extend(map(new_pending, zip(ids, map(_reason_of, found), map(_eta_of, found))))
+                return
+        for job, _, need, _, _ in queue[position:]:
+            if job.id in handled:
+                continue
+            found = by_need.get(need)
+            if found is None:
+                found = self.waits.ceiling_wait(quota, need)
+            pending.append(new_pending((job.id, *found)))
+
+    def _share(self, tenant: str) -> float:
+        quota = self.inputs.quota(tenant)
+        return weighted_share(quota.decayed_usage, self.state.held[tenant], quota.weight, self.config.usage_half_life_s)

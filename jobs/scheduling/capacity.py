@@ -26,13 +26,24 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from operator import attrgetter
+from typing import NamedTuple
 
 from jobs.scheduling.config import SchedulerConfig
-from jobs.scheduling.filters import host_resources
+from jobs.scheduling.filters import exclusivity, host_resources
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass, RunningJob
 
-# (model, memory_mib, intra-node GB/s, has a container runtime, MIG profile or "" for a whole GPU)
-Pool = tuple[str, int, float, bool, str]
+
+
+class Pool(NamedTuple):
+    """GPUs that every static filter judges alike: one index pool."""
+
+    model: str
+    memory_mib: int
+    gb_per_s: float  # the node's intra-node link
+    has_runtime: bool  # the node runs jobs with an image
+    mig_profile: str  # "" for a whole GPU
+
+
 ROOM_STEP = 100
 ROOM_BUCKETS = WHOLE_GPU_MILLI // ROOM_STEP + 1  # bucket 10 holds exactly one whole GPU of room
 _by_index = attrgetter("index")
@@ -44,9 +55,9 @@ def room_bucket(room_milli: int) -> int:
 
 class GpuSlot:
     __slots__ = ("key", "id", "index", "model", "node", "pool", "capacity_mib", "used_mib", "load_milli",
-                 "live_load", "live_used_mib", "guaranteed_milli", "guaranteed_count", "exclusive", "occupants", "blocked",
-                 "promised", "residents", "opp_entry", "guar_entry", "requested_milli", "req_entry", "placed_guaranteed", "isolation",
-                 "unfenced_refusals", "margin_mib")
+                 "live_load", "live_used_mib", "guaranteed_milli", "guaranteed_count", "exclusive", "occupants",
+                 "blocked", "promised", "residents", "opp_entry", "guar_entry", "requested_milli", "req_entry",
+                 "placed_guaranteed", "isolation", "unfenced_refusals", "margin_mib")
 
     def __init__(self, key: int, gpu, node: "NodeSlot", pool: int, live_load: float | None,
                  live_used_mib: int | None):
@@ -148,7 +159,7 @@ class Capacity:
                 pool = pool_ids.get(pool_key)
                 if pool is None:
                     pool = pool_ids[pool_key] = len(pools)
-                    pools.append(pool_key)
+                    pools.append(Pool(*pool_key))
                 gpu_slot = GpuSlot(len(gpus), gpu, slot, pool, gpu_load(gpu.id), gpu_used(gpu.id))
                 if gpu.busy:
                     busy.append(gpu_slot)
@@ -191,7 +202,7 @@ class Capacity:
                 host_mb = host_resources.per_gpu(job.host_memory_mb, len(gpu_ids)) if job.host_memory_mb else 0
             refuses_unfenced = not job.accepts_unfenced
             guaranteed = job.job_class is JobClass.GUARANTEED
-            exclusive = guaranteed and not (job.shareable or milli < WHOLE_GPU_MILLI)
+            exclusive = exclusivity.holds_alone(job.job_class, job.shareable or milli < WHOLE_GPU_MILLI)
             held_to_share = milli < WHOLE_GPU_MILLI and memory is not None  # (see needs_headroom)
             for gpu_id in gpu_ids:
                 gpu = by_id.get(gpu_id)
@@ -310,7 +321,7 @@ class Capacity:
             per_model: dict[str, int] = {}
             for g in node.empty:
                 if g.pool in pools:
-                    model = self.pools[g.pool][0]
+                    model = self.pools[g.pool].model
                     per_model[model] = per_model.get(model, 0) + 1
             best = max(best, max(per_model.values(), default=0))
         return best
@@ -327,6 +338,7 @@ class Capacity:
             self._bucket_remove(node)
             node.changes += 1
         guaranteed = job_class is JobClass.GUARANTEED
+        alone = exclusivity.holds_alone(job_class, shareable)
         for gpu, memory in zip(gpus, memory_mib):
             if cpu_per_gpu or host_mb_per_gpu:
                 host_resources.take(gpu.node, cpu_per_gpu, host_mb_per_gpu)
@@ -346,7 +358,7 @@ class Capacity:
                 gpu.guaranteed_milli += gpu_milli
                 gpu.guaranteed_count += 1
                 gpu.placed_guaranteed = True
-                if not shareable:
+                if alone:
                     gpu.exclusive = True
             self._index(gpu)
         for node in nodes.values():

@@ -261,7 +261,7 @@ class QueueColumns:
         self.gang_ids = [ids[gangs[i]] for i in order]
         self.gang_submitted = list(map(submitted.__getitem__, order))
         runtimes = read.runtimes
-        # (a NaN runtime may never backfill, as ``Borrowing._one_by_one``'s test says, and would
+        # (a NaN runtime may never backfill, as ``BorrowingPass._one_by_one``'s test says, and would
         # break the sort)
         with_runtime = (sorted(read.timed, key=runtimes.__getitem__) if read.timed is not None else sorted(
             [position for position, runtime in enumerate(runtimes) if runtime is not None and runtime == runtime],
@@ -345,7 +345,7 @@ class QueueColumns:
              alone: object) -> list:
         """Each entry's memo key in a cycle at ``now`` with a hold that jobs expected to end
         within ``backfill_until`` seconds may backfill (None: no hold, or none may), and ``alone``
-        at the positions ``one_by_one`` and those of array jobs: the key ``Borrowing._one_by_one``
+        at the positions ``one_by_one`` and those of array jobs: the key ``BorrowingPass._one_by_one``
         works out for the job. Found by two bisections with its very tests (a gang is young while
         ``now - submitted_at < one_node_wait_s``; a job may backfill if ``runtime <=
         backfill_until``), and kept for the next cycle that finds the same."""
@@ -428,7 +428,7 @@ class Carry:
         # own fault, not the inventory's).
         self.shapes: dict[tuple, tuple] = {}
         self.queues: dict[str, TenantQueue] = {}
-        # Shape -> the same request without CPU or host memory (``Waiting._host_shortage``),
+        # Shape -> the same request without CPU or host memory (``WaitExplainer._host_shortage``),
         # interned as the shapes are: the placer's caches key on identity.
         self.plain_shapes: dict[Shape, Shape] = {}
 

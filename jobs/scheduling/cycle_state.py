@@ -1,7 +1,8 @@
-"""What one ``decide()`` changes as it goes (``CycleState``) and the answers it reuses (``Memo``).
+"""What one ``decide()`` reads (``CycleInputs``), changes as it goes (``CycleState``) and reuses
+(``Memo``): the three things every pass object of the cycle is handed in its constructor.
 
-Everything else a cycle reads (snapshot, clock, config, the capacity indexes, the placer, the
-inventory check) is fixed when the cycle starts. Splitting the mutable facts out makes it plain
+``CycleInputs`` is fixed when the cycle starts (snapshot, clock, config, the carry, the capacity
+indexes, the placer, the inventory check, quotas). Splitting the mutable facts out makes it plain
 what a pass can change and what a cached answer depends on.
 """
 
@@ -10,10 +11,35 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from jobs.scheduling.capacity import NodeSlot
+from jobs.scheduling.capacity import Capacity, NodeSlot
+from jobs.scheduling.carry import UNLIMITED_GPUS, Carry
+from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.decisions import Pending, Place, Preempt, Reservation
-from jobs.scheduling.placement import FailureMemo
-from jobs.scheduling.snapshot import JobRequest, Promise
+from jobs.scheduling.explain import InventoryCheck
+from jobs.scheduling.placement import FailureMemo, Placer
+from jobs.scheduling.reasons import PendingReason
+from jobs.scheduling.snapshot import ClusterSnapshot, JobRequest, Promise, TenantQuota
+
+
+@dataclass(slots=True, eq=False)
+class CycleInputs:
+    """What every pass reads and none changes (the capacity's contents change with placements,
+    through ``Capacity``'s own methods; which object it is does not)."""
+
+    snapshot: ClusterSnapshot
+    now: float
+    config: SchedulerConfig
+    carry: Carry
+    capacity: Capacity
+    placer: Placer
+    inventory: InventoryCheck
+    quotas: dict[str, TenantQuota]
+
+    def quota(self, tenant: str) -> TenantQuota:
+        quota = self.quotas.get(tenant)
+        if quota is None:  # unknown tenant (simulator, tests): no guarantee, no ceiling
+            quota = self.quotas[tenant] = TenantQuota(tenant, 0, UNLIMITED_GPUS)
+        return quota
 
 
 @dataclass(slots=True)
@@ -76,6 +102,14 @@ class Memo:
         # Until the version moves.
         self._now: dict[tuple, object] = {}
         self._now_at = 0
+
+    def reason(self, build, *args) -> PendingReason:
+        """Reasons are frozen and many jobs share one: build each distinct sentence once."""
+        key = (build, *args)
+        reason = self.reasons.get(key)
+        if reason is None:
+            reason = self.reasons[key] = build(*args)
+        return reason
 
     def now(self, version: int) -> dict[tuple, object]:
         """Answers about what is free, valid at ``version`` (emptied when it has moved)."""

@@ -50,7 +50,8 @@ def _signal(gpu: GpuSlot, config: SchedulerConfig, leaving: set[int],
         if (job.solo_utilisation is not None and (live := utilisation.get(job.id)) is not None
                 and live < job.solo_utilisation - config.slowdown_margin):
             return ThrottleReason.NEIGHBOUR_SLOWED
-    if (guaranteed or gpu.placed_guaranteed) and gpu.live_load is not None and gpu.live_load >= config.saturated_utilisation:
+    if ((guaranteed or gpu.placed_guaranteed) and gpu.live_load is not None
+            and gpu.live_load >= config.saturated_utilisation):
         return ThrottleReason.GPU_SATURATED
     if gpu.placed_guaranteed:
         return ThrottleReason.GUARANTEED_JOB_PLACED

@@ -28,7 +28,8 @@ class ReleaseTimeline:
         """``releases``: ``releases_of(running, now)`` (or some of it), made already."""
         self.now = now
         if releases is None:
-            releases = sorted((max(now, end), job.quota_milli) for job in running if (end := job.expected_end) is not None)
+            releases = sorted((max(now, end), job.quota_milli) for job in running
+                              if (end := job.expected_end) is not None)
         self.times = list(map(_when, releases))
         self.released_milli = list(accumulate(map(_milli, releases)))
 

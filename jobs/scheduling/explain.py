@@ -1,6 +1,6 @@
 """Reasons a request cannot run on this cluster whatever the load: bad request, no node online, or
-a filter (``filters.NEVER``: GPU model, GPU memory, gang width, container runtime, CPU and host
-memory) that no schedulable node passes; a cordon is named when only cordoned nodes would.
+a filter (``filters.unschedulable``: MIG isolation, GPU model, GPU memory, gang width, container
+runtime, CPU and host memory) that no schedulable node passes; a cordon is named when only cordoned nodes would.
 
 Checked once per distinct request shape against the schedulable inventory (not against what is
 free), so the answer is the same until nodes come, go or get cordoned. The load-dependent reasons
@@ -55,7 +55,7 @@ class InventoryCheck:
     @cached_property
     def _profiles(self) -> list[tuple[str, str]]:
         """(model, MIG profile or "") of every schedulable GPU."""
-        return [(g.model, self.capacity.pools[g.pool][4]) for n in self.schedulable for g in n.gpus]
+        return [(g.model, self.capacity.pools[g.pool].mig_profile) for n in self.schedulable for g in n.gpus]
 
     @cached_property
     def online_models(self) -> list[str]:
@@ -99,11 +99,7 @@ class InventoryCheck:
         if not self.schedulable:
             cordoned = sum(1 for n in self.capacity.nodes if not n.schedulable)
             return reasons.no_nodes_online(len(self.capacity.nodes), cordoned)
-        for never in filters.NEVER:
-            reason = never(self, shape)
-            if reason is not None:
-                return reason
-        return None
+        return filters.unschedulable(self, shape).reason
 
     # -- what the filters read -------------------------------------------------------------------
 

@@ -69,7 +69,8 @@ class Workload:
             milli = r.gpu_milli if r.gpus == 1 else WHOLE
             members.setdefault((r.gpus, milli, r.gpu_models), []).append(r)
         classes = []
-        for (gpus, milli, models), group in sorted(members.items(), key=lambda kv: (kv[0][0], kv[0][1], sorted(kv[0][2]))):
+        for (gpus, milli, models), group in sorted(members.items(),
+                                                   key=lambda kv: (kv[0][0], kv[0][1], sorted(kv[0][2]))):
             cpu = sorted(r.cpu_milli for r in group)[len(group) // 2]
             memory = sorted(r.host_memory_mb for r in group)[len(group) // 2]
             classes.append(TaskClass(gpus, milli, models, cpu, memory, float(len(group))))

@@ -149,7 +149,7 @@ class Choice:
 
 @dataclass(frozen=True, slots=True)
 class OneNodeWait:
-    """What ``Cycle._find`` returns for a young gang that could only be spread: wait instead."""
+    """What ``GpuSearch.find`` returns for a young gang that could only be spread: wait instead."""
 
     spread_nodes: int
 
@@ -217,7 +217,9 @@ class Placer:
             return None
         if shape.gpus == 1:
             gpu = gpus[0]
-            return self._single(gpu, shape, shared=bool(gpu.occupants)) if self.fits_gpu(gpu, shape, job_class, pools) else None
+            if not self.fits_gpu(gpu, shape, job_class, pools):
+                return None
+            return self._single(gpu, shape, shared=bool(gpu.occupants))
         if any(g.occupants or g.blocked or g.pool not in pools for g in gpus) or not self.one_model(gpus):
             return None  # a gang takes empty GPUs of one model
         by_node: dict[int, tuple[NodeSlot, list[GpuSlot]]] = {}
@@ -261,7 +263,7 @@ class Placer:
         best: tuple | None = None
         if packs:
             for pool in pools:
-                need = shape.memory_on(self.capacity.pools[pool][1]) + shape.headroom_mib
+                need = shape.memory_on(self.capacity.pools[pool].memory_mib) + shape.headroom_mib
                 for bucket in self.capacity.req_index[pool][milli // ROOM_STEP:]:
                     taken = 0
                     for position in range(bisect_left(bucket, (need, -1)), len(bucket)):
@@ -331,7 +333,7 @@ class Placer:
         # briefly, after the others, when a fit to beat is already known.
         whole = -(-room // ROOM_STEP)
         for pool in pools:
-            need = shape.memory_on(self.capacity.pools[pool][1]) + shape.headroom_mib
+            need = shape.memory_on(self.capacity.pools[pool].memory_mib) + shape.headroom_mib
             buckets = indexes[pool]
             for bucket_no in [*range(whole, ROOM_BUCKETS), *([whole - 1] if whole else [])]:
                 bucket = buckets[bucket_no]
@@ -358,13 +360,13 @@ class Placer:
 
     def one_model(self, gpus: list[GpuSlot]) -> bool:
         """Are ``gpus`` all of one model (as a gang's must be)?"""
-        return len({self.capacity.pools[gpu.pool][0] for gpu in gpus}) == 1
+        return len({self.capacity.pools[gpu.pool].model for gpu in gpus}) == 1
 
     def pools_by_model(self, pools: list[int]) -> list[list[int]]:
         """``pools`` grouped by GPU model, in first-seen order."""
         by_model: dict[str, list[int]] = {}
         for pool in pools:
-            by_model.setdefault(self.capacity.pools[pool][0], []).append(pool)
+            by_model.setdefault(self.capacity.pools[pool].model, []).append(pool)
         return list(by_model.values())
 
     def _gang(self, shape: Shape, pools: list[int], backfill: list[NodeSlot], spread: bool = True) -> Choice | None:
@@ -408,7 +410,7 @@ class Placer:
         best: tuple | None = None
         best_gpus: list[GpuSlot] | None = None
         for pool in pools:
-            _, memory, gb_per_s, _, _ = self.capacity.pools[pool]
+            memory, gb_per_s = self.capacity.pools[pool].memory_mib, self.capacity.pools[pool].gb_per_s
             buckets = self.capacity.buckets[pool]
             cost = allreduce_seconds(n, shape.allreduce_bytes, gb_per_s)
             slack = memory - shape.memory_on(memory)

@@ -221,23 +221,27 @@ def no_gpu_with_memory(needed_mib: int, largest_mib: int, models: frozenset[str]
     )
 
 
-def gang_larger_than_any_node(gpus: int, widest: int, max_nodes: int) -> PendingReason:
+def gang_larger_than_any_node(gpus: int, widest: int, max_nodes: int, one_model: bool = True) -> PendingReason:
+    """``one_model``: the policy runs a gang on one GPU model (Colony's core does; a baseline
+    that mixes models says so by passing False)."""
     where = "on one node" if max_nodes == 1 else f"on at most {max_nodes} nodes"
+    which = " of one model" if one_model else ""
+    why = " (a gang runs on one GPU model)" if one_model else ""
     return PendingReason(
         ReasonCode.GANG_LARGER_THAN_ANY_NODE,
-        f"Needs {gpus} GPUs {where}; the largest online node has {widest} of one model that fit "
-        f"(a gang runs on one GPU model).",
+        f"Needs {gpus} GPUs {where}; the largest online node has {widest}{which} that fit{why}.",
         {"needed_gpus": gpus, "largest_node_gpus": widest, "max_nodes": max_nodes},
     )
 
 
-def gang_larger_than_cluster(gpus: int, total: int) -> PendingReason:
-    return PendingReason(
-        ReasonCode.GANG_LARGER_THAN_CLUSTER,
-        f"Needs {gpus} GPUs at once; the online cluster has only {total} of one model that fit the request "
-        f"(a gang runs on one GPU model).",
-        {"needed_gpus": gpus, "cluster_gpus": total},
-    )
+def gang_larger_than_cluster(gpus: int, total: int, one_model: bool = True) -> PendingReason:
+    """``one_model``: as for ``gang_larger_than_any_node``."""
+    if one_model:
+        message = (f"Needs {gpus} GPUs at once; the online cluster has only {total} of one model that fit the "
+                   f"request (a gang runs on one GPU model).")
+    else:
+        message = f"Needs {gpus} GPUs; the online nodes have {total} that fit."
+    return PendingReason(ReasonCode.GANG_LARGER_THAN_CLUSTER, message, {"needed_gpus": gpus, "cluster_gpus": total})
 
 
 def cores(cpu_milli: float) -> str:
@@ -339,6 +343,25 @@ def waiting_for_free_gpus(gpus: int, needed_mib: int | None, one_node: bool, mos
         f"Waiting for {_gpus(gpus)}{memory}{where}; the most free on any node is {most_free}.",
         {"needed_gpus": gpus, "most_free_on_a_node": most_free},
     )
+
+
+def preempting_more_served(gpus: int, victims: int) -> PendingReason:
+    """A job of the least-attained-service baseline that preempted jobs of lower queues."""
+    return PendingReason(
+        ReasonCode.RECLAIMING,
+        f"Preempting {victims} job{'s' if victims != 1 else ''} that had more GPU time; starts once they have stopped.",
+        {"needed_gpus": gpus, "victims": victims})
+
+
+def no_room_with_host() -> PendingReason:
+    """A packing baseline found no node with the GPU share, CPU and host memory together."""
+    return PendingReason(ReasonCode.WAITING_FOR_FREE_GPUS,
+                         "No node has room for the job's GPU share together with its CPU and memory.")
+
+
+def cpu_only_not_placed() -> PendingReason:
+    """A packing baseline asked to place work without GPUs (the fill replay places it itself)."""
+    return PendingReason(ReasonCode.WAITING_FOR_FREE_GPUS, "CPU-only work is not placed here.")
 
 
 def turning_over(gpus: int, victims: int, nodes: tuple[str, ...] = ()) -> PendingReason:

@@ -12,7 +12,7 @@ Two ways a running job gets preempted, and never a guaranteed one:
   job stays pending (``RECLAIMING``) and the GPUs chosen are promised to it
   (``Decisions.promises``, kept by the service until it is placed): nothing else lands on them,
   and once the victims have stopped, a later cycle places it there before any other placement
-  (``Cycle._keep_promises``).
+  (``GuaranteedPass.keep_promises``).
 * **Memory pressure**: a GPU holding a guaranteed job whose residents no longer fit in memory
   (live usage grew past the plan) sheds opportunistic residents, youngest first.
 
@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from jobs.scheduling.capacity import Capacity, GpuSlot, NodeSlot
 from jobs.scheduling.config import SchedulerConfig
-from jobs.scheduling.filters import host_resources
+from jobs.scheduling.filters import exclusivity, gang_width, gpu_memory, host_resources
 from jobs.scheduling.placement import Placer, Shape
-from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, RunningJob
+from jobs.scheduling.snapshot import JobClass, RunningJob
 from jobs.scheduling.topology import allreduce_seconds, choose_nodes
 
 
@@ -85,6 +86,36 @@ def total_loss(losses) -> Loss:
     return lost, checkpointed
 
 
+def within_margin(loss: Loss, least: Loss, margin_s: float) -> bool:
+    """Does ``loss`` lose at most ``margin_s`` more than ``least``, in all and in work that is not
+    checkpointed?"""
+    return loss[0] + loss[1] <= least[0] + least[1] + margin_s and loss[0] <= least[0] + margin_s
+
+
+class Option(NamedTuple):
+    """One GPU a reclaim could use: what evicting for it loses, and whom."""
+
+    loss: Loss
+    key: int  # the GPU's (ties: lower first)
+    gpu: GpuSlot
+    victims: list[RunningJob]
+
+
+class Fit(NamedTuple):
+    """The job on one node: its cost (progress lost, all-reduce seconds, the node's key: least
+    first), the node and the options it takes."""
+
+    cost: tuple[Loss, float, int]
+    node: NodeSlot
+    picked: list[Option]
+
+
+# A choice to commit: the GPUs and who must leave each.
+Chosen = list[tuple[GpuSlot, list[RunningJob]]]
+
+GUARANTEED = JobClass.GUARANTEED
+
+
 class Reclaimer:
     def __init__(self, capacity: Capacity, placer: Placer, config: SchedulerConfig, now: float,
                  borrowed_milli: dict[str, int], leaving: set[int]):
@@ -101,15 +132,24 @@ class Reclaimer:
         done = max(0.0, self.now - job.started_at) * len(job.gpu_ids)
         return (0.0, done) if job.checkpoints else (done, 0.0)
 
-    def _stopping(self, options) -> bool:
-        return any(j.id in self.leaving for o in options for j in o[2].residents)
+    def _stopping(self, options: list[Option]) -> bool:
+        return any(j.id in self.leaving for o in options for j in o.gpu.residents)
+
+    def _reclaims_something(self, picked: list[Option]) -> bool:
+        """A choice that evicts nobody and waits for nothing stopping is no reclaim: plain
+        placement already said no to it."""
+        return any(o.victims for o in picked) or self._stopping(picked)
+
+    def _loss_of(self, picked: list[Option]) -> Loss:
+        """The progress the victims of ``picked`` lose, each victim counted once."""
+        return total_loss(self._progress(v) for v in {v.id: v for o in picked for v in o.victims}.values())
 
     def _evictable(self, job: RunningJob) -> bool:
         return job.job_class is JobClass.OPPORTUNISTIC and self.borrowed.get(job.tenant, 0) > 0
 
     def _gpu_victims(self, gpu: GpuSlot, shape: Shape, pools: list[int]) -> tuple[Loss, list[RunningJob]] | None:
         """What must leave ``gpu`` for the job to fit there, and the progress that costs."""
-        if gpu.blocked or gpu.pool not in pools or gpu.exclusive:
+        if gpu.blocked or gpu.pool not in pools or gpu.exclusive:  # (``exclusivity``: held alone)
             return None
         if gpu.occupants == 0:
             return NO_LOSS, []  # an empty GPU next to the ones being reclaimed
@@ -118,25 +158,24 @@ class Reclaimer:
         if not evictable and not leaving:
             return None  # nothing to reclaim here; plain placement already said no
         staying = gpu.occupants - len(leaving) - len(evictable)
-        need = shape.memory_on(gpu.capacity_mib)
-        free = gpu.free_mib + sum(_memory(j, gpu) for j in leaving)
-        whole = shape.gpus > 1 or need + shape.headroom_mib > gpu.capacity_mib  # it fills the GPU: nothing stays
-        if whole:
+        # The filters say whether anyone may stay beside the job: a gang takes empty GPUs only
+        # (``gang_width``), and a request that fills the GPU's memory leaves no room (``gpu_memory``).
+        if (not gang_width.admits_shared_gpu(gpu, shape, GUARANTEED, self.config)
+                or gpu_memory.fills_gpu(gpu, shape)):
             if staying:
                 return None
             return total_loss(self._progress(j) for j in evictable), evictable
-        if gpu.guaranteed_count and not (shape.shareable and gpu.guaranteed_milli + shape.gpu_milli <= WHOLE_GPU_MILLI):
+        # Guaranteed residents stay whatever happens: the job must be let in beside them.
+        if gpu.guaranteed_count and not exclusivity.admits_shared_gpu(gpu, shape, GUARANTEED, self.config):
             return None
+        free = gpu.free_mib + sum(_memory(j, gpu) for j in leaving)
         victims: list[RunningJob] = []
-        headroom = max(shape.headroom_mib, gpu.margin_mib)
         for job in evictable:
-            remaining = staying + len(evictable) - len(victims)
-            if free >= need + (headroom if remaining else 0):
+            if free >= gpu_memory.needed_mib(gpu, shape, beside_residents=staying + len(evictable) > len(victims)):
                 break
             victims.append(job)
             free += _memory(job, gpu)
-        remaining = staying + len(evictable) - len(victims)
-        if free < need + (headroom if remaining else 0):
+        if free < gpu_memory.needed_mib(gpu, shape, beside_residents=staying + len(evictable) > len(victims)):
             return None
         return total_loss(self._progress(j) for j in victims), victims
 
@@ -205,78 +244,88 @@ class Reclaimer:
                 return reclaim
         return None
 
-    def _evaluate(self, nodes: list[NodeSlot], shape: Shape, pools: list[int], enough: int):
+    def _evaluate(self, nodes: list[NodeSlot], shape: Shape, pools: list[int],
+                  enough: int) -> list[tuple[NodeSlot, list[Option]]]:
         """Exact victims per GPU on ``nodes``, until ``enough`` nodes could host the job alone."""
-        per_node: list[tuple[NodeSlot, list[tuple[Loss, int, GpuSlot, list[RunningJob]]]]] = []
+        per_node: list[tuple[NodeSlot, list[Option]]] = []
         hosts = 0
         for node in nodes:
             options = []
             for gpu in node.gpus:
                 found = self._gpu_victims(gpu, shape, pools)
                 if found is not None:
-                    options.append((found[0], gpu.key, gpu, found[1]))
+                    options.append(Option(found[0], gpu.key, gpu, found[1]))
             if options:
-                options.sort(key=lambda o: (o[0], o[1]))
+                options.sort(key=lambda o: (o.loss, o.key))
                 per_node.append((node, options))
                 hosts += len(options) >= shape.gpus
                 if hosts >= enough:
                     break
         return per_node
 
-    def _choose(self, shape: Shape, per_node,
-                keep: list[Gang] | None = None) -> list[list[tuple[GpuSlot, list[RunningJob]]]]:
-        """The choices to try, best first (none: no node will do)."""
+    def _choose(self, shape: Shape, per_node: list[tuple[NodeSlot, list[Option]]],
+                keep: list[Gang] | None = None) -> list[Chosen]:
+        """The choices to try, best first (none: no node will do): the job on one node if any
+        node will do, else (a gang that may spread) over the fewest nodes of one model."""
+        fits = self._one_node_fits(shape, per_node)
+        if fits:
+            return [_chosen(fit.picked) for fit in self._best_first(fits, per_node, keep)]
+        if shape.gpus == 1 or shape.max_nodes == 1:
+            return []
+        spread = self._spread(shape, per_node)
+        return [] if spread is None else [_chosen(spread)]
+
+    def _one_node_fits(self, shape: Shape, per_node: list[tuple[NodeSlot, list[Option]]]) -> list[Fit]:
+        """Each node whose cheapest ``shape.gpus`` options host the job and reclaim something."""
         n = shape.gpus
         fits = []
         for node, options in per_node:
-            if len(options) < n or not any(o[3] for o in options[:n]) and not self._stopping(options[:n]):
-                continue  # nothing to reclaim on this node: plain placement already said no
             picked = options[:n]
+            if len(options) < n or not self._reclaims_something(picked):
+                continue
             if shape.needs_host and self._host_allows(node, shape, picked) < n:
                 continue
-            lost = total_loss(self._progress(v) for v in {v.id: v for o in picked for v in o[3]}.values())
             cost = allreduce_seconds(n, shape.allreduce_bytes, node.gb_per_s)
-            fits.append(((lost, cost, node.key), node, picked))
-        if fits:
-            best = min(fits, key=lambda fit: fit[0])
-            choices = [best]
-            if keep:
-                groups = self._gang_groups(per_node, keep)
-                fitting = self._gangs_fitting(keep, groups)
-                if self._breaks(best[1], best[2], keep, groups, fitting):
-                    # Within the margin in all (and so in work that is not checkpointed too).
-                    least, margin = best[0][0], self.config.reclaim_loss_margin_s
-                    whole = [fit for fit in fits if fit[0][0][0] + fit[0][0][1] <= least[0] + least[1] + margin
-                             and fit[0][0][0] <= least[0] + margin
-                             and not self._breaks(fit[1], fit[2], keep, groups, fitting)]
-                    if whole:
-                        choices.insert(0, min(whole, key=lambda fit: fit[0]))
-            return [[(o[2], o[3]) for o in fit[2]] for fit in choices]
-        if n == 1 or shape.max_nodes == 1:
-            return []
-        by_key = {o[1]: o for _, options in per_node for o in options}
-        # Spread over nodes, a gang still runs on GPUs of one model (see Placer._gang): each model
-        # is tried on its own, fewest nodes then least progress lost. A choice that evicts nobody
-        # and waits for nothing stopping is no reclaim: plain placement already said no to it.
+            fits.append(Fit((self._loss_of(picked), cost, node.key), node, picked))
+        return fits
+
+    def _best_first(self, fits: list[Fit], per_node, keep: list[Gang] | None) -> list[Fit]:
+        """The fit that loses least; when it would take room the gangs in ``keep`` need and one
+        within ``reclaim_loss_margin_s`` of it would not, that one first."""
+        best = min(fits, key=_cost)
+        if not keep:
+            return [best]
+        groups = self._gang_groups(per_node, keep)
+        fitting = self._gangs_fitting(keep, groups)
+        if not self._breaks(best.node, best.picked, keep, groups, fitting):
+            return [best]
+        least, margin = best.cost[0], self.config.reclaim_loss_margin_s
+        kinder = [fit for fit in fits if within_margin(fit.cost[0], least, margin)
+                  and not self._breaks(fit.node, fit.picked, keep, groups, fitting)]
+        return [min(kinder, key=_cost), best] if kinder else [best]
+
+    def _spread(self, shape: Shape, per_node: list[tuple[NodeSlot, list[Option]]]) -> list[Option] | None:
+        """Spread over nodes, a gang still runs on GPUs of one model (see ``Placer._gang``): each
+        model is tried on its own, fewest nodes then least progress lost."""
+        by_key = {o.key: o for _, options in per_node for o in options}
         best = None
         for model_pools in self.placer.pools_by_model(self.placer.pools_for(shape)):
             candidates = []
             for node, options in per_node:
-                mine = [o for o in options if o[2].pool in model_pools]
+                mine = [o for o in options if o.gpu.pool in model_pools]
                 mine = mine[: self._host_allows(node, shape, mine)]
                 if mine:
-                    candidates.append((node, [o[2] for o in mine]))
-            choice = choose_nodes(candidates, n, shape.allreduce_bytes, self.config)
+                    candidates.append((node, [o.gpu for o in mine]))
+            choice = choose_nodes(candidates, shape.gpus, shape.allreduce_bytes, self.config)
             if choice is None or (shape.max_nodes is not None and len(choice) > shape.max_nodes):
                 continue
             picked = [by_key[gpu.key] for _, gpus in choice for gpu in gpus]
-            if not any(o[3] for o in picked) and not self._stopping(picked):
+            if not self._reclaims_something(picked):
                 continue
-            lost = total_loss(self._progress(v) for v in {v.id: v for o in picked for v in o[3]}.values())
-            key = (len(choice), lost)
+            key = (len(choice), self._loss_of(picked))
             if best is None or key < best[0]:
                 best = (key, picked)
-        return [] if best is None else [[(o[2], o[3]) for o in best[1]]]
+        return None if best is None else best[1]
 
     def _whole(self, gpu: GpuSlot) -> bool:
         """Could a gang have ``gpu``: empty, or emptied by evicting borrowers (nobody stays)?"""
@@ -302,7 +351,7 @@ class Reclaimer:
                         add(gpu, node)
         for node, options in per_node:
             for option in options:
-                gpu = option[2]
+                gpu = option.gpu
                 if gpu.occupants and gpu.pool in wanted and self._whole(gpu):
                     add(gpu, node)
         return groups
@@ -318,7 +367,7 @@ class Reclaimer:
             for pool in gang.pools:
                 for node, count in free.get(pool, {}).items():
                     if count > 0:
-                        by_model.setdefault(self.capacity.pools[pool][0], {}).setdefault(node, []).append(pool)
+                        by_model.setdefault(self.capacity.pools[pool].model, {}).setdefault(node, []).append(pool)
             spots = sorted((sum(free[p][node] for p in node_pools), model, node)
                            for model, nodes in by_model.items() for node, node_pools in nodes.items())
             spot = next((s for s in spots if s[0] >= gang.gpus), None)
@@ -351,26 +400,26 @@ class Reclaimer:
                 break
         return want
 
-    def _breaks(self, node: NodeSlot, picked, keep: list[Gang], groups: dict[int, dict[int, int]],
+    def _breaks(self, node: NodeSlot, picked: list[Option], keep: list[Gang], groups: dict[int, dict[int, int]],
                 fitting: int) -> bool:
         """Would taking ``picked`` on ``node`` leave room for fewer of the gangs in ``keep`` than
         the ``fitting`` there is now (:meth:`_gang_groups`)?"""
         after = {pool: dict(by_node) for pool, by_node in groups.items()}
         touched = False
         for option in picked:
-            by_node = after.get(option[2].pool)
-            if by_node and by_node.get(node.key, 0) > 0 and self._whole(option[2]):
+            by_node = after.get(option.gpu.pool)
+            if by_node and by_node.get(node.key, 0) > 0 and self._whole(option.gpu):
                 by_node[node.key] -= 1
                 touched = True
         return touched and self._gangs_fitting(keep, after) < fitting
 
     @staticmethod
-    def _host_allows(node: NodeSlot, shape: Shape, options) -> int:
+    def _host_allows(node: NodeSlot, shape: Shape, options: list[Option]) -> int:
         """GPUs of the request ``node`` can feed once the victims in ``options`` have left it
         (an upper bound for a spread gang, which may keep only some of them)."""
         if not shape.needs_host:
             return host_resources.UNLIMITED
-        victims = {v.id: v for o in options for v in o[3]}.values()
+        victims = {v.id: v for o in options for v in o.victims}.values()
         on_node = {g.id for g in node.gpus}
         freed_cpu = freed_memory = 0
         for victim in victims:
@@ -379,7 +428,7 @@ class Reclaimer:
             freed_memory += host_resources.per_gpu(victim.host_memory_mb, len(victim.gpu_ids)) * here
         return host_resources.gpus_allowed(node, shape.cpu_per_gpu, shape.host_mb_per_gpu, freed_cpu, freed_memory)
 
-    def _commit(self, job_id: int, chosen: list[tuple[GpuSlot, list[RunningJob]]]) -> Reclaim | None:
+    def _commit(self, job_id: int, chosen: Chosen) -> Reclaim | None:
         victims: dict[int, RunningJob] = {}
         for _, gpu_victims in chosen:
             for victim in gpu_victims:
@@ -397,7 +446,16 @@ class Reclaimer:
         return Reclaim(gpus=[gpu for gpu, _ in chosen], victims=ordered)
 
 
-def memory_pressure_victims(capacity: Capacity, config: SchedulerConfig, leaving: set[int]) -> list[tuple[RunningJob, int]]:
+def _cost(fit: Fit) -> tuple:
+    return fit.cost
+
+
+def _chosen(picked: list[Option]) -> Chosen:
+    return [(o.gpu, o.victims) for o in picked]
+
+
+def memory_pressure_victims(capacity: Capacity, config: SchedulerConfig,
+                            leaving: set[int]) -> list[tuple[RunningJob, int]]:
     """Opportunistic residents to evict from GPUs whose guaranteed jobs are being squeezed.
 
     Returns (victim, gpu id) pairs, youngest first per GPU; marks them leaving.

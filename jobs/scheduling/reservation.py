@@ -64,7 +64,9 @@ def nodes_to_hold(capacity: Capacity, placer: Placer, shape: Shape, now: float,
     best = None
     for model_pools in placer.pools_by_model(placer.pools_for(shape)):
         found = _nodes_to_hold_of(capacity, model_pools, shape, now, leaving)
-        if found is not None and (best is None or (len(found[0]), _eta_key(found[1])) < (len(best[0]), _eta_key(best[1]))):
+        if found is None:
+            continue
+        if best is None or (len(found[0]), _eta_key(found[1])) < (len(best[0]), _eta_key(best[1])):
             best = found
     return best
 

@@ -11,7 +11,7 @@ over those victims only, least progress lost first. Guaranteed work is never a v
 job that does not checkpoint, nor a borrower of a tenant down to its own guarantee.
 
 The freed GPUs are promised to the newcomer, as a guarantee's reclaim promises them
-(``Cycle._keep_promises`` places it there first, as a borrower): left to the borrowers in
+(``GuaranteedPass.keep_promises`` places it there first, as a borrower): left to the borrowers in
 fair-share order, a victim took its GPU back and was preempted again (2,943 preemptions on a
 1,000-job Philly window, against 141 promised). A victim waits in its tenant's queue like any
 other job, its service counted: it preempts no one until the newcomers have had theirs.
@@ -22,7 +22,7 @@ from __future__ import annotations
 from jobs.scheduling.placement import Choice, Shape
 from jobs.scheduling.capacity import GpuSlot
 from jobs.scheduling.reclaim import NO_LOSS, Loss, Reclaim, Reclaimer, total_loss, youngest_first
-from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, JobRequest, RunningJob
+from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobRequest, RunningJob
 
 
 def over_commits(choice: Choice, shape: Shape) -> bool:

@@ -1,23 +1,23 @@
-"""What a job that cannot start now is told, and the gang hold it may take.
+"""What a job that cannot start now is told, and the gang hold it may take (``WaitExplainer``).
 
-Part of ``cycle.Cycle``: it reads the cycle's fixed inputs (capacity, placer, quotas, clock), its
-``state`` (what each tenant holds, the hold) and its ``memo`` (under ``Memo``'s rule). The reasons for a
-tenant at its ceiling, for a job that found no GPUs (held nodes, guaranteed but full, spare
-capacity gone to lower-usage tenants, over quota and cluster full), the ETA attached to each, and
-the one bounded reservation per cycle (rules in ``reservation``).
+It reads the cycle's fixed inputs (capacity, placer, quotas, clock), its ``state`` (what each
+tenant holds, the hold) and its ``memo`` (under ``Memo``'s rule), all handed to it. The reasons
+for a tenant at its ceiling, for a job that found no GPUs (held nodes, host CPU or memory short,
+guaranteed but full, spare capacity gone to lower-usage tenants, over quota and cluster full), the
+ETA attached to each, and the one bounded reservation per cycle (rules in ``reservation``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import replace
-from operator import itemgetter
 
 from jobs.scheduling import reasons
-from jobs.scheduling.carry import Entry
-from jobs.scheduling.decisions import Reservation, new_pending
-from jobs.scheduling.eta import ReleaseTimeline
+from jobs.scheduling.cycle_state import CycleInputs, CycleState, Memo
+from jobs.scheduling.decisions import Reservation
+from jobs.scheduling.eta import QueueEta, ReleaseTimeline
 from jobs.scheduling.filters import host_resources
+from jobs.scheduling.outcomes import JobOutcomes
 from jobs.scheduling.placement import Shape
 from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.reservation import may_backfill, nodes_to_hold, window
@@ -25,47 +25,35 @@ from jobs.scheduling.snapshot import JobClass, JobRequest, TenantQuota
 from jobs.scheduling.usage import weighted_share
 
 GUARANTEED = JobClass.GUARANTEED
-_first, _second = itemgetter(0), itemgetter(1)
 
 
-class Waiting:
-    def _all_at_ceiling(self, queue: list[Entry], position: int, quota: TenantQuota) -> None:
-        """Every job of ``queue`` from ``position`` on waits for its tenant's ceiling: what each is
-        told depends only on the milli-GPUs it needs."""
-        by_need = self._ceiling_waits(quota.name)
-        handled, pending = self.state.handled, self.state.pending
-        if self.settle_in_bulk:
-            columns = self.carry.queues[quota.name].columns_of()
-            ids, needs = columns.ids[position:], columns.needs[position:]
-            if handled.isdisjoint(ids):
-                # (tens of thousands of jobs at their ceiling, a handful of needs: C-level maps)
-                for need in dict.fromkeys(needs):  # (each distinct need once, in queue order)
-                    if need not in by_need:
-                        self._ceiling_wait(quota, need)
-                found = list(map(by_need.__getitem__, needs))
-                pending.extend(map(new_pending, zip(ids, map(_first, found), map(_second, found))))
-                return
-        for job, _, need, _, _ in queue[position:]:
-            if job.id in handled:
-                continue
-            found = by_need.get(need)
-            if found is None:
-                found = self._ceiling_wait(quota, need)
-            pending.append(new_pending((job.id, *found)))
+class WaitExplainer:
+    """``releases``: the running jobs' expected ends (``eta.releases_of``); ``start_held`` and
+    ``borrowing_at_start``: what each tenant held, and which tenants borrowed, before the cycle."""
 
-    def _ceiling_waits(self, tenant: str) -> dict[int, tuple[PendingReason, float | None]]:
+    def __init__(self, inputs: CycleInputs, state: CycleState, memo: Memo, outcomes: JobOutcomes,
+                 queue_eta: QueueEta, releases: list, start_held: dict[str, int], borrowing_at_start: frozenset[str]):
+        self.inputs, self.now, self.config = inputs, inputs.now, inputs.config
+        self.capacity, self.placer, self.carry = inputs.capacity, inputs.placer, inputs.carry
+        self.state, self.memo, self.outcomes, self.queue_eta = state, memo, outcomes, queue_eta
+        self.releases, self.start_held, self.borrowing_at_start = releases, start_held, borrowing_at_start
+
+    # -- a tenant at its ceiling ---------------------------------------------------------------------
+
+    def ceiling_waits(self, tenant: str) -> dict[int, tuple[PendingReason, float | None]]:
         """What a job of ``tenant`` asking N milli-GPUs past its ceiling is told, at what it holds now."""
         return self.memo.ceiling_waits.setdefault((tenant, self.state.held[tenant]), {})
 
-    def _ceiling_wait(self, quota: TenantQuota, need: int) -> tuple[PendingReason, float | None]:
+    def ceiling_wait(self, quota: TenantQuota, need: int) -> tuple[PendingReason, float | None]:
         name, ceiling = quota.name, quota.ceiling_milli
         held = self.state.held[name]
         eta = self._tenant_timeline(name).eta(held + need - ceiling)
-        found = self._ceiling_waits(name)[need] = (reasons.at_max_gpus(name, held, ceiling, need), eta)
+        found = self.ceiling_waits(name)[need] = (reasons.at_max_gpus(name, held, ceiling, need), eta)
         return found
 
     def _tenant_timeline(self, tenant: str) -> ReleaseTimeline:
-        if not self.memo.timelines:
+        memo = self.memo
+        if not memo.timelines:
             # The cycle's releases (all tenants' in time order), each tenant's apart, less the
             # jobs told to stop by now.
             by_tenant: dict[str, list] = defaultdict(list)
@@ -73,48 +61,44 @@ class Waiting:
             for release in self.releases:
                 if release[3] not in leaving:
                     by_tenant[release[2]].append(release)
-            self.memo.timelines = {t: ReleaseTimeline((), self.now, found) for t, found in by_tenant.items()}
-        if tenant not in self.memo.timelines:
-            self.memo.timelines[tenant] = ReleaseTimeline([], self.now)
-        return self.memo.timelines[tenant]
+            memo.timelines = {t: ReleaseTimeline((), self.now, found) for t, found in by_tenant.items()}
+        if tenant not in memo.timelines:
+            memo.timelines[tenant] = ReleaseTimeline([], self.now)
+        return memo.timelines[tenant]
 
-    def _reason(self, build, *args) -> PendingReason:
-        """Reasons are frozen and many jobs share one: build each distinct sentence once."""
-        key = (build, *args)
-        reason = self.memo.reasons.get(key)
-        if reason is None:
-            reason = self.memo.reasons[key] = build(*args)
-        return reason
+    # -- a job that found no GPUs --------------------------------------------------------------------
 
-    def _blocked(self, job: JobRequest, shape: Shape, job_class: JobClass) -> PendingReason:
+    def blocked(self, job: JobRequest, shape: Shape, job_class: JobClass) -> PendingReason:
         """A job that fits the inventory and its quota found no GPUs: say why, maybe reserve."""
-        if self.state.holder is None and job.gpus > 1 and (held := self._hold(job, shape)) is not None:
+        state, reason_of = self.state, self.memo.reason
+        if state.holder is None and job.gpus > 1 and (held := self._hold(job, shape)) is not None:
             return held
-        if self.state.holder is not None and self._fits_reserved(shape, job_class):
-            holder, nodes, _ = self.state.holder
-            reason = self._reason(reasons.reserved_for_gang, holder.id, holder.gpus, nodes)
+        if state.holder is not None and self._fits_reserved(shape, job_class):
+            holder, nodes, _ = state.holder
+            reason = reason_of(reasons.reserved_for_gang, holder.id, holder.gpus, nodes)
         elif shape.needs_host and (short := self._host_shortage(shape, job_class)) is not None:
             needed = (shape.cpu_per_gpu if short == "cpu" else shape.host_mb_per_gpu) * job.gpus
-            reason = self._reason(reasons.insufficient_host, short, job.gpus, needed)
+            reason = reason_of(reasons.insufficient_host, short, job.gpus, needed)
         elif job_class is GUARANTEED:
             pools = self.placer.pools_for(shape)
             most_free = self.capacity.most_free_on_a_node(pools)
-            if self.state.holder is not None and may_backfill(job, self.state.holder[2]):
+            if state.holder is not None and may_backfill(job, state.holder[2]):
                 # (a node held for a gang is out of the indexes, but this job may backfill it)
                 for by_model in self.placer.pools_by_model(pools):
-                    for node in self.state.reserved_nodes:
+                    for node in state.reserved_nodes:
                         most_free = max(most_free, sum(1 for g in node.empty if g.pool in by_model))
-            reason = self._reason(reasons.waiting_for_free_gpus, job.gpus, shape.memory_mib, shape.max_nodes == 1,
-                                  most_free)
-        elif job.opportunistic_only and self.state.held[job.tenant] + job.quota_milli <= self.quota(job.tenant).guaranteed_milli:
-            reason = self._reason(reasons.no_spare_capacity, job.gpus)
+            reason = reason_of(reasons.waiting_for_free_gpus, job.gpus, shape.memory_mib, shape.max_nodes == 1,
+                               most_free)
+        elif (job.opportunistic_only
+              and state.held[job.tenant] + job.quota_milli <= self.inputs.quota(job.tenant).guaranteed_milli):
+            reason = reason_of(reasons.no_spare_capacity, job.gpus)
         elif self._lower_usage_borrowing(job.tenant):
-            reason = self._reason(reasons.behind_lower_usage, job.tenant, self._start_share(job.tenant))
+            reason = reason_of(reasons.behind_lower_usage, job.tenant, self._start_share(job.tenant))
         else:
-            quota = self.quota(job.tenant)
-            unused = quota.guaranteed_milli - self.state.guaranteed_held[job.tenant]
-            reason = self._reason(reasons.over_quota_cluster_full, job.tenant, quota.guaranteed_milli, unused, job.gpus)
-        self._wait(job, reason, self.queue_eta.next(job.quota_milli))
+            quota = self.inputs.quota(job.tenant)
+            unused = quota.guaranteed_milli - state.guaranteed_held[job.tenant]
+            reason = reason_of(reasons.over_quota_cluster_full, job.tenant, quota.guaranteed_milli, unused, job.gpus)
+        self.outcomes.wait(job, reason, self.queue_eta.next(job.quota_milli))
         return reason
 
     def _host_shortage(self, shape: Shape, job_class: JobClass) -> str | None:
@@ -150,24 +134,26 @@ class Waiting:
         for node in nodes:
             self.capacity.reserve(node)
         names = tuple(node.name for node in nodes)
-        self.state.reserved_nodes = nodes
-        self.state.holder = (job, names, eta)
-        self.state.version += 1
-        self.state.reservations.append(Reservation(job.id, names, since=span[0], until=span[1], eta_s=eta))
+        state = self.state
+        state.reserved_nodes = nodes
+        state.holder = (job, names, eta)
+        state.version += 1
+        state.reservations.append(Reservation(job.id, names, since=span[0], until=span[1], eta_s=eta))
         reason = reasons.holding_reservation(job.gpus, names, span[1], self.now)
-        self._wait(job, reason, eta)
+        self.outcomes.wait(job, reason, eta)
         return reason
 
     def _fits_reserved(self, shape: Shape, job_class: JobClass) -> bool:
         """Would the job fit on the held nodes? (then the hold is what keeps it waiting)"""
-        if self.memo.not_on_reserved.fails(job_class, shape):
+        memo = self.memo
+        if memo.not_on_reserved.fails(job_class, shape):
             return False
         key = (job_class, shape)
-        fits = self.memo.fits_reserved.get(key)
+        fits = memo.fits_reserved.get(key)
         if fits is None:
-            fits = self.memo.fits_reserved[key] = self.placer.fits_on(self.state.reserved_nodes, shape, job_class)
+            fits = memo.fits_reserved[key] = self.placer.fits_on(self.state.reserved_nodes, shape, job_class)
             if not fits:
-                self.memo.not_on_reserved.record(job_class, shape)
+                memo.not_on_reserved.record(job_class, shape)
         return fits
 
     def _lower_usage_borrowing(self, tenant: str) -> bool:
@@ -188,7 +174,7 @@ class Waiting:
         """The tenant's weighted share before this cycle's placements (the borrowing order's key)."""
         share = self.memo.start_shares.get(tenant)
         if share is None:
-            quota = self.quota(tenant)
+            quota = self.inputs.quota(tenant)
             share = self.memo.start_shares[tenant] = weighted_share(
                 quota.decayed_usage, self.start_held.get(tenant, 0), quota.weight, self.config.usage_half_life_s)
         return share

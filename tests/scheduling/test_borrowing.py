@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from jobs.scheduling import ClusterSnapshot, Promise, SchedulerConfig, UserLimit, decide
 from jobs.scheduling import carry as carry_module
 from jobs.scheduling.carry import Carry
-from jobs.scheduling.cycle import Cycle
+from jobs.scheduling.borrowing import BorrowingPass
 from tests.scheduling.builders import cluster, job, node, nodes, running, tenant
 from tests.scheduling.test_invariants import launch, requests, warm_clusters
 
@@ -24,11 +24,11 @@ CONFIGS = [SchedulerConfig(), SchedulerConfig(max_placement_searches=3), Schedul
 
 
 def one_by_one(snapshot: ClusterSnapshot, now: float, config: SchedulerConfig):
-    Cycle.settle_in_bulk = False
+    BorrowingPass.settle_in_bulk = False
     try:
         return decide(snapshot, now, config)
     finally:
-        Cycle.settle_in_bulk = True
+        BorrowingPass.settle_in_bulk = True
 
 
 @st.composite

@@ -423,7 +423,7 @@ def test_a_node_cordoned_keeps_the_queues_unless_a_request_can_no_longer_run_any
 
 
 def test_the_memo_keys_a_queue_is_built_with_are_those_its_columns_make():
-    """A queue built this cycle takes its borrowing memo keys from ``Cycle._entries`` (gangs young
+    """A queue built this cycle takes its borrowing memo keys from ``TenantQueues.entries`` (gangs young
     and old, jobs with and without a runtime, an array job): they are the very keys its columns
     make at the cycle's clock without a hold, made for what the columns' own lookup finds."""
     from jobs.scheduling.carry import ALONE, QueueColumns, queue_order
@@ -435,7 +435,8 @@ def test_the_memo_keys_a_queue_is_built_with_are_those_its_columns_make():
     snapshot = cluster(node("a", gpus=4), tenants=[tenant("nlp", max_gpus=8)], pending=queued)
     now = 700.0  # (gangs submitted before 400 are past their one-node wait of 300 s)
     cycle = Cycle(snapshot, now, SchedulerConfig())
-    queue, _, _, read = cycle._entries("nlp", cycle.quota("nlp").ceiling_milli, sorted(queued, key=queue_order), {})
+    queue, _, _, read = cycle.tenant_queues.entries("nlp", cycle.inputs.quota("nlp").ceiling_milli,
+                                                    sorted(queued, key=queue_order), {})
     seeded = QueueColumns(queue, read)
     seeded.seed_keys(read.keys, read.young_gangs)
     made = QueueColumns(queue)

@@ -93,7 +93,7 @@ def test_every_request_field_that_shapes_placement_is_in_the_request_key():
     from dataclasses import astuple, fields, replace
 
     from jobs.scheduling.config import SchedulerConfig
-    from jobs.scheduling.cycle import _request_key
+    from jobs.scheduling.queues import request_key as _request_key
     from jobs.scheduling.placement import shape_of
     from jobs.scheduling.snapshot import RecordedProfile
 
@@ -113,14 +113,15 @@ def test_every_request_field_that_shapes_placement_is_in_the_request_key():
 
 
 def test_a_tenant_queue_works_out_each_entry_once_per_queue_key_and_gets_every_job_right():
-    """``Cycle._entries`` makes one entry per ``_queue_key`` and hands it to every job of that key
+    """``TenantQueues.entries`` makes one entry per ``queue_key`` and hands it to every job of that key
     (it sees every pending job): a field that changes a job's entry but not the key would give the
-    job another's entry, and the inlined key must be the one ``_queue_key`` spells."""
+    job another's entry, and the inlined key must be the one ``queue_key`` spells."""
     from dataclasses import replace
 
     from jobs.scheduling.carry import QueueColumns
     from jobs.scheduling.config import SchedulerConfig
-    from jobs.scheduling.cycle import Cycle, _queue_key
+    from jobs.scheduling.cycle import Cycle
+    from jobs.scheduling.queues import queue_key as _queue_key
     from jobs.scheduling.snapshot import RecordedProfile
 
     base = job(1, mem_gib=8, runtime=60.0)
@@ -134,13 +135,13 @@ def test_a_tenant_queue_works_out_each_entry_once_per_queue_key_and_gets_every_j
     jobs = [base, *variants, replace(base, id=2), *twins, replace(base, id=3, gpus=10**6)]
     snapshot = cluster(node("a", gpus=8, runtimes=("docker",)), tenants=TENANTS, pending=jobs)
     cycle = Cycle(snapshot, 10.0, SchedulerConfig())
-    ceiling = cycle.quota("vision").ceiling_milli
-    queue, waits, _, read = cycle._entries("vision", ceiling, jobs, {})
+    ceiling = cycle.inputs.quota("vision").ceiling_milli
+    queue, waits, _, read = cycle.tenant_queues.entries("vision", ceiling, jobs, {})
     entries = {entry[0].id: entry for entry in queue}
     told = {wait.job_id: wait for wait in waits}
     assert len(entries) + len(told) == len(jobs)
     for one in jobs:  # each job on its own, against the entries made for the whole queue
-        alone, alone_waits, _, _ = cycle._entries("vision", ceiling, [one], {})
+        alone, alone_waits, _, _ = cycle.tenant_queues.entries("vision", ceiling, [one], {})
         if alone:
             (job_, shape, need, outcome, depends), = alone
             mine = entries[one.id]

@@ -18,12 +18,11 @@ from collections import defaultdict
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from dataclasses import replace
 
 from jobs.scheduling import ClusterSnapshot, GpuState, JobClass, NodeState, ReasonCode, SchedulerConfig, decide
 from jobs.scheduling.reservation import may_backfill
 from jobs.scheduling.usage import weighted_share
-from tests.scheduling.builders import GIB, cluster, job, node, running, tenant
+from tests.scheduling.builders import cluster, job, node, running, tenant
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MEMORY_GIB = {"A100": 80, "V100": 32, "T4": 16}

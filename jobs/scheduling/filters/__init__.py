@@ -1,16 +1,21 @@
 """The constraints a placement must meet, one module each (after the Kubernetes scheduler
-framework's filter plugins). A filter offers what it can of:
+framework's filter plugins), each exposing a ``FILTER`` that matches ``protocol.Filter``: a name
+and the hooks its constraint has of
 
 * ``admits_pool(pool, shape)``: a static test on an index pool (GPU model, memory, link speed,
-  container runtime), so the placer looks only at pools that can hold the request;
-* ``admits_shared_gpu(gpu, shape, ...)``: may the request join a GPU that already has residents;
+  container runtime, MIG profile), so the placer looks only at pools that can hold the request;
+* ``admits_shared_gpu(gpu, shape, job_class, config)``: may the request join a GPU that already
+  has residents;
 * ``gpus_on(node, shape)``: how many of the request's GPUs a node can take now;
 * ``never(check, shape)``: the reason the request can run nowhere on this inventory (``check`` is
   ``explain.InventoryCheck``), or None.
 
-The placer (``placement``) and the explainer (``explain``) both go through the functions below,
-so a new constraint is a new module plus its line here. The indexes in ``capacity`` stay the
-fast path; these predicates are what the placer checks each candidate with.
+``FILTERS`` is the registry, in the order a researcher should hear the inventory reasons (what is
+missing everywhere first, then what only some nodes lack); ``BY_NAME`` finds one. The placer, the
+explainer, the reclaimer and ``capacity`` all ask these filters, so a new constraint is a new
+module plus its line in ``FILTERS``. The combined hooks below call only the filters that offer
+each hook, through tuples made once at import: the indexes in ``capacity`` stay the fast path and
+these predicates are what the placer checks each candidate with.
 """
 
 from __future__ import annotations
@@ -26,10 +31,21 @@ from jobs.scheduling.filters import (
     host_resources,
     isolation,
 )
+from jobs.scheduling.filters.protocol import OK, UNLIMITED, Filter, NamedFilter, Status
 
-# Inventory reasons, in the order a researcher should hear them: what is missing everywhere first,
-# then what only some nodes lack.
-NEVER = (isolation.never, gpu_model.never, gpu_memory.never, gang_width.never, container_runtime.never, host_resources.never)
+FILTERS: tuple[Filter, ...] = (
+    isolation.FILTER, gpu_model.FILTER, gpu_memory.FILTER, gang_width.FILTER, container_runtime.FILTER,
+    host_resources.FILTER, compute_room.FILTER, exclusivity.FILTER, cordon.FILTER,
+)
+BY_NAME: dict[str, Filter] = {f.name: f for f in FILTERS}
+
+
+def _offering(hook: str) -> tuple:
+    return tuple(getattr(f, hook) for f in FILTERS if f.offers(hook))
+
+
+_POOL_HOOKS, _SHARED_HOOKS = _offering("admits_pool"), _offering("admits_shared_gpu")
+_GPUS_ON_HOOKS, _NEVER_HOOKS = _offering("gpus_on"), tuple((f.name, f.never) for f in FILTERS if f.offers("never"))
 
 
 def pool_key(shape) -> tuple:
@@ -38,21 +54,35 @@ def pool_key(shape) -> tuple:
 
 
 def admits_pool(pool, shape) -> bool:
-    return gpu_model.admits_pool(pool, shape) and gpu_memory.admits_pool(pool, shape) \
-        and container_runtime.admits_pool(pool, shape) and isolation.admits_pool(pool, shape)
+    for admits in _POOL_HOOKS:
+        if not admits(pool, shape):
+            return False
+    return True
 
 
 def admits_shared_gpu(gpu, shape, job_class, config) -> bool:
-    return (gang_width.admits_shared_gpu(shape)
-            and gpu_memory.admits_shared_gpu(gpu, shape)
-            and compute_room.admits_shared_gpu(gpu, shape, job_class, config.max_shared_load_milli,
-                                               config.min_shared_room_milli)
-            and exclusivity.admits_shared_gpu(gpu, shape, job_class)
-            and isolation.admits_shared_gpu(gpu, shape))
+    for admits in _SHARED_HOOKS:
+        if not admits(gpu, shape, job_class, config):
+            return False
+    return True
 
 
-def gpus_on(node, shape) -> int:
-    return host_resources.gpus_on(node, shape)
+def _fewest_gpus_on(node, shape) -> int:
+    return min(gpus_on(node, shape) for gpus_on in _GPUS_ON_HOOKS)
 
 
-__all__ = ["NEVER", "admits_pool", "admits_shared_gpu", "cordon", "gpus_on", "pool_key"]
+# (one filter limits GPUs per node today: its hook is the combined one, no call in between)
+gpus_on = _GPUS_ON_HOOKS[0] if len(_GPUS_ON_HOOKS) == 1 else _fewest_gpus_on
+
+
+def unschedulable(check, shape) -> Status:
+    """The first filter, in ``FILTERS`` order, that no node of ``check``'s inventory passes."""
+    for name, never in _NEVER_HOOKS:
+        reason = never(check, shape)
+        if reason is not None:
+            return Status(reason, name)
+    return OK
+
+
+__all__ = ["BY_NAME", "FILTERS", "OK", "UNLIMITED", "Filter", "NamedFilter", "Status", "admits_pool",
+           "admits_shared_gpu", "cordon", "gpus_on", "pool_key", "unschedulable"]

@@ -4,6 +4,7 @@ neighbour suffers). Guaranteed work is judged by ``exclusivity`` instead."""
 
 from __future__ import annotations
 
+from jobs.scheduling.filters.protocol import NamedFilter
 from jobs.scheduling.snapshot import JobClass
 
 
@@ -11,7 +12,10 @@ def room_needed(shape, min_shared_room_milli: int) -> int:
     return min(shape.demand_milli, min_shared_room_milli)
 
 
-def admits_shared_gpu(gpu, shape, job_class, max_load_milli: int, min_shared_room_milli: int) -> bool:
+def admits_shared_gpu(gpu, shape, job_class, config) -> bool:
     if job_class is not JobClass.OPPORTUNISTIC:
         return True
-    return max_load_milli - gpu.load_milli >= room_needed(shape, min_shared_room_milli)
+    return config.max_shared_load_milli - gpu.load_milli >= room_needed(shape, config.min_shared_room_milli)
+
+
+FILTER = NamedFilter("compute_room", admits_shared_gpu=admits_shared_gpu)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from jobs.scheduling import reasons
 from jobs.scheduling.filters import gang_width
+from jobs.scheduling.filters.protocol import NamedFilter
 
 
 def admits_pool(pool, shape) -> bool:
-    return pool[3] or not shape.needs_runtime
+    return pool.has_runtime or not shape.needs_runtime
 
 
 def never(check, shape):
@@ -19,3 +20,6 @@ def never(check, shape):
         if gang_width.fits_widths(check.node_widths(model_pools), shape):
             return None
     return reasons.needs_container_runtime(check.runtime_nodes, shape.gpus)
+
+
+FILTER = NamedFilter("container_runtime", admits_pool=admits_pool, never=never)

@@ -4,6 +4,11 @@ only cordoned nodes could run a request, its owner is told the cordon is what ke
 from __future__ import annotations
 
 from jobs.scheduling import reasons
+from jobs.scheduling.filters.protocol import NamedFilter
+
+# No hook: a cordoned node is out of every index, so no placement sees it. What the filter adds
+# is ``explain``, which the inventory check asks once every other filter has answered.
+FILTER = NamedFilter("cordon")
 
 
 def explain(check, shape, reason):

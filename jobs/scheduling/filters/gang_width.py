@@ -5,9 +5,10 @@ ring all-reduce the slowest rank paces every other one, so one shared GPU slows 
 from __future__ import annotations
 
 from jobs.scheduling import reasons
+from jobs.scheduling.filters.protocol import NamedFilter
 
 
-def admits_shared_gpu(shape) -> bool:
+def admits_shared_gpu(gpu, shape, job_class=None, config=None) -> bool:
     return shape.gpus == 1
 
 
@@ -29,3 +30,6 @@ def never(check, shape):
     if shape.max_nodes is not None:
         return reasons.gang_larger_than_any_node(shape.gpus, widest, shape.max_nodes)
     return reasons.gang_larger_than_cluster(shape.gpus, total)
+
+
+FILTER = NamedFilter("gang_width", admits_shared_gpu=admits_shared_gpu, never=never)

@@ -5,14 +5,27 @@ unless the newcomer and every resident are fractions held to their share of the 
 from __future__ import annotations
 
 from jobs.scheduling import reasons
+from jobs.scheduling.filters.protocol import NamedFilter
 
 
 def admits_pool(pool, shape) -> bool:
-    return shape.memory_on(pool[1]) <= pool[1]
+    return shape.memory_on(pool.memory_mib) <= pool.memory_mib
 
 
-def admits_shared_gpu(gpu, shape) -> bool:
-    return gpu.free_mib >= shape.memory_on(gpu.capacity_mib) + max(shape.headroom_mib, gpu.margin_mib)
+def needed_mib(gpu, shape, beside_residents: bool) -> int:
+    """The free memory ``gpu`` must have for the request: its memory there, plus the margin when
+    residents stay beside it (the larger of the newcomer's and the residents' own)."""
+    need = shape.memory_on(gpu.capacity_mib)
+    return need + max(shape.headroom_mib, gpu.margin_mib) if beside_residents else need
+
+
+def admits_shared_gpu(gpu, shape, job_class=None, config=None) -> bool:
+    return gpu.capacity_mib - gpu.used_mib >= needed_mib(gpu, shape, True)
+
+
+def fills_gpu(gpu, shape) -> bool:
+    """Does the request with its own margin need more than ``gpu`` holds beside anyone at all?"""
+    return shape.memory_on(gpu.capacity_mib) + shape.headroom_mib > gpu.capacity_mib
 
 
 def never(check, shape):
@@ -24,3 +37,6 @@ def never(check, shape):
         largest = max(mib for model, mib in check.largest_mib.items() if not shape.models or model in shape.models)
         return reasons.no_gpu_with_memory(shape.memory_mib or 0, largest, shape.models)
     return None
+
+
+FILTER = NamedFilter("gpu_memory", admits_pool=admits_pool, admits_shared_gpu=admits_shared_gpu, never=never)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from jobs.scheduling import reasons
+from jobs.scheduling.filters.protocol import NamedFilter
 
 
 def admits_pool(pool, shape) -> bool:
-    return not shape.models or pool[0] in shape.models
+    return not shape.models or pool.model in shape.models
 
 
 def never(check, shape):
@@ -14,3 +15,6 @@ def never(check, shape):
     if shape.models and not shape.models.intersection(online):
         return reasons.model_unavailable(shape.models, online)
     return None
+
+
+FILTER = NamedFilter("gpu_model", admits_pool=admits_pool, never=never)

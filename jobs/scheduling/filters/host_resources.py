@@ -12,8 +12,7 @@ GPUs on each. A node that does not report a resource (``None``) is never short o
 from __future__ import annotations
 
 from jobs.scheduling import reasons
-
-UNLIMITED = 1 << 30
+from jobs.scheduling.filters.protocol import UNLIMITED, NamedFilter
 
 
 def per_gpu(total: int, gpus: int) -> int:
@@ -89,3 +88,6 @@ def never(check, shape):
     per_gpu_need = shape.cpu_per_gpu if resource == "cpu" else shape.host_mb_per_gpu
     return reasons.no_node_with_enough_host(resource, per_gpu_need * shape.gpus,
                                             max((t for t in totals if t is not None), default=None))
+
+
+FILTER = NamedFilter("host_resources", gpus_on=gpus_on, never=never)

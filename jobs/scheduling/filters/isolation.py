@@ -11,13 +11,14 @@
 from __future__ import annotations
 
 from jobs.scheduling import reasons
+from jobs.scheduling.filters.protocol import NamedFilter
 
 
 def admits_pool(pool, shape) -> bool:
-    return pool[4] == (shape.mig_profile or "")
+    return pool.mig_profile == (shape.mig_profile or "")
 
 
-def admits_shared_gpu(gpu, shape) -> bool:
+def admits_shared_gpu(gpu, shape, job_class=None, config=None) -> bool:
     if gpu.isolation == "unfenced":
         return shape.accepts_unfenced and gpu.unfenced_refusals == 0
     return gpu.isolation != "mig"
@@ -33,3 +34,6 @@ def never(check, shape):
     if shape.mig_profile not in check.online_mig_profiles:
         return reasons.no_mig_profile(shape.mig_profile, check.online_mig_profiles)
     return None
+
+
+FILTER = NamedFilter("isolation", admits_pool=admits_pool, admits_shared_gpu=admits_shared_gpu, never=never)

@@ -20,7 +20,8 @@ fill replay (``simulate.fill``) to land on FGD's published curves:
 
 * node scores are FGD's integer plugin scores (``pkg/simulator/plugin/*_score.go``); a tie
   between nodes goes to the first of them in node order (``first_on_tie``, below), except for
-  Random, whose random score makes its draw uniform (a seeded generator): BestFit ``int(100 (1 - sum_r 0.5 (free_r - req_r) / maxSpec_r))`` over CPU and the
+  Random, whose random score makes its draw uniform (a seeded generator): BestFit
+  ``int(100 (1 - sum_r 0.5 (free_r - req_r) / maxSpec_r))`` over CPU and the
   node's total free GPU (maxSpec 128 CPUs, 8 GPUs: absolute, not a share of the node); GPU
   packing's three tiers (a partly used GPU, then a used node's free GPU, then an idle node, fewer
   GPUs first), ``100 - free%/10`` inside the first; FGD ``int(100 sigmoid(dF/1000))`` with F the
@@ -55,7 +56,7 @@ from bisect import insort
 from jobs.scheduling.decisions import Decisions, NodeSlice, Pending, Place
 from jobs.scheduling.fragmentation import WHOLE, TaskClass, Workload
 from jobs.scheduling.fragmentation_score import snapshot_requests
-from jobs.scheduling.reasons import PendingReason, ReasonCode
+from jobs.scheduling import reasons
 from jobs.scheduling.snapshot import ClusterSnapshot, JobRequest
 
 INF = float("inf")
@@ -134,12 +135,14 @@ class Cluster:
         if cpu > node.cpu or memory > node.host_memory:
             return []
         allowed = [i for i, g in enumerate(node.gpus)
-                   if (not job.gpu_models or g.model in job.gpu_models) and self.memory_on(job, node, i) <= g.memory_mib]
+                   if (not job.gpu_models or g.model in job.gpu_models)
+                   and self.memory_on(job, node, i) <= g.memory_mib]
         if job.gpus == 1:
             seen, out = set(), []
             for i in allowed:
                 state = (node.free[i], node.memory[i], node.gpus[i].model)
-                if node.free[i] >= job.gpu_milli and node.memory[i] >= self.memory_on(job, node, i) and state not in seen:
+                if (node.free[i] >= job.gpu_milli and node.memory[i] >= self.memory_on(job, node, i)
+                        and state not in seen):
                     seen.add(state)
                     out.append((i,))
             return out
@@ -174,7 +177,8 @@ class Cluster:
         per_node = []
         for node in self.nodes:
             empty = [i for i, g in enumerate(node.gpus) if node.free[i] >= WHOLE
-                     and (not job.gpu_models or g.model in job.gpu_models) and self.memory_on(job, node, i) <= g.memory_mib]
+                     and (not job.gpu_models or g.model in job.gpu_models)
+                     and self.memory_on(job, node, i) <= g.memory_mib]
             if empty:
                 per_node.append((-len(empty), node.name, node, empty))
         per_node.sort(key=lambda entry: entry[:2])
@@ -188,7 +192,8 @@ class Cluster:
             if covered == job.gpus:
                 break
         shares = [len(c) / job.gpus for _, c in plan]
-        if any(job_cpu(job) * s > node.cpu or job_memory(job) * s > node.host_memory for (node, _), s in zip(plan, shares)):
+        if any(job_cpu(job) * s > node.cpu or job_memory(job) * s > node.host_memory
+               for (node, _), s in zip(plan, shares)):
             return None
         slices = []
         first = 0
@@ -277,7 +282,7 @@ def _policy(score, name: str, needs_workload: bool = False, randomised: bool = F
         failed: dict[tuple, list[tuple[int, int, int]]] = {}
         for job in sorted(snapshot.pending, key=lambda j: (-j.priority, j.submitted_at, j.id)):
             if job.gpus < 1:
-                pending.append(Pending(job.id, PendingReason(ReasonCode.WAITING_FOR_FREE_GPUS, "CPU-only work is not placed here.")))
+                pending.append(Pending(job.id, _CPU_ONLY))
                 continue
             cpu, memory = job_cpu(job), job_memory(job)
             family = (job.gpus, job.gpu_models, job.gpu_memory_mib)
@@ -340,8 +345,7 @@ def _policy(score, name: str, needs_workload: bool = False, randomised: bool = F
     return policy
 
 
-_NO_ROOM = PendingReason(ReasonCode.WAITING_FOR_FREE_GPUS,
-                         "No node has room for the job's GPU share together with its CPU and memory.")
+_NO_ROOM, _CPU_ONLY = reasons.no_room_with_host(), reasons.cpu_only_not_placed()
 
 
 # -- the baselines as FGD's simulator runs them ---------------------------------------------------------
@@ -477,7 +481,8 @@ class Protocol:
                 piece = cluster.take_host(node, job.cpu_milli, job.host_memory_mb)
             else:
                 piece = cluster.take(job, node, list(chosen), job.cpu_milli, job.host_memory_mb)
-            placements.append(Place(job_id=job.id, slices=(piece,), gpu_milli=job.gpu_milli if job.gpus == 1 else WHOLE))
+            milli = job.gpu_milli if job.gpus == 1 else WHOLE
+            placements.append(Place(job_id=job.id, slices=(piece,), gpu_milli=milli))
         return Decisions(placements=tuple(placements), pending=tuple(pending))
 
     def choose(self, cluster: Cluster, job: JobRequest) -> tuple[_Node, tuple[int, ...]] | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from jobs.scheduling.decisions import Decisions, NodeSlice, Pending, Place
 from jobs.scheduling import reasons
-from jobs.scheduling.reasons import PendingReason, ReasonCode, gib
+from jobs.scheduling.reasons import PendingReason, ReasonCode
 from jobs.scheduling.snapshot import ClusterSnapshot, GpuState, JobRequest, NodeState
 
 
@@ -102,7 +102,8 @@ def place_exclusive(job: JobRequest, free: dict[str, list[GpuState]]) -> Place |
     slices, covered = [], 0
     for count, name, fitting in widest[: job.max_nodes or None]:
         chosen = fitting[: job.gpus - covered]
-        slices.append(NodeSlice(node=name, gpu_ids=tuple(g.id for g in chosen), gpu_indices=tuple(g.index for g in chosen),
+        slices.append(NodeSlice(node=name, gpu_ids=tuple(g.id for g in chosen),
+                                gpu_indices=tuple(g.index for g in chosen),
                                 node_rank=len(slices), first_rank=covered))
         covered += len(chosen)
         if covered == job.gpus:
@@ -110,31 +111,21 @@ def place_exclusive(job: JobRequest, free: dict[str, list[GpuState]]) -> Place |
     return None
 
 
-def why_pending_exclusive(job: JobRequest, nodes: dict[str, NodeState], free: dict[str, list[GpuState]]) -> PendingReason:
+def why_pending_exclusive(job: JobRequest, nodes: dict[str, NodeState],
+                          free: dict[str, list[GpuState]]) -> PendingReason:
+    """In the core's words (``reasons``); a gang here may mix GPU models, and its reasons say so."""
     online = [node for node in nodes.values() if node.schedulable]
     if not online:
-        return PendingReason(ReasonCode.NO_NODES_ONLINE, "No GPU node is online and accepting jobs.")
+        return reasons.no_nodes_online(len(nodes), sum(1 for node in nodes.values() if node.online and node.cordoned))
     need_mib = job.gpu_memory_mib or 0
     biggest_gpu = max((gpu.memory_mib for node in online for gpu in node.gpus), default=0)
-    if need_mib > biggest_gpu:
-        return PendingReason(
-            ReasonCode.NO_GPU_WITH_ENOUGH_MEMORY,
-            f"Needs a GPU with {gib(need_mib)} of memory; the largest online GPU has {gib(biggest_gpu)}.",
-            {"needed_mib": need_mib, "largest_mib": biggest_gpu},
-        )
+    if need_mib > biggest_gpu:  # (the largest of any model: the models asked for are not looked at here)
+        return reasons.no_gpu_with_memory(need_mib, biggest_gpu, frozenset())
     per_node = [len(_fitting(job, list(node.gpus))) for node in online]
     if job.max_nodes == 1 and job.gpus > max(per_node):
-        return PendingReason(
-            ReasonCode.GANG_LARGER_THAN_ANY_NODE,
-            f"Needs {job.gpus} GPUs on one node; the largest online node has {max(per_node)} that fit.",
-            {"needed_gpus": job.gpus, "largest_node_gpus": max(per_node)},
-        )
+        return reasons.gang_larger_than_any_node(job.gpus, max(per_node), 1, one_model=False)
     reachable = sum(sorted(per_node, reverse=True)[: job.max_nodes or None])
     if job.gpus > reachable:
-        return PendingReason(
-            ReasonCode.GANG_LARGER_THAN_CLUSTER,
-            f"Needs {job.gpus} GPUs; the online nodes have {reachable} that fit.",
-            {"needed_gpus": job.gpus, "cluster_gpus": reachable},
-        )
+        return reasons.gang_larger_than_cluster(job.gpus, reachable, one_model=False)
     most_free = max((len(_fitting(job, gpus)) for gpus in free.values()), default=0)
     return reasons.waiting_for_free_gpus(job.gpus, need_mib, job.max_nodes == 1, most_free)

@@ -16,7 +16,7 @@ from bisect import bisect_right
 
 from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason
 from jobs.scheduling.policies.fifo_exclusive import ExclusiveGpus, place_exclusive
-from jobs.scheduling.reasons import PendingReason, ReasonCode
+from jobs.scheduling import reasons
 from jobs.scheduling.snapshot import ClusterSnapshot, GpuState, RunningJob
 
 # Tiresias' two-queue setting; one GPU-hour is its order of magnitude for the Philly-like traces.
@@ -31,7 +31,8 @@ def least_attained_service(snapshot: ClusterSnapshot, now: float, config=None) -
     exclusive = ExclusiveGpus(snapshot)
     gpus = {gpu.id: (node.name, gpu) for node in snapshot.nodes for gpu in node.gpus}
     # Victims, least deserving first: highest queue, then the most served.
-    served = {job.id: job.attained_gpu_s + max(0.0, now - job.started_at) * len(job.gpu_ids) for job in snapshot.running}
+    served = {job.id: job.attained_gpu_s + max(0.0, now - job.started_at) * len(job.gpu_ids)
+              for job in snapshot.running}
     victims = sorted((job for job in snapshot.running if not job.preempting),
                      key=lambda job: (-queue_of(served[job.id]), -served[job.id], -job.id))
     lowest_victim_queue = max((queue_of(served[v.id]) for v in victims), default=-1)
@@ -56,10 +57,7 @@ def least_attained_service(snapshot: ClusterSnapshot, now: float, config=None) -
             continue
         preemptions.extend(Preempt(v.id, PreemptReason.RECLAIM_FOR_GUARANTEE,
                                    f"Job {job.id} has had less GPU time", for_job_id=job.id) for v in freed)
-        pending.append(Pending(job.id, PendingReason(
-            ReasonCode.RECLAIMING,
-            f"Preempting {len(freed)} job{'s' if len(freed) != 1 else ''} that had more GPU time; "
-            "starts once they have stopped.", {"needed_gpus": job.gpus, "victims": len(freed)}), eta_s=0.0))
+        pending.append(Pending(job.id, reasons.preempting_more_served(job.gpus, len(freed)), eta_s=0.0))
     return Decisions(placements=tuple(placements), pending=tuple(pending), preemptions=tuple(preemptions))
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from jobs.scheduling.carry import Carry
+from jobs.scheduling.carry import UNLIMITED_GPUS, Carry
 from jobs.scheduling.config import SchedulerConfig
-from jobs.scheduling.cycle import UNLIMITED_GPUS, decide
+from jobs.scheduling.cycle import decide
 from jobs.scheduling.decisions import Decisions
 from jobs.scheduling.snapshot import ClusterSnapshot, TenantQuota
 
