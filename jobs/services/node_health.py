@@ -12,11 +12,14 @@ runs twice.
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone as dt_timezone
 
 import redis
 from django.conf import settings
 from django.db import transaction
+from django.db.models import BooleanField, Case, DateTimeField, ExpressionWrapper, F, Q, When
 from django.utils import timezone
 
 from jobs.choices import JobState
@@ -32,11 +35,16 @@ log = logging.getLogger(__name__)
 
 # One stop per stray (node, job) per this many seconds, however often it is reported.
 STRAY_STOP_EVERY_S = 30
+# Hash: "node:job" -> "<sample time the node first failed to list the job> <when that was
+# recorded>", for the running jobs a node stopped listing. One read a check, and a write only for
+# what changes: a key per job, deleted each time its node listed it, was a DEL of 8,000 keys every
+# two seconds. A record older than MISSING_FOR_S is forgotten (the job settled long ago).
 MISSING_KEY = "colony:missing"
 # A running job its node has stopped reporting for this long is presumed gone (the agent was
 # restarted without it) even if the node never answers for it. Long, so that an exit event still
 # in the queue is never overtaken; nodes that report attempts are asked and settle far sooner.
 VANISHED_AFTER_S = 60.0
+MISSING_FOR_S = VANISHED_AFTER_S * 3
 # How long after a job's start its node's samples must list it, and how often it is asked.
 RECONCILE_AFTER_START_S = 2.0
 RECONCILE_EVERY_S = 10
@@ -49,12 +57,8 @@ RECONCILE_PLACED_AFTER_S = 5
 def check_node_health(client: redis.Redis) -> dict:
     lost = [node.name for node in health.silent_nodes(client) if requeue_lost_node(node)]
     revived = health.revive_heartbeating(client)
-    strays = vanished = 0
     samples = live.latest_nodes(client)
-    for node, entry in samples.items():
-        strays += stop_strays(client, node, entry.get("running_jobs", []))
-        strays += stop_earlier_attempts(client, node, entry.get("running_launches") or [])
-        vanished += requeue_vanished(client, node, entry)
+    strays, vanished = reconcile_sampled(client, samples)
     duties = reconcile_duty_cycles(client, samples)
     timed_out = time_out_overdue()
     return {"lost": lost, "revived": revived, "strays_stopped": strays, "vanished": vanished, "timed_out": timed_out,
@@ -73,16 +77,126 @@ def requeue_lost_node(node: Node) -> bool:
     return True
 
 
+def reconcile_sampled(client: redis.Redis, samples: dict[str, dict]) -> tuple[int, int]:
+    """Each sampled node's strays and earlier attempts stopped, its vanished jobs requeued (node by
+    node, as :func:`stop_strays`, :func:`stop_earlier_attempts` and :func:`requeue_vanished` do for
+    one), from one read of what every one of them holds. Returns (runs stopped, jobs requeued)."""
+    launches = {node: _parsed_launches(entry.get("running_launches") or []) for node, entry in samples.items()}
+    believed = Believed.read(set(samples), {job_id for attempts in launches.values() for job_id in attempts},
+                             min((entry["ts"] for entry in samples.values()), default=None))
+    missing = Missing.read(client)
+    strays = vanished = 0
+    for node, entry in samples.items():
+        strays += _stop_strays(client, node, entry.get("running_jobs", []), believed)
+        strays += _stop_earlier_attempts(client, node, launches[node], believed)
+        vanished += _requeue_vanished(client, node, entry, believed, missing)
+    missing.forget_listed()
+    return strays, vanished
+
+
+# What :class:`Believed` holds for a time well before every sample of the check (most of them):
+# a thousand nodes' jobs' start times, parsed one by one, were most of a check's CPU.
+EARLIER = "earlier"
+
+
+def _before(since: datetime | str | None, moment: datetime) -> bool:
+    """Whether a time as :class:`Believed` holds it is before ``moment`` (None: no time, never)."""
+    return since is EARLIER or (since is not None and since < moment)
+
+
+@dataclass
+class Believed:
+    """What the control plane holds on some nodes, read at once for all of them: a check of a
+    thousand nodes asked the database four questions per node (2,400 queries every two seconds).
+    A job this check changes (started, requeued) is read again before the next node is judged, so
+    that each node sees what its own queries used to see."""
+
+    nodes: set[str]
+    # Times before this are held as EARLIER: before what any node's sample is compared with.
+    cutoff: datetime | None = None
+    # node -> jobs with a live allocation there, whatever their state
+    held: dict[str, set[int]] = field(default_factory=dict)
+    # node -> job -> (attempt, placed_at) of its PLACED jobs; (attempt, started_at) of its RUNNING ones
+    placed: dict[str, dict[int, tuple[int, datetime | str | None]]] = field(default_factory=dict)
+    running: dict[str, dict[int, tuple[int, datetime | str | None]]] = field(default_factory=dict)
+    # job -> its current attempt, for the jobs whose runs the nodes list by attempt
+    attempts: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, nodes: set[str], launched: set[int], oldest_sample_ts: float | None = None) -> Believed:
+        """``oldest_sample_ts``: the oldest sample the times will be compared with (None: any)."""
+        cutoff = None
+        if oldest_sample_ts is not None:
+            # (the smaller of the two margins the samples are judged with)
+            margin = min(RECONCILE_AFTER_START_S, RECONCILE_PLACED_AFTER_S)
+            cutoff = datetime.fromtimestamp(oldest_sample_ts - margin, tz=dt_timezone.utc)
+        believed = cls(nodes, cutoff)
+        believed._read_allocations(None)
+        believed._read_attempts(launched)
+        return believed
+
+    def changed(self, jobs: set[int]) -> None:
+        """Read ``jobs`` again: this check has just changed them."""
+        if not jobs:
+            return
+        for held in self.held.values():
+            held.difference_update(jobs)
+        for by_job in (*self.placed.values(), *self.running.values()):
+            for job_id in jobs:
+                by_job.pop(job_id, None)
+        self._read_allocations(jobs)
+        self._read_attempts(jobs & self.attempts.keys())
+
+    def _read_allocations(self, jobs: set[int] | None) -> None:
+        rows = Allocation.objects.filter(released_at__isnull=True)
+        if jobs is not None:
+            rows = rows.filter(job_id__in=ids_in(jobs))
+        elif len(self.nodes) <= FEW_NODES:
+            rows = rows.filter(gpu__node__name__in=self.nodes)
+        # (else every live allocation, bounded by the GPUs: one condition fewer for the database)
+        times = ("job__started_at", "job__placed_at")
+        if self.cutoff is not None:
+            rows = rows.annotate(**{name: expression for time in times for name, expression in (
+                (f"{time}_earlier", ExpressionWrapper(Q(**{f"{time}__lt": self.cutoff}), output_field=BooleanField())),
+                (f"{time}_since", Case(When(**{f"{time}__gte": self.cutoff}, then=F(time)), default=None,
+                                       output_field=DateTimeField())),
+            )})
+            columns = [f"{time}_{part}" for time in times for part in ("earlier", "since")]
+        else:
+            columns = [column for time in times for column in (time, time)]
+        for job_id, node, state, attempt, *when in rows.values_list("job_id", "gpu__node__name", "job__state",
+                                                                    "job__attempt", *columns):
+            if node not in self.nodes:
+                continue
+            self.held.setdefault(node, set()).add(job_id)
+            started_at, placed_at = (EARLIER if earlier else since for earlier, since in (when[:2], when[2:]))
+            if state == JobState.PLACED:
+                self.placed.setdefault(node, {})[job_id] = (attempt, placed_at)
+            elif state == JobState.RUNNING:
+                self.running.setdefault(node, {})[job_id] = (attempt, started_at)
+
+    def _read_attempts(self, jobs: set[int]) -> None:
+        if jobs:
+            self.attempts.update(Job.objects.filter(pk__in=ids_in(jobs)).values_list("pk", "attempt"))
+
+
+# Up to this many nodes, their allocations are picked out by the database (a node registering, a
+# test); beyond it every live allocation is read.
+FEW_NODES = 32
+
+
 def stop_strays(client: redis.Redis, node: str, running_jobs: list[int]) -> int:
     """Stop processes a node runs for jobs that hold no live allocation on it."""
     if not running_jobs:
         return 0
-    rightful = set(
-        Allocation.objects.filter(job_id__in=running_jobs, gpu__node__name=node, released_at__isnull=True)
-        .values_list("job_id", flat=True)
-    )
+    return _stop_strays(client, node, running_jobs, Believed.read({node}, set()))
+
+
+def _stop_strays(client: redis.Redis, node: str, running_jobs: list[int], believed: Believed) -> int:
+    if not running_jobs:
+        return 0
     stopped = 0
-    for job_id in set(running_jobs) - rightful:
+    for job_id in set(running_jobs) - believed.held.get(node, set()):
         if client.set(f"colony:stray:{node}:{job_id}", 1, nx=True, ex=STRAY_STOP_EVERY_S):
             log.warning("node %s runs job %s which does not belong there; stopping it", node, job_id)
             send_stop(node, job_id)
@@ -94,23 +208,20 @@ def stop_earlier_attempts(client: redis.Redis, node: str, running_launches: list
     """Stop runs of an earlier attempt of a job still going on ``node`` (their stop was lost, say
     with a partition) while the job has moved on to a later attempt: such a run would also keep
     the node from starting the job's current attempt there. Each stop names the run it is for."""
+    attempts = _parsed_launches(running_launches)
+    if not attempts:
+        return 0
+    return _stop_earlier_attempts(client, node, attempts, Believed.read({node}, set(attempts)))
+
+
+def _parsed_launches(running_launches: list[str]) -> dict[int, int]:
+    """Job id -> the attempt a node says it runs (the last one listed, for a job listed twice)."""
     attempts: dict[int, int] = {}
     for launch in running_launches:
         parsed = _parse_launch_id(launch)
         if parsed is not None:
             attempts[parsed[0]] = parsed[1]
-    if not attempts:
-        return 0
-    stopped = 0
-    for job_id, current in Job.objects.filter(pk__in=attempts).values_list("pk", "attempt"):
-        earlier = launch_id(job_id, attempts[job_id])
-        if attempts[job_id] < current and client.set(f"colony:stray:{node}:{earlier}", 1, nx=True,
-                                                       ex=STRAY_STOP_EVERY_S):
-            log.warning("node %s still runs %s of job %s, now at attempt %s; stopping that run", node, earlier,
-                        job_id, current)
-            send_stop(node, job_id, earlier)
-            stopped += 1
-    return stopped
+    return attempts
 
 
 def _parse_launch_id(text: str) -> tuple[int, int] | None:
@@ -118,6 +229,21 @@ def _parse_launch_id(text: str) -> tuple[int, int] | None:
     if len(parts) != 3 or parts[0] != "launch" or not parts[1].isdigit() or not parts[2].isdigit():
         return None
     return int(parts[1]), int(parts[2])
+
+
+def _stop_earlier_attempts(client: redis.Redis, node: str, attempts: dict[int, int], believed: Believed) -> int:
+    stopped = 0
+    for job_id, running in attempts.items():
+        current = believed.attempts.get(job_id)
+        if current is None or running >= current:
+            continue
+        earlier = launch_id(job_id, running)
+        if client.set(f"colony:stray:{node}:{earlier}", 1, nx=True, ex=STRAY_STOP_EVERY_S):
+            log.warning("node %s still runs %s of job %s, now at attempt %s; stopping that run", node, earlier,
+                        job_id, current)
+            send_stop(node, job_id, earlier)
+            stopped += 1
+    return stopped
 
 
 def resend_duty_cycles(node: str, running_jobs: list[int]) -> int:
@@ -157,7 +283,8 @@ def reconcile_duty_cycles(client: redis.Redis, samples: dict[str, dict]) -> int:
     sampled_at: dict[str, float] = {}
     for node, entry in samples.items():
         running, duties, at = entry.get("running_jobs") or [], entry.get("duty_cycles") or [], entry.get("ts")
-        if running and len(duties) == len(running) and isinstance(at, (int, float)):  # (else an agent that does not say)
+        # (else an agent that does not say)
+        if running and len(duties) == len(running) and isinstance(at, (int, float)):
             # (a job at 0 runs no faster than anything stored)
             reported.update(((job_id, node), duty) for job_id, duty in zip(running, duties) if duty)
             sampled_at[node] = at
@@ -216,55 +343,117 @@ def requeue_vanished(client: redis.Redis, node: str, entry: dict) -> int:
     node that does not report attempts (an older agent), or never answers, has the job requeued
     after ``VANISHED_AFTER_S``.
     """
+    missing = Missing.read(client)
+    requeued = _requeue_vanished(client, node, entry, Believed.read({node}, set(), entry["ts"]), missing)
+    missing.forget_listed()
+    return requeued
+
+
+def _requeue_vanished(client: redis.Redis, node: str, entry: dict, believed: Believed, missing: Missing) -> int:
+    """:func:`requeue_vanished` on what ``believed`` holds; ``missing`` is told which jobs the node
+    lists again (forgotten by the caller, every node's at once)."""
     sample_ts = entry["ts"]
     reported = set(entry.get("running_jobs", []))
     launches = entry.get("running_launches")
     if launches is not None:
-        _reconcile_placed(client, node, set(launches), sample_ts)
+        launches = set(launches)
+        if started := _reconcile_placed(client, node, launches, sample_ts, believed):
+            believed.changed(started)
     started_before = datetime.fromtimestamp(sample_ts - RECONCILE_AFTER_START_S, tz=dt_timezone.utc)
-    ours = set(Allocation.objects.filter(gpu__node__name=node, released_at__isnull=True,
-                                         job__state=JobState.RUNNING, job__started_at__lt=started_before)
-               .values_list("job_id", "job__attempt"))
+    ours = [(job_id, attempt) for job_id, (attempt, started_at) in believed.running.get(node, {}).items()
+            if _before(started_at, started_before)]
     requeued = 0
     for job_id, attempt in ours:
         field = f"{node}:{job_id}"
-        missing_key = f"{MISSING_KEY}:{field}"
         current = launch_id(job_id, attempt)
         if (current in launches) if launches is not None else (job_id in reported):
-            client.delete(missing_key)
+            missing.listed(field)
             continue
-        # When this node first failed to list it; expires on its own once the job has settled.
-        client.set(missing_key, sample_ts, nx=True, ex=int(VANISHED_AFTER_S * 3))
-        first_missed = float(client.get(missing_key) or sample_ts)
+        first_missed = missing.first_missed(field, sample_ts)
         if launches is not None and client.set(f"colony:reconcile:{field}", 1, nx=True, ex=RECONCILE_EVERY_S):
             log.info("node %s does not list job %s's running attempt %s; asking it", node, job_id, current)
             send_query(node, job_id, current)
         if sample_ts - first_missed < VANISHED_AFTER_S:
             continue
-        client.delete(missing_key)
+        missing.forget(field)
         if _requeue_vanished_job(job_id, node):
             requeued += 1
+        believed.changed({job_id})
     return requeued
 
 
-def _reconcile_placed(client: redis.Redis, node: str, launches: set[str], sample_ts: float) -> None:
+@dataclass
+class Missing:
+    """Since when (a sample's time) each node has failed to list each of its running jobs, as
+    :data:`MISSING_KEY` holds it; read once a check."""
+
+    client: redis.Redis
+    since: dict[str, float]
+    listed_again: list[str] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, client: redis.Redis) -> Missing:
+        now, since, stale = time.time(), {}, []
+        for name, value in client.hgetall(MISSING_KEY).items():
+            name = name.decode() if isinstance(name, bytes) else name
+            record = _missing_record(value)
+            if record is None or now - record[1] > MISSING_FOR_S:
+                stale.append(name)
+            else:
+                since[name] = record[0]
+        if stale:
+            client.hdel(MISSING_KEY, *stale)
+        return cls(client, since)
+
+    def first_missed(self, job_on_node: str, sample_ts: float) -> float:
+        """When the node first failed to list it: this sample's time, unless recorded before."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hsetnx(MISSING_KEY, job_on_node, f"{sample_ts!r} {time.time()!r}")
+        pipe.hget(MISSING_KEY, job_on_node)
+        record = _missing_record(pipe.execute()[1])
+        return record[0] if record else sample_ts
+
+    def listed(self, job_on_node: str) -> None:
+        if job_on_node in self.since:
+            self.listed_again.append(job_on_node)
+
+    def forget(self, job_on_node: str) -> None:
+        self.client.hdel(MISSING_KEY, job_on_node)
+        self.since.pop(job_on_node, None)
+
+    def forget_listed(self) -> None:
+        if self.listed_again:
+            self.client.hdel(MISSING_KEY, *self.listed_again)
+
+
+def _missing_record(value: bytes | str | None) -> tuple[float, float] | None:
+    try:
+        first, recorded = (value.decode() if isinstance(value, bytes) else value or "").split()
+        return float(first), float(recorded)
+    except ValueError:
+        return None
+
+
+def _reconcile_placed(client: redis.Redis, node: str, launches: set[str], sample_ts: float,
+                      believed: Believed) -> set[int]:
     """PLACED jobs whose start report was lost: one the node runs is started now; one placed a
     while ago that it does not run is asked about (it may have run and ended there, both its
-    reports lost; a launch that never arrived is re-sent by the scheduling loop meanwhile)."""
+    reports lost; a launch that never arrived is re-sent by the scheduling loop meanwhile).
+    Returns the jobs it tried to start (the caller reads them again)."""
     # Judged by the sample's own time: a sample taken before (or just after) the placement says
     # nothing about whether the launch arrived.
     placed_before = datetime.fromtimestamp(sample_ts - RECONCILE_PLACED_AFTER_S, tz=dt_timezone.utc)
-    for job_id, attempt, placed_at in set(
-        Allocation.objects.filter(gpu__node__name=node, released_at__isnull=True, job__state=JobState.PLACED)
-        .values_list("job_id", "job__attempt", "job__placed_at")
-    ):
+    started = set()
+    for job_id, (attempt, placed_at) in list(believed.placed.get(node, {}).items()):
         current = launch_id(job_id, attempt)
         if current in launches:
+            started.add(job_id)
             if lifecycle.start(job_id, node, current, datetime.fromtimestamp(sample_ts, tz=dt_timezone.utc)):
                 log.warning("job %s runs on node %s but its start report was lost; now RUNNING", job_id, node)
-        elif placed_at and placed_at < placed_before and client.set(
+        elif _before(placed_at, placed_before) and client.set(
                 f"colony:reconcile:{node}:{job_id}", 1, nx=True, ex=RECONCILE_EVERY_S):
             send_query(node, job_id, current)
+    return started
 
 
 def _requeue_vanished_job(job_id: int, node: str) -> bool:
@@ -281,15 +470,29 @@ TIMEOUT_BACKSTOP_SLACK_S = 30.0
 
 def time_out_overdue(now=None) -> list[int]:
     """End RUNNING jobs that ran well past their ``max_runtime_s`` (TIMEOUT), telling their
-    nodes to stop them. Running jobs with a limit are few (bounded by the GPUs), so this reads
-    them rather than doing date arithmetic in SQL that SQLite and PostgreSQL spell differently."""
+    nodes to stop them. The database is asked for those past their limit, one condition per limit
+    in use (a few: limits are round numbers), rather than doing date arithmetic in SQL that
+    SQLite and PostgreSQL spell differently; with many limits in use, every running job with one
+    is read (bounded by the GPUs)."""
     now = now or timezone.now()
     slack = settings.COLONY_STOP_GRACE_SECONDS + TIMEOUT_BACKSTOP_SLACK_S
+    limited = Job.objects.filter(state=JobState.RUNNING, max_runtime_s__isnull=False, started_at__isnull=False)
+    limits = set(limited.order_by().values_list("max_runtime_s", flat=True).distinct())
+    if not limits:
+        return []
+    if len(limits) <= FEW_LIMITS:
+        # (a thousand start times parsed every two seconds to find none overdue cost more than asking)
+        overdue_now = Q()
+        for limit in limits:
+            overdue_now |= Q(max_runtime_s=limit, started_at__lt=now - timezone.timedelta(seconds=limit + slack))
+        limited = limited.filter(overdue_now)
     overdue = []
-    for job_id, started_at, limit in Job.objects.filter(
-        state=JobState.RUNNING, max_runtime_s__isnull=False, started_at__isnull=False
-    ).values_list("pk", "started_at", "max_runtime_s"):
-        deadline = started_at + timezone.timedelta(seconds=limit + slack)
-        if deadline < now and lifecycle.time_out(job_id, started_before=now - timezone.timedelta(seconds=limit + slack)):
+    for job_id, started_at, limit in limited.values_list("pk", "started_at", "max_runtime_s"):
+        allowed = timezone.timedelta(seconds=limit + slack)
+        if started_at + allowed < now and lifecycle.time_out(job_id, started_before=now - allowed):
             overdue.append(job_id)
     return overdue
+
+
+# Up to this many different runtime limits, the database picks the overdue jobs out.
+FEW_LIMITS = 50

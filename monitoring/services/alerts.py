@@ -67,7 +67,8 @@ def _announce(signal: Signal, alert_ids: list[int]) -> None:
             log.error("alert listener %r failed for alerts %s: %r", receiver, alert_ids, outcome)
 
 
-def from_samples(samples: list[NodeSample], gpu_id_of: Callable[[str, int], int | None], max_temperature_c: float) -> None:
+def from_samples(samples: list[NodeSample], gpu_id_of: Callable[[str, int], int | None],
+                 max_temperature_c: float) -> None:
     """XID events and temperatures over the threshold; the common case touches the database 0 times."""
     for sample in samples:
         for gpu in sample.gpus:
@@ -89,10 +90,16 @@ def from_samples(samples: list[NodeSample], gpu_id_of: Callable[[str, int], int 
                             details={"temperature_c": gpu.temperature_c})
 
 
-def resolve_cooled(latest_gpus: dict[str, dict], max_temperature_c: float) -> int:
-    """Resolve thermal alerts of GPUs whose latest reading is back under the threshold."""
+def resolve_cooled(latest_gpus: dict[str, dict] | Callable[[], dict[str, dict]], max_temperature_c: float) -> int:
+    """Resolve thermal alerts of GPUs whose latest reading is back under the threshold.
+    ``latest_gpus``: the readings by "node:index", or what reads them, called only while a thermal
+    alert is open (reading a thousand nodes' samples to resolve none cost most of an evaluation)."""
     resolved = 0
-    for alert in Alert.objects.filter(kind=AlertKind.THERMAL, resolved_at__isnull=True).select_related("gpu__node"):
+    open_alerts = list(Alert.objects.filter(kind=AlertKind.THERMAL, resolved_at__isnull=True)
+                       .select_related("gpu__node"))
+    if open_alerts and callable(latest_gpus):
+        latest_gpus = latest_gpus()
+    for alert in open_alerts:
         reading = latest_gpus.get(f"{alert.gpu.node.name}:{alert.gpu.index}")
         if reading and reading.get("temperature_c") is not None and reading["temperature_c"] <= max_temperature_c:
             resolved += resolve(AlertKind.THERMAL, pk=alert.pk)

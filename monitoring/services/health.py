@@ -44,16 +44,28 @@ def _registration_grace() -> timedelta:
     return timedelta(seconds=settings.COLONY_NODE_REGISTRATION_GRACE_S)
 
 
+# The PTTL of each key, judged inside Redis: one command for a thousand nodes, and only the live
+# ones' positions (1-based) come back. A pipeline of a PTTL per node cost the scheduling loop and
+# node health about a millisecond per hundred nodes in client-side packing and parsing alone.
+_LIVE_SCRIPT = """
+local live, longest = {}, tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  local ttl = redis.call('PTTL', key)
+  if ttl > 0 and ttl <= longest then live[#live + 1] = i end
+end
+return live
+"""
+
+
 def live_node_names(client: redis.Redis, names: Iterable[str]) -> set[str]:
     """The subset of ``names`` whose agent heartbeat has not expired (one round trip). A key with
     no expiry, or one longer than :data:`MAX_HEARTBEAT_TTL_S`, does not count."""
     names = list(names)
     if not names:
         return set()
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.pttl(heartbeat_key(name))
-    return {name for name, ttl_ms in zip(names, pipe.execute()) if 0 < ttl_ms <= MAX_HEARTBEAT_TTL_S * 1000}
+    # EVAL, not EVALSHA: always one round trip, even on a Redis that restarted without the script.
+    live = client.eval(_LIVE_SCRIPT, len(names), *map(heartbeat_key, names), MAX_HEARTBEAT_TTL_S * 1000)
+    return {names[position - 1] for position in live}
 
 
 def redis_seen_for(client: redis.Redis) -> float:
@@ -69,11 +81,17 @@ def silent_nodes(client: redis.Redis) -> list[Node]:
     once); one heard again is no longer. None while Redis is new."""
     if redis_seen_for(client) < settings.COLONY_REDIS_RESTART_GRACE_S:
         return []
-    candidates = list(Node.objects.filter(state=NodeHealth.UP, registered_at__lt=timezone.now() - _registration_grace()))
-    alive = live_node_names(client, [node.name for node in candidates])
-    silent = [node for node in candidates if node.name not in alive]
-    past_grace = _silent_past_grace(client, [node.name for node in silent])
-    return [node for node in silent if node.name in past_grace]
+    # Names only: a thousand Node rows built every two seconds to find none silent cost more than
+    # the rest of the check.
+    candidates = list(Node.objects.filter(state=NodeHealth.UP, registered_at__lt=timezone.now() - _registration_grace())
+                      .values_list("name", flat=True))
+    alive = live_node_names(client, candidates)
+    silent = [name for name in candidates if name not in alive]
+    past_grace = _silent_past_grace(client, silent)
+    if not past_grace:
+        return []
+    nodes = Node.objects.in_bulk(past_grace, field_name="name")
+    return [nodes[name] for name in silent if name in past_grace and name in nodes]
 
 
 def _silent_past_grace(client: redis.Redis, silent: list[str]) -> set[str]:

@@ -283,7 +283,8 @@ def flush(acc: Accumulator) -> None:
              "power_n": "integer"},
             ["gpu_id", "resolution", "bucket_start"],
             {
-                **{c: _add(g, c) for c in ("samples", "util_sum", "util_n", "mem_sum", "mem_n", "power_sum", "power_n")},
+                **{c: _add(g, c)
+                   for c in ("samples", "util_sum", "util_n", "mem_sum", "mem_n", "power_sum", "power_n")},
                 **{c: _greatest(f"{g}.{c}", f"EXCLUDED.{c}") for c in ("util_max", "mem_max", "temp_max")},
             },
             [
