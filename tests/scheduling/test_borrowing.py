@@ -42,7 +42,8 @@ def long_queues(draw, first_id: int, names: list[str]):
         template = draw(st.sampled_from(templates))
         array = draw(st.sampled_from([None, None, None, (7, 1), (8, 2)]))
         queue.append(dataclasses.replace(
-            template, id=first_id + 100 + i, priority=draw(st.integers(0, 1)), user=draw(st.sampled_from(["ann", "bob"])),
+            template, id=first_id + 100 + i, priority=draw(st.integers(0, 1)),
+            user=draw(st.sampled_from(["ann", "bob"])),
             submitted_at=draw(st.sampled_from([10.0, NOW - 300.0, NOW - 100.0 + i])),
             expected_runtime_s=draw(st.sampled_from([None, template.expected_runtime_s, 30.0, 5000.0])),
             array_id=array and array[0], array_limit=array and array[1]))
@@ -134,7 +135,8 @@ def test_when_the_queue_s_etas_run_out_inside_a_run_the_rest_of_the_run_gets_non
     snapshot = cluster(*nodes(4, gpus=8), tenants=[tenant("nlp"), tenant("cv")],
                        pending=[job(i, tenant="cv", submitted_at=float(i)) for i in range(1, 33)])
     warm = launch(snapshot, decide(snapshot, 0.0), 0.0, None)
-    warm = dataclasses.replace(warm, pending=tuple(job(100 + i, tenant="nlp", submitted_at=float(i)) for i in range(90)),
+    warm = dataclasses.replace(warm,
+                               pending=tuple(job(100 + i, tenant="nlp", submitted_at=float(i)) for i in range(90)),
                                running=tuple(dataclasses.replace(r, expected_runtime_s=60.0 * (k + 1))
                                              for k, r in enumerate(warm.running)))
     decisions = decide(warm, 0.0)

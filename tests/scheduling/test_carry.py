@@ -15,9 +15,10 @@ from jobs.scheduling.carry import Carry
 from tests.scheduling.builders import job, readings
 from tests.scheduling.test_invariants import check_invariants, launch, nodes, requests, tenants, warm_clusters
 
-EVENTS = ["launch", "launch", "end", "submit", "submit", "edit", "edit", "resolve", "ceiling", "cordon", "offline", "lose_node",
-          "config", "reorder", "nothing"]
-CONFIGS = [SchedulerConfig(), SchedulerConfig(gang_single_node_wait_s=0.0), SchedulerConfig(share_memory_headroom_mib=0),
+EVENTS = ["launch", "launch", "end", "submit", "submit", "edit", "edit", "resolve", "ceiling", "cordon", "offline",
+          "lose_node", "config", "reorder", "nothing"]
+CONFIGS = [SchedulerConfig(), SchedulerConfig(gang_single_node_wait_s=0.0),
+           SchedulerConfig(share_memory_headroom_mib=0),
            SchedulerConfig(max_placement_searches=2)]  # (searches are counted by shape identity)
 
 
@@ -44,7 +45,8 @@ def step(draw, snapshot: ClusterSnapshot, decisions, event: str, now: float, nex
         edited = dataclasses.replace(snapshot.pending[index], priority=draw(st.integers(-1, 3)),
                                      gpus=draw(st.sampled_from([1, 2, 8])), gpu_milli=1000,
                                      submitted_at=draw(st.sampled_from([1.0, snapshot.pending[index].submitted_at])))
-        return dataclasses.replace(snapshot, pending=snapshot.pending[:index] + (edited,) + snapshot.pending[index + 1:])
+        return dataclasses.replace(snapshot,
+                                   pending=snapshot.pending[:index] + (edited,) + snapshot.pending[index + 1:])
     if event == "resolve":
         blocked = job(next_id, tenant=draw(st.sampled_from(names)), waiting_for=((1, "ok"),))
         pending = tuple(dataclasses.replace(j, waiting_for=()) if j.waiting_for else j for j in snapshot.pending)
@@ -52,7 +54,8 @@ def step(draw, snapshot: ClusterSnapshot, decisions, event: str, now: float, nex
     if event == "ceiling" and snapshot.tenants:
         index = draw(st.integers(0, len(snapshot.tenants) - 1))
         changed = dataclasses.replace(snapshot.tenants[index], max_gpus=draw(st.integers(0, 8)))
-        return dataclasses.replace(snapshot, tenants=snapshot.tenants[:index] + (changed,) + snapshot.tenants[index + 1:])
+        return dataclasses.replace(snapshot,
+                                   tenants=snapshot.tenants[:index] + (changed,) + snapshot.tenants[index + 1:])
     if event == "cordon":
         index = draw(st.integers(0, len(snapshot.nodes) - 1))
         changed = dataclasses.replace(snapshot.nodes[index], cordoned=not snapshot.nodes[index].cordoned)

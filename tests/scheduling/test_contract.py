@@ -32,7 +32,8 @@ def test_reclaim_prefers_the_node_whose_victims_checkpoint():
     snapshot = cluster(node("old", gpus=2), node("young", gpus=2), tenants=OWNER_AND_BORROWER,
                        running=[running(10, on="old", gpus=[0, 1], tenant="borrower", opportunistic=True, started_at=0,
                                         checkpoints=True),
-                                running(11, on="young", gpus=[0], tenant="borrower", opportunistic=True, started_at=90)],
+                                running(11, on="young", gpus=[0], tenant="borrower", opportunistic=True,
+                                        started_at=90)],
                        pending=[job(1, tenant="owner", gpus=2)])
     assert preempted(decide(snapshot, now=100)) == [10]
 
@@ -190,7 +191,8 @@ def test_waiting_for_one_node_can_be_switched_off():
 
 def test_a_node_with_room_is_taken_at_once_and_noted():
     snapshot = cluster(node("a", gpus=8, busy=5), node("b", gpus=8), tenants=TEAM,
-                       pending=[job(1, tenant="team", gpus=8, submitted_at=100), job(2, tenant="team", submitted_at=101)])
+                       pending=[job(1, tenant="team", gpus=8, submitted_at=100),
+                                job(2, tenant="team", submitted_at=101)])
     decisions = decide(snapshot, now=101)
     notes = {p.job_id: p.note for p in decisions.placements}
     assert notes[1] == "On one node (b)."

@@ -109,7 +109,8 @@ def starving_gang(**gang):
         node("a", gpus=8), tenants=[tenant("big"), tenant("small")],
         running=[running(50 + i, on="a", gpus=[i], tenant="small", opportunistic=True, runtime=100) for i in range(4)],
         pending=[job(1, tenant="big", gpus=8, submitted_at=1, **gang), job(2, tenant="small", submitted_at=2),
-                 job(3, tenant="small", submitted_at=3, runtime=30), job(4, tenant="small", submitted_at=4, runtime=90)])
+                 job(3, tenant="small", submitted_at=3, runtime=30),
+                 job(4, tenant="small", submitted_at=4, runtime=90)])
 
 
 def test_blocked_gang_holds_its_best_node_and_small_jobs_do_not_take_it():

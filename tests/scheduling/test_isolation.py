@@ -31,7 +31,8 @@ def test_a_whole_gpu_request_does_not_run_on_a_node_that_only_has_mig_instances(
 
 def test_a_mig_instance_takes_one_job_even_an_opportunistic_one():
     snapshot = cluster(node("sliced", gpus=0, mig=("1g.10gb",)), tenants=TENANTS,
-                       running=[running(9, on="sliced", gpus=[0], mem_gib=2, util=0.05, tenant="nlp", opportunistic=True)],
+                       running=[running(9, on="sliced", gpus=[0], mem_gib=2, util=0.05, tenant="nlp",
+                                        opportunistic=True)],
                        pending=[job(1, mig="1g.10gb", tenant="nlp", mem_gib=1, milli=100)])
     decisions = decide(snapshot, now=10)
     assert placed(decisions) == {}

@@ -24,7 +24,8 @@ def landed(snapshot, decisions) -> dict[int, tuple[str, int]]:
     (20, None, 20, None, False),   # no reading: the resident counts at its full request
     (None, 0.1, 5, None, False),   # resident without a memory figure owns the whole GPU
 ])
-def test_borrower_over_commits_a_busy_gpu_only_when_memory_and_compute_fit(resident_gib, util, new_gib, profile, shares):
+def test_borrower_over_commits_a_busy_gpu_only_when_memory_and_compute_fit(resident_gib, util, new_gib, profile,
+                                                                           shares):
     snapshot = cluster(node("a", gpus=1, util={0: util}), tenants=BORROWERS,
                        running=[running(9, on="a", gpus=[0], tenant="owner", mem_gib=resident_gib)],
                        pending=[job(1, tenant="borrower", mem_gib=new_gib, profile=profile)])
@@ -146,7 +147,8 @@ def test_whole_gpu_job_goes_to_the_fullest_node():
 def test_gang_takes_only_empty_gpus():
     """A straggler GPU paces the whole ring, so a gang never shares."""
     snapshot = cluster(node("a", gpus=2, util=0.0), tenants=BORROWERS,
-                       running=[running(9, on="a", gpus=[0], tenant="borrower", opportunistic=True, mem_gib=1, util=0.0)],
+                       running=[running(9, on="a", gpus=[0], tenant="borrower", opportunistic=True, mem_gib=1,
+                                        util=0.0)],
                        pending=[job(1, tenant="borrower", gpus=2, mem_gib=1, profile=(1, 0.1))])
     decisions = decide(snapshot, now=0)
     assert placed(decisions) == {}

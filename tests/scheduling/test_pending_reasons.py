@@ -32,7 +32,8 @@ T = [tenant("nlp", guaranteed=2, max_gpus=4), tenant("cv", guaranteed=0, max_gpu
     ([node("a", gpus=2)], [running(9, gpus=[0, 1], tenant="nlp")], job(1, tenant="nlp"),
      ReasonCode.OVER_QUOTA_CLUSTER_FULL, "is using all of its 2-GPU guarantee, so it must borrow"),
     # (the borrower is behind nlp in the borrowing order: equal usage, and "other" > "nlp")
-    ([node("a", gpus=2)], [running(9, gpus=[0], tenant="nlp"), running(8, gpus=[1], tenant="other", opportunistic=True)],
+    ([node("a", gpus=2)],
+     [running(9, gpus=[0], tenant="nlp"), running(8, gpus=[1], tenant="other", opportunistic=True)],
      job(1, tenant="nlp", gpus=2, reserved_since=-700),  # its reservation window is cooling down
      ReasonCode.OVER_QUOTA_CLUSTER_FULL, "has 1 GPU of its 2-GPU guarantee unused, too few for this job"),
     ([node("a", gpus=2)], [running(9, gpus=[0, 1], tenant="cv", opportunistic=True)],

@@ -10,7 +10,8 @@ from tests.scheduling.builders import classes, cluster, job, node, placed, preem
 
 
 def small_cluster():
-    return cluster(node("a", gpus=2, util=0.2), node("b", gpus=4, busy=1), tenants=[tenant("nlp", guaranteed=1, max_gpus=2)],
+    return cluster(node("a", gpus=2, util=0.2), node("b", gpus=4, busy=1),
+                   tenants=[tenant("nlp", guaranteed=1, max_gpus=2)],
                    running=[running(9, on="a", gpus=[0], tenant="nlp", mem_gib=10)],
                    pending=[job(i, tenant="nlp" if i % 2 else "cv", gpus=1 + i % 3, mem_gib=8) for i in range(1, 9)])
 

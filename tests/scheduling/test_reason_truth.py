@@ -182,7 +182,8 @@ class World:
 
     def borrowers(self, at_start: bool = False) -> set[str]:
         """Tenants holding borrowed GPUs: opportunistic jobs still running (and those placed this cycle)."""
-        running = {r.tenant for r in self.snapshot.running if r.job_class is JobClass.OPPORTUNISTIC and not r.preempting}
+        running = {r.tenant for r in self.snapshot.running
+                   if r.job_class is JobClass.OPPORTUNISTIC and not r.preempting}
         if at_start:
             return running
         return running | {self.jobs[p.job_id].tenant for p in self.decisions.placements
@@ -192,7 +193,8 @@ class World:
         """Lowest first: weighted usage before this cycle's placements, then the name."""
         quota = self.quotas.get(tenant)
         usage, weight = (quota.decayed_usage, quota.weight) if quota else (0.0, 1.0)
-        return weighted_share(usage, self.start_held.get(tenant, 0), weight, SchedulerConfig().usage_half_life_s), tenant
+        return weighted_share(usage, self.start_held.get(tenant, 0), weight,
+                              SchedulerConfig().usage_half_life_s), tenant
 
     def node(self, name: str) -> NodeState:
         return next(n for n in self.snapshot.nodes if n.name == name)
@@ -308,7 +310,8 @@ def check(world: World, pending) -> None:
         assert most_of_one_model(world.free_by_model(request)) < request.gpus, "a node has room now"
         assert details["spread_nodes"] > 1
     elif code is ReasonCode.BEHIND_LOWER_USAGE_TENANTS:
-        ahead = {t for t in world.borrowers() - {request.tenant} if world.borrowing_order(t) < world.borrowing_order(request.tenant)}
+        ahead = {t for t in world.borrowers() - {request.tenant}
+                 if world.borrowing_order(t) < world.borrowing_order(request.tenant)}
         assert ahead, "no tenant ahead of it in the borrowing order holds borrowed GPUs"
         assert details["tenant"] == request.tenant
 
@@ -337,7 +340,8 @@ def test_every_pending_reason_names_an_obstacle_that_exists(cycle):
 
 def test_a_job_over_its_tenants_ceiling_says_so_not_that_it_waits():
     snapshot = cluster(node("a", gpus=8), node("b", gpus=8), node("c", gpus=8),
-                       tenants=[tenant("vision", guaranteed=8, max_gpus=16)], pending=[job(1, tenant="vision", gpus=17)])
+                       tenants=[tenant("vision", guaranteed=8, max_gpus=16)],
+                       pending=[job(1, tenant="vision", gpus=17)])
     (pending,) = decide(snapshot, now=0).pending
     assert pending.reason.code is ReasonCode.OVER_MAX_GPUS
     assert "finish" not in pending.reason.message
@@ -347,13 +351,15 @@ def test_a_job_over_its_tenants_ceiling_says_so_not_that_it_waits():
 
 def test_a_job_over_its_ceiling_with_cordoned_nodes_is_told_the_ceiling():
     snapshot = cluster(node("a", gpus=8, cordoned=True), node("b", gpus=8), node("c", gpus=8),
-                       tenants=[tenant("vision", guaranteed=8, max_gpus=16)], pending=[job(1, tenant="vision", gpus=17)])
+                       tenants=[tenant("vision", guaranteed=8, max_gpus=16)],
+                       pending=[job(1, tenant="vision", gpus=17)])
     (pending,) = decide(snapshot, now=0).pending
     assert pending.reason.code is ReasonCode.OVER_MAX_GPUS
 
 
 def test_only_cordoned_nodes_with_the_jobs_model_are_named():
-    snapshot = cluster(node("node-1", model="A100", cordoned=True), node("node-2", model="V100", mem_gib=32, cordoned=True),
+    snapshot = cluster(node("node-1", model="A100", cordoned=True),
+                       node("node-2", model="V100", mem_gib=32, cordoned=True),
                        node("node-3", model="A100"), pending=[job(1, models=("V100",))])
     (pending,) = decide(snapshot, now=0).pending
     assert pending.reason.code is ReasonCode.NEEDS_CORDONED_NODES

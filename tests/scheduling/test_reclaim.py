@@ -42,7 +42,8 @@ def test_reclaim_picks_youngest_borrower_first(started, victim):
 def test_reclaim_prefers_the_node_where_least_progress_is_lost():
     snapshot = cluster(node("old", gpus=2), node("young", gpus=2), tenants=OWNER_AND_BORROWER,
                        running=[running(10, on="old", gpus=[0, 1], tenant="borrower", opportunistic=True, started_at=0),
-                                running(11, on="young", gpus=[0], tenant="borrower", opportunistic=True, started_at=90)],
+                                running(11, on="young", gpus=[0], tenant="borrower", opportunistic=True,
+                                        started_at=90)],
                        pending=[job(1, tenant="owner", gpus=2)])
     assert preempted(decide(snapshot, now=100)) == [11]  # young has a free GPU plus a 10 s-old job
 
@@ -302,7 +303,8 @@ def test_borrower_is_reclaimed_then_the_owner_runs_next_cycle():
     assert preempted(decide(first, now=100)) == [9]
     # The service evicted job 9 and requeued it; the owner goes first.
     second = cluster(node("a", gpus=2), tenants=OWNER_AND_BORROWER,
-                     pending=[job(1, tenant="owner", gpus=2), job(2, tenant="borrower", gpus=2), job(9, tenant="borrower")])
+                     pending=[job(1, tenant="owner", gpus=2), job(2, tenant="borrower", gpus=2),
+                              job(9, tenant="borrower")])
     assert placed(decide(second, now=101)) == {1: "a"}
 
 
@@ -406,7 +408,8 @@ def test_a_promise_on_a_node_cordoned_since_is_dropped_while_its_victim_stops():
     first = decide(snapshot, now=100)
     assert preempted(first) == [11]
     waiting = _victims_gone(snapshot, first, still_stopping=[11])
-    cordoned = dataclasses.replace(waiting, nodes=(waiting.nodes[0], dataclasses.replace(waiting.nodes[1], cordoned=True)))
+    cordoned = dataclasses.replace(waiting,
+                                   nodes=(waiting.nodes[0], dataclasses.replace(waiting.nodes[1], cordoned=True)))
     assert decide(waiting, now=101).promises == first.promises
     second = decide(cordoned, now=101)
     assert preempted(second) == [10]  # waiting on b would be for nothing

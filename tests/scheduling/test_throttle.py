@@ -14,7 +14,8 @@ def throttled(gpu_util, guaranteed=None, duty=1.0, config=None, **borrower):
     if guaranteed is not False:
         residents.append(running(1, tenant="owner", mem_gib=10, **(guaranteed or {})))
     snapshot = cluster(node("a", gpus=1, util=gpu_util), tenants=TENANTS, running=residents)
-    return {t.job_id: (t.duty_cycle, t.reason) for t in decide(snapshot, now=0, config=config or SchedulerConfig()).throttles}
+    decisions = decide(snapshot, now=0, config=config or SchedulerConfig())
+    return {t.job_id: (t.duty_cycle, t.reason) for t in decisions.throttles}
 
 
 @pytest.mark.parametrize("gpu_util, guaranteed, duty, expected", [

@@ -47,13 +47,15 @@ def test_no_turnover_where_the_running_job_is_not_fair_game(victim):
     tenants = BORROWERS if victim.get("opportunistic", True) else [
         tenant("old", guaranteed=1, max_gpus=8), tenant("new", guaranteed=0, max_gpus=8)]
     snapshot = half_busy_gpu(**victim)
-    snapshot = dataclasses.replace(snapshot, tenants=tuple(tenants)) if not victim.get("opportunistic", True) else snapshot
+    if not victim.get("opportunistic", True):
+        snapshot = dataclasses.replace(snapshot, tenants=tuple(tenants))
     decisions = decide(snapshot, now=2 * HOUR)
     assert not [p for p in decisions.preemptions if p.reason is PreemptReason.LEAST_ATTAINED]
 
 
 def test_a_borrower_served_past_the_threshold_itself_shares_rather_than_preempts():
     snapshot = half_busy_gpu()
-    snapshot = dataclasses.replace(snapshot, pending=(dataclasses.replace(snapshot.pending[0], attained_gpu_s=2 * HOUR),))
+    snapshot = dataclasses.replace(snapshot,
+                                   pending=(dataclasses.replace(snapshot.pending[0], attained_gpu_s=2 * HOUR),))
     decisions = decide(snapshot, now=2 * HOUR)
     assert not decisions.preemptions and placed(decisions) == {1: "a"}
