@@ -1,7 +1,11 @@
 """gunicorn's settings for Colony's web server: ``gunicorn --config python:cluster_ui.gunicorn_conf``
 (the image's CMD, compose's ``web``).
 
-Only what makes /metrics right across workers lives here: each worker is its own process with its
+Workers are threaded (``gthread``, ``COLONY_WEB_THREADS`` threads each, default 8): an attached
+``colony shell`` long-polls its terminal's output for up to 20 s, and a sync worker would be held
+for that whole wait, so three attached sessions would stall every page on a three-worker server.
+
+What makes /metrics right across workers lives here too: each worker is its own process with its
 own prometheus_client counters, so a scrape answered by one worker would show that worker's share
 of the requests. In prometheus_client's multiprocess mode every worker writes its counters and
 histograms to files in ``PROMETHEUS_MULTIPROC_DIR`` and /metrics sums them
@@ -13,6 +17,9 @@ import glob
 import os
 import shutil
 import tempfile
+
+worker_class = "gthread"
+threads = int(os.environ.get("COLONY_WEB_THREADS") or 8)
 
 _OWN_DIRECTORY = "PROMETHEUS_MULTIPROC_DIR" not in os.environ
 if _OWN_DIRECTORY:
