@@ -267,14 +267,14 @@ class CommandIntake:
                     raise LaunchError(str(exc)) from None
             pid = self.runner.launch(command, code_archive=archive)
         except LaunchError as exc:
+            # The attempt is over here: the control plane may already retry it on another node. It
+            # counts as applied (its failure is among the recent exits, as every exit published),
+            # so a re-send is answered with the failure and never starts it: a fault that passed
+            # would run the job twice.
             log.warning("job %d could not start: %s", job_id, exc)
-            self._publish(
-                protocol.JobExited(
-                    node=self.node, job_id=job_id, exit_code=None, error=str(exc)[:2000], finished_at=time.time(),
-                    launch_id=command.command_id,
-                )
-            )
-            return
+            self._publish(protocol.JobExited(node=self.node, job_id=job_id, exit_code=None, error=str(exc)[:2000],
+                                             finished_at=time.time(), launch_id=command.command_id))
+            return True
         self.local_duty.started(job_id)
         self._publish(protocol.JobStarted(node=self.node, job_id=job_id, pid=pid, started_at=time.time(),
                                           launch_id=command.command_id))
