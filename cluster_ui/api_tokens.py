@@ -77,6 +77,8 @@ def revoke(token: ApiToken, by) -> bool:
 
 def is_operator(user) -> bool:
     """(The rule is the jobs app's; the API base in cluster_ui/api/ imports no app, so it asks here.)"""
+    # Late: DRF imports this module (settings name its authentication class) whenever it loads
+    # its views, the API base's included, which must not load the jobs app with it.
     from jobs.services.notifications import is_operator as operator
 
     return operator(user)

@@ -1,6 +1,8 @@
 from datetime import timedelta
 
 from django.apps import AppConfig
+from django.db.models import Q
+from django.utils import timezone
 
 # How long after its GPUs were released a node may still report on a job: its last samples may
 # arrive just after it ended. Past this, what the node says about the job is dropped.
@@ -12,8 +14,10 @@ class JobsConfig(AppConfig):
     verbose_name = "Jobs and tenants"
 
     def ready(self) -> None:
-        from jobs.services import alerts  # noqa: F401  (connects the alert-notification receivers)
+        # Imported here, not at the top: Django loads this module before any app's models exist.
         from jobs import state_guard
+        from jobs import tasks  # noqa: F401  (registers them: services queue them by name, jobs/services/enqueue.py)
+        from jobs.services import alerts  # noqa: F401  (connects the alert-notification receivers)
         from jobs.services.visibility import gpu_holders as visible_gpu_holders
         from monitoring.services import gpu_holders, placements
 
@@ -26,10 +30,7 @@ def _placed_on(pairs: set[tuple[str, int]]) -> set[tuple[str, int]]:
     """Of ``(node, job_id)`` pairs, those where the job holds GPUs on that node, or released them
     within :data:`REPORT_GRACE` (a job's last samples may arrive just after its allocation was
     released). A node that held the job's GPUs in an earlier attempt long ago speaks for it no more."""
-    from django.db.models import Q
-    from django.utils import timezone
-
-    from jobs.models import Allocation
+    from jobs.models import Allocation  # (not at the top: this module is loaded before the models exist)
 
     nodes = {node for node, _ in pairs}
     job_ids = {job_id for _, job_id in pairs}

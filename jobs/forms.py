@@ -15,6 +15,7 @@ from django import forms
 
 from agents import units
 from jobs.api.serializers import JobSubmitSerializer
+from jobs.services import code
 from jobs.services.submission import tenants_of
 from monitoring.services.registry import cluster_inventory
 
@@ -238,8 +239,6 @@ class SubmitForm(forms.Form):
 
     def _store_code(self, upload, payload: dict) -> None:
         """An archive chosen in the form is stored as the API's upload would be, then named."""
-        from jobs.services import code
-
         mine = tenants_of(self.request.user)
         slug = payload.get("tenant")
         candidates = list(mine.filter(slug=slug)[:1] if slug else mine[:2])

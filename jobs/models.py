@@ -11,6 +11,7 @@ from django.db.models import F, Q
 from agents import protocol
 from jobs import state_guard
 from jobs.choices import RunClass, JobEventKind, JobState, Role
+from jobs.idle_policy import policy_problems
 
 
 class Tenant(models.Model):
@@ -67,8 +68,6 @@ class Tenant(models.Model):
         return self.slug
 
     def clean(self) -> None:
-        from jobs.services.idle_reclaim import policy_problems  # the policy's rules live with the policy
-
         problems = policy_problems(self)
         if problems:
             raise ValidationError(problems)

@@ -1,6 +1,6 @@
 """One writer of ``Job.state``, held at run time: every SQL statement Django sends is looked at,
-and one that changes a job's state from anywhere but :mod:`jobs.services.lifecycle` is refused
-with :class:`StateWriteRefused` before it reaches the database.
+and one that changes a job's state from anywhere but the :mod:`jobs.services.lifecycle` package
+is refused with :class:`StateWriteRefused` before it reaches the database.
 
 Watching the SQL rather than the ORM's methods catches every way of writing it at once:
 ``update(state=...)`` and ``update(**{"state": ...})``, ``save(update_fields=["state"])`` after a
@@ -24,10 +24,11 @@ import re
 import sys
 from pathlib import Path
 
+from django.db import connections
 from django.db.backends.signals import connection_created
 
 ROOT = Path(__file__).resolve().parents[1]
-WRITER = "jobs.services.lifecycle"
+WRITER = "jobs.services.lifecycle"  # the package: each of its modules moves jobs one way
 # Module (or package) -> why it may write a job's state without the lifecycle.
 HARNESSES = {
     "tests": "fixtures put jobs in the state a test starts from",
@@ -75,7 +76,7 @@ def writer() -> str:
 
 
 def may_write(module: str) -> bool:
-    return module == WRITER or _in(module, HARNESSES)
+    return _in(module, (WRITER,)) or _in(module, HARNESSES)
 
 
 def _inserted_states(sql: str, params, many: bool) -> list | None:
@@ -145,8 +146,6 @@ def _watch(sender, connection, **kwargs) -> None:
 
 def install() -> None:
     """Watch every database connection, those already open and those opened later."""
-    from django.db import connections
-
     connection_created.connect(_watch, dispatch_uid="jobs.state_guard")
     for connection in connections.all(initialized_only=True):
         _watch(None, connection)

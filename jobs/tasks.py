@@ -3,9 +3,7 @@
 from celery import shared_task
 
 from jobs.services import alerts as job_alerts
-from jobs.services import job_logs
-from jobs.services import node_health
-from jobs.services import notifications
+from jobs.services import code, idle_reclaim, job_logs, node_health, notifications
 from jobs.services.agent_events import consume_events
 from jobs.services.scheduling_loop import run_scheduling_cycle
 from monitoring.services.redis_client import get_redis
@@ -73,8 +71,6 @@ def redeliver_notifications() -> int:
 
 @shared_task(ignore_result=True)
 def purge_unused_code() -> int:
-    from jobs.services import code
-
     return code.purge_unused()
 
 
@@ -82,6 +78,4 @@ def purge_unused_code() -> int:
 # lifecycle's idle steps lock the job's row and check the step was not taken in this spell).
 @shared_task(ignore_result=True)
 def reclaim_idle_gpus() -> dict:
-    from jobs.services import idle_reclaim
-
     return idle_reclaim.reclaim()

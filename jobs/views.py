@@ -22,7 +22,7 @@ from django.views.generic import DetailView, FormView, ListView, TemplateView
 from cluster_ui import audit
 from cluster_ui.api.pages import RestrictedPage, page
 from cluster_ui.api.throttles import SubmissionRateThrottle
-from jobs.services import roles
+from jobs.services import idle_reclaim, roles
 from jobs.services.eta import eta_seconds
 from jobs.services.eta_accuracy import eta_accuracy
 from jobs.services.usage_report import MAX_REPORT_DAYS, usage_rows
@@ -164,8 +164,6 @@ class JobDetailView(RestrictedPage, DetailView):
             queue_position=positions.get(job.pk, (None, None)),
             eta_s=eta_seconds(job),
         )
-        from jobs.services import idle_reclaim  # only the job page and API ask
-
         idle = idle_reclaim.idle_state(job)
         context.update(idle=idle, idle_text=idle_reclaim.describe(idle) if idle else "")
         return context

@@ -19,7 +19,7 @@ from cluster_ui.api.shared_fields import CheckedOnSharedFields, RepresentedOnce
 from jobs.choices import TERMINAL_STATES, RunClass, JobEventKind, JobState
 from jobs.models import CodeArchive, Job
 from jobs.scheduling.reasons import ReasonCode
-from jobs.services import arrays, cancellation, roles, sessions
+from jobs.services import arrays, cancellation, idle_reclaim, roles, sessions
 from jobs.services.eta import eta_seconds
 from jobs.services.submission import tenants_of
 from monitoring.services.registry import cluster_inventory
@@ -154,8 +154,6 @@ class JobSerializer(RepresentedOnce, serializers.ModelSerializer):
 
     @extend_schema_field({"type": "object", "nullable": True})
     def get_idle(self, job) -> dict | None:
-        from jobs.services import idle_reclaim
-
         idle = idle_reclaim.idle_state(job)
         return None if idle is None else idle.as_dict()
 

@@ -35,6 +35,7 @@ from jobs.choices import JobState
 from jobs.models import Allocation, Job, NotificationSettings
 from jobs.services import notifications
 from jobs.services.bulk_rows import ids_in
+from jobs.services.enqueue import enqueue
 from jobs.services.notifications import EMAIL, WEBHOOK, Message, Refused, TryAgain
 from monitoring.choices import AlertKind, NodeHealth, Resolution
 from monitoring.models import Alert, Gpu, GpuRollup, JobUsage
@@ -168,11 +169,9 @@ def _on_resolved(sender, alert_ids, **kwargs) -> None:
 
 
 def _publish_announce(alert_ids: list[int], phase: str) -> None:
-    from jobs.tasks import announce_alerts  # tasks import services
-
     try:
         # No publish retries: with the broker down they would stall ingest; the sweep catches up.
-        announce_alerts.apply_async((alert_ids, phase), retry=False)
+        enqueue("announce_alerts", alert_ids, phase, retry=False)
     except Exception as exc:
         log.warning("could not enqueue the announcement of alerts %s (%s): %s", alert_ids, phase, exc)
         notifications.count_error()
@@ -202,8 +201,6 @@ def _fan_out(subjects: list, phase: str) -> int:
     subscribed = _subscribed_operators()
     if not subscribed:
         return 0
-    from jobs.tasks import send_alert_notification
-
     client = get_redis()
     queued = 0
     for subject, event, render_message in subjects:
@@ -217,7 +214,7 @@ def _fan_out(subjects: list, phase: str) -> int:
                     continue  # told already, or being told
                 message = message or dataclasses.asdict(render_message())
                 try:
-                    send_alert_notification.apply_async((key, user_id, channel, event, message), retry=False)
+                    enqueue("send_alert_notification", key, user_id, channel, event, message, retry=False)
                 except Exception as exc:
                     client.delete(key)  # so the next sweep tries again
                     log.warning("could not enqueue alert message %s: %s", key, exc)

@@ -23,6 +23,7 @@ from django.conf import settings
 
 from agents import protocol, signing
 from jobs.choices import RunClass
+from jobs.services import code
 from jobs.services.scheduler_config import scheduler_config
 from monitoring.services.redis_client import get_redis
 
@@ -114,8 +115,6 @@ def launch_commands(node: str, job_id: int, argv: list[str], gpu_indices: tuple[
     # ``spec``) picks the account the node runs it as; the tenant, the operator's fallback account.
     # A job suspended before it started (duty cycle 0) is launched throttled and suspended at once.
     if code_id is not None:
-        from jobs.services import code  # reads the archive table; keep this module light
-
         try:
             spec["code"] = code.stage(get_redis(), node, code_id)
         except redis.RedisError as exc:

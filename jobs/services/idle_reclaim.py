@@ -41,6 +41,7 @@ from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from jobs.choices import JobEventKind, JobState, RunClass
+from jobs.idle_policy import NOTIFY, OPPORTUNISTIC, ORDER, REQUEUE, SUSPEND, Step, policy_problems, steps_of
 from jobs.models import Allocation, Job, JobEvent, Tenant
 from jobs.services import avoided_nodes, lifecycle
 from monitoring.choices import Resolution
@@ -58,25 +59,8 @@ MIN_COVERAGE = 0.8
 BUCKET = timedelta(seconds=Resolution.TEN_SECONDS)
 LOOKBACK_MARGIN = timedelta(minutes=10)
 
-NOTIFY, OPPORTUNISTIC, SUSPEND, REQUEUE = "notify", "opportunistic", "suspend", "requeue"
-ORDER = (NOTIFY, OPPORTUNISTIC, SUSPEND, REQUEUE)
-FIELDS = {NOTIFY: "idle_notify_minutes", OPPORTUNISTIC: "idle_opportunistic_minutes",
-          SUSPEND: "idle_suspend_minutes", REQUEUE: "idle_requeue_minutes"}
-# What the job page says will happen ("at 60 min it is suspended").
-WILL = {NOTIFY: "its owner is warned", OPPORTUNISTIC: "it becomes opportunistic (preemptible)",
-        SUSPEND: "it is suspended (GPU memory stays held)", REQUEUE: "it is requeued"}
 POLICY_FILTER = Q(idle_notify_minutes__isnull=False) | Q(idle_opportunistic_minutes__isnull=False) | Q(
     idle_suspend_minutes__isnull=False) | Q(idle_requeue_minutes__isnull=False)
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    minutes: int
-
-    @property
-    def will(self) -> str:
-        return WILL[self.name]
 
 
 @dataclass(frozen=True)
@@ -106,30 +90,11 @@ class Idle:
                 "upcoming": [{"step": step.name, "minutes": step.minutes, "at": at} for step, at in self.upcoming]}
 
 
-# ---------------------------------------------------------------- the policy
-
-
-def steps_of(tenant: Tenant) -> list[Step]:
-    """The tenant's steps that are on, in order (empty: no policy)."""
-    return [Step(name, getattr(tenant, FIELDS[name])) for name in ORDER if getattr(tenant, FIELDS[name]) is not None]
+# ---------------------------------------------------------------- the policy (its steps: jobs/idle_policy.py)
 
 
 def threshold_of(tenant: Tenant) -> float:
     return settings.COLONY_IDLE_GPU_UTIL_PERCENT if tenant.idle_util_percent is None else tenant.idle_util_percent
-
-
-def policy_problems(tenant: Tenant) -> dict[str, str]:
-    """Why the tenant's policy cannot be applied as written (field -> message); empty when fine."""
-    problems = {}
-    steps = steps_of(tenant)
-    for earlier, later in zip(steps, steps[1:]):
-        if later.minutes <= earlier.minutes:
-            problems[FIELDS[later.name]] = (f"Must be later than the {earlier.name} step ({earlier.minutes} min): "
-                                            f"the steps run in the order warn, opportunistic, suspend, requeue.")
-    if tenant.idle_suspend_minutes is not None and tenant.idle_requeue_minutes is None:
-        problems[FIELDS[REQUEUE]] = ("A suspend step needs a requeue step after it: a stopped process cannot "
-                                     "show it is busy again, so it would hold its GPUs until cancelled.")
-    return problems
 
 
 # ---------------------------------------------------------------- how long a job has been idle

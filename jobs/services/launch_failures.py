@@ -35,6 +35,7 @@ from django.db import transaction
 from jobs.choices import JobEventKind
 from jobs.models import JobEvent
 from jobs.scheduling import reasons
+from jobs.services import avoided_nodes
 from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)
@@ -72,11 +73,10 @@ def fails_anywhere(error: str) -> bool:
 FLAGGED_KEY = "colony:launch_failures"
 
 
-def retry_elsewhere(job_id: int, exit):
+def retry_elsewhere(job_id: int, exit, requeue_now):
     """Settle a start failure of ``job_id`` on ``exit.node``. None: the job went back to the
-    queue, that node avoided. Else the exit to fail it with (its error lists the nodes tried)."""
-    from jobs.services import avoided_nodes, lifecycle  # (lifecycle calls this module)
-
+    queue, that node avoided. Else the exit to fail it with (its error lists the nodes tried).
+    ``requeue_now``: the lifecycle's, which alone moves the job (it calls this, so it passes it)."""
     tried = list(JobEvent.objects.filter(job_id=job_id, kind=JobEventKind.REQUEUED,
                                          message__startswith=RETRY_WORDS).order_by("id")
                  .values_list("message", flat=True))
@@ -91,7 +91,7 @@ def retry_elsewhere(job_id: int, exit):
         earlier = "; ".join(message[len(RETRY_WORDS):].split(". Trying")[0] for message in tried)
         summary = f"could not start on {len(tried) + 1} nodes: {earlier}; {exit.node}: {error}" if tried else error
         return dataclasses.replace(exit, error=summary[:2000])
-    requeued = lifecycle.requeue_now([job_id], reasons.launch_failed_on_node(exit.node, error))
+    requeued = requeue_now([job_id], reasons.launch_failed_on_node(exit.node, error))
     if not requeued:
         return exit
     seconds = settings.COLONY_LAUNCH_AVOID_S

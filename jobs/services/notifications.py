@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import certifi
 import urllib3
 from django.conf import settings
+from django.core.cache import cache
 from django.core.mail import send_mail
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q, Subquery
@@ -46,6 +47,7 @@ from django.utils import timezone
 from jobs.choices import JobEventKind, JobState
 from jobs.models import Job, JobDependency, JobEvent, Notification, NotificationSettings
 from jobs.services.bulk_rows import ids_in
+from jobs.services.enqueue import enqueue
 from monitoring.choices import AlertKind
 from monitoring.services.redis_client import get_redis
 
@@ -168,8 +170,6 @@ def checked_webhook_url(url: str) -> str:
 
 def may_send_test(user) -> bool:
     """Whether ``user`` may send a test now (and, if so, counts it): one per ``TEST_EVERY_S``."""
-    from django.core.cache import cache
-
     return cache.add(f"colony:notification-test:{user.pk}", 1, TEST_EVERY_S)
 
 
@@ -278,13 +278,11 @@ def chain_dependants(root_id: int, owner_id: int | None = None) -> list[int]:
 
 
 def _enqueue(notification_ids) -> None:
-    from jobs.tasks import send_notification  # tasks import services; import late to avoid a cycle
-
     for notification_id in notification_ids:
         try:
             # No publish retries: with the broker down this would stall the committing caller.
             # The row stays pending and redeliver_stuck() sends it later.
-            send_notification.apply_async((notification_id,), retry=False)
+            enqueue("send_notification", notification_id, retry=False)
         except Exception as exc:
             log.warning("could not enqueue notification %s: %s", notification_id, exc)
             count_error()

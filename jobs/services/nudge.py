@@ -7,6 +7,7 @@ import time
 
 import redis
 
+from jobs.services.enqueue import enqueue
 from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)
@@ -23,15 +24,13 @@ _clock = time.monotonic
 
 def nudge_scheduler() -> None:
     global _set_at
-    from jobs.tasks import scheduling_cycle  # tasks import services; import late to avoid a cycle
-
     now = _clock()
     if (now - _set_at) * 1000 < NUDGE_WINDOW_MS:
         return
     try:
         if get_redis().set(NUDGE_KEY, 1, nx=True, px=NUDGE_WINDOW_MS):
             _set_at = now
-            scheduling_cycle.delay()
+            enqueue("scheduling_cycle")
     except (redis.RedisError, OSError) as exc:
         # The beat tick still runs the cycle; a submission must not fail because of a nudge.
         log.warning("could not nudge the scheduler: %s", exc)

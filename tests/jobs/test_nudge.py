@@ -11,7 +11,7 @@ def cycles(monkeypatch, live_redis, redis_client):
     from jobs import tasks
 
     asked = []
-    monkeypatch.setattr(tasks.scheduling_cycle, "delay", lambda: asked.append(1))
+    monkeypatch.setattr(tasks.scheduling_cycle, "apply_async", lambda *args, **kwargs: asked.append(1))
     monkeypatch.setattr(nudge, "_set_at", float("-inf"))
     redis_client.delete(nudge.NUDGE_KEY)
     return asked

@@ -1,5 +1,5 @@
 """One writer of ``Job.state`` (jobs/state_guard.py): every kind of write, from any package, is
-refused unless it comes from jobs/services/lifecycle.py; what only reads or filters on the state,
+refused unless it comes from the jobs/services/lifecycle/ package; what only reads or filters on the state,
 creates a PENDING job or saves a job's other fields goes through.
 
 Each probe is a small module written to a temporary folder and imported under a name in one of
@@ -63,8 +63,10 @@ HARMLESS = {
                       '[job.pk, "PENDING"])'),
 }
 
-# Where the probe pretends to live: every package of the project, the lifecycle's own included.
-PACKAGES = ["agents", "monitoring.services", "cluster_ui", "jobs.services", "jobs.api", "bench"]
+# Where the probe pretends to live: every package of the project, the lifecycle's own included,
+# and a neighbour whose name only begins like the lifecycle's.
+PACKAGES = ["agents", "monitoring.services", "cluster_ui", "jobs.services", "jobs.api", "bench",
+            "jobs.services.lifecycle_helpers"]
 
 
 def probe(tmp_path, package: str, kind: str, code: str):
@@ -107,6 +109,13 @@ def test_the_lifecycle_writes(job):
 
     assert lifecycle.begin_cancel(job.pk) == JobState.CANCELLED
     assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
+
+
+@pytest.mark.parametrize("kind", ["update", "bulk_update", "raw_sql"])
+def test_any_module_of_the_lifecycle_package_writes(kind, job, tmp_path):
+    module = probe(tmp_path, "jobs.services.lifecycle", kind, WRITES[kind])
+    module.run(job)
+    assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
 
 
 def test_a_stale_job_saved_elsewhere_keeps_the_state_the_lifecycle_gave_it(job, tmp_path):
