@@ -48,7 +48,7 @@ $(CHROMIUM):
 XDIST ?= -n 3 --dist loadfile --no-loadscope-reorder
 E2E_XDIST ?= -n 2 --dist loadfile
 test: $(STAMP) | $(CHROMIUM)
-	@$(BIN)/ruff check . || echo "!! ruff findings above (files still being cleaned: see the issue note)"; \
+	@$(BIN)/ruff check . || exit 1; \
 	unset PYTHONDONTWRITEBYTECODE; [ -n "$$DATABASE_URL" ] || unset DATABASE_URL; \
 	if [ -z "$$DATABASE_URL" ] && $(BIN)/python -c "import socket; socket.create_connection(('127.0.0.1', 5432), 1)" 2>/dev/null; then \
 		export DATABASE_URL=postgres://postgres@127.0.0.1:5432/colony; echo "Testing on PostgreSQL (127.0.0.1:5432)"; \
