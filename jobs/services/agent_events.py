@@ -19,7 +19,7 @@ from django.db import transaction
 from agents import protocol
 from agents.streams import dead_letter, drain
 from jobs.services import lifecycle
-from jobs.services.node_health import resend_duty_cycles, stop_strays
+from jobs.services.node_health import held_jobs, resend_duty_cycles, stop_strays
 from jobs.services.nudge import nudge_scheduler
 from monitoring.services.fanin import fan_in
 from monitoring.services.poison import PoisonCounter, parse_or_dead_letter
@@ -90,7 +90,9 @@ def apply_event(message) -> bool:
     Raises :class:`Rejected` for a report its node has no business making."""
     try:
         if isinstance(message, protocol.NodeRegistered):
-            register_node(message)
+            # A lost node still running jobs it no longer holds stays LOST until they stopped.
+            strays = set(message.running_jobs) - held_jobs([message.node])[message.node]
+            register_node(message, revive=not strays)
             if message.running_jobs:
                 stop_strays(get_redis(), message.node, message.running_jobs)
                 resend_duty_cycles(message.node, message.running_jobs)

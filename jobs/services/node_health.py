@@ -56,13 +56,22 @@ RECONCILE_PLACED_AFTER_S = 5
 
 def check_node_health(client: redis.Redis) -> dict:
     lost = [node.name for node in health.silent_nodes(client) if requeue_lost_node(node)]
-    revived = health.revive_heartbeating(client)
     samples = live.latest_nodes(client)
+    revived = health.revive_heartbeating(client, samples, held_jobs)
     strays, vanished = reconcile_sampled(client, samples)
     duties = reconcile_duty_cycles(client, samples)
     timed_out = time_out_overdue()
     return {"lost": lost, "revived": revived, "strays_stopped": strays, "vanished": vanished, "timed_out": timed_out,
             "duty_cycles_resent": duties}
+
+
+def held_jobs(nodes: list[str]) -> dict[str, set[int]]:
+    """Node name -> ids of the jobs holding GPUs there now."""
+    held: dict[str, set[int]] = {name: set() for name in nodes}
+    for name, job_id in Allocation.objects.filter(gpu__node__name__in=nodes, released_at__isnull=True) \
+            .values_list("gpu__node__name", "job_id"):
+        held[name].add(job_id)
+    return held
 
 
 @transaction.atomic

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 import redis
@@ -129,10 +129,27 @@ def mark_lost(node: Node) -> bool:
     return lost
 
 
-def revive_heartbeating(client: redis.Redis) -> list[str]:
-    """LOST nodes heartbeating again (a hung agent recovered without re-registering) -> UP."""
-    lost = list(Node.objects.filter(state=NodeHealth.LOST).values_list("name", flat=True))
-    back = sorted(live_node_names(client, lost))
+def revive_heartbeating(client: redis.Redis, samples: dict[str, dict],
+                        held: Callable[[list[str]], dict[str, set[int]]]) -> list[str]:
+    """LOST nodes heartbeating again (a hung agent recovered without re-registering) -> UP, once a
+    sample taken since the loss (``samples``: node -> its latest, as ``live.latest_nodes``) shows
+    it running no job but those it holds (``held(names)``: node -> ids of jobs allocated there).
+    Its jobs were requeued and its GPUs released when it was lost; a process still running there,
+    its stop on its way, would share the GPUs the scheduler hands out the moment the node is UP."""
+    lost = dict(Node.objects.filter(state=NodeHealth.LOST).values_list("name", "state_changed_at"))
+    heard = sorted(live_node_names(client, lost))
+    holding = held(heard) if heard else {}
+    back = []
+    for name in heard:
+        sample, since = samples.get(name), lost[name].timestamp() if lost[name] else 0.0
+        if sample is None or sample["ts"] < since:
+            continue  # not sampled since it was lost: what still runs there is unknown
+        strays = set(sample.get("running_jobs") or ()) - holding.get(name, set())
+        if strays:
+            log.info("node %s heartbeats again but still runs jobs %s it no longer holds; UP once stopped",
+                     name, sorted(strays))
+            continue
+        back.append(name)
     if back:
         Node.objects.filter(name__in=back, state=NodeHealth.LOST).update(state=NodeHealth.UP,
                                                                          state_changed_at=timezone.now())

@@ -81,7 +81,7 @@ def authenticate(fields: dict, message, required: bool | None = None) -> None:
 
 
 @transaction.atomic
-def register_node(message: NodeRegistered) -> Node:
+def register_node(message: NodeRegistered, *, revive: bool = True) -> Node:
     """Create or refresh a node and its GPUs; GPUs no longer reported are marked absent.
 
     Absent GPUs are kept rather than deleted because allocations of finished jobs point at them.
@@ -89,6 +89,9 @@ def register_node(message: NodeRegistered) -> Node:
     (:class:`ForeignGpus`), so one node's key cannot shrink the cluster by claiming other nodes'
     GPUs. A GPU that really moved is registered once its old node reports it gone (or an operator
     marks it absent).
+
+    A LOST node comes back UP unless ``revive`` is False: the caller says so when the node still
+    runs jobs it no longer holds (``health.revive_heartbeating`` brings it back once they stopped).
     """
     reported = {gpu.uuid: gpu for gpu in message.gpus}
     taken = list(Gpu.objects.filter(uuid__in=reported, present=True).exclude(node__name=message.node)
@@ -111,7 +114,7 @@ def register_node(message: NodeRegistered) -> Node:
             "registered_at": now,
         },
     )
-    if node.state != NodeHealth.UP:
+    if node.state != NodeHealth.UP and revive:
         Node.objects.filter(pk=node.pk).update(state=NodeHealth.UP, state_changed_at=now)
         node.refresh_from_db()
     Gpu.objects.filter(node=node).exclude(uuid__in=reported).update(present=False)

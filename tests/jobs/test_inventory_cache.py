@@ -6,6 +6,8 @@ These tests run outside a test transaction (``transactional_db``): inside one th
 kept (a rollback could take back what was read), which would make them pass for the wrong reason.
 """
 
+import time
+
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
@@ -135,7 +137,8 @@ def test_a_node_lost_and_revived_by_its_heartbeat_counts_again_at_once(transacti
     assert health.mark_lost(Node.objects.get(name="a"))  # health announces it: no manual step
     assert registry.cluster_inventory().total_gpus == 0
     redis_client.set(heartbeat_key("a"), "{}", ex=60)  # a hung agent that recovered
-    assert health.revive_heartbeating(redis_client) == ["a"]
+    fresh = {"a": {"ts": time.time(), "running_jobs": []}}
+    assert health.revive_heartbeating(redis_client, fresh, lambda names: {}) == ["a"]
     assert registry.cluster_inventory().total_gpus == 4
 
 

@@ -83,7 +83,8 @@ def test_returning_node_stops_the_stale_process_and_its_exit_does_not_touch_the_
         node="n1", gpus=gpus, backend="simulated", agent_version="0.1.0", hostname="h",
         running_jobs=[running_on_n1.pk])))
     consume_events(redis_client)
-    assert Node.objects.get(name="n1").state == NodeHealth.UP
+    # Back, but its stray holds the GPU the requeued job was given up on: not UP until it stopped.
+    assert Node.objects.get(name="n1").state == NodeHealth.LOST
     assert [c.job_id for c in stop_commands(redis_client)] == [running_on_n1.pk]
     # The old process's exit report must not finish the requeued job.
     redis_client.xadd(protocol.EVENTS_STREAM, protocol.encode(protocol.JobExited(
@@ -103,11 +104,41 @@ def test_strays_reported_in_samples_are_stopped_once_per_window(running_on_n1, r
     assert [c.job_id for c in stop_commands(redis_client)] == [stray.pk]
 
 
+def sample(redis_client, running_jobs, node="n1", ts=None):
+    live.store_latest(redis_client, [protocol.NodeSample(node=node, ts=ts or time.time(), seq=1, gpus=[],
+                                                         running_jobs=running_jobs)])
+
+
 def test_lost_node_that_heartbeats_again_is_revived(running_on_n1, redis_client):
     check_node_health(redis_client)
     redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=10)
+    sample(redis_client, [])
     assert check_node_health(redis_client)["revived"] == ["n1"]
     assert Node.objects.get(name="n1").state == NodeHealth.UP
+
+
+def test_a_lost_node_back_with_its_requeued_job_still_running_stays_lost_until_it_stopped(
+        running_on_n1, redis_client):
+    """The job was requeued and its GPU released when the node was lost; UP at once, the node's
+    GPU would be handed to another job while the stray still runs on it: two jobs on one GPU."""
+    check_node_health(redis_client)  # lost, requeued
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=10)
+    sample(redis_client, [running_on_n1.pk])
+
+    assert check_node_health(redis_client)["revived"] == []
+    assert Node.objects.get(name="n1").state == NodeHealth.LOST
+    assert [c.job_id for c in stop_commands(redis_client)] == [running_on_n1.pk]
+
+    sample(redis_client, [])  # the stray stopped
+    assert check_node_health(redis_client)["revived"] == ["n1"]
+
+
+def test_a_lost_node_is_not_revived_on_a_sample_taken_before_it_was_lost(running_on_n1, redis_client):
+    check_node_health(redis_client)
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=10)
+    sample(redis_client, [], ts=Node.objects.get(name="n1").state_changed_at.timestamp() - 5)
+
+    assert check_node_health(redis_client)["revived"] == []
 
 
 def test_a_node_that_reports_no_attempts_has_a_job_it_stops_reporting_requeued_after_the_grace(
