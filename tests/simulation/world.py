@@ -214,7 +214,8 @@ class World:
         self.lost_at.setdefault(node, []).append(self.clock.now)
 
     def exit_delivered(self, message) -> None:
-        self.exit_delivered_at.setdefault((message.job_id, message.launch_id), self.clock.now)
+        if not message.absent:  # ("this node does not know that attempt" tells of no exit)
+            self.exit_delivered_at.setdefault((message.job_id, message.launch_id), self.clock.now)
 
     # -- the network
     def send_command(self, stream, fields) -> None:
