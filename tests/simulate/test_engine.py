@@ -86,3 +86,15 @@ def test_utilisation_integrals_match_a_single_job_on_half_the_gpus():
     result = replay(trace(jobs, nodes=(("a", 2),)), POLICIES["fifo_exclusive"])
     assert result.busy_gpu_s == pytest.approx(100.0)
     assert result.used_gpu_s == pytest.approx(50.0)
+
+
+def test_a_preempted_job_finishes_its_remaining_work_after_its_restart_not_when_its_first_run_would_have():
+    # LAS preempts job 1 (past one GPU-hour at t=4000) for job 2; job 1's first run would have ended
+    # at 7200, and it must not: 4000 s done, 3200 + 30 left once job 2 is done at ~5002. (Job 3, on
+    # the other GPU, ends in between: the first run's completion is still queued when job 1 restarts.)
+    jobs = [tjob(1, duration=7200), tjob(3, submit=1000, duration=5500), tjob(2, submit=4000, duration=1000)]
+    result = replay(trace(jobs, nodes=(("a", 2),)), POLICIES["least_attained_service"], restart_overhead_s=30)
+    first, second = result.records[1], result.records[2]
+    assert first.preemptions == 1 and result.records[3].preemptions == 0
+    assert second.finish == pytest.approx(5002, abs=2)
+    assert first.finish == pytest.approx(second.finish + 3230, abs=2)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import heapq
 import inspect
+import itertools
 import math
 from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
@@ -138,7 +139,10 @@ class _Run:
     attained_before: float  # GPU-seconds from earlier runs
     rate: float = 1.0
     settled_at: float = 0.0
-    version: int = 0  # bumped on every change of speed or duty cycle
+    # Set anew on every change of speed or duty cycle, from the replay's one counter: a run that
+    # restarts after a preemption must not match its earlier run's completion still in the heap
+    # (per-run numbers did: a preempted job finished when its first run would have).
+    version: int = 0
     seen: tuple[tuple, RunningJob] | None = None  # ((version, duty), what the last snapshot showed)
 
     @property
@@ -235,6 +239,7 @@ class Replay:
         self.attained: dict[int, float] = defaultdict(float)
         self.running: dict[int, _Run] = {}
         self.completions: list[tuple[float, int, int]] = []
+        self._versions = itertools.count(1)
         self.now = 0.0
         self.next_cycle: float | None = None
         self.result = ReplayResult(name or getattr(policy, "__name__", "policy"), trace, self.records, [], 0.0, 0.0,
@@ -514,7 +519,7 @@ class Replay:
                 continue
             self._settle(run)
             run.rate = rate
-            run.version += 1
+            run.version = next(self._versions)
             finish = self.now + run.remaining / rate if rate > 0 else INF
             heapq.heappush(self.completions, (finish, job_id, run.version))
 
