@@ -273,6 +273,11 @@ class BorrowingPass:
             self.outcomes.place(job, shape, OPPORTUNISTIC, choice)
             self.state.borrowing_tenants.add(job.tenant)
             return True
+        # No room at all (a gang, a GPU's memory full): a fresh borrower turns over the most served
+        # ones too, as LAS would (``config.turnover_when_blocked``).
+        if (self.config.turnover_when_blocked and self.turnover is not None
+                and job.attained_gpu_s < self.turnover.served_gpu_s and self._turn_over(job, shape)):
+            return True
         reason = self.waits.blocked(job, shape, OPPORTUNISTIC)
         if self.state.version == version:  # (a hold taken meanwhile changed the answer)
             self.memo.now(version)[key] = reason

@@ -86,3 +86,12 @@ class SchedulerConfig:
     # GPU-seconds of service, and finds no GPU but one it would over-commit, preempts instead the
     # most served checkpointing borrower past it (Tiresias' first queue: one GPU-hour). 0: never.
     borrower_turnover_gpu_s: float = 3600.0
+    # ... and so does a fresh borrower that finds no room at all (a gang, or a GPU's memory full),
+    # as Tiresias' LAS does: without it, 20-minute 32-GPU jobs of the Philly 2017-12-01 window
+    # waited 37 h behind borrowers of days.
+    turnover_when_blocked: bool = True
+    # A one-GPU borrower that over-commits its GPU (throttled beside a guaranteed job, or slowed by
+    # another borrower) while a GPU of its model stays empty after both passes is preempted to
+    # restart there alone, if it checkpoints: a borrower placed when the cluster was full otherwise
+    # crawled at the duty cycle floor for the rest of its run (a 5.5 h job took 43 h).
+    move_crowded_borrowers: bool = True

@@ -25,9 +25,12 @@ Which GPU does a job get? Step by step:
    weighted fair-share order (lowest (decayed usage + GPUs held) / weight first, re-ranked after
    every placement), never past a tenant's ``max_gpus``; the same search, as opportunistic work. A
    job that does not fit is skipped, not waited on (gangs are protected by the reservation
-   instead); a fresh borrower that would over-commit a GPU may turn over more-served borrowers
-   (``turnover``).
-6. **Duty cycles** (``duty_cycles.throttles``) of running opportunistic jobs move by AIMD from
+   instead); a fresh borrower that would over-commit a GPU, or finds no room at all, may turn over
+   more-served borrowers (``turnover``).
+6. **Moves** (``moves.crowded_borrowers``): a one-GPU borrower sharing its GPU while a GPU of its
+   model is still empty (nobody queued could use it) is preempted to restart there alone, if it
+   checkpoints.
+7. **Duty cycles** (``duty_cycles.throttles``) of running opportunistic jobs move by AIMD from
    live utilisation.
 
 Every placement and wait is written down by ``outcomes.JobOutcomes`` (a placement carries a
@@ -54,6 +57,7 @@ from jobs.scheduling.cycle_state import CycleInputs, CycleState, Memo
 from jobs.scheduling.decisions import Decisions, Preempt, PreemptReason
 from jobs.scheduling.duty_cycles import throttles
 from jobs.scheduling.eta import QueueEta, ReleaseTimeline, releases_of
+from jobs.scheduling.moves import crowded_borrowers
 from jobs.scheduling.explain import InventoryCheck
 from jobs.scheduling.fragmentation_score import FragmentationScore, snapshot_requests
 from jobs.scheduling.guaranteed import GuaranteedPass
@@ -161,7 +165,11 @@ class Cycle:
             self.guaranteed.keep_promises(queues)
         self.guaranteed.run(queues)
         self.borrowing.run(queues)
-        # 6. Duty cycles.
+        # 6. Crowded borrowers move to GPUs nobody queued could use.
+        if inputs.config.move_crowded_borrowers:
+            state.preemptions.extend(crowded_borrowers(inputs.capacity, inputs.snapshot.running, state.leaving,
+                                                       inputs.now))
+        # 7. Duty cycles.
         snapshot = inputs.snapshot
         return Decisions(
             placements=tuple(state.placements), pending=tuple(state.pending), preemptions=tuple(state.preemptions),

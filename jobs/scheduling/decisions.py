@@ -90,6 +90,7 @@ class PreemptReason(StrEnum):
     RECLAIM_FOR_GUARANTEE = "reclaim_for_guarantee"
     MEMORY_PRESSURE = "memory_pressure"
     LEAST_ATTAINED = "least_attained"  # a fresher borrower gets the GPUs (``turnover``)
+    MOVE_TO_EMPTY_GPU = "move_to_empty_gpu"  # a crowded borrower restarts alone (``move_crowded_borrowers``)
 
 
 @dataclass(frozen=True, slots=True)

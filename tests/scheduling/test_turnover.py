@@ -59,3 +59,60 @@ def test_a_borrower_served_past_the_threshold_itself_shares_rather_than_preempts
                                    pending=(dataclasses.replace(snapshot.pending[0], attained_gpu_s=2 * HOUR),))
     decisions = decide(snapshot, now=2 * HOUR)
     assert not decisions.preemptions and placed(decisions) == {1: "a"}
+
+
+def full_gpu(**victim):
+    """One GPU whose memory a borrower of ``old`` fills (no room to over-commit), and a fresh
+    borrower of ``new`` waiting."""
+    spec = dict(on="a", gpus=[0], tenant="old", opportunistic=True, util=0.5, solo=0.5, checkpoints=True, mem_gib=70,
+                started_at=0.0)
+    spec.update(victim)
+    return cluster(node("a", gpus=1, util=0.5), tenants=BORROWERS, running=[running(9, **spec)],
+                   pending=[job(1, tenant="new", mem_gib=20)])
+
+
+def test_a_fresh_borrower_that_finds_no_room_at_all_preempts_the_most_served_borrower():
+    decisions = decide(full_gpu(), now=2 * HOUR)
+    assert preempted(decisions) == [9]
+    assert decisions.preemptions[0].reason is PreemptReason.LEAST_ATTAINED
+    assert codes(decisions) == {1: "reclaiming"}
+
+
+def test_without_turnover_when_blocked_the_fresh_borrower_waits():
+    config = dataclasses.replace(SchedulerConfig(), turnover_when_blocked=False)
+    decisions = decide(full_gpu(), now=2 * HOUR, config=config)
+    assert not decisions.preemptions and 1 not in placed(decisions)
+
+
+def crowded(**borrower):
+    """A guaranteed job and a throttled borrower on GPU 0 of a node whose GPU 1 is empty."""
+    spec = dict(on="a", gpus=[0], tenant="old", opportunistic=True, util=0.05, solo=0.5, duty=0.1,
+                checkpoints=True, mem_gib=20, started_at=0.0)
+    spec.update(borrower)
+    return cluster(node("a", gpus=2, util={0: 0.95, 1: 0.0}),
+                   tenants=[tenant("owner", guaranteed=1, max_gpus=8), tenant("old", guaranteed=0, max_gpus=8)],
+                   running=[running(5, on="a", gpus=[0], tenant="owner", util=0.9, solo=0.9, mem_gib=20),
+                            running(9, **spec)])
+
+
+def test_a_crowded_borrower_moves_to_a_gpu_left_empty():
+    decisions = decide(crowded(), now=HOUR)
+    assert preempted(decisions) == [9]
+    assert decisions.preemptions[0].reason is PreemptReason.MOVE_TO_EMPTY_GPU
+    assert 9 not in {t.job_id for t in decisions.throttles}
+
+
+@pytest.mark.parametrize("change", [
+    dict(borrower=dict(checkpoints=False)),  # would lose its run
+    dict(config=dict(move_crowded_borrowers=False)),
+])
+def test_no_move_for_a_borrower_that_would_lose_its_work_or_when_switched_off(change):
+    config = dataclasses.replace(SchedulerConfig(), **change.get("config", {}))
+    decisions = decide(crowded(**change.get("borrower", {})), now=HOUR, config=config)
+    assert not decisions.preemptions
+
+
+def test_no_move_while_someone_queued_takes_the_empty_gpu():
+    snapshot = dataclasses.replace(crowded(), pending=(job(1, tenant="old", mem_gib=20),))
+    decisions = decide(snapshot, now=HOUR)
+    assert placed(decisions) == {1: "a"} and not decisions.preemptions
