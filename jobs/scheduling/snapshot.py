@@ -105,8 +105,8 @@ class JobRequest:
     allreduce_bytes: int | None = None
     # When this job's current gang reservation began; the service echoes ``Reservation.since``.
     reserved_since: float | None = None
-    # GPU-seconds of service the job already had (runs before a preemption). Only the
-    # least-attained-service baseline reads it; production leaves it at 0.
+    # GPU-seconds of service the job already had (runs before a preemption; a share of a GPU counts
+    # its share). The LAS baseline and borrower turnover read it; the loader and the replay fill it.
     attained_gpu_s: float = 0.0
     # Job arrays: at most ``array_limit`` jobs of array ``array_id`` run at once (None: no cap).
     array_id: int | None = None
@@ -158,7 +158,8 @@ class RunningJob:
     shareable: bool = False
     # Already told to stop (preempted, cancelling): its GPUs free up soon; never chosen again.
     preempting: bool = False
-    # GPU-seconds of service in runs before this one; this run adds (now - started_at) x GPUs.
+    # GPU-seconds of service in runs before this one; this run adds (now - started_at) x GPUs held
+    # (``quota_milli`` / 1000: a share counts its share).
     attained_gpu_s: float = 0.0
     # Saves checkpoints and resumes from them: a preemption costs it little work, so reclaim
     # prefers it as a victim.

@@ -72,4 +72,5 @@ class _MostServed(Reclaimer):
 
     def _evictable(self, job: RunningJob) -> bool:
         return (job.checkpoints and super()._evictable(job)
-                and job.attained_gpu_s + max(0.0, self.now - job.started_at) * len(job.gpu_ids) >= self.threshold)
+                and job.attained_gpu_s + max(0.0, self.now - job.started_at) * job.quota_milli / WHOLE_GPU_MILLI
+                >= self.threshold)

@@ -14,7 +14,7 @@ from itertools import groupby
 from operator import attrgetter, is_, itemgetter
 
 from django.db import connection, transaction
-from django.db.models import F, FloatField, Func, Q, TextField
+from django.db.models import ExpressionWrapper, F, FloatField, Func, Q, Sum, TextField, Value
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Coalesce
 
@@ -22,7 +22,7 @@ from jobs.choices import RunClass
 from jobs.choices import TERMINAL_STATES, JobState
 from jobs.models import Allocation, Job, JobArray, JobDependency, JobProfile, JobPromise, Membership, Tenant
 from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, LiveReadings, NodeState, TenantQuota, UserLimit
-from jobs.scheduling.snapshot import JobClass, Promise, RecordedProfile, RunningJob
+from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, Promise, RecordedProfile, RunningJob
 from jobs.services.bulk_rows import ids_in
 from jobs.services.row_versions import RowVersions, listing
 from monitoring.models import Gpu, JobUsage, Node
@@ -98,16 +98,17 @@ MAX_PROMISED_GPUS = 4096
 
 # Everything kept from one snapshot to the next (see each): dropped by :func:`forget`.
 KEPT = ("_node_states", "_all_nodes", "_facts", "_running_jobs", "_running_for", "_built", "_built_for", "_derived",
-        "_whole", "_pending_versions")
+        "_whole", "_pending_versions", "_served_before")
 
 
 def forget() -> None:
     """Drop what was kept from earlier snapshots: the next one is built as a new process builds it."""
     global _node_states, _all_nodes, _facts, _running_jobs, _running_for, _built, _built_for, _derived, _whole
-    global _pending_versions
+    global _pending_versions, _served_before
     _node_states, _all_nodes, _facts, _running_jobs, _running_for = {}, (None, ()), ((), ({}, {}, {})), {}, ()
     _built, _built_for, _derived, _whole = {}, (), (None, set(), set()), (None, ())
     _pending_versions = RowVersions(ordered=True)
+    _served_before = {}
 
 
 def _promises(slugs: dict[int, str]) -> tuple[Promise, ...]:
@@ -293,6 +294,9 @@ PENDING_FIELDS = ("id", "tenant_id", "gpus", "submitted_s", "gpu_memory_mib", "p
                   "gpu_models_text", "opportunistic_only", "shareable", "max_nodes", "max_runtime_s", "profile_key",
                   "reserved_since_s", "image", "array_id", "cpu_milli", "host_memory_mib",
                   "owner_id", "mig_profile", "accepts_unfenced")
+# Read after PENDING_FIELDS; a row keeps, in its place, the GPU-seconds of its earlier runs
+# (:func:`_with_attained`): a cached row then tells whether its request must be built again.
+PLACEMENTS = "attempt"
 
 
 # The pending requests of the last snapshot, per job: what each was built from and the request.
@@ -409,25 +413,61 @@ _pending_versions = RowVersions(ordered=True)
 def _pending_rows() -> dict[int, tuple]:
     """Job id -> row of every pending job, by id."""
     if connection.vendor != "postgresql":
-        return {row[0]: row for row in _pending_queryset().order_by("id").values_list(*PENDING_FIELDS)}
+        rows = _with_attained(list(_pending_queryset().order_by("id").values_list(*PENDING_FIELDS, PLACEMENTS)))
+        return {row[0]: row for row in rows}
     table = connection.ops.quote_name(Job._meta.db_table)
     versions = listing(table, "id", "state = %s", [JobState.PENDING.value])
 
     def fetch(ids: list[str]):
-        for version, *row in _rows(_pending_queryset()
-                                   .filter(id__in=ids_in(ids))
-                                   .annotate(row_version=RawSQL(f"{table}.xmin::text", ()))
-                                   .values_list("row_version", *PENDING_FIELDS)):
-            yield row[0], version, tuple(row)
+        read = _rows(_pending_queryset().filter(id__in=ids_in(ids))
+                     .annotate(row_version=RawSQL(f"{table}.xmin::text", ()))
+                     .values_list(*PENDING_FIELDS, PLACEMENTS, "row_version"))
+        for version, row in zip([row[-1] for row in read], _with_attained([row[:-1] for row in read])):
+            yield row[0], version, row
 
     return _pending_versions.read(versions, fetch)
+
+
+def _with_attained(rows: list[tuple]) -> list[tuple]:
+    """Pending rows that end with the job's placements so far, ending instead with the GPU-seconds
+    its earlier runs had (one query for all of them; none when no job of them was ever placed).
+    Only (re)read rows come here: a job goes back to the queue by a write to its row, so a row
+    kept by its version keeps the service it was read with."""
+    served = _earlier_service([row[0] for row in rows if row[-1]])
+    return [(*row[:-1], served.get(row[0], 0.0)) for row in rows]
+
+
+def _earlier_service(job_ids: list[int], *, before_attempt: bool = False) -> dict[int, float]:
+    """GPU-seconds each of these jobs held in its released allocations: the time each held its GPU
+    times the share of it. ``before_attempt``: only those of placements before the job's current
+    one (a gang's node that stopped early is still this run)."""
+    if not job_ids:
+        return {}
+    released = Allocation.objects.filter(job_id__in=ids_in(job_ids), released_at__isnull=False)
+    if before_attempt:
+        released = released.filter(attempt__lt=F("job__attempt"))
+    held = ExpressionWrapper(_seconds_between("created_at", "released_at") * F("gpu_milli"), output_field=FloatField())
+    return {job_id: gpu_milli_s / WHOLE_GPU_MILLI
+            for job_id, gpu_milli_s in released.order_by().values("job_id").annotate(served=Sum(held))
+            .values_list("job_id", "served")}
+
+
+SECONDS_PER_DAY = 86400.0
+
+
+def _seconds_between(start: str, end: str):
+    """``end - start`` in seconds, computed by the database (SQLite has no interval type: Julian days)."""
+    if connection.vendor == "postgresql":
+        return _epoch(end) - _epoch(start)
+    return (Func(F(end), function="julianday", output_field=FloatField())
+            - Func(F(start), function="julianday", output_field=FloatField())) * Value(SECONDS_PER_DAY)
 
 
 def _request(row: tuple, slugs: dict[int, str], unfenced: dict[int, bool], core_profiles: dict, models: dict,
              waiting_for: tuple, array_limit: int | None) -> JobRequest:
     (job_id, tenant_id, gpus, submitted_at, gpu_memory_mib, priority, gpu_milli, gpu_models, opportunistic_only,
      shareable, max_nodes, max_runtime_s, profile_key, reserved_since, image, array_id, cpu_milli,
-     host_memory_mib, owner_id, mig_profile, accepts_unfenced) = row
+     host_memory_mib, owner_id, mig_profile, accepts_unfenced, attained_gpu_s) = row
     core_profile, profile = core_profiles.get((tenant_id, profile_key), (None, None)) if profile_key else (None, None)
     if gpu_models not in models:
         models[gpu_models] = frozenset(json.loads(gpu_models) or ())
@@ -441,6 +481,7 @@ def _request(row: tuple, slugs: dict[int, str], unfenced: dict[int, bool], core_
         needs_runtime=bool(image), array_id=array_id, array_limit=array_limit,
         waiting_for=waiting_for, cpu_milli=cpu_milli, host_memory_mb=host_memory_mib, user=str(owner_id),
         mig_profile=mig_profile or None, accepts_unfenced=_accepts_unfenced(accepts_unfenced, tenant_id, unfenced),
+        attained_gpu_s=attained_gpu_s,
     )
 
 
@@ -478,7 +519,7 @@ def _bounded(peak_mib: int, largest_gpu_mib: int | None) -> int:
 RUNNING_FIELDS = ("job_id", "gpu_id", "duty_cycle", "memory_limit_mib", "job__tenant_id", "job__run_class",
                   "started_s", "job__gpu_memory_mib", "job__gpu_milli", "job__priority", "job__max_runtime_s",
                   "job__profile_key", "job__shareable", "job__state", "job__checkpoints", "job__array_id",
-                  "job__cpu_milli", "job__host_memory_mib", "job__owner_id", "job__accepts_unfenced")
+                  "job__cpu_milli", "job__host_memory_mib", "job__owner_id", "job__accepts_unfenced", "job__attempt")
 LIVE_STATES = (JobState.PLACED, JobState.RUNNING)
 
 
@@ -492,6 +533,10 @@ LIVE_STATES = (JobState.PLACED, JobState.RUNNING)
 _running_jobs: dict[int, tuple] = {}
 _running_for: tuple = ()
 _job_id = itemgetter(0)
+# Per running job placed before: (its placement and when it began, the GPU-seconds of its earlier
+# runs). Those runs ended before this placement, so the figure holds while it does: read once per
+# placement, not per cycle. Replaced by this snapshot's jobs every time.
+_served_before: dict[int, tuple[tuple, float]] = {}
 
 
 def _running(gpu_nodes: dict[int, str], gpu_memory: dict[int, int], slugs: dict[int, str],
@@ -509,6 +554,7 @@ def _running(gpu_nodes: dict[int, str], gpu_memory: dict[int, int], slugs: dict[
     peaks = dict(JobUsage.objects.filter(job_id__in=held).values_list("job_id", "peak_gpu_memory_mib"))
     profiles = _profiles({(row[4], row[11]) for row in rows if row[11]})
     profile_inputs = _profile_inputs(profiles)
+    served = _served_in_earlier_runs(rows)
     context = (gpu_nodes, gpu_memory, slugs, unfenced)
     before = _running_jobs if _running_for == context else {}
     running, held_on, kept = [], {}, {}
@@ -519,12 +565,15 @@ def _running(gpu_nodes: dict[int, str], gpu_memory: dict[int, int], slugs: dict[
         peak = peaks.get(job_id)
         inputs = profile_inputs.get((first[4], first[11])) if first[11] else None
         entry = before.get(job_id)
-        if entry is None or entry[0] != built_from or entry[1] != peak or entry[2] != inputs:
+        attained = served.get(job_id, 0.0)
+        if (entry is None or entry[0] != built_from or entry[1] != peak or entry[2] != inputs
+                or entry[3].attained_gpu_s != attained):
             held = tuple(row[1] for row in group)
             held_mib = (gpu_memory.get(held[0], 0) if len(held) == 1
                         else max(gpu_memory.get(g, 0) for g in held)) or None
             profile = profiles.get((first[4], first[11])) if first[11] else None
-            entry = (built_from, peak, inputs, _running_job(first, held, peak, profile, held_mib, slugs, unfenced),
+            entry = (built_from, peak, inputs,
+                     _running_job(first, held, peak, profile, held_mib, slugs, unfenced, attained),
                      tuple(gpu_nodes.get(g) for g in held))
         kept[job_id] = entry
         running.append(entry[3])
@@ -533,11 +582,30 @@ def _running(gpu_nodes: dict[int, str], gpu_memory: dict[int, int], slugs: dict[
     return tuple(running), held_on
 
 
+def _served_in_earlier_runs(rows: list[tuple]) -> dict[int, float]:
+    """Per running job placed before (``rows``: its live allocations' RUNNING_FIELDS), the
+    GPU-seconds its earlier runs had: one query for the jobs placed since the last snapshot, if any."""
+    global _served_before
+    # (each placement counts one, the first is 1; with its start, so that a job id used again, by a
+    # transaction rolled back on SQLite, is not taken for the same run)
+    placements = {row[0]: (row[-1], row[6]) for row in rows if row[-1] > 1}
+    before = _served_before
+    kept = {job_id: before[job_id] for job_id, placement in placements.items()
+            if job_id in before and before[job_id][0] == placement}
+    if len(kept) < len(placements):
+        new = [job_id for job_id in placements if job_id not in kept]
+        served = _earlier_service(new, before_attempt=True)
+        kept.update((job_id, (placements[job_id], served.get(job_id, 0.0))) for job_id in new)
+    _served_before = kept
+    return {job_id: gpu_s for job_id, (_, gpu_s) in kept.items()}
+
+
 def _running_job(row: tuple, held: tuple[int, ...], peak_mib: int | None, profile: JobProfile | None,
-                 held_mib: int | None, slugs: dict[int, str], unfenced: dict[int, bool]) -> RunningJob:
+                 held_mib: int | None, slugs: dict[int, str], unfenced: dict[int, bool],
+                 attained_gpu_s: float) -> RunningJob:
     (job_id, _, duty_cycle, memory_limit_mib, tenant_id, run_class, started_at, gpu_memory_mib, gpu_milli, priority,
      max_runtime_s, _, shareable, state, checkpoints, array_id, cpu_milli, host_memory_mib, owner_id,
-     accepts_unfenced) = row
+     accepts_unfenced, _) = row
     return RunningJob(
         id=job_id, tenant=slugs[tenant_id],
         job_class=JobClass.OPPORTUNISTIC if run_class == RunClass.OPPORTUNISTIC else JobClass.GUARANTEED,
@@ -550,6 +618,7 @@ def _running_job(row: tuple, held: tuple[int, ...], peak_mib: int | None, profil
         solo_utilisation=profile.mean_util if profile else None,
         shareable=shareable,
         preempting=state not in LIVE_STATES,
+        attained_gpu_s=attained_gpu_s,
         checkpoints=checkpoints,
         array_id=array_id,
         cpu_milli=cpu_milli,

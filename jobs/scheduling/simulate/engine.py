@@ -358,7 +358,7 @@ class Replay:
         self._nudge(t)
 
     def _attained_this_run(self, run: _Run) -> float:
-        return (self.now - run.started_at) * len(run.gpu_ids)
+        return (self.now - run.started_at) * run.held_milli / WHOLE_GPU_MILLI  # (a half-GPU run counts half)
 
     def _stop(self, job_id: int) -> _Run:
         run = self.running.pop(job_id)
