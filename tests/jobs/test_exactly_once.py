@@ -178,7 +178,7 @@ def test_a_real_exit_withdraws_a_placement_made_since_that_has_not_started(node1
     assert (job.state, job.exit_code) == (JobState.SUCCEEDED, 0)
 
 
-def test_an_exit_after_a_newer_attempt_started_is_recorded_but_changes_nothing(
+def test_a_real_exit_after_a_newer_attempt_started_ends_the_job_and_stops_that_attempt(
         node1, redis_client, settings, django_capture_on_commit_callbacks):
     capture = django_capture_on_commit_callbacks
     n2 = NodeFactory(name="n2")
@@ -188,13 +188,22 @@ def test_an_exit_after_a_newer_attempt_started_is_recorded_but_changes_nothing(
     cycle(capture)
     report(redis_client, capture, started(job, f"launch-{job.pk}-2", node="n2"))
 
+    # n1 was cut off, not dead: its run went on to its end, unseen. Its work is done; attempt 2,
+    # run on, would complete the job a second time (found by tests/simulation, seed 186).
     report(redis_client, capture, exited(job, launch, code=0))
     report(redis_client, capture, exited(job, launch, code=0))  # re-sent after a reconnect: recorded once
     job.refresh_from_db()
-    assert (job.state, job.attempt, job.exit_code) == (JobState.RUNNING, 2, None)
+    assert (job.state, job.exit_code) == (JobState.SUCCEEDED, 0)
+    [stop] = commands(redis_client, "n2", protocol.StopJob)
+    assert stop.launch_id == f"launch-{job.pk}-2"
+    # n2's GPU stays held until n2 confirms attempt 2 gone.
     assert Allocation.objects.filter(job=job, gpu__node__name="n2", released_at__isnull=True).exists()
     [note] = JobEvent.objects.filter(job=job, attempt=1, kind="finished")
-    assert note.node == "n1" and "attempt 2 has started since" in note.message and "changes nothing" in note.message
+    assert note.node == "n1" and "Attempt 2, started since, is stopped." in note.message
+    report(redis_client, capture, exited(job, f"launch-{job.pk}-2", code=-15, node="n2", stopped=True))
+    job.refresh_from_db()
+    assert (job.state, job.exit_code) == (JobState.SUCCEEDED, 0)
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
 
 
 def test_a_run_ended_by_the_requeues_stop_does_not_end_the_job(node1, redis_client, settings,

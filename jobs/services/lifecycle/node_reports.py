@@ -189,11 +189,12 @@ def _exit_after_requeue(job_id: int, exit: Exit) -> bool | None:
     stopped listing it), reported since: the run went on, or ended, unseen. None when the exit is
     not that (the caller ignores it as before), else what :func:`finish` returns.
 
-    If it ran to its own end (:func:`_ran_to_its_end`) and no attempt has started since, that
-    real exit wins over the requeue: the job ends with it (SUCCEEDED for exit 0), leaving the
-    queue, and a later attempt placed meanwhile is stopped (its GPUs freed once its nodes
-    confirm). Otherwise (a newer attempt started, or the run ended by a stop) the exit goes on the
-    attempt's timeline, once per node, and changes nothing."""
+    If it ran to its own end (:func:`_ran_to_its_end`) while the job waits, is placed or runs again,
+    that real exit wins over the requeue: the job's work is done, so it ends with it (SUCCEEDED for
+    exit 0), and a later attempt placed or started meanwhile is stopped (its GPUs freed once its
+    nodes confirm): run on, it would complete the job a second time. Otherwise (the run ended by a
+    stop, or the job is being stopped or has ended) the exit goes on the attempt's timeline, once
+    per node, and changes nothing."""
     attempt = _attempt_of(job_id, exit.launch_id)
     if attempt is None or exit.absent:
         return None
@@ -204,7 +205,7 @@ def _exit_after_requeue(job_id: int, exit: Exit) -> bool | None:
         return None
     job = Job.objects.select_for_update().filter(pk=job_id).values("state", "attempt").get()
     moved_on = JobEvent.objects.filter(job_id=job_id, attempt__gt=attempt, kind=JobEventKind.STARTED).exists()
-    withdrawn = job["state"] in (JobState.PENDING, JobState.PLACED) and not moved_on
+    withdrawn = job["state"] in (JobState.PENDING, JobState.PLACED, JobState.RUNNING)
     if not (withdrawn and _ran_to_its_end(exit)):
         since = f"; attempt {job['attempt']} has started since" if moved_on else ""
         record(job_id, JobEventKind.FINISHED, f"Its run on {exit.node} ended{_code(exit)} after it had been "
@@ -217,7 +218,8 @@ def _exit_after_requeue(job_id: int, exit: Exit) -> bool | None:
     if not Job.objects.filter(pk=job_id, state=job["state"], attempt=job["attempt"]).update(
             state=final, started_at=ran_from, **outcome):
         return None
-    placed = " Its new placement is withdrawn." if job["state"] == JobState.PLACED else ""
+    placed = {JobState.PLACED: " Its new placement is withdrawn.",
+              JobState.RUNNING: f" Attempt {job['attempt']}, started since, is stopped."}.get(job["state"], "")
     record(job_id, JobEventKind.FINISHED, f"{_final_words(final, exit, outcome['error'])} It had been requeued "
             f"({given_up.message[:200]}) but ran on to this end, which stands.{placed}", node=exit.node,
             attempt=attempt, at=exit.finished_at)
