@@ -123,7 +123,7 @@ class NodeSlot:
 def needs_headroom(job: RunningJob, capacity_mib: int) -> bool:
     """False for a fraction held to its share of the GPU: that share is also its enforced limit
     (``placement.shape_of``), so nothing of it grows past what was planned."""
-    share = -(-capacity_mib * job.gpu_milli // WHOLE_GPU_MILLI)
+    share = capacity_mib * job.gpu_milli // WHOLE_GPU_MILLI  # (as ``Shape.memory_on`` rounds it)
     return not (job.gpu_milli < WHOLE_GPU_MILLI and job.memory_mib is not None and job.memory_mib <= share)
 
 
@@ -218,7 +218,7 @@ class Capacity:
                 if refuses_unfenced:
                     gpu.unfenced_refusals += 1
                 if gpu.margin_mib != headroom and (
-                        not held_to_share or memory > -(-gpu.capacity_mib * milli // WHOLE_GPU_MILLI)):
+                        not held_to_share or memory > gpu.capacity_mib * milli // WHOLE_GPU_MILLI):
                     gpu.margin_mib = headroom
                 if guaranteed:
                     gpu.guaranteed_milli += milli

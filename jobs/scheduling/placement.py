@@ -79,7 +79,8 @@ class Shape:
     def memory_on(self, capacity_mib: int) -> int:
         if self.memory_mib is not None:
             return self.memory_mib
-        return -(-capacity_mib * self.gpu_milli // WHOLE_GPU_MILLI)
+        # Rounded down: fractions whose requests add up to the GPU must fit in its memory too.
+        return capacity_mib * self.gpu_milli // WHOLE_GPU_MILLI
 
 
 def shape_of(job: JobRequest, config: SchedulerConfig) -> Shape:

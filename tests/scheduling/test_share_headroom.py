@@ -34,3 +34,15 @@ def test_a_whole_gpu_resident_keeps_its_margin_and_is_not_squeezed_afterwards():
                             running=[running(9, on="a", mem_gib=6, util=0.3),
                                      running(5, on="a", milli=470, mem_gib=7.5, tenant="nlp", opportunistic=True)])
     assert preempted(decide(with_borrower, now=10)) == []  # 6 + 7.5 + 1 GiB margin fits 16
+
+
+def test_fractions_that_add_up_to_one_gpu_share_it_whatever_its_memory_in_mib():
+    """Each share's memory is its fraction of the GPU, rounded down: rounded up, 650 + 350 milli of
+    a GPU of 32,510 MiB asked 21,132 + 11,379 = 32,511 MiB, one more than it has, and the second
+    fraction found no room on a GPU its requests would exactly fill."""
+    snapshot = cluster(node("a", gpus=1, mem_gib=32510 / 1024), tenants=TENANTS,
+                       pending=[job(1, milli=650), job(2, milli=350, tenant="nlp")])
+    decisions = decide(snapshot, now=10)
+    assert placed(decisions) == {1: "a", 2: "a"}
+    limits = {p.job_id: p.memory_limit_mib for p in decisions.placements}
+    assert limits == {1: 21131, 2: 11378} and sum(limits.values()) <= 32510

@@ -460,7 +460,7 @@ class Replay:
     def _memory_of(job: TraceJob, gpu: _Gpu) -> int:
         if job.memory_mib is not None:
             return job.memory_mib
-        return -(-gpu.memory_mib * job.gpu_milli // WHOLE_GPU_MILLI)
+        return gpu.memory_mib * job.gpu_milli // WHOLE_GPU_MILLI  # (rounded down, as placement.Shape.memory_on)
 
     def _preempt(self, job_id: int) -> None:
         run = self._stop(job_id)
