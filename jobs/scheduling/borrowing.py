@@ -23,12 +23,12 @@ from operator import itemgetter
 from jobs.scheduling import reasons
 from jobs.scheduling.carry import ALONE, Entry, FlaggedOutcome, Outcome
 from jobs.scheduling.cycle_state import CycleInputs, CycleState, Memo
-from jobs.scheduling.decisions import Preempt, PreemptReason, new_pending
+from jobs.scheduling.decisions import PreemptReason, new_pending
 from jobs.scheduling.eta import QueueEta
 from jobs.scheduling.outcomes import JobOutcomes, node_names
 from jobs.scheduling.placement import OneNodeWait, Shape
 from jobs.scheduling.search import GpuSearch
-from jobs.scheduling.snapshot import JobClass, JobRequest, Promise, TenantQuota
+from jobs.scheduling.snapshot import JobClass, JobRequest, TenantQuota
 from jobs.scheduling.turnover import Turnover
 from jobs.scheduling.usage import weighted_share
 from jobs.scheduling.user_limits import UserLimits
@@ -248,15 +248,9 @@ class BorrowingPass:
         if found is None:
             self.memo.failed.record("turnover", shape)
             return False
-        for victim in found.victims:
-            state.preemptions.append(Preempt(
-                victim.id, PreemptReason.LEAST_ATTAINED,
-                f"Job {job.id} has had less GPU time: borrowed GPUs go to the least served first", for_job_id=job.id))
-        # Promised, as a guarantee's reclaim is: the freed GPUs are its, not the next borrower's in
-        # line (a victim would take them back, and be preempted again: thousands of preemptions).
-        state.promises.append(Promise(job.id, job.tenant, tuple(gpu.id for gpu in found.gpus)))
-        self.outcomes.count(job, OPPORTUNISTIC)
-        self.outcomes.wait(job, reasons.turning_over(job.gpus, len(found.victims), node_names(found.gpus)), eta=0.0)
+        self.outcomes.take_back(job, OPPORTUNISTIC, found.victims, found.gpus, PreemptReason.LEAST_ATTAINED,
+                                f"Job {job.id} has had less GPU time: borrowed GPUs go to the least served first",
+                                reasons.turning_over(job.gpus, len(found.victims), node_names(found.gpus)))
         return True
 
     def _admit(self, job: JobRequest, shape: Shape, key: Outcome | FlaggedOutcome) -> bool:

@@ -13,12 +13,12 @@ import heapq
 from jobs.scheduling import reasons
 from jobs.scheduling.carry import Entry, queue_order
 from jobs.scheduling.cycle_state import CycleInputs, CycleState, Memo
-from jobs.scheduling.decisions import Preempt, PreemptReason
+from jobs.scheduling.decisions import PreemptReason
 from jobs.scheduling.outcomes import JobOutcomes, node_names
 from jobs.scheduling.placement import Choice, OneNodeWait, Shape
 from jobs.scheduling.reclaim import RECLAIM_LOOKAHEAD, Gang, Reclaimer
 from jobs.scheduling.search import GpuSearch
-from jobs.scheduling.snapshot import JobClass, JobRequest, Promise
+from jobs.scheduling.snapshot import JobClass, JobRequest
 from jobs.scheduling.turnover import Turnover
 from jobs.scheduling.user_limits import UserLimits
 from jobs.scheduling.waiting import WaitExplainer
@@ -152,13 +152,9 @@ class GuaranteedPass:
         if reclaim is None:
             self.waits.blocked(job, shape, GUARANTEED)
             return
-        for victim in reclaim.victims:
-            state.preemptions.append(Preempt(
-                victim.id, PreemptReason.RECLAIM_FOR_GUARANTEE,
-                f"Tenant {job.tenant} needs its guaranteed GPUs back for job {job.id}", for_job_id=job.id))
-        state.promises.append(Promise(job.id, job.tenant, tuple(gpu.id for gpu in reclaim.gpus)))
-        self.outcomes.count(job, GUARANTEED)
-        self.outcomes.wait(job, reasons.reclaiming(job.gpus, len(reclaim.victims), node_names(reclaim.gpus)), eta=0.0)
+        self.outcomes.take_back(job, GUARANTEED, reclaim.victims, reclaim.gpus, PreemptReason.RECLAIM_FOR_GUARANTEE,
+                                f"Tenant {job.tenant} needs its guaranteed GPUs back for job {job.id}",
+                                reasons.reclaiming(job.gpus, len(reclaim.victims), node_names(reclaim.gpus)))
 
     def _gangs_behind(self, job: JobRequest, entries: list[Entry]) -> list[Gang]:
         """The gangs among the first ``RECLAIM_LOOKAHEAD`` of ``entries`` (the tenant's queue after

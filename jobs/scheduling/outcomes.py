@@ -9,11 +9,11 @@ from operator import attrgetter
 
 from jobs.scheduling import reasons
 from jobs.scheduling.cycle_state import CycleInputs, CycleState, Memo
-from jobs.scheduling.decisions import Place, new_pending
+from jobs.scheduling.decisions import Place, Preempt, PreemptReason, new_pending
 from jobs.scheduling.placement import Choice, OneNodeWait, Shape
 from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.search import GpuSearch
-from jobs.scheduling.snapshot import JobClass, JobRequest
+from jobs.scheduling.snapshot import JobClass, JobRequest, Promise
 from jobs.scheduling.topology import rendezvous_of, slices_of
 from jobs.scheduling.user_limits import UserLimits
 
@@ -82,6 +82,17 @@ class JobOutcomes:
 
     def wait(self, job: JobRequest, reason: PendingReason, eta: float | None = None) -> None:
         self.state.pending.append(new_pending((job.id, reason, eta)))
+
+    def take_back(self, job: JobRequest, job_class: JobClass, victims, gpus, why: PreemptReason, told: str,
+                  reason: PendingReason) -> None:
+        """GPUs freed for ``job`` (a guarantee's reclaim, a borrower's turnover): ``victims`` are
+        preempted (``why``, ``told``), the GPUs promised to it (the next in line must not take them,
+        or a victim would take them back: thousands of preemptions), and it waits on them."""
+        for victim in victims:
+            self.state.preemptions.append(Preempt(victim.id, why, told, for_job_id=job.id))
+        self.state.promises.append(Promise(job.id, job.tenant, tuple(gpu.id for gpu in gpus)))
+        self.count(job, job_class)
+        self.wait(job, reason, eta=0.0)
 
     def array_full(self, job: JobRequest, more: int = 0) -> bool:
         """Is ``job``'s array at its limit (with ``more`` of its jobs about to run)?"""
