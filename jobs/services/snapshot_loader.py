@@ -25,6 +25,7 @@ from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, LiveReadings,
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, Promise, RecordedProfile, RunningJob
 from jobs.services.bulk_rows import ids_in
 from jobs.services.row_versions import RowVersions, listing
+from monitoring.choices import NodeHealth
 from monitoring.models import Gpu, JobUsage, Node
 from monitoring.services import live
 from monitoring.services.health import live_node_names
@@ -172,7 +173,8 @@ def intra_node_bandwidth(topology: list[dict]) -> float:
 
 # Rows, not model instances, throughout: building ORM objects for every GPU, allocation and
 # pending job was most of the snapshot's cost at 1,024 nodes and 50,000 pending jobs.
-NODE_FIELDS = ("id", "name", "cordoned", "rack", "topology_text", "runtimes_text", "cpu_milli", "host_memory_mib")
+NODE_FIELDS = ("id", "name", "cordoned", "rack", "topology_text", "runtimes_text", "cpu_milli", "host_memory_mib",
+               "state")
 
 
 # The nodes of the last snapshot by id: what each was built from (its row, its GPUs' rows, whether
@@ -213,7 +215,10 @@ def _node_rows() -> list[tuple]:
 
 
 def _node(row: tuple, gpus: list[tuple], online: bool) -> NodeState:
-    _, name, cordoned, rack, topology, runtimes, cpu_milli, host_memory_mib = row  # (JSON as text)
+    _, name, cordoned, rack, topology, runtimes, cpu_milli, host_memory_mib, state = row  # (JSON as text)
+    # A LOST node heartbeating again is not online until node health brings it back UP: until then
+    # a process of a job requeued from it may still hold its GPUs (health.revive_heartbeating).
+    online = online and state == NodeHealth.UP
     return NodeState(
         name=name,
         gpus=tuple(GpuState(id=gpu_id, index=index, model=model, memory_mib=memory_mib, isolation=isolation,

@@ -11,6 +11,7 @@ from jobs.choices import JobState
 from jobs.models import Allocation
 from jobs.services.agent_events import consume_events
 from jobs.services.node_health import check_node_health
+from jobs.services.snapshot_loader import build_snapshot, forget
 from monitoring.choices import AlertKind, NodeHealth
 from monitoring.models import Alert, Node
 from monitoring.services import live
@@ -131,6 +132,24 @@ def test_a_lost_node_back_with_its_requeued_job_still_running_stays_lost_until_i
 
     sample(redis_client, [])  # the stray stopped
     assert check_node_health(redis_client)["revived"] == ["n1"]
+
+
+def test_the_scheduler_places_nothing_on_a_lost_node_whose_heartbeat_is_back_until_it_is_up(
+        running_on_n1, redis_client):
+    """Found by tests/simulation (seed 367): the scheduler took a live heartbeat for "online", so a
+    lost node's GPU went to a new job while the requeued job's process still ran on it."""
+    check_node_health(redis_client)  # lost, requeued
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=10)
+    sample(redis_client, [running_on_n1.pk])
+    check_node_health(redis_client)  # its stray still runs: stays LOST
+    forget()
+    [n1] = build_snapshot(redis_client).nodes
+    assert not n1.online
+
+    sample(redis_client, [])
+    check_node_health(redis_client)  # the stray stopped: UP
+    [n1] = build_snapshot(redis_client).nodes
+    assert n1.online
 
 
 def test_a_lost_node_is_not_revived_on_a_sample_taken_before_it_was_lost(running_on_n1, redis_client):
