@@ -22,7 +22,7 @@ import redis
 from agents import protocol, sessions
 from jobs.choices import JobState
 from jobs.models import Allocation, Job
-from jobs.services.commands import command_key
+from jobs.services.commands import command_key, launch_id
 from monitoring.services import registry
 from monitoring.services.redis_client import get_redis
 
@@ -54,10 +54,6 @@ def may_attach(user, job: Job) -> bool:
     return job.owner_id == user.pk
 
 
-def launch_id(job: Job) -> str:
-    return f"launch-{job.pk}-{job.attempt}"
-
-
 def session_node(job: Job) -> str | None:
     """The node that runs the job's current attempt (a session runs on one), or None."""
     return (Allocation.objects.filter(job=job, attempt=job.attempt, released_at__isnull=True)
@@ -74,7 +70,8 @@ def send_input(job: Job, data: bytes, rows: int | None = None, cols: int | None 
     node = session_node(job)
     if node is None:
         raise SessionUnavailable(f"job {job.pk} holds no node now")
-    message = protocol.SessionInput(node=node, issued_at=time.time(), job_id=job.pk, launch_id=launch_id(job),
+    message = protocol.SessionInput(node=node, issued_at=time.time(), job_id=job.pk,
+                                    launch_id=launch_id(job.pk, job.attempt),
                                     data=base64.b64encode(data).decode(), rows=rows, cols=cols)
     try:
         get_redis().xadd(protocol.session_input_stream(node),
