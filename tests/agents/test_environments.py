@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 
@@ -213,8 +214,9 @@ def test_stopping_an_image_job_removes_its_container_when_the_client_must_be_kil
     cmd = launch(python(stubborn), image="busybox", attempt=0, job_id=9)
     runner.launch(cmd)
     log = runner.job_dir(9) / "output.log"
-    wait_for(lambda: log.exists() and "ready" in log.read_text(), timeout=10)
-    container_pid = int(log.read_text().split()[1])
+    # Jobs run unbuffered, so print() writes "ready" and the pid separately: wait for the line.
+    [ready] = wait_for(lambda: log.exists() and re.findall(r"^ready (\d+)\n", log.read_text(), re.M), timeout=10)
+    container_pid = int(ready)
     runner.stop(9, grace_seconds=0.3)
     [done] = wait_for(runner.poll, 10)
     # The client got SIGTERM (proxied, ignored), then SIGKILL; the container outlived it until
