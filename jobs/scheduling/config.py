@@ -59,7 +59,7 @@ class SchedulerConfig:
     rendezvous_port_base: int = 29500
     rendezvous_port_span: int = 1000
 
-    # Starvation guard for gangs: the first blocked gang holds its best node(s) for this long.
+    # Starvation guard for gangs: the first blocked gang holds its best node(s) for this long (0: off).
     gang_reservation_max_s: float = 600.0
     # A gang that fits on one node (of one model) but finds no node with room waits this long from
     # its submission for one rather than being spread over several: across nodes every all-reduce

@@ -9,7 +9,8 @@ The exact rule:
 2. **Window.** A holder keeps holding for ``gang_reservation_max_s`` from ``reserved_since``
    (which the service stores from ``Reservation.since``), then must wait as long again before it
    may hold again, so that a gang whose nodes never drain cannot idle them forever. No
-   ``reserved_since`` (or one older than twice the window) starts a new window now.
+   ``reserved_since`` (or one older than twice the window) starts a new window now. A window of
+   0 switches reservations off.
 3. **Nodes.** The holder takes the node that can give it its GPUs soonest: earliest time at which
    enough of its GPUs are empty (from residents' expected ends; unknown counts as never), then
    most empty GPUs now. A gang wider than any node takes the nodes with the most usable GPUs (most
@@ -29,7 +30,10 @@ from jobs.scheduling.snapshot import JobRequest
 
 
 def window(job: JobRequest, now: float, max_s: float) -> tuple[float, float] | None:
-    """(since, until) of the job's holding window if it may hold now, None while cooling down."""
+    """(since, until) of the job's holding window if it may hold now, None while cooling down or
+    when reservations are off (``max_s`` 0)."""
+    if max_s <= 0:
+        return None
     since = job.reserved_since
     if since is None or now >= since + 2 * max_s or since > now:
         since = now

@@ -144,6 +144,13 @@ def test_reservation_is_bounded_in_time(reserved_since, now, holds, since):
         assert placed(decisions).keys() >= {2, 3, 4}  # small jobs backfill freely while it cools down
 
 
+def test_a_window_of_zero_switches_reservations_off():
+    decisions = decide(starving_gang(), now=20, config=SchedulerConfig(gang_reservation_max_s=0))
+    assert decisions.reservations == ()
+    assert codes(decisions)[1] != "holding_reservation"
+    assert placed(decisions).keys() >= {2, 3, 4}  # nothing holds the node: the small jobs take it
+
+
 def test_only_one_gang_holds_a_reservation_per_cycle():
     snapshot = cluster(node("a", gpus=8, busy=4), node("b", gpus=8, busy=4), tenants=TEAM,
                        pending=[job(1, tenant="team", gpus=8, max_nodes=1), job(2, tenant="team", gpus=8, max_nodes=1)])
