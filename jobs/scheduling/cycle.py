@@ -23,10 +23,11 @@ Which GPU does a job get? Step by step:
    (``waiting.WaitExplainer``), and the first such gang may hold a reservation.
 5. **Borrowing pass** (``borrowing.BorrowingPass``): everything else, tenant by tenant in
    weighted fair-share order (lowest (decayed usage + GPUs held) / weight first, re-ranked after
-   every placement), never past a tenant's ``max_gpus``; the same search, as opportunistic work. A
-   job that does not fit is skipped, not waited on (gangs are protected by the reservation
-   instead); a fresh borrower that would over-commit a GPU, or finds no room at all, may turn over
-   more-served borrowers (``turnover``).
+   every placement), never past a tenant's ``max_gpus`` (a borrower on a GPU its residents'
+   requests over-commit counts its share there, ``usage.charged_milli``); the same search, as
+   opportunistic work. A job that does not fit is skipped, not waited on (gangs are protected by
+   the reservation instead); a fresh borrower that would over-commit a GPU, or finds no room at
+   all, may turn over more-served borrowers (``turnover``).
 6. **Moves** (``moves.crowded_borrowers``): a one-GPU borrower sharing its GPU while a GPU of its
    model is still empty (nobody queued could use it) is preempted to restart there alone, if it
    checkpoints.
@@ -68,6 +69,7 @@ from jobs.scheduling.reclaim import Reclaimer, memory_pressure_victims
 from jobs.scheduling.search import GpuSearch
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, ClusterSnapshot, JobClass
 from jobs.scheduling.turnover import Turnover
+from jobs.scheduling.usage import charged_milli
 from jobs.scheduling.user_limits import UserLimits
 from jobs.scheduling.waiting import WaitExplainer
 
@@ -111,13 +113,13 @@ class Cycle:
                                            {t.name: t for t in snapshot.tenants})
         self.state = state = CycleState(leaving={job.id for job in snapshot.running if job.preempting})
         self.memo = memo = Memo()
-        borrowed = self._count_running()
+        borrowed, charged = self._count_running()
         start_held = dict(state.held)
         borrowing_at_start = frozenset(job.tenant for job in snapshot.running
                                        if job.job_class is OPPORTUNISTIC and job.id not in state.leaving)
         # (``borrowed`` and ``leaving`` are shared: a reclaim's victims count for the turnover too)
-        self.reclaimer = Reclaimer(capacity, placer, config, now, borrowed, state.leaving)
-        turnover = Turnover.of(capacity, placer, config, now, borrowed, state.leaving)
+        self.reclaimer = Reclaimer(capacity, placer, config, now, borrowed, state.leaving, charged)
+        turnover = Turnover.of(capacity, placer, config, now, borrowed, state.leaving, charged)
         releases = releases_of(snapshot.running, now)  # (each tenant's timeline is cut from it)
         leaving = state.leaving
         timeline = ReleaseTimeline((), now, [r for r in releases if r[3] not in leaving] if leaving else releases)
@@ -131,25 +133,32 @@ class Cycle:
         self.guaranteed = GuaranteedPass(inputs, state, memo, search, outcomes, waits, users, self.reclaimer, turnover)
         self.borrowing = BorrowingPass(inputs, state, memo, search, outcomes, waits, users, queue_eta, turnover)
 
-    def _count_running(self) -> defaultdict[str, int]:
+    def _count_running(self) -> tuple[defaultdict[str, int], dict[int, int]]:
         """What each tenant, and each array, holds of the running jobs; returns what each tenant
-        borrows (holds, less its stopping jobs, past its guarantee)."""
+        borrows (holds, less its stopping jobs, past its guarantee) and what each borrower sharing
+        an over-committed GPU counts of that (its share, ``usage.charged_milli``)."""
         state, now = self.state, self.inputs.now
         borrowed: defaultdict[str, int] = defaultdict(int)
+        charges: dict[int, int] = {}
+        by_id = self.inputs.capacity.by_id
         for job in self.inputs.snapshot.running:
-            quota_milli = job.quota_milli
-            state.held[job.tenant] += quota_milli
+            charged = quota_milli = job.quota_milli
             if job.job_class is GUARANTEED:
                 state.guaranteed_held[job.tenant] += quota_milli
+            else:
+                charged = charged_milli(job.gpu_milli, [_requested(by_id.get(g)) for g in job.gpu_ids], True)
+                if charged != quota_milli:
+                    charges[job.id] = charged
+            state.held[job.tenant] += charged
             if job.id not in state.leaving:
-                borrowed[job.tenant] += quota_milli
+                borrowed[job.tenant] += charged
             if job.array_id is not None:
                 state.array_running[job.array_id] += 1
                 if job.id not in state.leaving and job.expected_end is not None:
                     state.array_ends[job.array_id].append(max(now, job.expected_end))
         for tenant in borrowed:
             borrowed[tenant] -= self.inputs.quota(tenant).guaranteed_milli
-        return borrowed
+        return borrowed, charges
 
     def run(self) -> Decisions:
         inputs, state = self.inputs, self.state
@@ -157,7 +166,7 @@ class Cycle:
         for victim, gpu_id in memory_pressure_victims(inputs.capacity, inputs.config, state.leaving):
             state.preemptions.append(Preempt(victim.id, PreemptReason.MEMORY_PRESSURE,
                                              f"GPU {gpu_id} is short of memory for a guaranteed job"))
-            self.reclaimer.borrowed[victim.tenant] -= victim.quota_milli
+            self.reclaimer.borrowed[victim.tenant] -= self.reclaimer.charged.get(victim.id, victim.quota_milli)
         # 2. Tenant queues.
         queues = self.tenant_queues.build()
         # 3. Promises, 4. the guaranteed pass, 5. the borrowing pass.
@@ -177,3 +186,8 @@ class Cycle:
                                       inputs.config)),
             reservations=tuple(state.reservations), promises=tuple(state.promises),
         )
+
+
+def _requested(gpu) -> int:
+    """What a GPU's residents request (a GPU the capacity does not index counts as not shared)."""
+    return 0 if gpu is None else gpu.requested_milli

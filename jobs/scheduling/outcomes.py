@@ -15,6 +15,7 @@ from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.search import GpuSearch
 from jobs.scheduling.snapshot import JobClass, JobRequest, Promise
 from jobs.scheduling.topology import rendezvous_of, slices_of
+from jobs.scheduling.usage import charged_milli
 from jobs.scheduling.user_limits import UserLimits
 
 GUARANTEED, OPPORTUNISTIC = JobClass.GUARANTEED, JobClass.OPPORTUNISTIC
@@ -36,7 +37,7 @@ class JobOutcomes:
         next_to_guarantee = any(map(_guaranteed_count, gpus))
         self.capacity.take(gpus, job_class, choice.memory_mib, shape.demand_milli, shape.gpu_milli, shape.shareable,
                            shape.cpu_per_gpu, shape.host_mb_per_gpu, shape.accepts_unfenced, shape.headroom_mib)
-        self.count(job, job_class)
+        self.count(job, job_class, gpus)
         biggest = max(choice.memory_mib)
         capacity = min(map(_capacity_mib, gpus))
         protected = job_class is GUARANTEED and not shape.shareable
@@ -74,9 +75,13 @@ class JobOutcomes:
         return (f"{spread} after waiting {reasons.duration(self.now - job.submitted_at)} for one node "
                 f"with {job.gpus} free GPUs.")
 
-    def count(self, job: JobRequest, job_class: JobClass) -> None:
-        """What the job's tenant holds, with the job (placed, or promised GPUs it starts on)."""
-        self.state.held[job.tenant] += job.quota_milli
+    def count(self, job: JobRequest, job_class: JobClass, gpus=None) -> None:
+        """What the job's tenant holds, with the job (placed on ``gpus``, or promised GPUs it
+        starts on alone): a borrower over-committing a GPU counts its share (``usage.charged_milli``)."""
+        if gpus is None or job_class is GUARANTEED:
+            self.state.held[job.tenant] += job.quota_milli
+        else:
+            self.state.held[job.tenant] += charged_milli(job.gpu_milli, [gpu.requested_milli for gpu in gpus], True)
         if job_class is GUARANTEED:
             self.state.guaranteed_held[job.tenant] += job.quota_milli
 

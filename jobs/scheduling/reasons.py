@@ -285,7 +285,8 @@ def at_max_gpus(tenant: str, used_milli: int, max_milli: int, need_milli: int) -
     return PendingReason(
         ReasonCode.AT_MAX_GPUS,
         f"Tenant {tenant} is using {used:g} of its {ceiling:g}-GPU ceiling and this job needs {need:g} "
-        f"(together {used + need:g}). It starts when the tenant's other jobs finish.",
+        f"(together {used + need:g}). It starts when the tenant's other jobs finish (a borrower on a GPU shared "
+        f"past its capacity counts its share of it).",
         {"tenant": tenant, "used_gpus": used, "max_gpus": ceiling, "needed_gpus": need},
     )
 

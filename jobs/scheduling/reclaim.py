@@ -118,12 +118,14 @@ GUARANTEED = JobClass.GUARANTEED
 
 class Reclaimer:
     def __init__(self, capacity: Capacity, placer: Placer, config: SchedulerConfig, now: float,
-                 borrowed_milli: dict[str, int], leaving: set[int]):
+                 borrowed_milli: dict[str, int], leaving: set[int], charged: dict[int, int] | None = None):
         self.capacity = capacity
         self.placer = placer
         self.config = config
         self.now = now
         self.borrowed = borrowed_milli  # per tenant: held (not stopping) minus guarantee
+        # What each running job counts of its tenant's holding (``usage.charged_milli``); absent: its request.
+        self.charged = {} if charged is None else charged
         self.leaving = leaving  # running jobs already told to stop
         self._node_estimates: list[tuple[NodeSlot, list[Loss]]] | None = None
         self._ranked: dict[int, list[NodeSlot]] = {}  # per GPU count, nodes by estimated cost
@@ -438,7 +440,7 @@ class Reclaimer:
         for victim in ordered:
             if borrowed.get(victim.tenant, 0) <= 0:
                 return None  # this borrower would drop below its own guarantee
-            borrowed[victim.tenant] -= victim.quota_milli
+            borrowed[victim.tenant] -= self.charged.get(victim.id, victim.quota_milli)
         self.borrowed.update(borrowed)
         self.leaving.update(victims)
         for gpu, _ in chosen:

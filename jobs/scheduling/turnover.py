@@ -36,12 +36,14 @@ class Turnover:
         self.served_gpu_s = served_gpu_s
 
     @classmethod
-    def of(cls, capacity, placer, config, now: float, borrowed: dict[str, int], leaving: set[int]) -> "Turnover | None":
-        """``borrowed`` and ``leaving`` are the cycle's own (shared with its reclaims)."""
+    def of(cls, capacity, placer, config, now: float, borrowed: dict[str, int], leaving: set[int],
+           charged: dict[int, int] | None = None) -> "Turnover | None":
+        """``borrowed``, ``leaving`` and ``charged`` are the cycle's own (shared with its reclaims)."""
         threshold = config.borrower_turnover_gpu_s
         if threshold <= 0:
             return None
-        return cls(_MostServed(capacity, placer, config, now, borrowed, leaving, threshold=threshold), threshold)
+        return cls(_MostServed(capacity, placer, config, now, borrowed, leaving, charged, threshold=threshold),
+                   threshold)
 
     def wants(self, job: JobRequest, shape: Shape, choice: Choice) -> bool:
         return job.attained_gpu_s < self.served_gpu_s and over_commits(choice, shape)

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from jobs.scheduling import ClusterSnapshot, JobClass, JobRequest, LiveReadings, RunningJob, SchedulerConfig, decide
+from jobs.scheduling.usage import charged_milli
 from tests.scheduling.builders import job, node, readings, tenant
 
 CONFIG = SchedulerConfig()
@@ -142,8 +143,15 @@ def check_invariants(snapshot: ClusterSnapshot, decisions) -> None:
     added_load: dict[int, int] = defaultdict(int)
     held = Counter()
     guaranteed_held = Counter()
+    # What each GPU's residents request: a borrower on a GPU they over-commit counts its share of
+    # it against the ceiling (``usage.charged_milli``), a guaranteed job its whole request.
+    requested: dict[int, int] = defaultdict(int)
     for resident in snapshot.running:
-        held[resident.tenant] += resident.quota_milli
+        for gpu_id in resident.gpu_ids:
+            requested[gpu_id] += resident.gpu_milli
+    for resident in snapshot.running:
+        held[resident.tenant] += charged_milli(resident.gpu_milli, [requested[g] for g in resident.gpu_ids],
+                                               resident.job_class is JobClass.OPPORTUNISTIC)
         if resident.job_class is JobClass.GUARANTEED:
             guaranteed_held[resident.tenant] += resident.quota_milli
 
@@ -176,7 +184,10 @@ def check_invariants(snapshot: ClusterSnapshot, decisions) -> None:
                 memory[gpu_id] += planned_memory(request, gpu.memory_mib)
                 residents[gpu_id].append(request)
                 added_load[gpu_id] += _demand(request)
-        held[request.tenant] += request.quota_milli
+        for gpu_id in gpu_ids:
+            requested[gpu_id] += request.gpu_milli
+        held[request.tenant] += charged_milli(request.gpu_milli, [requested[g] for g in gpu_ids],
+                                              place.job_class is JobClass.OPPORTUNISTIC)
         if place.job_class is JobClass.GUARANTEED:
             assert not request.opportunistic_only
             guaranteed_held[request.tenant] += request.quota_milli

@@ -149,3 +149,27 @@ def test_config_half_life_sets_how_much_a_held_gpu_weighs():
     # b holds 2 GPUs ~ 173 GPU-s at a 60 s half-life: less than a's 1000 recent GPU-s.
     assert placed(decide(snapshot, now=0, config=short)) == {2: "n"}
     assert placed(decide(snapshot, now=0)) == {1: "n"}
+
+
+def test_borrowers_sharing_over_committed_gpus_count_their_share_against_the_ceiling():
+    """Two borrowers of nlp each share a GPU with a borrower of cv: nlp holds one GPU's worth of
+    the cluster, not two, so with a 2-GPU ceiling its next job may still start (counted whole,
+    it waited at its ceiling beside two idle GPUs)."""
+    snapshot = cluster(node("a", gpus=4),
+                       tenants=[tenant("nlp", guaranteed=0, max_gpus=2), tenant("cv", guaranteed=0, max_gpus=4)],
+                       running=[running(10, on="a", gpus=[0], tenant="nlp", opportunistic=True, mem_gib=10),
+                                running(11, on="a", gpus=[1], tenant="nlp", opportunistic=True, mem_gib=10),
+                                running(20, on="a", gpus=[0], tenant="cv", opportunistic=True, mem_gib=10),
+                                running(21, on="a", gpus=[1], tenant="cv", opportunistic=True, mem_gib=10)],
+                       pending=[job(1, tenant="nlp", mem_gib=10)])
+    decisions = decide(snapshot, now=0)
+    assert placed(decisions) == {1: "a"}
+
+
+def test_borrowers_alone_on_their_gpus_count_whole_against_the_ceiling():
+    snapshot = cluster(node("a", gpus=4),
+                       tenants=[tenant("nlp", guaranteed=0, max_gpus=2), tenant("cv", guaranteed=0, max_gpus=4)],
+                       running=[running(10, on="a", gpus=[0], tenant="nlp", opportunistic=True, mem_gib=10),
+                                running(11, on="a", gpus=[1], tenant="nlp", opportunistic=True, mem_gib=10)],
+                       pending=[job(1, tenant="nlp", mem_gib=10)])
+    assert codes(decide(snapshot, now=0)) == {1: "at_max_gpus"}

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from jobs.scheduling import ClusterSnapshot, GpuState, JobClass, NodeState, ReasonCode, SchedulerConfig, decide
 from jobs.scheduling.reservation import may_backfill
-from jobs.scheduling.usage import weighted_share
+from jobs.scheduling.usage import charged_milli, weighted_share
 from tests.scheduling.builders import cluster, job, node, running, tenant
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -116,8 +116,14 @@ class World:
         self.held = defaultdict(int)
         self.guaranteed_held = defaultdict(int)
         occupied = set()
+        requested = defaultdict(int)  # per GPU, what its residents ask
         for r in snapshot.running:
-            self.held[r.tenant] += r.quota_milli
+            for gpu_id in r.gpu_ids:
+                requested[gpu_id] += r.gpu_milli
+        for r in snapshot.running:
+            # (a borrower on an over-committed GPU counts its share: ``usage.charged_milli``)
+            self.held[r.tenant] += charged_milli(r.gpu_milli, [requested[g] for g in r.gpu_ids],
+                                                 r.job_class is JobClass.OPPORTUNISTIC)
             if r.job_class is JobClass.GUARANTEED:
                 self.guaranteed_held[r.tenant] += r.quota_milli
             occupied.update(r.gpu_ids)

@@ -70,7 +70,7 @@ from jobs.scheduling.snapshot import (
     RunningJob,
     TenantQuota,
 )
-from jobs.scheduling.usage import decay_usage
+from jobs.scheduling.usage import charged_milli, decay_usage
 
 INF = math.inf
 DEFAULT_INTERFERENCE = 0.35
@@ -299,16 +299,22 @@ class Replay:
             r.memory_mib_s += self.memory_used * dt
             r.physical_gpu_s += self.physical / WHOLE_GPU_MILLI * dt
             half_life = self.config.usage_half_life_s
-            for tenant in set(self.usage) | set(self.held):
-                self.usage[tenant] = decay_usage(self.usage[tenant], self.held[tenant] / WHOLE_GPU_MILLI, dt, half_life)
-                r.tenant_gpu_s[tenant] = r.tenant_gpu_s.get(tenant, 0.0) + self.held[tenant] / WHOLE_GPU_MILLI * dt
+            # Fair share decays what each tenant is charged (``usage.charged_milli``: a borrower on
+            # an over-committed GPU counts its share), as the core counts what tenants hold.
+            charged: dict[str, int] = defaultdict(int)
             for run in self.running.values():
                 record = self.records[run.job.id]
                 gpu_s = run.held_milli / WHOLE_GPU_MILLI * dt
                 if run.job_class is JobClass.GUARANTEED:
                     record.guaranteed_gpu_s += gpu_s
+                    charged[run.job.tenant] += run.held_milli
                 else:
                     record.opportunistic_gpu_s += gpu_s
+                    charged[run.job.tenant] += charged_milli(run.job.gpu_milli,
+                                                             [self.gpus[g].milli for g in run.gpu_ids], True)
+            for tenant in set(self.usage) | set(self.held):
+                self.usage[tenant] = decay_usage(self.usage[tenant], charged[tenant] / WHOLE_GPU_MILLI, dt, half_life)
+                r.tenant_gpu_s[tenant] = r.tenant_gpu_s.get(tenant, 0.0) + self.held[tenant] / WHOLE_GPU_MILLI * dt
         self.now = max(self.now, t)
 
     def _sample(self) -> None:
