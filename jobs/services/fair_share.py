@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 from django.db import connection
-from django.db.models import Sum
 from django.utils import timezone
 
-from jobs.models import Allocation, Tenant
+from jobs.choices import RunClass
+from jobs.models import Allocation, Job, Tenant
 from jobs.scheduling.usage import decay_usage
 
 
 def advance_usage(half_life_s: float) -> None:
     now = timezone.now()
-    held_milli = dict(Allocation.objects.filter(released_at__isnull=True).order_by().values("job__tenant_id")
-                      .annotate(milli=Sum("gpu_milli")).values_list("job__tenant_id", "milli"))
+    held_milli = _charged_milli_by_tenant()
     advanced = [
         (pk, decay_usage(usage, (held_milli.get(pk) or 0) / 1000,
                          (now - updated).total_seconds() if updated else 0.0, half_life_s))
@@ -33,3 +32,21 @@ def advance_usage(half_life_s: float) -> None:
     else:
         Tenant.objects.bulk_update([Tenant(pk=pk, decayed_usage=usage, usage_updated_at=now) for pk, usage in advanced],
                                    ["decayed_usage", "usage_updated_at"])
+
+
+def _charged_milli_by_tenant() -> dict[int, int]:
+    """What each tenant is charged for the GPUs it holds now, as the scheduler's core counts it
+    (``jobs.scheduling.usage.charged_milli``): a borrower on a GPU whose live allocations request
+    more than the whole GPU counts its share of it, everything else its request. One statement,
+    the GPU's total taken by a window function (PostgreSQL and SQLite alike)."""
+    allocations, jobs = Allocation._meta.db_table, Job._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tenant_id, SUM(CASE WHEN run_class = %s AND on_gpu > 1000 "
+            "THEN (gpu_milli * 1000) / on_gpu ELSE gpu_milli END) "
+            f"FROM (SELECT job.tenant_id, job.run_class, a.gpu_milli, "
+            f"SUM(a.gpu_milli) OVER (PARTITION BY a.gpu_id) AS on_gpu "
+            f"FROM {allocations} AS a JOIN {jobs} AS job ON job.id = a.job_id "
+            f"WHERE a.released_at IS NULL) AS live GROUP BY tenant_id",
+            [RunClass.OPPORTUNISTIC.value])
+        return {tenant_id: int(milli) for tenant_id, milli in cursor.fetchall()}

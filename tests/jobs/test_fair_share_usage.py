@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs.choices import JobState
+from jobs.choices import JobState, RunClass
 from jobs.models import Allocation, Tenant
 from jobs.scheduling.usage import decay_usage
 from jobs.services.fair_share import advance_usage
@@ -37,3 +37,28 @@ def test_usage_grows_with_what_a_tenant_holds_and_decays_without(db):
     assert after["new"].decayed_usage == 0.0  # never advanced before: nothing elapsed
     assert len({t.usage_updated_at for t in after.values()}) == 1
     assert after["new"].usage_updated_at > an_hour_ago
+
+
+def test_a_borrower_on_an_over_committed_gpu_is_charged_its_share_as_the_scheduler_counts_it(db):
+    """Two borrowers asking 800 milli each share one GPU: each tenant is charged 500 milli of it
+    (``charged_milli``), while a guaranteed job and a borrower alone on its GPU count their request."""
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    tenants = {slug: TenantFactory(slug=slug, decayed_usage=0.0) for slug in ("nlp", "cv", "owner")}
+    Tenant.objects.update(usage_updated_at=an_hour_ago)
+    node = NodeFactory(name="n1")
+    shared, alone = GpuFactory(node=node, index=0), GpuFactory(node=node, index=1)
+    for slug in ("nlp", "cv"):
+        job = JobFactory(tenant=tenants[slug], state=JobState.RUNNING, gpu_milli=800, run_class=RunClass.OPPORTUNISTIC)
+        Allocation.objects.create(job=job, gpu=shared, gpu_milli=800)
+    guaranteed = JobFactory(tenant=tenants["owner"], state=JobState.RUNNING, run_class=RunClass.GUARANTEED)
+    Allocation.objects.create(job=guaranteed, gpu=alone, gpu_milli=700)
+    lone_borrower = JobFactory(tenant=tenants["cv"], state=JobState.RUNNING, gpu_milli=300,
+                               run_class=RunClass.OPPORTUNISTIC)
+    Allocation.objects.create(job=lone_borrower, gpu=alone, gpu_milli=300)
+
+    advance_usage(HALF_LIFE_S)
+
+    usage = dict(Tenant.objects.values_list("slug", "decayed_usage"))
+    assert usage["nlp"] == pytest.approx(decay_usage(0.0, 0.5, 3600, HALF_LIFE_S), rel=1e-3)
+    assert usage["cv"] == pytest.approx(decay_usage(0.0, 0.8, 3600, HALF_LIFE_S), rel=1e-3)  # 500 + 300 alone
+    assert usage["owner"] == pytest.approx(decay_usage(0.0, 0.7, 3600, HALF_LIFE_S), rel=1e-3)
