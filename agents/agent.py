@@ -56,11 +56,13 @@ from agents.command_intake import COMMAND_MAX_AGE_S, COMMAND_MAX_SKEW_S, LAUNCH_
 from agents.host import HostOffer
 from agents.local_coordinator import LocalCoordinator
 from agents.local_duty import LocalDuty
+from agents.notebooks import notebook_launches
 from agents.oom import enforcing, observed_verdict
 from agents.output_shipping import OutputShipper
 from agents.recent_exits import RecentExits
 from agents.runner import FinishedJob, JobRunner
 from agents.sessions import SessionRelay, interactive_launches
+from agents.tunnel import TunnelRelay
 
 # COMMAND_MAX_AGE_S lives with the command checks; the command line takes its default from here.
 __all__ = ["Agent", "COMMAND_MAX_AGE_S", "CredentialsRefused"]
@@ -152,6 +154,8 @@ class Agent:
         self._output = OutputShipper(node, key)
         # Interactive sessions' keystrokes and output, on a thread of their own so they echo fast.
         self.sessions = SessionRelay(node, redis_url, key, runner.job_dir)
+        # Notebook jobs' servers, reached from the control plane's proxy through Redis.
+        self.tunnel = TunnelRelay(node, redis_url, key, runner.job_dir)
         self._next_output = 0.0
         # job id -> GPU index -> the most GPU memory a sample saw it hold (for memory-pressure exits).
         self._peak_mib: dict[int, dict[int, int]] = {}
@@ -213,6 +217,7 @@ class Agent:
             self._publish(self._exited(finished))
         self.commands.remember_launches(self.runner.last_launches())
         self.sessions.start()
+        self.tunnel.start()
         try:
             while not stop.is_set():
                 self.step()
@@ -225,6 +230,7 @@ class Agent:
             self._connect()
         self._report_exits()
         self.sessions.track(interactive_launches(self.runner))
+        self.tunnel.track(notebook_launches(self.runner))
         self._requeue_mps_faults()
         if time.monotonic() >= self._next_sample:
             self._take_sample()
@@ -260,6 +266,8 @@ class Agent:
             self._publish(self._exited(dataclasses.replace(finished, requeue=ended_by_stop)))
         self.sessions.track({})  # their last output goes out as the relay stops
         self.sessions.close()
+        self.tunnel.track({})
+        self.tunnel.close()
         self.runner.close()
         self.runner.isolation.close()  # the MPS daemons stop once no job of ours uses them
         if self._redis is None and self._outbox:

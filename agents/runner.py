@@ -71,7 +71,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from agents import code, containers, environments, sessions, supervise
+from agents import code, containers, environments, notebooks, sessions, supervise, tunnel_protocol
 from agents.accounts import DEFAULT_PASS_ENV, Account, NoAccount, RunAsPolicy
 from agents.backends.base import JobProcesses
 from agents.duty_cycler import DEFAULT_PERIOD, DutyCycler
@@ -298,6 +298,14 @@ class JobRunner:
             start_dir = work_dir
         env = job_env(cmd, account, start_dir, fence, pass_env=self.pass_env, job_path=self.job_path,
                       isolation=self.isolation, preempt_file=self.preempt_file(cmd.job_id))
+        notebook_idle_s = tunnel_protocol.notebook_idle_s(cmd.env)
+        if notebook_idle_s is not None:  # a notebook server on loopback, reached through agents.tunnel
+            try:
+                argv = notebooks.launch(self.job_dir(cmd.job_id), cmd.job_id, notebook_idle_s, list(cmd.argv),
+                                        cmd.image, env)
+            except ValueError as exc:
+                raise LaunchError(str(exc)) from None
+            return start_dir, argv, env, None
         idle_s = session_idle_s(cmd.env)
         if idle_s is not None:  # an interactive session: the argv runs on a terminal (agents.sessions)
             if cmd.image is not None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from agents import protocol
+from agents import protocol, tunnel_protocol
 
 KEY_BYTES = 32
 # Shorter server secrets are refused: every node key is only as strong as the secret.
@@ -137,12 +137,15 @@ def redis_acl_rules(node: str, password: str) -> list[str]:
         f"%W~{protocol.node_logs_stream(node)}",
         # Interactive sessions: what each of its jobs' terminals printed (one stream per job).
         f"%W~{protocol.session_output_stream(node, '*')}",
+        # Notebook tunnels: what its jobs' notebook servers answered (one stream per connection).
+        f"%W~{tunnel_protocol.tunnel_output_stream(node, '*')}",
         # Own command stream (consumer group read, ack, create), own heartbeat: each key only
         # the commands it needs, so a node cannot, say, turn its command stream into a string.
         f"(~{protocol.command_stream(node)} +xreadgroup +xack +xgroup|create)",
         f"(~{protocol.heartbeat_key(node)} +set)",
         # Keystrokes for its sessions, which the control plane writes: read only, no group.
         f"(%R~{protocol.session_input_stream(node)} +xread)",
+        f"(%R~{tunnel_protocol.tunnel_input_stream(node)} +xread)",
         # Code archives the control plane staged for this node's launches: read only.
         f"(%R~{protocol.code_key(node, '*')} +lrange +llen)",
     ]

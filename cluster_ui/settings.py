@@ -354,6 +354,12 @@ CELERY_BEAT_SCHEDULE.update({
     },
 })
 
+# ---------------------------------------------------------------- notebooks (jobs/services/notebooks.py)
+# Where browsers reach the notebook proxy (`manage.py notebook_proxy`), e.g. https://notebooks.example.org;
+# unset: the host the dashboard was reached at, on COLONY_NOTEBOOK_PORT (what `make run` serves).
+COLONY_NOTEBOOK_URL = env_str("COLONY_NOTEBOOK_URL", "").rstrip("/")
+COLONY_NOTEBOOK_PORT = env_int("COLONY_NOTEBOOK_PORT", 8001)
+
 # ---------------------------------------------------------------- notifications (jobs/services/notifications.py)
 # Links in messages point here: the address researchers open Colony at.
 COLONY_PUBLIC_URL = env_str("COLONY_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")

@@ -16,7 +16,7 @@ import time
 from datetime import datetime, timezone
 
 from agents import units
-from cluster_ui.cli import cancel, history, login, shell, submit
+from cluster_ui.cli import cancel, history, jupyter, login, shell, submit
 from cluster_ui.cli.client import ApiError, Client, ConfigError, Usage, resolve
 from cluster_ui.cli.submit import cmd_submit, default_name  # noqa: F401  (still importable from here)
 
@@ -328,6 +328,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "unless --code DIR is given.")
     shell.add_arguments(shell_parser)
     shell_parser.set_defaults(run=shell.cmd_shell)
+
+    jupyter_parser = commands.add_parser(
+        "jupyter", parents=[common], help="a notebook on a node (a Jupyter server in a job, opened in the browser)",
+        usage="colony jupyter [options] [-- COMMAND [ARG ...]]\n       colony jupyter --attach ID",
+        description="Start a notebook session: a job that runs COMMAND (default: jupyter lab), a Jupyter server "
+                    "from the job's own environment (install jupyterlab in the virtualenv or conda environment "
+                    "you pass with --venv or --conda), placed and accounted like any other job. Once it runs, "
+                    "open it from its job page (Open notebook): the browser reaches it through Colony with your "
+                    "sign-in. It ends after --idle without activity. Takes colony submit's options.")
+    jupyter.add_arguments(jupyter_parser)
+    jupyter_parser.set_defaults(run=jupyter.cmd_jupyter)
 
     history_parser = commands.add_parser("history", parents=[common],
                                          help="your finished jobs: state, runtime, GPU-hours, use")

@@ -395,6 +395,8 @@ def set_up_database(python: str, env: dict[str, str], password: str) -> tuple[li
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m cluster_ui.devstack", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8000, help="web server port (default 8000)")
+    parser.add_argument("--notebook-port", type=int, default=None,
+                        help="notebook proxy port (colony jupyter; default: the web port + 1, or any free one)")
     parser.add_argument("--node", action="append", dest="nodes", metavar="SPEC",
                         help="a simulated node's GPUs, e.g. 8xA100-80GB; repeat per node "
                              f"(default: {' '.join(DEFAULT_NODES)})")
@@ -462,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
                              write_secret(secret_dir / f"{node}.redis-url", agent_url))
     env = server_environment(base, files)
     env.update(devstack_settings(env, python, args.port))
+    notebook_port = free_port(args.notebook_port or args.port + 1)
+    env["COLONY_NOTEBOOK_PORT"] = str(notebook_port)  # where the job page sends browsers
     redis.start()
     version_text = ".".join(map(str, version))
     redis_line = (f"Redis {version_text}: password for the control plane, one ACL user per agent" if per_node_users
@@ -521,7 +525,8 @@ def main(argv: list[str] | None = None) -> int:
                              env=agent_env, private=False)
         supervisor.start("web", [python, "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload",
                                          "--insecure"])
-        _banner(args, redacted(redis.url), supervisor.log_dir, secret_dir)
+        supervisor.start("notebooks", [python, "manage.py", "notebook_proxy", "--port", str(notebook_port)])
+        _banner(args, redacted(redis.url), supervisor.log_dir, secret_dir, notebook_port)
         while not stopping:
             supervisor.poll()
             time.sleep(0.25)
@@ -554,7 +559,7 @@ def celery_commands(python: str) -> list[tuple[str, list[str]]]:
     ]
 
 
-def _banner(args: argparse.Namespace, redis_url: str, log_dir: Path, secret_dir: Path) -> None:
+def _banner(args: argparse.Namespace, redis_url: str, log_dir: Path, secret_dir: Path, notebook_port: int) -> None:
     url = f"http://127.0.0.1:{args.port}/"
     print(f"""
 Colony is up.
@@ -564,6 +569,8 @@ Colony is up.
            operator / {args.password}  (staff: admin panel)
   CLI:     export PATH={Path(sys.executable).parent}:$PATH COLONY_URL={url}
            colony login --username alice ; cd your-project ; colony submit --gpus 1 -- python train.py
+           colony shell --gpus 1 ; colony jupyter --gpus 1   (a terminal, a notebook on a GPU)
+  Notebooks: http://127.0.0.1:{notebook_port}/notebooks/<job>/   (opened from the job page: Open notebook)
   API:     curl -s -X POST {url}api/v1/auth/token/ -d username=alice -d password={args.password}
            curl -s -H "Authorization: Token <token>" -H "Content-Type: application/json" \\
                 -d '{{"command": ["python", "-c", "print(42)"], "gpus": 1}}' {url}api/v1/jobs/

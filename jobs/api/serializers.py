@@ -11,10 +11,11 @@ import re
 from datetime import datetime, timezone
 
 from django.conf import settings
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from agents import protocol
+from agents import protocol, tunnel_protocol
 from cluster_ui.api.shared_fields import CheckedOnSharedFields, RepresentedOnce
 from jobs.choices import TERMINAL_STATES, RunClass, JobEventKind, JobState
 from jobs.models import CodeArchive, Job
@@ -123,8 +124,9 @@ class JobSerializer(RepresentedOnce, serializers.ModelSerializer):
     preemptions = serializers.IntegerField(source="preempt_count", read_only=True)
     cpus = serializers.SerializerMethodField(help_text="CPU cores it asked for (whole job).")
     session = serializers.SerializerMethodField(
-        help_text='An interactive session: {"idle_timeout_s": N} (attach with colony shell --attach ID); null for a '
-                  "batch job.")
+        help_text='An interactive session: a terminal, {"idle_timeout_s": N} (attach with colony shell --attach ID), '
+                  'or a notebook, {"idle_timeout_s": N, "kind": "notebook", "open": path} (a browser opens it at '
+                  "path, on the dashboard); null for a batch job.")
     idle = serializers.SerializerMethodField(
         help_text="Running with all its GPUs idle under its tenant's idle policy: {since, minutes, done, next_step, "
                   "next_at, upcoming: [{step, minutes, at}]}; null otherwise.")
@@ -160,7 +162,11 @@ class JobSerializer(RepresentedOnce, serializers.ModelSerializer):
     @extend_schema_field({"type": "object", "nullable": True})
     def get_session(self, job) -> dict | None:
         idle = sessions.idle_timeout_s(job)
-        return None if idle is None else {"idle_timeout_s": idle}
+        if idle is not None:
+            return {"idle_timeout_s": idle}  # a terminal: as it was before notebooks came
+        idle = tunnel_protocol.notebook_idle_s(job.env or {})
+        return None if idle is None else {"idle_timeout_s": idle, "kind": "notebook",
+                                          "open": reverse("jobs:notebook", args=[job.pk])}
 
     def get_dependencies(self, job) -> list[dict]:
         return [{"job": d.on_id, "kind": d.kind} for d in job.dependencies.all()]
@@ -251,6 +257,10 @@ class JobSubmitSerializer(CheckedOnSharedFields, RejectUnknownFieldsMixin, seria
     idle_timeout_s = serializers.IntegerField(
         min_value=protocol.SESSION_IDLE_MIN_S, max_value=protocol.SESSION_IDLE_MAX_S, required=False, allow_null=True,
         help_text=f"An interactive session ends after this long without input (default {sessions.DEFAULT_IDLE_S}).")
+    notebook = serializers.BooleanField(
+        required=False, default=False,
+        help_text="A notebook session (colony jupyter): the command (e.g. jupyter lab, from the job's own environment) "
+                  "is a Jupyter server, opened from the job page through the control plane; idle_timeout_s applies.")
 
     def validate_command(self, command: list[str]) -> list[str]:
         if not command[0].strip():
@@ -521,6 +531,11 @@ class JobSubmitSerializer(CheckedOnSharedFields, RejectUnknownFieldsMixin, seria
     def _check_session(attrs) -> None:
         """An interactive session is one job on one node; its idle timeout travels in its launch env."""
         interactive, idle = attrs.pop("interactive", False), attrs.pop("idle_timeout_s", None)
+        notebook = attrs.pop("notebook", False)
+        if interactive and notebook:
+            raise serializers.ValidationError({"notebook": ["A session is a terminal (interactive) or a notebook, "
+                                                            "not both."]})
+        interactive = interactive or notebook
         if not interactive:
             if idle is not None:
                 raise serializers.ValidationError({"idle_timeout_s": ["Only for an interactive session."]})
@@ -532,7 +547,8 @@ class JobSubmitSerializer(CheckedOnSharedFields, RejectUnknownFieldsMixin, seria
         if attrs.get("max_nodes") not in (None, 1):
             raise serializers.ValidationError({"max_nodes": ["An interactive session runs on one node."]})
         attrs["max_nodes"] = 1
-        attrs["env"] = {**(attrs.get("env") or {}), protocol.SESSION_IDLE_ENV: str(idle or sessions.DEFAULT_IDLE_S)}
+        marker = tunnel_protocol.NOTEBOOK_IDLE_ENV if notebook else protocol.SESSION_IDLE_ENV
+        attrs["env"] = {**(attrs.get("env") or {}), marker: str(idle or sessions.DEFAULT_IDLE_S)}
 
     @staticmethod
     def _check_launch_size(command: list[str], env: dict[str, str]) -> None:

@@ -24,6 +24,7 @@ from django.conf import settings
 from agents import protocol, signing
 from jobs.choices import RunClass
 from jobs.services import code
+from jobs.services.notebook_tokens import launch_env as notebook_launch_env
 from jobs.services.scheduler_config import scheduler_config
 from monitoring.services.redis_client import get_redis
 
@@ -126,7 +127,8 @@ def launch_commands(node: str, job_id: int, argv: list[str], gpu_indices: tuple[
         spec["job_class"] = "guaranteed"
     commands = [protocol.LaunchJob(
         command_id=launch_id(job_id, attempt), attempt=attempt, job_id=job_id, argv=argv,
-        gpu_indices=list(gpu_indices), env=env or {}, gpu_memory_limit_mib=gpu_memory_limit_mib,
+        gpu_indices=list(gpu_indices), env=notebook_launch_env(env or {}, launch_id(job_id, attempt)),
+        gpu_memory_limit_mib=gpu_memory_limit_mib,
         duty_cycle=duty_cycle if duty_cycle > 0 else SUSPENDED_LAUNCH_DUTY_CYCLE, tenant=tenant,
         max_runtime_s=max_runtime_s, stop_grace_s=settings.COLONY_STOP_GRACE_SECONDS, **spec,
     )]
