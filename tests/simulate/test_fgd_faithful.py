@@ -121,6 +121,38 @@ def test_cpu_only_pods_are_placed_by_the_baseline_and_hold_cpu():
     assert outcomes == {(2, 0.0), (1, 0.5)}
 
 
+def test_colony_keeps_cpu_only_pods_off_the_node_only_a_big_gpu_pod_can_use():
+    # 8-GPU pods asking 120 CPUs fit the 128-CPU nodes only. Once one runs, a CPU-only pod that
+    # arrives before the next used to go where the most CPU was free and fail it; it now takes
+    # the node whose GPUs no such pod can use anyway.
+    nodes = (t4_nodes(1, gpus=8, cpu=96000, prefix="small") + t4_nodes(2, gpus=8, cpu=128000, prefix="big"))
+    pods = [pod(1, gpus=8, cpu=120000), pod(2, gpus=8, cpu=120000), pod(3, 0, gpus=0, cpu=16000),
+            pod(4, 0, gpus=0, cpu=16000)]
+    cut = 0.6  # the list ends at the second 8-GPU pod
+    between = [seed for seed in range(12)
+               if [p.gpus for p in fill.arrivals(pods, 24000, seed, cut)][:2] == [8, 0]]
+    assert between
+    for seed in between:
+        placed = {rule: fill.run(pods, nodes, POLICIES["fair_share"], seed=seed, until=cut, cpu_only=rule)[-1].physical
+                  for rule in fill.CPU_ONLY_RULES}
+        assert placed == {"least_stranding": pytest.approx(2 / 3), "most_free_cpu": pytest.approx(1 / 3)}, seed
+
+
+def test_colony_leaves_a_node_the_cpu_its_free_gpus_need():
+    # One-GPU pods asking 12 CPUs: the 24-CPU node feeds both its GPUs only if the CPU-only pod
+    # goes to the 64-CPU node, though the 24-CPU node is the tighter fit for it.
+    nodes = t4_nodes(1, cpu=24000, prefix="tight") + t4_nodes(1, cpu=64000, prefix="roomy")
+    pods = [pod(i, cpu=12000) for i in range(1, 5)] + [pod(5, 0, gpus=0, cpu=10000)]
+    checked = 0
+    for seed in range(12):
+        order = [p.gpus for p in fill.arrivals(pods, 4000, seed, 1.0)]
+        if 0 not in order or order[0] == 0:
+            continue  # it must arrive after a one-GPU pod: before any, no request says what to keep
+        checked += 1
+        assert fill.run(pods, nodes, POLICIES["fair_share"], seed=seed, until=1.0)[-1].physical == 1.0, seed
+    assert checked
+
+
 class Recorder:
     """A policy that places nothing and notes which pods each cycle was shown."""
 
