@@ -17,6 +17,10 @@ runs ``run_scheduling_cycle()``:
 - churn cycles: before each, ``--finish`` running jobs end, so a few placements, ETAs and
   reasons move (what a busy cluster sees every cycle).
 
+With ``--grow-to N`` the queue then grows to N pending jobs in the same process (same cluster,
+same machine, minutes apart) and, once the loop has settled, the steady cycle is measured again:
+its cost against the queue's length, as a ratio from one run.
+
 With ``--samples`` every node also publishes a live sample before each cycle, as its agent would:
 the snapshot then reads 1,024 samples, the core packs by live use (jobs use less than they
 asked, so more fit) and AIMD moves duty cycles every cycle. Cycles after the first run unmeasured
@@ -243,14 +247,26 @@ def populate(rng: random.Random, nodes: int, tenants: int, running: int, pending
         for i in range(min(running, total))
     ])
     Allocation.objects.bulk_create([Allocation(job=job, gpu=gpu) for job, gpu in zip(running_jobs, gpus)])
+    add_pending(rng, pending)
+
+
+def add_pending(rng: random.Random, count: int) -> None:
+    """``count`` more pending jobs of the tenants there are, submitted now."""
+    from django.contrib.auth import get_user_model
+
+    from jobs.models import Job, Tenant
+
+    tenant_rows, owner = list(Tenant.objects.order_by("id")), get_user_model().objects.get(username="bench")
+    first = Job.objects.count()
     shapes = [(1, 1000), (1, 500), (1, 250), (2, 1000), (4, 1000), (8, 1000)]
-    Job.objects.bulk_create([
-        Job(tenant=rng.choice(tenant_rows), owner=owner, name=f"p{i}", command=["true"],
-            gpus=(shape := rng.choice(shapes))[0], gpu_milli=shape[1],
-            gpu_memory_mib=rng.choice([8000, 16000, 30000]), priority=rng.randint(-2, 2),
-            max_runtime_s=rng.choice([None, 3600, 7200]))
-        for i in range(pending)
-    ], batch_size=2000)
+    for start in range(0, count, 10_000):  # (a batch at a time: 200,000 Job objects at once are gigabytes)
+        Job.objects.bulk_create([
+            Job(tenant=rng.choice(tenant_rows), owner=owner, name=f"p{first + i}", command=["true"],
+                gpus=(shape := rng.choice(shapes))[0], gpu_milli=shape[1],
+                gpu_memory_mib=rng.choice([8000, 16000, 30000]), priority=rng.randint(-2, 2),
+                max_runtime_s=rng.choice([None, 3600, 7200]))
+            for i in range(start, min(count, start + 10_000))
+        ], batch_size=2000)
 
 
 def node_samples(rng: random.Random, nodes: int, seq: int) -> list:
@@ -339,6 +355,10 @@ def main() -> None:
     parser.add_argument("--settle", type=int, default=20,
                         help="with --samples: unmeasured cycles after the first, until one places nothing and "
                              "throttles at most 1%% of --running")
+    parser.add_argument("--grow-to", type=int, default=0, metavar="PENDING",
+                        help="after the measurements, submit jobs until this many are pending, let the loop "
+                             "settle and measure steady cycles again, in the same process: the steady cycle's "
+                             "cost against the queue's length, on one machine in one run")
     parser.add_argument("--profile", action="store_true",
                         help="after the measurements, profile one steady and one churn cycle (cProfile, top functions)")
     args = parser.parse_args()
@@ -451,6 +471,43 @@ def main() -> None:
         decide_afresh("churn")
         agents_start_placed()
 
+    grown_pending = None
+    if args.grow_to > args.pending:
+        # The same cluster with a longer queue: submitted, then cycles until one places nothing
+        # and nothing changed since (the reasons of 150,000 new jobs written first), then steady.
+        meter._last = "growing"
+        if phases:
+            phases.current = "growing"
+        add_pending(rng, args.grow_to - args.pending - sum(r.placed for r in churn))
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("ANALYZE")
+        previous, changed = None, 1
+        for _ in range(8):
+            if steady_next(previous, changed):
+                break
+            heartbeats()
+            previous = run_scheduling_cycle()
+            changed = agents_start_placed()
+        for _ in range(args.repeat):
+            heartbeats()
+            if not steady_next(previous, changed):
+                break
+            previous = meter.measure("steady grown", run_scheduling_cycle)
+            grown_pending = previous.pending
+            changed = agents_start_placed()
+        if args.profile and steady_next(previous, changed):
+            import cProfile
+            import pstats
+
+            heartbeats()
+            profiler = cProfile.Profile()
+            profiler.runcall(run_scheduling_cycle)
+            print(f"--- profile of one steady cycle at {args.grow_to:,} pending (own time)")
+            stats = pstats.Stats(profiler)
+            stats.sort_stats(os.environ.get("PROFILE_SORT", "tottime"))
+            stats.print_stats(int(os.environ.get("PROFILE_LINES", "25")))
+
     meter._last = "after"  # (what the report and the extras below allocate is not a cycle's)
     print(f"scheduling loop bench: {args.nodes} nodes x {GPUS_PER_NODE} GPUs, {args.tenants} tenants, "
           f"{args.running} running, {args.pending} pending, {db_label} + Redis; medians of {args.repeat} "
@@ -480,6 +537,14 @@ def main() -> None:
     print(row(f"churn cycle ({args.finish} ended)", meter.median("churn"), ("churn", baselines["churn"]),
               f"; placed {statistics.median(r.placed for r in churn):.0f}, "
               f"throttled {statistics.median(r.throttled for r in churn):.0f}"))
+    if args.grow_to > args.pending:
+        if "steady grown" in meter.samples:
+            grown = meter.median("steady grown")
+            ratio = f"; x{grown.cpu / meter.median('steady').cpu:.2f} the steady cycle above" if steady else ""
+            print(row(f"steady at {grown_pending:,} pending", grown, None,
+                      f"; {len(meter.samples['steady grown'])} cycle(s){ratio}"))
+        else:
+            print(f"  steady at {args.grow_to:,} pending: none; the loop did not settle")
     print("  garbage collector (this process, wherever it ran, charged to the cycle before it): " + ", ".join(
         f"{name} {meter.collector_per_run(name) * 1000:.0f} ms" for name in ("first", "steady", "churn")) + " a cycle")
     if phases:

@@ -431,6 +431,22 @@ class Carry:
         # Shape -> the same request without CPU or host memory (``WaitExplainer._host_shortage``),
         # interned as the shapes are: the placer's caches key on identity.
         self.plain_shapes: dict[Shape, Shape] = {}
+        # The last snapshot's pending jobs (the very tuple) and those jobs by tenant, in its order:
+        # a snapshot loader hands back the same tuple while no pending job changed.
+        self.by_tenant: tuple[tuple[JobRequest, ...] | None, dict[str, list[JobRequest]]] = (None, {})
+
+    def tenants_of(self, pending: tuple[JobRequest, ...]) -> dict[str, list[JobRequest]]:
+        """``pending`` by tenant, in its order (read-only: kept for the next cycle while it is the
+        same tuple; a list may change in place)."""
+        if self.by_tenant[0] is not pending or type(pending) is not tuple:
+            by_tenant: dict[str, list[JobRequest]] = {}
+            for job in pending:
+                jobs = by_tenant.get(job.tenant)
+                if jobs is None:
+                    jobs = by_tenant[job.tenant] = []
+                jobs.append(job)
+            self.by_tenant = (pending, by_tenant)
+        return self.by_tenant[1]
 
     def begin(self, config: SchedulerConfig, capacity: Capacity,
               inventory_reason: Callable[[Shape], PendingReason | None]) -> None:

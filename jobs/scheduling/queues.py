@@ -10,7 +10,6 @@ last cycle, not sorted and sized again.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from functools import partial
 from operator import attrgetter
 
@@ -54,9 +53,7 @@ class TenantQueues:
 
     def build(self) -> dict[str, list[Entry]]:
         """Each tenant's entries, tenants by name; the jobs told at once are in ``state.pending``."""
-        by_tenant: dict[str, list[JobRequest]] = defaultdict(list)
-        for job in self.inputs.snapshot.pending:
-            by_tenant[job.tenant].append(job)
+        by_tenant = self.carry.tenants_of(self.inputs.snapshot.pending)
         queues: dict[str, list[Entry]] = {}
         kept, carried = self.carry.queues, {}
         for tenant in sorted(by_tenant):
@@ -66,7 +63,7 @@ class TenantQueues:
             found = kept.get(tenant)
             if found is None or found.ceiling_milli != ceiling:
                 found = self._tenant_queue(tenant, jobs, ceiling)
-            elif found.jobs != jobs:
+            elif found.jobs is not jobs and found.jobs != jobs:
                 found = (found.updated(jobs, partial(self.entries, tenant, ceiling))
                          or self._tenant_queue(tenant, jobs, ceiling))
             carried[tenant] = found

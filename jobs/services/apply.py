@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import eq, is_, itemgetter, not_
@@ -27,7 +28,7 @@ from jobs.scheduling.decisions import Throttle
 from jobs.services import lifecycle
 from jobs.services.commands import duty_cycle_commands, publish_many, send_stop
 from jobs.services.launches import LAUNCH_RELATED, send_attempt
-from jobs.services.row_versions import RowVersions, listing
+from jobs.services.row_versions import LISTED, RowVersions, listing, steady_scan_order
 
 
 @dataclass(frozen=True)
@@ -111,10 +112,15 @@ def _store_duty_cycles(final: dict[int, float]) -> None:
                                   job__state__in=lifecycle.LIVE).exclude(duty_cycle=duty).update(duty_cycle=duty)
 
 
-def _store_reservations(decisions: Decisions, reserved: set[int]) -> None:
+def _store_reservations(decisions: Decisions, reserved: AbstractSet[int]) -> None:
     """``reserved``: the pending jobs whose ``reserved_since`` is set now."""
+    global _queue_listed
     held = {r.job_id: r.since for r in decisions.reservations}
     released = reserved - held.keys()
+    if released or not held.keys() <= reserved:
+        # Pending rows written again by the transaction that listed them keep their version: the
+        # listing would not tell the next cycle that they changed.
+        _queue_listed = (None, frozenset(), frozenset())
     if released:
         Job.objects.filter(pk__in=released, state=JobState.PENDING).update(reserved_since=None)
     by_since: dict[float, list[int]] = defaultdict(list)
@@ -172,6 +178,12 @@ def _canonical(reason: dict) -> str:
     return json.dumps(json.loads(json.dumps({k: v for k, v in reason.items() if k != "eta_at"})), sort_keys=True)
 
 
+# PostgreSQL: the pending jobs' listing by row version as ``_queue`` last read it, and the
+# pending and reserved jobs read with it. (The apply's transaction writes no pending row before
+# it reads them, and forgets them when it writes one after: see ``_store_reservations``.)
+_queue_listed: tuple[str | None, frozenset[int], frozenset[int]] = (None, frozenset(), frozenset())
+
+
 # PostgreSQL: the stored verdicts as last read, by row version: only rows written since (by this
 # loop or anyone else) are read again; reading 50,000 reasons as text every cycle was a quarter of a
 # steady cycle's database time.
@@ -184,8 +196,8 @@ class Queue:
     verdicts by job (reason as text, decoded once per distinct text by the caller, and ETA; it may
     hold jobs that are not pending, such as those being preempted)."""
 
-    pending: set[int]
-    reserved: set[int]
+    pending: AbstractSet[int]
+    reserved: AbstractSet[int]
     verdicts: dict[int, tuple[str, int | None]]
 
 
@@ -200,13 +212,22 @@ def _queue() -> Queue:
         return Queue(pending, reserved, {
             job_id: (json.dumps(reason), eta_at) for job_id, reason, eta_at in
             JobWait.objects.filter(job__state=JobState.PENDING).values_list("job_id", "reason", "eta_at")})
+    global _queue_listed
     jobs, waits = (connection.ops.quote_name(model._meta.db_table) for model in (Job, JobWait))
+    # The pending rows by version, with their ids: the same listing as last cycle's means the
+    # same pending and reserved jobs, and no 50,000 ids are turned into a set again.
     with connection.cursor() as cursor:
-        # (two texts of ids, not a row per pending job: see row_versions.listing)
-        cursor.execute(f"SELECT string_agg(id::text, ','), string_agg(id::text, ',') FILTER "
-                       f"(WHERE reserved_since IS NOT NULL) FROM {jobs} WHERE state = %s", [JobState.PENDING.value])
-        pending, reserved = (set(map(int, ids.split(","))) if ids else set() for ids in cursor.fetchone())
-    versions = listing(waits, "job_id")
+        steady_scan_order(cursor)
+        # (texts of ids, not a row per pending job: see row_versions.listing)
+        cursor.execute(f"SELECT {LISTED.format(id_column='id')}, string_agg(id::text, ','), string_agg(id::text, ',') "
+                       f"FILTER (WHERE reserved_since IS NOT NULL) FROM {jobs} WHERE state = %s",
+                       [JobState.PENDING.value])
+        listed, *ids = cursor.fetchone()
+    if listed != _queue_listed[0] or listed is None:
+        pending, reserved = (frozenset(map(int, text.split(","))) if text else frozenset() for text in ids)
+        _queue_listed = (listed, pending, reserved)
+    _, pending, reserved = _queue_listed
+    versions = listing(waits, "job_id", steady=True)
 
     def fetch(ids: list[str]):
         with connection.cursor() as cursor:
@@ -226,6 +247,7 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
     and the jobs whose verdict is the stored one to the letter (most, most cycles) are found by
     C-level maps over the whole queue; only the others are looked at one by one.
     """
+    global _settled
     if not decisions.pending:
         return
     ids, objects, etas_s = zip(*decisions.pending)
@@ -235,29 +257,68 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
         encoded[key] = (reason, _canonical_cached(repr(reason), reason))
     # (most of a queue shares a few release times: each distinct ETA is worked out once)
     eta_at = {eta_s: None if eta_s is None else _eta_at(eta_s, now) for eta_s in set(etas_s)}
-    new = list(map(encoded.__getitem__, map(id, objects)))
     new_etas = list(map(eta_at.__getitem__, etas_s))
-    olds = list(map(queue.verdicts.get, ids, repeat(_NO_VERDICT)))
-    stored = {text: _canonical_cached(text) for text in set(map(_first, olds)) if text is not None}
-    stored[None] = None  # (no verdict stored: never the same)
-    old_etas = list(map(_second, olds))
-    same = map(all, zip(map(eq, map(stored.__getitem__, map(_first, olds)), map(_second, new)),
-                        map(eq, old_etas, new_etas), map(is_, map(type, old_etas), map(type, new_etas))))
-    changed: list[tuple[int, dict, int | None]] = []  # (job, reason, eta_at)
-    pending = queue.pending
-    for index in compress(range(len(ids)), map(not_, same)):
-        job_id = ids[index]
-        if job_id not in pending:
-            continue  # no longer pending (placed, cancelled) since the snapshot
-        old_eta, eta = old_etas[index], new_etas[index]
-        if (olds[index] is not _NO_VERDICT and stored[olds[index][0]] == new[index][1]
-                and _eta_holds(old_eta, eta, now)):
-            continue
-        changed.append((job_id, new[index][0], eta))
+    canonical = {key: text for key, (_, text) in encoded.items()}
+    new_canonical = list(map(canonical.__getitem__, map(id, objects)))
+    verdicts, pending = queue.verdicts, queue.pending
+    settled = _settled
+    if (settled is not None and settled.verdicts is verdicts and settled.generation == _verdict_versions.generation
+            and settled.pending is pending and settled.ids == ids and settled.etas == new_etas
+            and settled.canonical == new_canonical):
+        # The stored verdicts, the queue and every new verdict are those of the last cycle, which
+        # found nothing to write: the same jobs match to the letter, and of the others only the
+        # ETA tolerance can have moved (it narrows as the ETA comes nearer).
+        changed = [(ids[index], encoded[id(objects[index])][0], new_etas[index]) for index in settled.tolerated
+                   if not _eta_holds(verdicts[ids[index]][1], new_etas[index], now)]
+    else:
+        settled = None
+        olds = list(map(verdicts.get, ids, repeat(_NO_VERDICT)))
+        stored = {text: _canonical_cached(text) for text in set(map(_first, olds)) if text is not None}
+        stored[None] = None  # (no verdict stored: never the same)
+        old_etas = list(map(_second, olds))
+        same = map(all, zip(map(eq, map(stored.__getitem__, map(_first, olds)), new_canonical),
+                            map(eq, old_etas, new_etas), map(is_, map(type, old_etas), map(type, new_etas))))
+        changed: list[tuple[int, dict, int | None]] = []  # (job, reason, eta_at)
+        tolerated: list[int] = []
+        for index in compress(range(len(ids)), map(not_, same)):
+            job_id = ids[index]
+            if job_id not in pending:
+                continue  # no longer pending (placed, cancelled) since the snapshot
+            old_eta, eta = old_etas[index], new_etas[index]
+            if olds[index] is not _NO_VERDICT and stored[olds[index][0]] == new_canonical[index]:
+                if _eta_holds(old_eta, eta, now):
+                    tolerated.append(index)
+                    continue
+            changed.append((job_id, encoded[id(objects[index])][0], eta))
+        if connection.vendor == "postgresql" and not changed:
+            settled = _Settled(verdicts, _verdict_versions.generation, pending, ids, new_etas, new_canonical,
+                               tolerated)
+    _settled = settled if not changed else None
     if connection.vendor == "postgresql":
-        _write_reasons_postgresql(changed, queue.verdicts)
+        _write_reasons_postgresql(changed, verdicts)
     else:
         _write_reasons(changed)
+
+
+@dataclass(frozen=True)
+class _Settled:
+    """A cycle's verdicts that found nothing to write, and what they were compared with: the
+    stored verdicts (the very dict ``_verdict_versions`` read, at its generation then), the pending
+    jobs, and per waiting job (in the decisions' order) its id, new ETA and canonical reason;
+    ``tolerated``: the positions of the jobs whose stored ETA differs but was within tolerance."""
+
+    verdicts: dict
+    generation: int
+    pending: AbstractSet[int]
+    ids: tuple[int, ...]
+    etas: list[int | None]
+    canonical: list[str]
+    tolerated: list[int]
+
+
+# The last cycle's verdicts if it wrote none (``_Settled``): a cycle whose verdicts and store are
+# the same is then settled without a look at each of 50,000 jobs.
+_settled: _Settled | None = None
 
 
 _NO_VERDICT = (None, None)

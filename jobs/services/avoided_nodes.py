@@ -86,7 +86,7 @@ def decide_avoiding(snapshot: ClusterSnapshot, now: float, config, carry, client
     except redis.RedisError as exc:
         log.warning("avoided nodes not read this cycle (%s)", exc)
         marks = {}
-    held = [request for request in snapshot.pending if request.id in marks]
+    held = [request for request in snapshot.pending if request.id in marks] if marks else []
     if not held:
         return decide(snapshot, now=now, config=config, carry=carry)  # (nearly every cycle)
     ids = {request.id for request in held}

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 _generations = itertools.count()
 _first = itemgetter(0)
@@ -23,15 +23,35 @@ def own_xid() -> str | None:
     return None if own is None else str(own)
 
 
-def listing(table: str, id_column: str, where: str = "", params: Sequence = ()) -> str:
+def listing(table: str, id_column: str, where: str = "", params: Sequence = (), steady: bool = False) -> str:
     """``id:xmin`` of every row of ``table`` (quoted) matching ``where``, comma-separated, in one
-    value, in whatever order the scan found them: PostgreSQL joins them, and this process receives
-    one string instead of building a row, an int and a string per row (most of a read's CPU at
-    50,000 rows, and the next garbage collection's work)."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT string_agg({id_column}::text || ':' || xmin::text, ',') FROM {table} "
+    value, in the order the scan found them (the same while the table does not change:
+    :func:`steady_scan_order`; ``steady``: the caller saw to that in its transaction already):
+    PostgreSQL joins them, and this process receives one string instead of building a row, an
+    int and a string per row (most of a read's CPU at 50,000 rows, and the next garbage
+    collection's work)."""
+    # (in a transaction of its own where none is open: the setting lasts as long as it)
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        if not steady:  # (else the caller has just seen to it: :func:`steady_scan_order`)
+            steady_scan_order(cursor)
+        cursor.execute(f"SELECT {LISTED.format(id_column=id_column)} FROM {table} "
                        f"{'WHERE ' + where if where else ''}", params)
         return cursor.fetchone()[0] or ""
+
+
+# What :func:`listing` selects, for a caller that reads it beside other aggregates of one scan.
+LISTED = "string_agg({id_column}::text || ':' || xmin::text, ',')"
+
+
+def steady_scan_order(cursor) -> None:
+    """Have the scans of the next statements of the transaction under way on ``cursor`` list an
+    unchanged table in the same order every time. A sequential scan of a table past a quarter of
+    shared_buffers starts where another scan of it has got to (``synchronize_seqscans``: one
+    running beside it, or one a LIMIT cut short): the same rows then come rotated, which
+    ``RowVersions.read`` takes for a change and answers by looking at every row. Set for the
+    transaction only: no session state, which a transaction-pooling PgBouncer would hand to
+    other clients."""
+    cursor.execute("SELECT set_config('synchronize_seqscans', 'off', true)")
 
 
 Fetch = Callable[[list[str]], Iterable[tuple[int, str, Any]]]

@@ -271,3 +271,31 @@ def test_verdicts_a_committed_cycle_wrote_are_not_read_back_but_anyone_elses_cha
         raise RuntimeError("the cycle's transaction fails after writing")
     run_scheduling_cycle()
     assert verdicts([j.pk for j in queued]) == written
+
+
+@POSTGRESQL
+def test_an_eta_kept_within_its_tolerance_is_rewritten_once_it_comes_near_though_nothing_else_changed(
+        transactional_db, monkeypatch):
+    # Cycles whose verdicts and store are those of a cycle that wrote nothing are settled from
+    # what that cycle found: the one ETA it kept within tolerance is still looked at each time.
+    from datetime import datetime, timezone as dt_timezone
+
+    from django.utils import timezone
+
+    job, start = JobFactory(), 30 * 60_000_000.0
+    clock = [start]
+    monkeypatch.setattr(timezone, "now", lambda: datetime.fromtimestamp(clock[0], tz=dt_timezone.utc))
+
+    def cycle_at(moment: float, eta_at: float) -> int | None:
+        clock[0] = moment
+        apply_decisions(Decisions(pending=(Pending(job.pk, waiting(gpus=1), eta_at - moment),)))
+        return JobWait.objects.get(job=job).eta_at
+
+    promised = cycle_at(start, start + 3000)
+    assert promised == start + 3000
+    # 90 s later than promised, 3,000 s ahead: within 10% of the wait, kept (twice: the second
+    # time from what the first found)
+    assert cycle_at(start + 10, start + 3090) == promised
+    assert cycle_at(start + 20, start + 3090) == promised
+    # The same estimate 590 s ahead: 90 s is past 10% of the wait now
+    assert cycle_at(start + 2500, start + 3090) == start + 3090

@@ -106,3 +106,34 @@ def test_among_200_nodes_the_stray_and_the_vanished_job_are_settled_on_their_own
     assert vanished.pending_reason["code"] == "vanished_from_node"
     assert "node0123" in vanished.pending_reason["message"]
     assert Job.objects.filter(state=JobState.RUNNING).count() == 199
+
+
+def test_among_quiet_nodes_an_earlier_attempt_and_a_lost_start_are_still_found_on_their_own_nodes(
+        cluster, redis_client, django_capture_on_commit_callbacks):
+    # Most nodes run exactly their jobs' current attempts (their launches are neither parsed nor
+    # their attempts read); one also runs an earlier attempt of its job, one runs a job whose
+    # start report was lost (still PLACED here).
+    jobs_by_node = cluster(60)
+    earlier = jobs_by_node["node0007"]
+    Job.objects.filter(pk=earlier.pk).update(attempt=2)
+    earlier.refresh_from_db()
+    placed = jobs_by_node["node0042"]
+    Job.objects.filter(pk=placed.pk).update(state=JobState.PLACED)
+    samples = []
+    for name, job in jobs_by_node.items():
+        launches = [launch_id(job.pk, job.attempt)] + ([launch_id(job.pk, 1)] if name == "node0007" else [])
+        samples.append(protocol.NodeSample(node=name, ts=time.time(), seq=1, gpus=[], running_jobs=[job.pk],
+                                           running_launches=launches, duty_cycles=[1.0]))
+    live.store_latest(redis_client, samples)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        outcome = check_node_health()
+
+    assert outcome["strays_stopped"] == 1 and outcome["vanished"] == 0
+    commands = {name: [protocol.decode_command(fields) for _, fields in redis_client.xrange(
+        protocol.command_stream(name))] for name in jobs_by_node}
+    assert {name for name, sent in commands.items() if sent} == {"node0007"}
+    assert [(type(c), c.job_id, c.launch_id) for c in commands["node0007"]] == [
+        (protocol.StopJob, earlier.pk, launch_id(earlier.pk, 1))]
+    placed.refresh_from_db()
+    assert placed.state == JobState.RUNNING  # its node runs it: the lost start is taken as said
