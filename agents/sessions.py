@@ -64,6 +64,9 @@ PENDING_MAX = 64 * 1024
 POLL_S = 0.05
 INPUT_LOOKBACK_MS = 10_000
 SESSION_STREAM_MAXLEN = 1000  # output entries kept per session (about 16 MiB at most)
+# A session's output stream outlives its last write (and the control plane's last read) by a day:
+# set on every write, so one nobody ever attached to goes too.
+OUTPUT_KEPT_S = 86400
 OUTPUT_LAG_BYTES = 256 * 1024  # further behind than this, a session's output skips to its newest
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 HANGUP_GRACE_S = 5.0  # after SIGHUP, how long the shell has before SIGKILL
@@ -487,9 +490,17 @@ class SessionRelay:
             return
         pipe = client.pipeline(transaction=False)
         for job_id, _session, _chunk, fields in entries:
-            pipe.xadd(protocol.session_output_stream(self.node, job_id), fields, maxlen=SESSION_STREAM_MAXLEN,
-                      approximate=True)
-        pipe.execute()
+            stream = protocol.session_output_stream(self.node, job_id)
+            pipe.xadd(stream, fields, maxlen=SESSION_STREAM_MAXLEN, approximate=True)
+            pipe.expire(stream, OUTPUT_KEPT_S)
+        results = pipe.execute(raise_on_error=False)
+        failed = [r for r in results[0::2] if isinstance(r, Exception)]
+        if failed:
+            raise failed[0]
+        if any(isinstance(r, Exception) for r in results[1::2]):
+            # A node ACL user made before nodes could EXPIRE: output still flows; say how to fix it.
+            self._warn_once("expire", "session output streams get no TTL here (EXPIRE refused): "
+                            "re-apply this node's Redis ACL line (manage.py agent_acl)")
         for job_id, session, chunk, _fields in entries:  # advanced once Redis has the chunk
             if chunk is not None and chunk.data:
                 session.offset, session.anchor = chunk.offset + len(chunk.data), chunk.anchor

@@ -148,6 +148,10 @@ def redis_acl_rules(node: str, password: str) -> list[str]:
         f"(%R~{tunnel_protocol.tunnel_input_stream(node)} +xread)",
         # Code archives the control plane staged for this node's launches: read only.
         f"(%R~{protocol.code_key(node, '*')} +lrange +llen)",
+        # Its own output streams expire a while after its last write, read or not (EXPIRE's key
+        # is read-write: ~, on these keys and for this command only).
+        f"(~{protocol.session_output_stream(node, '*')} +expire)",
+        f"(~{tunnel_protocol.tunnel_output_stream(node, '*')} +expire)",
     ]
 
 

@@ -40,6 +40,9 @@ CONNS_PER_NODE = 512
 CONN_IDLE_S = 3600.0
 READS_PER_ROUND = 8  # chunks read from one connection before the others get their turn
 OUTPUT_STREAM_MAXLEN = 4096
+# A connection's output stream outlives its last write by an hour (set on every write): one whose
+# proxy died before reading it goes too.
+OUTPUT_KEPT_S = 3600
 INPUT_LOOKBACK_MS = 5_000
 CONNECT_TIMEOUT_S = 2.0
 # After its last notebook ended the relay goes on reading, slowly, this long: a browser still open on
@@ -292,8 +295,19 @@ class TunnelRelay:
         pipe = client.pipeline(transaction=False)
         for stream, fields in self._out:
             pipe.xadd(stream, fields, maxlen=OUTPUT_STREAM_MAXLEN, approximate=True)
+        streams = {stream for stream, _fields in self._out}
+        for stream in streams:
+            pipe.expire(stream, OUTPUT_KEPT_S)
+        appended = len(self._out)
         self._out = []
-        pipe.execute()
+        results = pipe.execute(raise_on_error=False)
+        failed = [r for r in results[:appended] if isinstance(r, Exception)]
+        if failed:
+            raise failed[0]
+        if any(isinstance(r, Exception) for r in results[appended:]):
+            # A node ACL user made before nodes could EXPIRE: answers still flow; say how to fix it.
+            self._warn_once("expire", "tunnel output streams get no TTL here (EXPIRE refused): "
+                            "re-apply this node's Redis ACL line (manage.py agent_acl)")
 
     def _refuse(self, why: str) -> None:
         self.refused += 1

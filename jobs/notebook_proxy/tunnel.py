@@ -13,12 +13,12 @@ import time
 
 import redis
 
-from agents import protocol, signing, tunnel_protocol
+from agents import protocol, signing, tunnel, tunnel_protocol
 
 log = logging.getLogger(__name__)
 
 INPUT_STREAM_MAXLEN = 20_000
-OUTPUT_KEPT_S = 3600  # an output stream the proxy lost track of (it crashed) goes after an hour
+OUTPUT_KEPT_S = tunnel.OUTPUT_KEPT_S  # the node sets it as it writes; each read here renews it
 CLOSED_KEPT_S = 30
 BLOCK_MS = 5000
 
@@ -105,7 +105,8 @@ class Tunnel:
 
     async def close(self) -> None:
         """Tell the node the proxy's side is gone (unless the node ended it); the output stream
-        expires shortly (not deleted: an answer already on its way would make it anew, for ever)."""
+        expires shortly (not deleted: an answer already on its way would make it anew; the node's own
+        TTL then bounds it)."""
         try:
             if not self.eof:
                 await self._put("close")

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 INPUT_STREAM_MAXLEN = 1000
 OUTPUT_WAIT_MAX_S = 20.0
 OUTPUT_ENTRIES = 64  # per answer: about 1 MiB of terminal output at most
-OUTPUT_KEPT_S = 86400  # a session's output stream outlives its last read by a day
+OUTPUT_KEPT_S = sessions.OUTPUT_KEPT_S  # the node sets it as it writes; each read here renews it
 ENTRY_ID_RE = r"^[0-9]{1,20}-[0-9]{1,20}$"
 DEFAULT_IDLE_S = 1800
 

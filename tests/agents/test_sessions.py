@@ -55,6 +55,8 @@ def test_a_session_echoes_what_is_typed_and_ends_with_the_shells_exit(redis_url,
 
     text, chunks = wait_for(ended, timeout=5)
     assert "exit 3" in text and chunks[-1].launch_id == "launch-701-0"
+    # Nobody attached through the control plane (which renews it on reads): it expires all the same.
+    assert 0 < redis_client.ttl(protocol.session_output_stream("n1", 701)) <= sessions.OUTPUT_KEPT_S
     assert "hello-42" in exited.output_tail  # kept like a batch job's output
 
 

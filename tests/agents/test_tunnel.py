@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from agents import notebooks, protocol, signing, tunnel_protocol
+from agents import notebooks, protocol, signing, tunnel, tunnel_protocol
 
 from .helpers import events, launch, send_signed, wait_for
 
@@ -96,6 +96,9 @@ def test_a_tunnel_reaches_the_notebook_server_with_its_token(redis_url, redis_cl
 
     reply = request(redis_client, "n1", 801, "/notebooks/801/lab")
     assert reply.startswith(b"HTTP/1.0 200") and reply.endswith(b"hello /notebooks/801/lab")
+    # No proxy read that answer (as when one dies mid-request): its stream expires all the same.
+    answers = redis_client.keys(tunnel_protocol.tunnel_output_stream("n1", "*"))
+    assert answers and all(0 < redis_client.ttl(key) <= tunnel.OUTPUT_KEPT_S for key in answers)
     # Straight to its port without the token (as another job on the node would): refused.
     try:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/notebooks/801/lab", timeout=5)
