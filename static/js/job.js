@@ -89,6 +89,17 @@
     renderTimeline(job);
     renderAllocations(job);
     finished = TERMINAL.indexOf(job.state) >= 0;
+    renderNotebook(job);
+  }
+
+  // A notebook opens only while its job runs (the page may have loaded before it started, and stay
+  // open after it ends); the link is there for its owner only, the "only they may" line for others.
+  function renderNotebook(job) {
+    if (!$("notebook-open")) { return; }
+    var running = job.state === "RUNNING", whose = $("notebook-link") || $("notebook-theirs");
+    whose.hidden = !running;
+    $("notebook-later").hidden = running || finished;
+    $("notebook-ended").hidden = !finished;
   }
 
   function renderChart(series) {
