@@ -19,6 +19,7 @@ import termios
 import threading
 import time
 import tty
+import urllib.parse
 
 from agents import units
 from cluster_ui.cli import submit
@@ -41,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_shell(client: Client, args) -> tuple[object, None]:
     if args.attach is not None:
         job_id = args.attach
+        session = client.get(f"api/v1/jobs/{job_id}/").get("session") or {}
+        if session.get("kind") == "notebook":  # colony jupyter's: a browser opens it, no terminal
+            raise Usage(_notebook_not_terminal(client, job_id, session))
     else:
         job_id = _submit(client, args)
     job = wait_until_running(client, job_id, cancel_on_interrupt=args.attach is None)
@@ -93,6 +97,12 @@ def wait_until_running(client: Client, job_id: int, *, cancel_on_interrupt: bool
         client.post(f"api/v1/jobs/{job_id}/cancel/")
         _say(f"Interrupted: session {job_id} cancelled.")
         return client.get(f"api/v1/jobs/{job_id}/")
+
+
+def _notebook_not_terminal(client: Client, job_id: int, session: dict) -> str:
+    where = urllib.parse.urljoin(client.settings.url, session.get("open") or f"/jobs/{job_id}/notebook/")
+    return (f"job {job_id} is a notebook session, not a terminal: open it in a browser at {where} "
+            f"(or from its job page; colony jupyter --attach {job_id} says so too)")
 
 
 def attach(client: Client, job_id: int) -> dict:

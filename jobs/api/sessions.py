@@ -17,12 +17,13 @@ import binascii
 import re
 
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
 
-from agents import protocol
+from agents import protocol, tunnel_protocol
 from cluster_ui.api import tenancy
 from cluster_ui.api.errors import Conflict, PayloadTooLarge
 from jobs.choices import TERMINAL_STATES
@@ -46,6 +47,9 @@ def _session_of(view, request, pk: int) -> Job:
     job = get_object_or_404(view.queryset, pk=pk)
     if not sessions.may_attach(request.user, job):
         raise PermissionDenied(f"Only {job.owner.username}, who started it, may type into session {job.pk}.")
+    if tunnel_protocol.notebook_idle_s(job.env or {}) is not None:
+        where = request.build_absolute_uri(reverse("jobs:notebook", args=[job.pk]))
+        raise NotFound(f"Job {job.pk} is a notebook session, not a terminal: open it in a browser at {where}.")
     if not sessions.is_interactive(job):
         raise NotFound(f"Job {job.pk} is a batch job, not an interactive session.")
     return job

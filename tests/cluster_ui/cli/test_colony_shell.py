@@ -48,6 +48,17 @@ class Terminal:
                     if self.process.poll() is not None and text not in self.screen:
                         raise AssertionError(f"{text!r} never seen; the terminal shows:\n{self.screen!r}") from None
 
+    def expect_prompt(self, timeout: float = 60.0) -> None:
+        """Until the remote shell prints its prompt (``# `` or ``$ ``) after attaching."""
+        deadline = time.monotonic() + timeout
+        while not any(p in self.screen.partition(b"Attached to session ")[2] for p in (b"# ", b"$ ")):
+            self.expect(b"Attached to session ", timeout=max(0.0, deadline - time.monotonic()))
+            ready, _, _ = select.select([self.master], [], [], 0.2)
+            if ready:
+                self.screen += os.read(self.master, 65536)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no prompt in {timeout}s; the terminal shows:\n{self.screen!r}")
+
     def type(self, keys: bytes) -> None:
         os.write(self.master, keys)
 
@@ -68,6 +79,8 @@ def test_colony_shell_runs_a_terminal_on_the_node_and_exits_with_the_shells_code
         terminal.expect(b"Attached to session ")
         job = Job.objects.get()
         assert job.owner == alice and job.command == ["bash", "-l"] and job.state == "RUNNING"
+        # Typed before the shell reads its terminal, a line may be lost (as on any slow login).
+        terminal.expect_prompt()
         terminal.type(b"echo hello-$((6*7)) $(stty size)\r")
         terminal.expect(b"hello-42 30 100", timeout=30)  # the job's terminal has this one's size
         terminal.type(b"exit 3\r")
