@@ -48,6 +48,7 @@ from typing import Callable
 import redis
 
 from agents import protocol, signing
+from agents.domain_mac import DomainMac
 from agents.job_output import read_output
 
 log = logging.getLogger(__name__)
@@ -79,25 +80,10 @@ _BOOT = (f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from agents.sessio
 # ---------------------------------------------------------------- the MAC of session input
 
 
-def _bytes(payload: bytes | str) -> bytes:
-    return payload.encode("utf-8") if isinstance(payload, str) else payload
-
-
-def sign_input(key: bytes, payload: bytes | str) -> str:
-    """Hex MAC of a session input's ``m`` by the node's key, in a domain of its own: neither a
-    command nor an agent's event can pass as keystrokes, nor keystrokes as either."""
-    return signing.sign(key, _SESSION_CONTEXT + _bytes(payload))
-
-
-def verify_input(key: bytes, payload: bytes | str, signature: bytes | str | None) -> bool:
-    return signing.verify(key, _SESSION_CONTEXT + _bytes(payload), signature)
-
-
-def signed_input(fields: dict[str, str], key: bytes | None) -> dict[str, str]:
-    """Session input stream fields from :func:`protocol.encode` plus their MAC (none without a key)."""
-    if key is None:
-        return fields
-    return {**fields, protocol.SIGNATURE_FIELD: sign_input(key, fields["m"])}
+# A session input's ``m``, MACed by the node's key in a domain of its own: neither a command nor
+# an agent's event can pass as keystrokes, nor keystrokes as either.
+_INPUT_MAC = DomainMac(_SESSION_CONTEXT)
+sign_input, verify_input, signed_input = _INPUT_MAC.sign, _INPUT_MAC.verify, _INPUT_MAC.signed
 
 
 # ---------------------------------------------------------------- frames on the FIFO

@@ -20,13 +20,12 @@ Like :mod:`agents.protocol`, this module must never import Django.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from typing import Literal
 
 from pydantic import Field, TypeAdapter
 
 from agents import protocol
+from agents.domain_mac import DomainMac
 
 TUNNEL_CHUNK_BYTES = 32 * 1024  # raw bytes in one entry, either direction
 _B64_MAX = (TUNNEL_CHUNK_BYTES + 2) // 3 * 4
@@ -105,27 +104,6 @@ def decode_output(fields: dict) -> TunnelOutput:
     return protocol._parse(_output_adapter, fields, protocol._AGENT_FIELDS)
 
 
-def _bytes(payload: bytes | str) -> bytes:
-    return payload.encode("utf-8") if isinstance(payload, str) else payload
-
-
-def sign_input(key: bytes, payload: bytes | str) -> str:
-    """Hex MAC of a tunnel input's ``m`` by the node's key, in the tunnel's own domain (what
-    :func:`agents.signing.sign` computes; not imported from there, which imports this module)."""
-    return hmac.new(key, _INPUT_CONTEXT + _bytes(payload), hashlib.sha256).hexdigest()
-
-
-def verify_input(key: bytes, payload: bytes | str, signature: bytes | str | None) -> bool:
-    """True when ``signature`` is :func:`sign_input` of ``payload`` by ``key`` (constant time)."""
-    if signature is None:
-        return False
-    if isinstance(signature, str):
-        signature = signature.encode("utf-8", "replace")
-    return hmac.compare_digest(sign_input(key, payload).encode("ascii"), signature)
-
-
-def signed_input(fields: dict[str, str], key: bytes | None) -> dict[str, str]:
-    """Tunnel input stream fields from :func:`protocol.encode` plus their MAC (none without a key)."""
-    if key is None:
-        return fields
-    return {**fields, protocol.SIGNATURE_FIELD: sign_input(key, fields["m"])}
+# A tunnel input's ``m``, MACed by the node's key in the tunnel's own domain.
+_INPUT_MAC = DomainMac(_INPUT_CONTEXT)
+sign_input, verify_input, signed_input = _INPUT_MAC.sign, _INPUT_MAC.verify, _INPUT_MAC.signed

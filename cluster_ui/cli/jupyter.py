@@ -54,19 +54,4 @@ def cmd_jupyter(client: Client, args) -> tuple[object, str | None]:
 
 
 def _submit(client: Client, args) -> int:
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    args.command = command or DEFAULT_COMMAND
-    args.gpus_given = args.gpus is not None
-    args.gpus = 1 if args.gpus is None else args.gpus
-    body = submit.job_body(args)
-    body["notebook"] = True
-    if args.idle:
-        try:
-            body["idle_timeout_s"] = units.parse_duration(args.idle)
-        except ValueError as exc:
-            raise Usage(str(exc)) from None
-    if args.code:  # a notebook starts in an empty folder unless told to bring code (or --workdir)
-        body["code"] = submit.upload_code(client, args.code, args.tenant)
-    answer = client.post("api/v1/jobs/", body)
-    shell._say(f"Submitted notebook {answer['id']} to {answer['tenant']}: {answer['state'].lower()}.")
-    return answer["id"]
+    return shell.submit_session(client, args, shell.session_body(args, "notebook", DEFAULT_COMMAND), "notebook")

@@ -55,23 +55,34 @@ def cmd_shell(client: Client, args) -> tuple[object, None]:
 
 
 def _submit(client: Client, args) -> int:
+    body = session_body(args, "interactive", DEFAULT_COMMAND)
+    # The remote terminal speaks what this one does; the API refuses no TERM.
+    body["env"] = {"TERM": os.environ.get("TERM") or "xterm-256color", **body.get("env", {})}
+    return submit_session(client, args, body, "session")
+
+
+def session_body(args, kind: str, default_command: list[str]) -> dict:
+    """The job a session command (``colony shell``, ``colony jupyter``) submits: the submit flags,
+    one GPU unless told, the command or ``default_command``, ``kind`` set, its idle timeout."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    args.command = command or DEFAULT_COMMAND
+    args.command = command or default_command
     args.gpus_given = args.gpus is not None
     args.gpus = 1 if args.gpus is None else args.gpus
     body = submit.job_body(args)
-    body["interactive"] = True
+    body[kind] = True
     if args.idle:
         try:
             body["idle_timeout_s"] = units.parse_duration(args.idle)
         except ValueError as exc:
             raise Usage(str(exc)) from None
-    # The remote terminal speaks what this one does; the API refuses no TERM.
-    body["env"] = {"TERM": os.environ.get("TERM") or "xterm-256color", **body.get("env", {})}
-    if args.code:  # a shell starts in an empty folder unless told to bring code (or --workdir)
+    return body
+
+
+def submit_session(client: Client, args, body: dict, noun: str) -> int:
+    if args.code:  # a session starts in an empty folder unless told to bring code (or --workdir)
         body["code"] = submit.upload_code(client, args.code, args.tenant)
     answer = client.post("api/v1/jobs/", body)
-    _say(f"Submitted session {answer['id']} to {answer['tenant']}: {answer['state'].lower()}.")
+    _say(f"Submitted {noun} {answer['id']} to {answer['tenant']}: {answer['state'].lower()}.")
     return answer["id"]
 
 
