@@ -59,6 +59,11 @@ class Workload:
         self._cpu_steps = sorted({c.cpu_milli for c in self.classes})
         self._memory_steps = sorted({c.host_memory_mb for c in self.classes})
         self._memo: dict[tuple, float] = {}
+        # The CPU a milli-GPU of the workload asks for, its classes weighted by popularity: what a
+        # node's free GPUs need of its free CPU (``FragmentationScore.stranded``).
+        gpu_classes = [c for c in self.classes if c.gpus]
+        milli = sum(c.popularity * c.gpus * c.milli for c in gpu_classes)
+        self.cpu_per_milli = sum(c.popularity * c.cpu_milli for c in gpu_classes) / milli if milli else 0.0
 
     @classmethod
     def of(cls, requests) -> "Workload":

@@ -1,6 +1,7 @@
 """Score: FGD's fragmentation gradient (Weng et al., ATC'23) for a one-GPU placement on the cycle's
 ``Capacity``: how much placing the job there raises its node's fragmentation ``F_n(M)``, M being
-the classes of the requests the snapshot holds (pending and running), weighted by their count.
+the classes of the requests the snapshot holds (pending and running), weighted by their count,
+plus how many of its free milli-GPUs its free CPU can no longer feed (``stranded``).
 
 The placer asks it to rank the candidates its indexes find (GPUs whose residents' requests leave
 room, and empty GPUs); lower is better. It reads only requests (milli-GPUs, CPU, host memory), not
@@ -39,8 +40,9 @@ class FragmentationScore:
         return self._workload
 
     def delta(self, node, gpus, shape) -> float:
-        """``F_n(M)`` after the job takes ``shape.gpu_milli`` of each of ``gpus`` (all on ``node``;
-        one GPU or a one-node gang) minus before."""
+        """``F_n(M)`` plus the node's stranded GPUs (``stranded``) after the job takes
+        ``shape.gpu_milli`` of each of ``gpus`` (all on ``node``; one GPU or a one-node gang) minus
+        before."""
         state = self._nodes.get(node.key)
         if state is None or state[0] != node.changes:
             free = tuple([free_share(g) for g in node.gpus])
@@ -48,7 +50,8 @@ class FragmentationScore:
             memory = INF if node.host_free_mb is None else node.host_free_mb
             model = node.gpus[0].model
             state = self._nodes[node.key] = (node.changes, free, cpu, memory, model,
-                                             self.workload.node(model, free, cpu, memory))
+                                             self.workload.node(model, free, cpu, memory)
+                                             + self.stranded(sum(free), cpu))
         _, free, cpu, memory, model, before = state
         after = list(free)
         positions = node.gpus.index
@@ -56,8 +59,22 @@ class FragmentationScore:
             i = positions(gpu)
             after[i] = max(0, after[i] - shape.gpu_milli)
         count = len(gpus)
-        return self.workload.node(model, tuple(after), cpu - shape.cpu_per_gpu * count,
-                                  memory - shape.host_mb_per_gpu * count) - before
+        cpu_after = cpu - shape.cpu_per_gpu * count
+        return (self.workload.node(model, tuple(after), cpu_after, memory - shape.host_mb_per_gpu * count)
+                + self.stranded(sum(after), cpu_after) - before)
+
+    def stranded(self, free_milli: float, cpu_free: float) -> float:
+        """The free milli-GPUs a node's free CPU cannot feed at the workload's CPU per milli-GPU.
+
+        ``F_n(M)`` sees CPU only at each class's CPU, a step: it would rather open a fresh node
+        than take a used one's CPU below a class's step, and the fresh nodes it opens end with
+        whole GPUs and no CPU (issue 34). This term grows with every CPU milli a placement takes
+        beyond its GPUs' share, so of two placements the one that leaves CPU for the node's free
+        GPUs wins."""
+        per_milli = self.workload.cpu_per_milli
+        if not per_milli:
+            return 0.0
+        return max(0.0, free_milli - cpu_free / per_milli)
 
 
 def leftover(node, gpus, shape) -> float:

@@ -194,3 +194,16 @@ def test_a_gang_keeps_the_node_it_fits_best_and_leaves_the_large_node_whole():
                        node("small", gpus=4, model="H100-80GB", cpus=48), tenants=BORROWERS,
                        pending=[job(1, tenant="owner", gpus=4, mem_gib=10, cpus=40)])
     assert placed(decide(snapshot, now=0)) == {1: "small"}
+
+
+def test_a_cpu_hungry_job_leaves_a_cpu_tight_node_the_cpu_its_free_gpus_need():
+    """Issue 34: two empty 8-GPU nodes, one with few cores. The jobs here ask 12 cores a GPU; a new
+    one asks 20. On the tight node it would leave 20 cores for 7 GPUs (their due: 84), on the roomy
+    one it takes nothing its GPUs need. BestFit's tie-break alone takes the tight node (the job
+    fits either with room for the class, so FGD's gradient is 0 on both)."""
+    snapshot = cluster(node("tight", gpus=8, cpus=40), node("roomy", gpus=8, cpus=200),
+                       node("full", gpus=2, cpus=24), tenants=BORROWERS,
+                       running=[running(8, on="full", gpus=[0], tenant="owner", cpus=12),
+                                running(9, on="full", gpus=[1], tenant="owner", cpus=12)],
+                       pending=[job(1, tenant="owner", mem_gib=10, cpus=20)])
+    assert placed(decide(snapshot, now=0)) == {1: "roomy"}
