@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 from monitoring.models import GpuRollup, JobRollup
 from tests.browser.conftest import VIEWPORT
 from tests.e2e.conftest import wait_for
+from tests.browser.sign_in import sign_in
 from tests.factories import PASSWORD, MembershipFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.e2e
@@ -67,11 +68,7 @@ def test_researcher_follows_a_job_from_the_form_to_the_heatmap(backend, browser,
     page.on("pageerror", lambda exc: errors.append(str(exc)))
 
     # Log in.
-    page.goto(f"{url}/accounts/login/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/jobs/$"))
+    sign_in(page, url)
 
     # The form refuses what the API refuses, in the API's words.
     page.goto(f"{url}/jobs/submit/")

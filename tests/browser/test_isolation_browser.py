@@ -4,7 +4,6 @@ script redraws the live readings from the API (saved as var/screenshots/node-iso
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
@@ -13,7 +12,8 @@ from agents import protocol
 from monitoring.services import live
 from monitoring.services.registry import register_node
 from tests.browser.conftest import VIEWPORT
-from tests.factories import PASSWORD, MembershipFactory, TenantFactory, UserFactory
+from tests.browser.sign_in import sign_in
+from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.e2e
 
@@ -33,11 +33,7 @@ def test_the_node_page_shows_each_gpus_isolation_mode(transactional_db, live_red
     page = browser.new_context(viewport=VIEWPORT).new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/jobs/$"))
+    sign_in(page, live_server.url)
     page.goto(f"{live_server.url}/nodes/h100-1/")
     assert "no samples" in page.inner_text("#node-gpus tr[data-index='3'] .util")
     live.store_latest(redis_client, [protocol.NodeSample(

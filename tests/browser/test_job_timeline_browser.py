@@ -15,7 +15,8 @@ from jobs.services.agent_events import consume_events
 from jobs.services.scheduling_loop import run_scheduling_cycle
 from jobs.services.submission import requeue_job, submit_job
 from tests.browser.conftest import VIEWPORT
-from tests.factories import PASSWORD, GpuFactory, MembershipFactory, NodeFactory, TenantFactory, UserFactory
+from tests.browser.sign_in import sign_in
+from tests.factories import GpuFactory, MembershipFactory, NodeFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.e2e
 
@@ -49,11 +50,7 @@ def test_a_requeued_job_shows_two_attempts(transactional_db, live_redis, redis_c
     page = browser.new_context(viewport=VIEWPORT).new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/jobs/$"))
+    sign_in(page, live_server.url)
     page.goto(f"{live_server.url}/jobs/{job.pk}/")
     # The script redraws the timeline from /api/v1/jobs/<id>/ (the attempt rows get the step classes).
     page.wait_for_selector("#timeline li.step-requeued")

@@ -22,7 +22,8 @@ from jobs.services import notebook_tokens
 from jobs.services.commands import launch_id
 from tests.browser.conftest import VIEWPORT
 from tests.e2e.conftest import ROOT, wait_for
-from tests.factories import PASSWORD, MembershipFactory, TenantFactory, UserFactory
+from tests.browser.sign_in import sign_in
+from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 VENV = str(Path(sys.executable).parent.parent)  # the test run's own virtualenv has jupyterlab (the test extra)
 
@@ -73,11 +74,7 @@ def test_a_researcher_opens_a_notebook_on_a_gpu_and_runs_a_cell(backend, browser
     context = browser.new_context(viewport=VIEWPORT)
     context.set_default_timeout(120_000)
     page = context.new_page()
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/jobs/$"))
+    sign_in(page, live_server.url)
     page.goto(f"{live_server.url}/jobs/{job.pk}/")
     with context.expect_page() as opened:
         page.click("#notebook-open a")

@@ -3,7 +3,6 @@ notebook" once it starts running, without a reload, and hides it again once the 
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
@@ -13,7 +12,8 @@ from jobs.services.agent_events import consume_events
 from jobs.services.scheduling_loop import run_scheduling_cycle
 from jobs.services.submission import submit_job
 from tests.browser.conftest import VIEWPORT
-from tests.factories import PASSWORD, GpuFactory, MembershipFactory, NodeFactory, TenantFactory, UserFactory
+from tests.browser.sign_in import sign_in
+from tests.factories import GpuFactory, MembershipFactory, NodeFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.e2e
 
@@ -36,11 +36,7 @@ def test_open_notebook_appears_when_the_job_starts_and_goes_when_it_ends(transac
     page = browser.new_context(viewport=VIEWPORT).new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/jobs/$"))
+    sign_in(page, live_server.url)
     page.goto(f"{live_server.url}/jobs/{job.pk}/")
     page.wait_for_selector("#job-updated:not(:empty)")  # the script has drawn the page from the API once
     assert not page.is_visible("#notebook-open a")

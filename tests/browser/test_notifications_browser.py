@@ -9,7 +9,8 @@ import pytest
 
 from jobs.models import NotificationSettings
 from tests.browser.conftest import VIEWPORT
-from tests.factories import PASSWORD, MembershipFactory, TenantFactory, UserFactory
+from tests.browser.sign_in import sign_in
+from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.e2e
 
@@ -22,11 +23,7 @@ def test_researcher_opts_in_to_failure_mail(transactional_db, live_server, brows
     page = browser.new_context(viewport=VIEWPORT).new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/jobs/$"))
+    sign_in(page, live_server.url)
 
     page.click("nav >> text=Notifications")
     page.wait_for_url(re.compile(r"/jobs/notifications/$"))

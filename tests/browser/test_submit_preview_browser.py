@@ -4,12 +4,12 @@ environment variables, stop signal and preemption notice included (what the CLI 
 
 from __future__ import annotations
 
-import re
 
 import pytest
 
 from tests.browser.conftest import VIEWPORT
-from tests.factories import PASSWORD, MembershipFactory, TenantFactory, UserFactory
+from tests.browser.sign_in import sign_in
+from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.e2e
 
@@ -22,11 +22,7 @@ def test_the_command_line_preview_names_env_signal_and_notice(transactional_db, 
     page.set_default_timeout(30_000)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/jobs/$"))
+    sign_in(page, live_server.url)
 
     page.goto(f"{live_server.url}/jobs/submit/")
     page.fill("#id_command", "python train.py --epochs 3")
