@@ -23,20 +23,23 @@ def own_xid() -> str | None:
     return None if own is None else str(own)
 
 
-def listing(table: str, id_column: str, where: str = "", params: Sequence = (), steady: bool = False) -> str:
+def listing(table: str, id_column: str, where: str = "", params: Sequence = (), steady: bool = False,
+            mark: str = "NULL") -> tuple[str, str | None]:
     """``id:xmin`` of every row of ``table`` (quoted) matching ``where``, comma-separated, in one
     value, in the order the scan found them (the same while the table does not change:
     :func:`steady_scan_order`; ``steady``: the caller saw to that in its transaction already):
     PostgreSQL joins them, and this process receives one string instead of building a row, an
     int and a string per row (most of a read's CPU at 50,000 rows, and the next garbage
-    collection's work)."""
+    collection's work). With what the SQL expression ``mark`` reads in the same statement (the
+    table's change mark, :mod:`jobs.services.table_changes`: one snapshot for both)."""
     # (in a transaction of its own where none is open: the setting lasts as long as it)
     with transaction.atomic(savepoint=False), connection.cursor() as cursor:
         if not steady:  # (else the caller has just seen to it: :func:`steady_scan_order`)
             steady_scan_order(cursor)
-        cursor.execute(f"SELECT {LISTED.format(id_column=id_column)} FROM {table} "
+        cursor.execute(f"SELECT {LISTED.format(id_column=id_column)}, {mark} FROM {table} "
                        f"{'WHERE ' + where if where else ''}", params)
-        return cursor.fetchone()[0] or ""
+        rows, marked = cursor.fetchone()
+        return rows or "", marked
 
 
 # What :func:`listing` selects, for a caller that reads it beside other aggregates of one scan.
@@ -63,7 +66,10 @@ class RowVersions:
     transaction may change the row again under the same version.
 
     ``ordered``: what ``read`` returns is by id, whatever order the listing came in and however
-    little of it was read again (a listing sorted by PostgreSQL cost twice an unsorted one)."""
+    little of it was read again (a listing sorted by PostgreSQL cost twice an unsorted one).
+
+    A read given the table's change mark read with its listing (:mod:`jobs.services.table_changes`)
+    is answered again by :meth:`unchanged` while the mark stays: no listing at all."""
 
     def __init__(self, ordered: bool = False) -> None:
         self.ordered = ordered
@@ -85,12 +91,26 @@ class RowVersions:
         # dropped): what a caller that derived something from the values at that generation needs
         # to redo; None after a read that looked at every row.
         self.delta: tuple[int, set[int]] | None = None
+        # The change mark the listing in ``_last`` was read with (None: none to go by).
+        self._mark: str | None = None
 
-    def read(self, rows: str, fetch: Fetch) -> dict[int, Any]:
+    def unchanged(self, mark: str | None) -> dict[int, Any] | None:
+        """What the last read returned, if ``mark`` (the table's change mark now) is the one its
+        listing was read with: nothing was written to the table since, so a listing now would be
+        that one again. Else None: list and :meth:`read`."""
+        return self._values if mark is not None and mark == self._mark else None
+
+    def read(self, rows: str, fetch: Fetch, mark: str | None = None) -> dict[int, Any]:
         """``rows``: every row wanted now, as :func:`listing` gives them. ``fetch(ids)``: (id,
         version, value) of those rows, version and value read in one statement. Returns id ->
         value (rows gone between the two reads are left out): by id if ``ordered``, else in no
-        particular order."""
+        particular order. ``mark``: the table's change mark read with ``rows``."""
+        values = self._read(rows, fetch)
+        # (only a read that kept every row it returns can be answered again without a look)
+        self._mark = mark if self._last is not None else None
+        return values
+
+    def _read(self, rows: str, fetch: Fetch) -> dict[int, Any]:
         if rows == self._last:
             return self._values
         items = rows.split(",") if rows else []
@@ -206,7 +226,7 @@ class RowVersions:
         for good, in ``transaction.on_commit``: until then it could change them again under the
         same version. A row that is changed or gone later reads as stale or missing as usual."""
         for row_id, version, value in written:
-            self._last = None
+            self._last = self._mark = None
             self.generation = next(_generations)
             key = f"{row_id}:{version}"
             before = self._key_of.get(row_id)

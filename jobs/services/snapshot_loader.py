@@ -25,6 +25,7 @@ from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, LiveReadings,
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, Promise, RecordedProfile, RunningJob
 from jobs.services.bulk_rows import ids_in
 from jobs.services.row_versions import RowVersions, listing
+from jobs.services.table_changes import mark_sql, marks
 from monitoring.choices import NodeHealth
 from monitoring.models import Gpu, JobUsage, Node
 from monitoring.services import live
@@ -99,17 +100,18 @@ MAX_PROMISED_GPUS = 4096
 
 # Everything kept from one snapshot to the next (see each): dropped by :func:`forget`.
 KEPT = ("_node_states", "_all_nodes", "_facts", "_running_jobs", "_running_for", "_built", "_built_for", "_derived",
-        "_whole", "_pending_versions", "_served_before")
+        "_whole", "_pending_versions", "_served_before", "_pending_read")
 
 
 def forget() -> None:
     """Drop what was kept from earlier snapshots: the next one is built as a new process builds it."""
     global _node_states, _all_nodes, _facts, _running_jobs, _running_for, _built, _built_for, _derived, _whole
-    global _pending_versions, _served_before
+    global _pending_versions, _served_before, _pending_read
     _node_states, _all_nodes, _facts, _running_jobs, _running_for = {}, (None, ()), ((), ({}, {}, {})), {}, ()
     _built, _built_for, _derived, _whole = {}, (), (None, set(), set()), (None, ())
     _pending_versions = RowVersions(ordered=True)
     _served_before = {}
+    _pending_read = (None, {})
 
 
 def _promises(slugs: dict[int, str]) -> tuple[Promise, ...]:
@@ -413,15 +415,27 @@ def _pending_queryset():
 # PostgreSQL: the pending rows of the last snapshot, by row version: only jobs submitted, requeued
 # or edited since are read in full (50,000 rows of 21 columns were a third of a steady snapshot).
 _pending_versions = RowVersions(ordered=True)
+# Elsewhere (SQLite): the jobs table's change mark and the pending rows read after it.
+_pending_read: tuple[str | None, dict[int, tuple]] = (None, {})
 
 
 def _pending_rows() -> dict[int, tuple]:
-    """Job id -> row of every pending job, by id."""
+    """Job id -> row of every pending job, by id. While the jobs table's change mark stays where
+    it was at the last read (nothing written to it since), that read's rows, without a scan."""
+    global _pending_read
+    mark = marks([Job])[0]
     if connection.vendor != "postgresql":
+        if mark is not None and mark == _pending_read[0]:
+            return _pending_read[1]
+        # (the mark read before the rows: a write between the two moves the mark the next cycle reads)
         rows = _with_attained(list(_pending_queryset().order_by("id").values_list(*PENDING_FIELDS, PLACEMENTS)))
-        return {row[0]: row for row in rows}
+        _pending_read = (mark, {row[0]: row for row in rows})
+        return _pending_read[1]
+    kept = _pending_versions.unchanged(mark)
+    if kept is not None:
+        return kept
     table = connection.ops.quote_name(Job._meta.db_table)
-    versions = listing(table, "id", "state = %s", [JobState.PENDING.value])
+    versions, mark = listing(table, "id", "state = %s", [JobState.PENDING.value], mark=mark_sql(Job))
 
     def fetch(ids: list[str]):
         read = _rows(_pending_queryset().filter(id__in=ids_in(ids))
@@ -430,7 +444,7 @@ def _pending_rows() -> dict[int, tuple]:
         for version, row in zip([row[-1] for row in read], _with_attained([row[:-1] for row in read])):
             yield row[0], version, row
 
-    return _pending_versions.read(versions, fetch)
+    return _pending_versions.read(versions, fetch, mark)
 
 
 def _with_attained(rows: list[tuple]) -> list[tuple]:

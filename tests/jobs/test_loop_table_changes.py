@@ -1,0 +1,145 @@
+"""A scheduling cycle in which nothing was written to the queue does not scan it (the tables' change
+marks say so), and any write to it, by whatever path, is still seen by the next cycle: an ORM
+save, a bulk ``QuerySet.update``, raw SQL from another connection."""
+
+import re
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from agents import protocol
+from jobs.choices import JobState
+from jobs.models import Job, JobWait
+from jobs.services.scheduling_loop import run_scheduling_cycle
+from jobs.services.table_changes import marks
+from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
+
+
+@pytest.fixture
+def cluster(transactional_db, redis_client, live_redis):
+    """Two GPUs on one node and a tenant that may use them; every write commits on its own, as the
+    loop and the API do (inside a test's one transaction the loop must list every time)."""
+    node = NodeFactory(name="n1")
+    for index in range(2):
+        GpuFactory(node=node, index=index)
+    redis_client.set(protocol.heartbeat_key("n1"), "{}", ex=60)
+    return TenantFactory(slug="vision", guaranteed_gpus=2, max_gpus=2)
+
+
+def queue_scans(captured) -> list[str]:
+    """Statements that read the pending queue or the stored verdicts whole."""
+    return [q["sql"] for q in captured.captured_queries
+            if re.search(r'FROM "jobs_jobwait"', q["sql"])
+            or (re.search(r'FROM "jobs_job"(?!\w)', q["sql"]) and f"'{JobState.PENDING.value}'" in q["sql"])]
+
+
+def cycle():
+    with CaptureQueriesContext(connection) as captured:
+        result = run_scheduling_cycle()
+    assert result.ran
+    return result, queue_scans(captured)
+
+
+def settle():
+    """Cycles until one finds nothing written since the one before (its own writes included)."""
+    for _ in range(4):
+        result, scans = cycle()
+        if not scans:
+            return result
+    raise AssertionError("the loop kept scanning a queue that nothing wrote to")
+
+
+def test_a_steady_cycle_does_not_scan_the_queue_and_each_kind_of_write_is_seen_next_cycle(cluster):
+    too_big = JobFactory(tenant=cluster, gpus=4)  # waits: no node has 4 GPUs
+    waiting = [JobFactory(tenant=cluster, gpus=3) for _ in range(3)]
+    first, scans = cycle()
+    assert scans and first.pending == 4 and first.placed == 0
+    assert settle().pending == 4
+
+    # A bulk update (no save(), no signal) makes one fit: the next cycle places it.
+    Job.objects.filter(pk=too_big.pk).update(gpus=1)
+    result, scans = cycle()
+    assert scans and result.placed == 1 and Job.objects.get(pk=too_big.pk).state == JobState.PLACED
+    assert settle().pending == 3
+
+    # A bulk update cancels one: the next cycle no longer counts it waiting.
+    Job.objects.filter(pk=waiting[0].pk).update(state=JobState.CANCELLED)
+    result, scans = cycle()
+    assert scans and result.pending == 2
+    assert settle().pending == 2
+
+    # A submission (an ORM save): the next cycle gives it its verdict.
+    submitted = JobFactory(tenant=cluster, gpus=3)
+    result, scans = cycle()
+    assert scans and result.pending == 3
+    assert JobWait.objects.filter(job=submitted).exists()
+    assert settle().pending == 3
+
+
+def test_a_verdict_someone_else_deletes_is_written_again_next_cycle(cluster):
+    job = JobFactory(tenant=cluster, gpus=4)
+    cycle()
+    settle()
+    reason = Job.objects.select_related("wait").get(pk=job.pk).pending_reason
+    assert reason
+    JobWait.objects.filter(job=job).delete()
+    _, scans = cycle()
+    assert scans and Job.objects.select_related("wait").get(pk=job.pk).pending_reason == reason
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a second connection to the same database")
+def test_raw_sql_committed_on_another_connection_is_seen_next_cycle(cluster):
+    job = JobFactory(tenant=cluster, gpus=4)
+    cycle()
+    assert settle().placed == 0
+    settings = connection.settings_dict
+    with psycopg.connect(dbname=settings["NAME"], user=settings["USER"], password=settings["PASSWORD"] or None,
+                         host=settings["HOST"] or None, port=settings["PORT"] or None, autocommit=True) as other:
+        other.execute("UPDATE jobs_job SET gpus = 2 WHERE id = %s", [job.pk])
+    result, scans = cycle()
+    assert scans and result.placed == 1
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL counts a transaction's writes at commit")
+def test_a_transaction_that_wrote_the_queue_reads_no_mark_until_it_commits(cluster):
+    JobFactory(tenant=cluster)
+    committed = marks([Job, JobWait])
+    assert None not in committed
+    with transaction.atomic():
+        assert marks([Job, JobWait]) == committed  # nothing written yet
+        Job.objects.filter(state=JobState.PENDING).update(priority=1)
+        assert marks([Job, JobWait]) == [None, committed[1]]
+        JobFactory(tenant=cluster)  # (a second write: still one count at commit)
+    after = marks([Job, JobWait])
+    assert after[0] not in (None, committed[0]) and after[1] == committed[1]
+    Job.objects.filter(pk=-1).update(priority=2)  # no row written: no change
+    assert marks([Job, JobWait]) == after
+
+
+def test_a_queue_whose_change_triggers_are_gone_is_scanned_every_cycle(cluster):
+    """SQLite drops a table's triggers when a migration remakes the table; a trigger can be dropped
+    or disabled by hand on PostgreSQL: the loop then scans as before, never trusting a dead mark."""
+    job = JobFactory(tenant=cluster, gpus=4)
+    cycle()
+    settle()
+    postgresql = connection.vendor == "postgresql"
+    off, on = (("ALTER TABLE jobs_job DISABLE TRIGGER colony_changes_row",
+                "ALTER TABLE jobs_job ENABLE TRIGGER colony_changes_row") if postgresql else
+               ("DROP TRIGGER colony_changes_update_jobs_job",
+                "CREATE TRIGGER colony_changes_update_jobs_job AFTER UPDATE ON jobs_job FOR EACH ROW BEGIN "
+                "UPDATE colony_table_changes SET changed = random() WHERE table_name = 'jobs_job'; END"))
+    with connection.cursor() as cursor:
+        cursor.execute(off)
+    try:
+        assert marks([Job])[0] is None
+        _, scans = cycle()
+        assert scans
+        Job.objects.filter(pk=job.pk).update(gpus=1)
+        result, scans = cycle()
+        assert scans and result.placed == 1
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(on)
+    assert marks([Job])[0] is not None
