@@ -49,3 +49,14 @@ def latest_listings(client: redis.Redis, max_age: float = STALE_AFTER_S) -> dict
     """Node name -> what its last sample says it runs, for nodes heard from within ``max_age``
     seconds; what :func:`live.latest_nodes` reads, typed."""
     return _fresh(client.hgetall(NODE_HASH).items(), _listing, max_age)
+
+
+class OnDemand:
+    """:func:`latest_listings` read node by node as asked (``get``): for a check that needs the
+    samples of the few nodes coming back from the dead, not of every node."""
+
+    def __init__(self, client: redis.Redis, max_age: float = STALE_AFTER_S):
+        self.client, self.max_age = client, max_age
+
+    def get(self, name: str, default=None):
+        return _fresh([(name, self.client.hget(NODE_HASH, name))], _listing, self.max_age).get(name, default)

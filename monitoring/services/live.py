@@ -8,6 +8,7 @@ and per-job views from it; entries carry their sample time and readers treat old
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Annotated
@@ -22,6 +23,86 @@ log = logging.getLogger(__name__)
 
 NODE_HASH = "colony:live:node"
 STALE_AFTER_S = 30.0
+# Node name -> what its last sample says it runs (its jobs, their launches, their duty cycles), and
+# a token that changes whenever one of those does: node health finds that no node's jobs moved
+# without reading a thousand samples (:func:`listings_token`).
+LISTING_HASH = "colony:live:listing"
+LISTING_TOKEN = "colony:live:listing-token"
+
+# Listings are written only where they differ from the stored ones, and the token set anew
+# (ARGV[1], a random value: never one a reader saw, even after Redis restarts empty) when any
+# did, atomically: a reader that sees the old token sees no new listing.
+#
+# _STORE: the samples (ARGV[4..]: ARGV[3] node/sample pairs), then the listings that differ from
+# what the writer last knew to be stored (node/listing pairs after them), compared and written
+# only while the token is the one the writer knew (ARGV[2]): its knowledge is then exact, and a
+# steady batch costs one HSET. Else {0, token}: the writer compares all its listings (_COMPARE).
+_STORE = """
+local n = tonumber(ARGV[3])
+if n > 0 then
+    redis.call('HSET', KEYS[1], unpack(ARGV, 4, 3 + 2 * n))
+end
+local current = redis.call('GET', KEYS[3]) or ''
+if current ~= ARGV[2] then
+    return {0, current}
+end
+local changed = false
+for i = 4 + 2 * n, #ARGV, 2 do
+    if redis.call('HGET', KEYS[2], ARGV[i]) ~= ARGV[i + 1] then
+        redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+        changed = true
+    end
+end
+if changed then
+    redis.call('SET', KEYS[3], ARGV[1])
+    return {1, ARGV[1]}
+end
+return {1, current}
+"""
+_COMPARE = """
+local changed = false
+for i = 2, #ARGV, 2 do
+    if redis.call('HGET', KEYS[1], ARGV[i]) ~= ARGV[i + 1] then
+        redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+        changed = true
+    end
+end
+if changed then
+    redis.call('SET', KEYS[2], ARGV[1])
+    return ARGV[1]
+end
+return redis.call('GET', KEYS[2]) or ''
+"""
+_FORGET = """
+for i = 2, #ARGV do
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('HDEL', KEYS[2], ARGV[i])
+end
+redis.call('SET', KEYS[3], ARGV[1])
+return #ARGV - 1
+"""
+
+
+def _script(client: redis.Redis, source: str):
+    """``source`` as a script of ``client`` (run by its digest: the source is sent once)."""
+    scripts = client.__dict__.setdefault("_colony_live_scripts", {})
+    if source not in scripts:
+        scripts[source] = client.register_script(source)
+    return scripts[source]
+
+
+def _token() -> str:
+    return os.urandom(8).hex()
+
+
+def listing_of(sample) -> bytes:
+    """What node health reads of a sample's jobs, as stored beside it."""
+    return msgspec.json.encode((sample.running_jobs, sample.running_launches, sample.duty_cycles))
+
+
+def listings_token(client: redis.Redis) -> bytes | None:
+    """The token of the nodes' listings now: the same token, the same listings (None: none yet)."""
+    return client.get(LISTING_TOKEN)
 
 
 # How far ahead of the control plane's clock a node's sample may be dated and still count.
@@ -32,16 +113,39 @@ MAX_JOB_READINGS = 4096
 
 def store_latest(client: redis.Redis, samples: list[tuple[NodeSample, str]] | list[NodeSample]) -> None:
     """Keep the newest of ``samples`` per node; items are samples or (sample, raw JSON) pairs."""
-    latest: dict[str, tuple[float, str]] = {}
+    latest: dict[str, tuple[float, str, bytes]] = {}
     for item in samples:
         sample, raw = item if isinstance(item, tuple) else (item, None)
         if sample.node not in latest or latest[sample.node][0] <= sample.ts:
             # (the JSON as received only where the strict decoder took it: what the schema's lax
             # coercions accepted, "5" or 5.0 for an int, is stored as the schema reads it)
             kept = raw if raw is not None and not isinstance(sample, NodeSample) else sample.model_dump_json()
-            latest[sample.node] = (sample.ts, kept)
+            latest[sample.node] = (sample.ts, kept, listing_of(sample))
     if latest:
-        client.hset(NODE_HASH, mapping={node: raw for node, (_, raw) in latest.items()})
+        _store(client, latest)
+
+
+class _Known:
+    """What a writer knows to be stored of the listings, valid while the token is ``token``."""
+
+    def __init__(self):
+        self.token: bytes = b""
+        self.listings: dict[str, bytes] = {}
+
+
+def _store(client: redis.Redis, latest: dict[str, tuple[float, str, bytes]]) -> None:
+    known = client.__dict__.setdefault("_colony_live_known", _Known())
+    changed = [(node, listing) for node, (_, _, listing) in latest.items() if known.listings.get(node) != listing]
+    ok, token = _script(client, _STORE)(keys=[NODE_HASH, LISTING_HASH, LISTING_TOKEN], args=[
+        _token(), known.token, len(latest), *(part for node, (_, raw, _) in latest.items() for part in (node, raw)),
+        *(part for pair in changed for part in pair)])
+    if ok:
+        known.listings.update(changed)
+    else:  # (another writer moved the token: what this one knew may be stale)
+        token = _script(client, _COMPARE)(keys=[LISTING_HASH, LISTING_TOKEN], args=[
+            _token(), *(part for node, (_, _, listing) in latest.items() for part in (node, listing))])
+        known.listings = {node: listing for node, (_, _, listing) in latest.items()}
+    known.token = token if isinstance(token, bytes) else str(token).encode()
 
 
 def _decoded(raw: bytes | str) -> dict | None:
@@ -159,7 +263,9 @@ def prune_stale(client: redis.Redis, older_than: float = 600.0) -> int:
     stale = [node for node, raw in client.hgetall(NODE_HASH).items()
              if (sample := _decoded(raw)) is None or now - sample["ts"] > older_than
              or sample["ts"] - now > FUTURE_SKEW_S]  # (dated ahead: not fresh now, nor in ten minutes)
-    return client.hdel(NODE_HASH, *stale) if stale else 0
+    if not stale:
+        return 0
+    return _script(client, _FORGET)(keys=[NODE_HASH, LISTING_HASH, LISTING_TOKEN], args=[_token(), *stale])
 
 
 @dataclass(frozen=True, slots=True)
