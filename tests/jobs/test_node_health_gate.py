@@ -18,8 +18,9 @@ from tests.factories import GpuFactory, JobFactory, NodeFactory
 
 
 @pytest.fixture
-def quiet_n1(db, live_redis, redis_client):
-    """Node n1 heartbeating and running exactly the job it holds."""
+def quiet_n1(transactional_db, live_redis, redis_client):
+    """Node n1 heartbeating and running exactly the job it holds. Every write commits on its own, as
+    in the worker (inside one transaction that wrote them, PostgreSQL gives no change mark)."""
     node = NodeFactory(name="n1", registered_at=timezone.now() - timedelta(minutes=5))
     job = JobFactory(state=JobState.RUNNING, started_at=timezone.now() - timedelta(minutes=1))
     Allocation.objects.create(job=job, gpu=GpuFactory(node=node, index=0))
