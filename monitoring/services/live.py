@@ -38,16 +38,18 @@ LISTING_TOKEN = "colony:live:listing-token"
 # only while the token is the one the writer knew (ARGV[2]): its knowledge is then exact, and a
 # steady batch costs one HSET. Else {0, token}: the writer compares all its listings (_COMPARE).
 _STORE = """
-local n = tonumber(ARGV[3])
-if n > 0 then
-    redis.call('HSET', KEYS[1], unpack(ARGV, 4, 3 + 2 * n))
+local first, last = 4, 3 + 2 * tonumber(ARGV[3])
+while first <= last do  -- (in pieces: unpack has a limit of some thousands of values)
+    local upto = math.min(first + 1999, last)
+    redis.call('HSET', KEYS[1], unpack(ARGV, first, upto))
+    first = upto + 1
 end
 local current = redis.call('GET', KEYS[3]) or ''
 if current ~= ARGV[2] then
     return {0, current}
 end
 local changed = false
-for i = 4 + 2 * n, #ARGV, 2 do
+for i = last + 1, #ARGV, 2 do
     if redis.call('HGET', KEYS[2], ARGV[i]) ~= ARGV[i + 1] then
         redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
         changed = true

@@ -48,3 +48,9 @@ def test_pruning_a_node_moves_the_token_and_drops_its_listing(redis_client):
     assert live.listings_token(redis_client) != before
     live.store_latest(redis_client, [protocol.NodeSample(node="old", ts=time.time(), seq=2, gpus=[])])
     assert stored(redis_client, "old") is not None
+
+
+def test_a_batch_of_many_thousand_nodes_is_stored_whole(redis_client):
+    nodes = [f"n{i}" for i in range(6000)]
+    live.store_latest(redis_client, [sample([1], node=node) for node in nodes])
+    assert redis_client.hlen(live.NODE_HASH) == redis_client.hlen(live.LISTING_HASH) == 6000
