@@ -36,7 +36,7 @@ LISTING_TOKEN = "colony:live:listing-token"
 # _STORE: the samples (ARGV[4..]: ARGV[3] node/sample pairs), then the listings that differ from
 # what the writer last knew to be stored (node/listing pairs after them), compared and written
 # only while the token is the one the writer knew (ARGV[2]): its knowledge is then exact, and a
-# steady batch costs one HSET. Else {0, token}: the writer compares all its listings (_COMPARE).
+# steady batch costs one HSET. Else {0, token}: the writer compares all its listings ('*').
 _STORE = """
 local first, last = 4, 3 + 2 * tonumber(ARGV[3])
 while first <= last do  -- (in pieces: unpack has a limit of some thousands of values)
@@ -45,7 +45,7 @@ while first <= last do  -- (in pieces: unpack has a limit of some thousands of v
     first = upto + 1
 end
 local current = redis.call('GET', KEYS[3]) or ''
-if current ~= ARGV[2] then
+if ARGV[2] ~= '*' and current ~= ARGV[2] then
     return {0, current}
 end
 local changed = false
@@ -60,20 +60,6 @@ if changed then
     return {1, ARGV[1]}
 end
 return {1, current}
-"""
-_COMPARE = """
-local changed = false
-for i = 2, #ARGV, 2 do
-    if redis.call('HGET', KEYS[1], ARGV[i]) ~= ARGV[i + 1] then
-        redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
-        changed = true
-    end
-end
-if changed then
-    redis.call('SET', KEYS[2], ARGV[1])
-    return ARGV[1]
-end
-return redis.call('GET', KEYS[2]) or ''
 """
 _FORGET = """
 for i = 2, #ARGV do
@@ -144,8 +130,8 @@ def _store(client: redis.Redis, latest: dict[str, tuple[float, str, bytes]]) -> 
     if ok:
         known.listings.update(changed)
     else:  # (another writer moved the token: what this one knew may be stale)
-        token = _script(client, _COMPARE)(keys=[LISTING_HASH, LISTING_TOKEN], args=[
-            _token(), *(part for node, (_, _, listing) in latest.items() for part in (node, listing))])
+        _, token = _script(client, _STORE)(keys=[NODE_HASH, LISTING_HASH, LISTING_TOKEN], args=[
+            _token(), "*", 0, *(part for node, (_, _, listing) in latest.items() for part in (node, listing))])
         known.listings = {node: listing for node, (_, _, listing) in latest.items()}
     known.token = token if isinstance(token, bytes) else str(token).encode()
 
