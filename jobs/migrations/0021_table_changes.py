@@ -1,6 +1,7 @@
-"""Change marks of the pending jobs' table and the stored verdicts' (jobs/services/table_changes.py):
-triggers that move a mark with every committed write, so that a scheduling cycle finds that
-nothing changed without scanning the queue. Not a model: Django's flush of a test database must
+"""Change marks of the jobs', the stored verdicts' and the allocations' tables
+(jobs/services/table_changes.py): triggers that move a mark with every committed write, so that a
+scheduling cycle finds that nothing changed without scanning the queue, and node health that no
+job moved without reading every allocation. Not a model: Django's flush of a test database must
 not empty the marks (a mark that came back to an earlier value would read as "unchanged")."""
 
 from django.db import migrations
@@ -10,7 +11,7 @@ COUNTS = "colony_table_changes"
 SLOTS = 16
 TRIGGERS = {"postgresql": ("colony_changes_row", "colony_changes_truncate"),
             "sqlite": ("colony_changes_insert", "colony_changes_update", "colony_changes_delete")}
-WATCHED = ("jobs_job", "jobs_jobwait")
+WATCHED = ("jobs_job", "jobs_jobwait", "jobs_allocation")
 
 
 def flag(table: str) -> str:
