@@ -1,7 +1,7 @@
-"""Change marks of the jobs', the stored verdicts' and the allocations' tables
+"""Change marks of the jobs', the stored verdicts', the allocations' and the nodes' tables
 (jobs/services/table_changes.py): triggers that move a mark with every committed write, so that a
 scheduling cycle finds that nothing changed without scanning the queue, and node health that no
-job moved without reading every allocation. Not a model: Django's flush of a test database must
+job or node moved without reading every allocation and node. Not a model: Django's flush of a test database must
 not empty the marks (a mark that came back to an earlier value would read as "unchanged")."""
 
 from django.db import migrations
@@ -11,7 +11,7 @@ COUNTS = "colony_table_changes"
 SLOTS = 16
 TRIGGERS = {"postgresql": ("colony_changes_row", "colony_changes_truncate"),
             "sqlite": ("colony_changes_insert", "colony_changes_update", "colony_changes_delete")}
-WATCHED = ("jobs_job", "jobs_jobwait", "jobs_allocation")
+WATCHED = ("jobs_job", "jobs_jobwait", "jobs_allocation", "monitoring_node")
 
 
 def flag(table: str) -> str:
@@ -93,6 +93,8 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ("jobs", "0020_jobprofile_util_runs"),
+        # (after the nodes' table is as it is: SQLite drops a table's triggers when it remakes it)
+        ("monitoring", "0006_node_job_fences"),
     ]
 
     operations = [

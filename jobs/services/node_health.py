@@ -58,8 +58,8 @@ RECONCILE_PLACED_AFTER_S = 5
 
 def check_node_health(client: redis.Redis) -> dict:
     global _settled
-    lost = [node.name for node in health.silent_nodes(client) if requeue_lost_node(node)]
     gate = Gate.read(client)
+    lost = [node.name for node in health.silent_nodes(client, _up_nodes(gate)) if requeue_lost_node(node)]
     if not lost and gate is not None and gate == _settled:
         # Nothing a node says it runs, and no job or allocation, changed since a check that found
         # every node quiet: this one would find the same (quiet holds whatever the clock).
@@ -89,13 +89,16 @@ class Gate:
 
     redis_since: bytes
     listings: bytes
-    marks: tuple[str, ...]
+    marks: tuple[str, ...]  # (jobs, allocations, nodes)
 
     @classmethod
     def read(cls, client: redis.Redis) -> Gate | None:
         """None where any of it is not known (no token yet, a table's triggers gone)."""
-        since, listings = client.mget(health.REDIS_SEEN_SINCE_KEY, live.LISTING_TOKEN)
-        marks = table_changes.marks([Job, Allocation])
+        pipe = client.pipeline(transaction=False)
+        pipe.set(health.REDIS_SEEN_SINCE_KEY, time.time(), nx=True)  # (as ``silent_nodes`` would, next)
+        pipe.mget(health.REDIS_SEEN_SINCE_KEY, live.LISTING_TOKEN)
+        since, listings = pipe.execute()[1]
+        marks = table_changes.marks([Job, Allocation, Node])
         if since is None or listings is None or None in marks:
             return None
         return cls(since, listings, tuple(marks))
@@ -103,6 +106,18 @@ class Gate:
 
 # The gate of the last check that found nothing to do (per process; None: check in full).
 _settled: Gate | None = None
+# The UP nodes as last read, with the nodes' change mark then: a thousand names read every two
+# seconds to find the same ones.
+_up: tuple[str | None, list] = (None, [])
+
+
+def _up_nodes(gate: Gate | None) -> list | None:
+    """The UP nodes (``health.up_nodes``), read again only when the nodes' table moved."""
+    global _up
+    mark = None if gate is None else gate.marks[2]
+    if mark is None or mark != _up[0]:
+        _up = (mark, health.up_nodes())
+    return _up[1]
 
 
 def _every_listing_read(client: redis.Redis, samples: dict) -> bool:

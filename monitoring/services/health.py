@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import redis
 from django.conf import settings
@@ -47,13 +47,15 @@ def _registration_grace() -> timedelta:
 # The PTTL of each key, judged inside Redis: one command for a thousand nodes, and only the live
 # ones' positions (1-based) come back. A pipeline of a PTTL per node cost the scheduling loop and
 # node health about a millisecond per hundred nodes in client-side packing and parsing alone.
+# With ARGV[2] "silent", the positions of the others: most nodes are live, and parsing a
+# thousand positions back was most of node health's client-side cost.
 _LIVE_SCRIPT = """
-local live, longest = {}, tonumber(ARGV[1])
+local found, longest, silent = {}, tonumber(ARGV[1]), ARGV[2] == 'silent'
 for i, key in ipairs(KEYS) do
   local ttl = redis.call('PTTL', key)
-  if ttl > 0 and ttl <= longest then live[#live + 1] = i end
+  if (ttl > 0 and ttl <= longest) ~= silent then found[#found + 1] = i end
 end
-return live
+return found
 """
 
 
@@ -63,9 +65,17 @@ def live_node_names(client: redis.Redis, names: Iterable[str]) -> set[str]:
     names = list(names)
     if not names:
         return set()
+    return {names[position - 1] for position in _liveness(client, names, "live")}
+
+
+def silent_node_names(client: redis.Redis, names: list[str]) -> list[str]:
+    """Those of ``names`` that :func:`live_node_names` would leave out, in their order."""
+    return [names[position - 1] for position in _liveness(client, names, "silent")] if names else []
+
+
+def _liveness(client: redis.Redis, names: list[str], which: str) -> list[int]:
     # EVAL, not EVALSHA: always one round trip, even on a Redis that restarted without the script.
-    live = client.eval(_LIVE_SCRIPT, len(names), *map(heartbeat_key, names), MAX_HEARTBEAT_TTL_S * 1000)
-    return {names[position - 1] for position in live}
+    return client.eval(_LIVE_SCRIPT, len(names), *map(heartbeat_key, names), MAX_HEARTBEAT_TTL_S * 1000, which)
 
 
 def redis_seen_for(client: redis.Redis) -> float:
@@ -75,18 +85,24 @@ def redis_seen_for(client: redis.Redis) -> float:
     return now - float(client.get(REDIS_SEEN_SINCE_KEY) or now)
 
 
-def silent_nodes(client: redis.Redis) -> list[Node]:
+def up_nodes() -> list[tuple[str, datetime]]:
+    """(name, registered_at) of the UP nodes: what :func:`silent_nodes` judges."""
+    return list(Node.objects.filter(state=NodeHealth.UP).values_list("name", "registered_at"))
+
+
+def silent_nodes(client: redis.Redis, up: list[tuple[str, datetime]] | None = None) -> list[Node]:
     """UP nodes whose heartbeat expired at least ``COLONY_NODE_LOST_GRACE_S`` ago, as far as
     this control plane saw: to be marked LOST. Those silent for less are suspected (and logged
-    once); one heard again is no longer. None while Redis is new."""
+    once); one heard again is no longer. None while Redis is new. ``up``: :func:`up_nodes` as the
+    caller holds it (it knows they did not change), else read now."""
     if redis_seen_for(client) < settings.COLONY_REDIS_RESTART_GRACE_S:
         return []
     # Names only: a thousand Node rows built every two seconds to find none silent cost more than
     # the rest of the check.
-    candidates = list(Node.objects.filter(state=NodeHealth.UP, registered_at__lt=timezone.now() - _registration_grace())
-                      .values_list("name", flat=True))
-    alive = live_node_names(client, candidates)
-    silent = [name for name in candidates if name not in alive]
+    registered_before = timezone.now() - _registration_grace()
+    candidates = [name for name, registered_at in (up_nodes() if up is None else up)
+                  if registered_at < registered_before]
+    silent = silent_node_names(client, candidates)
     past_grace = _silent_past_grace(client, silent)
     if not past_grace:
         return []

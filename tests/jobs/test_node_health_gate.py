@@ -99,3 +99,11 @@ def test_redis_restarted_empty_is_checked_in_full(quiet_n1, redis_client, sample
     sample(redis_client, [quiet_n1], extra=[stray])
     assert check_node_health(redis_client)["strays_stopped"] == 1
     assert node_health.Gate.read(redis_client) is not None
+
+
+def test_a_node_that_joins_after_quiet_checks_is_judged_and_lost_when_silent(quiet_n1, redis_client, settings):
+    settings.COLONY_NODE_LOST_GRACE_S = 0
+    check_node_health(redis_client)
+    check_node_health(redis_client)
+    NodeFactory(name="n2", registered_at=timezone.now() - timedelta(minutes=5))  # never heartbeats
+    assert check_node_health(redis_client)["lost"] == ["n2"]

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from agents.protocol import heartbeat_key
-from monitoring.services.health import MAX_HEARTBEAT_TTL_S, live_node_names
+from monitoring.services.health import MAX_HEARTBEAT_TTL_S, live_node_names, silent_node_names
 
 
 @pytest.fixture
@@ -54,3 +54,12 @@ def test_no_names_ask_nothing(counted):
     client, sent = counted
     assert live_node_names(client, []) == set()
     assert sent == []
+
+
+def test_the_silent_are_exactly_those_not_live(redis_client):
+    names = [f"n{i}" for i in range(30)]
+    for name in names[::3]:
+        redis_client.set(heartbeat_key(name), "{}", ex=10)
+    redis_client.set(heartbeat_key("n1"), "{}")  # no expiry: not a heartbeat
+    assert silent_node_names(redis_client, names) == [n for n in names if n not in set(names[::3])]
+    assert silent_node_names(redis_client, []) == []
