@@ -60,7 +60,7 @@ from jobs.scheduling.duty_cycles import throttles
 from jobs.scheduling.eta import QueueEta, ReleaseTimeline, releases_of
 from jobs.scheduling.moves import crowded_borrowers
 from jobs.scheduling.explain import InventoryCheck
-from jobs.scheduling.fragmentation_score import FragmentationScore, snapshot_requests
+from jobs.scheduling.fragmentation_score import FragmentationScore, snapshot_hosts, snapshot_requests
 from jobs.scheduling.guaranteed import GuaranteedPass
 from jobs.scheduling.outcomes import JobOutcomes
 from jobs.scheduling.placement import Placer
@@ -102,7 +102,7 @@ class Cycle:
 
     def __init__(self, snapshot: ClusterSnapshot, now: float, config: SchedulerConfig, carry: Carry | None = None):
         capacity = Capacity(snapshot, config)
-        placer = Placer(capacity, config, FragmentationScore(snapshot_requests(snapshot))
+        placer = Placer(capacity, config, FragmentationScore(snapshot_requests(snapshot), snapshot_hosts(snapshot))
                         if config.placement_score == "fgd" else None)
         inventory = InventoryCheck(capacity, placer)
         if carry is None:

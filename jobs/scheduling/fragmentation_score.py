@@ -1,7 +1,8 @@
 """Score: FGD's fragmentation gradient (Weng et al., ATC'23) for a one-GPU placement on the cycle's
 ``Capacity``: how much placing the job there raises its node's fragmentation ``F_n(M)``, M being
-the classes of the requests the snapshot holds (pending and running), weighted by their count,
-plus how many of its free milli-GPUs its free CPU can no longer feed (``stranded``).
+the classes of the requests the snapshot holds (pending and running), weighted by their count
+(a gang's class by how few nodes fit it too: ``Workload.of``), plus how many of its free
+milli-GPUs its free CPU can no longer feed (``stranded``).
 
 The placer asks it to rank the candidates its indexes find (GPUs whose residents' requests leave
 room, and empty GPUs); lower is better. It reads only requests (milli-GPUs, CPU, host memory), not
@@ -27,8 +28,11 @@ def free_share(gpu) -> int:
 class FragmentationScore:
     name = "fgd"
 
-    def __init__(self, requests: Callable[[], Iterable]):
+    def __init__(self, requests: Callable[[], Iterable], hosts: Callable[[], Iterable] | None = None):
+        """``hosts``: the nodes as ``Workload.of`` reads them (``snapshot_hosts``), to weigh a gang
+        class by how few nodes fit it."""
         self._requests = requests
+        self._hosts = hosts
         self._workload = None
         # node key -> (its ``changes`` then, free milli per GPU, CPU, host memory, model, F_n(M))
         self._nodes: dict[int, tuple] = {}
@@ -36,7 +40,7 @@ class FragmentationScore:
     @property
     def workload(self):
         if self._workload is None:
-            self._workload = Workload.of(list(self._requests()))
+            self._workload = Workload.of(list(self._requests()), None if self._hosts is None else list(self._hosts()))
         return self._workload
 
     def delta(self, node, gpus, shape) -> float:
@@ -103,3 +107,11 @@ def snapshot_requests(snapshot) -> Callable[[], Iterable]:
         for job in snapshot.running:
             yield RunningAsRequest(job)
     return requests
+
+
+def snapshot_hosts(snapshot) -> Callable[[], Iterable]:
+    def hosts():
+        for node in snapshot.nodes:
+            if node.gpus:
+                yield node.gpus[0].model, len(node.gpus), node.cpu_milli, node.host_memory_mb
+    return hosts

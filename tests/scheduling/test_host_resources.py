@@ -81,3 +81,17 @@ def test_reclaim_skips_a_node_whose_cpu_its_victims_would_not_free():
                        pending=[job(1, tenant="owner", gpus=2, cpus=8)])
     decisions = decide(snapshot, now=100)
     assert preempted(decisions) == []
+
+
+def test_a_one_gpu_job_leaves_the_only_node_with_cpu_for_a_queued_8_gpu_job_whole():
+    # Only "wide" has the 120 cores job 2 asks; the 1-GPU job would strand fewer GPUs there (the
+    # others' free GPUs need the CPU it takes), but breaking "wide" would leave job 2 no node at all.
+    full = [node(f"full{i}", gpus=8, cpus=96) for i in range(3)]
+    snapshot = cluster(node("narrow0", gpus=8, cpus=96), node("wide", gpus=8, cpus=128),
+                       node("narrow1", gpus=8, cpus=96), *full, tenants=TENANTS,
+                       running=[running(100 + 8 * i + g, on=f"full{i}", gpus=[g], cpus=12)
+                                for i in range(3) for g in range(8)],
+                       pending=[job(1, cpus=24), job(2, gpus=8, cpus=120)])
+    decisions = decide(snapshot, now=10)
+    assert placed(decisions)[2] == "wide"
+    assert placed(decisions)[1].startswith("narrow")

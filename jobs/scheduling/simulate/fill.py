@@ -118,8 +118,10 @@ CPU_ONLY_RULES = ("least_stranding", "most_free_cpu")
 
 def gpu_requests(engine: Replay) -> Workload:
     """Colony's target workload as its core's score reads it (``fragmentation_score``): the GPU
-    requests running and queued, one class per (GPUs, milli, models) at its median CPU and memory."""
-    return Workload.of([run_.job for run_ in engine.running.values()] + list(engine.pending.values()))
+    requests running and queued, one class per (GPUs, milli, models) at its median CPU and memory,
+    a multi-GPU one per exact CPU too."""
+    return Workload.of([run_.job for run_ in engine.running.values()] + list(engine.pending.values()),
+                       gangs_by_cpu=True)
 
 
 def cpu_per_gpu(workload: Workload) -> float:
