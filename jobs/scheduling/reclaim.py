@@ -253,7 +253,7 @@ class Reclaimer:
         hosts = 0
         for node in nodes:
             options = []
-            for gpu in node.gpus:
+            for gpu in self._gpus_of(node):
                 found = self._gpu_victims(gpu, shape, pools)
                 if found is not None:
                     options.append(Option(found[0], gpu.key, gpu, found[1]))
@@ -264,6 +264,10 @@ class Reclaimer:
                 if hosts >= enough:
                     break
         return per_node
+
+    def _gpus_of(self, node: NodeSlot) -> list[GpuSlot]:
+        """The GPUs of ``node`` worth asking ``_gpu_victims`` about (all, here)."""
+        return node.gpus
 
     def _choose(self, shape: Shape, per_node: list[tuple[NodeSlot, list[Option]]],
                 keep: list[Gang] | None = None) -> list[Chosen]:
