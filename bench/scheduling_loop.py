@@ -15,7 +15,11 @@ runs ``run_scheduling_cycle()``:
   after placements reads them (and the agents' starts) back: it is measured apart, as "after a
   change", never in the steady median;
 - churn cycles: before each, ``--finish`` running jobs end, so a few placements, ETAs and
-  reasons move (what a busy cluster sees every cycle).
+  reasons move (what a busy cluster sees every cycle);
+- with ``--restart``, last: a restarted scheduler's first cycle. This process hands its lease
+  back, as a warm shutdown does, and a new process (this script, ``--restarted-child``) runs one
+  cycle on the same database and Redis, with nothing kept from this one's cycles; its CPU (the
+  new process's cycle, its database backend, Redis; not its start-up imports) is measured there.
 
 With ``--grow-to N`` the queue then grows to N pending jobs in the same process (same cluster,
 same machine, minutes apart) and, once the loop has settled, the steady cycle is measured again:
@@ -323,6 +327,46 @@ def finish_some(rng: random.Random, count: int) -> None:
     Job.objects.filter(pk__in=ended).update(state=JobState.SUCCEEDED, finished_at=now, exit_code=0)
 
 
+def restarted(redis_server) -> Sample:
+    """Hand the lease back (a warm shutdown's) and measure one cycle of a new scheduler process."""
+    import json
+    import subprocess
+
+    from django.db import connection
+
+    from jobs.services.scheduling_loop import hand_back_on_shutdown
+
+    hand_back_on_shutdown()
+    connection.close()  # (no transaction of this process's left open beside the new one's)
+    redis_pid = getattr(getattr(redis_server, "process", None), "pid", None) or 0
+    done = subprocess.run([sys.executable, __file__, "--restarted-child", str(redis_pid)],
+                          capture_output=True, text=True, check=True)
+    return Sample(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def restarted_child(redis_pid: int) -> None:
+    """In the new process: the environment this bench set up (database, Redis, settings) is
+    inherited; imports and the database connection are made before the clock starts."""
+    import dataclasses
+    import json
+
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from jobs.services.scheduling_loop import hand_back_on_shutdown, run_scheduling_cycle
+
+    connection.ensure_connection()
+    gc.collect()
+    meter = Meter(redis_pid=redis_pid or None)
+    result = meter.measure("restarted", run_scheduling_cycle)
+    hand_back_on_shutdown()
+    if not result.ran or result.fenced:
+        sys.exit(f"the new process's cycle did not run to the end: {result}")
+    print(json.dumps(dataclasses.asdict(meter.samples["restarted"][0])))
+
+
 def row(label: str, sample: Sample, baseline: tuple[str, Sample] | None = None, extra: str = "") -> str:
     """``baseline``: (its name, its median), the fresh ``decide()`` on the same kind of snapshot."""
     ratio = f"x{sample.cpu / baseline[1].cpu:5.1f} decide({baseline[0]})" if baseline else ""
@@ -359,9 +403,15 @@ def main() -> None:
                         help="after the measurements, submit jobs until this many are pending, let the loop "
                              "settle and measure steady cycles again, in the same process: the steady cycle's "
                              "cost against the queue's length, on one machine in one run")
+    parser.add_argument("--restart", action="store_true",
+                        help="after the measurements, a restarted scheduler's first cycle: a new process takes "
+                             "the lease over and runs one cycle on the same database (see above)")
+    parser.add_argument("--restarted-child", metavar="REDIS_PID", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--profile", action="store_true",
                         help="after the measurements, profile one steady and one churn cycle (cProfile, top functions)")
     args = parser.parse_args()
+    if args.restarted_child is not None:
+        return restarted_child(args.restarted_child)
 
     db_label, redis_server = setup(args.database, DATABASE)
     import redis
@@ -545,6 +595,15 @@ def main() -> None:
                       f"; {len(meter.samples['steady grown'])} cycle(s){ratio}"))
         else:
             print(f"  steady at {args.grow_to:,} pending: none; the loop did not settle")
+    from bench.scheduler import reference_loop_ms
+
+    reference = reference_loop_ms() / 1000
+    against = {name: meter.median(key).cpu / reference for name, key in (
+        ("steady", "steady"), (f"steady at {grown_pending or 0:,}", "steady grown"), ("churn", "churn"),
+        ("first", "first")) if key in meter.samples}
+    print(f"  against the reference loop ({reference * 1000:.0f} ms, bench/scheduler.py's; issue 39's goals: "
+          f"steady <= 2x, a restart's first cycle <= 15x): " + ", ".join(
+              f"{name} {ratio:.1f}x" for name, ratio in against.items()))
     print("  garbage collector (this process, wherever it ran, charged to the cycle before it): " + ", ".join(
         f"{name} {meter.collector_per_run(name) * 1000:.0f} ms" for name in ("first", "steady", "churn")) + " a cycle")
     if phases:
@@ -554,6 +613,12 @@ def main() -> None:
             kinds = meter.statements[phase]
             print(f"  {phase} (all runs, slowest first): " + "; ".join(
                 f"{kinds[kind]} x {kind} {spent:.2f} s" for kind, spent in seconds.most_common(6)))
+    if args.restart:
+        heartbeats()
+        again = restarted(redis_server)
+        print(row("restarted: a new process's first", again, ("steady", baselines["steady"]),
+                  f"; the lease handed over, nothing kept from the cycles above; {again.cpu / reference:.1f}x "
+                  f"the reference loop"))
     if args.save_snapshots:
         import pickle
 
