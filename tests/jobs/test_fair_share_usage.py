@@ -62,3 +62,35 @@ def test_a_borrower_on_an_over_committed_gpu_is_charged_its_share_as_the_schedul
     assert usage["nlp"] == pytest.approx(decay_usage(0.0, 0.5, 3600, HALF_LIFE_S), rel=1e-3)
     assert usage["cv"] == pytest.approx(decay_usage(0.0, 0.8, 3600, HALF_LIFE_S), rel=1e-3)  # 500 + 300 alone
     assert usage["owner"] == pytest.approx(decay_usage(0.0, 0.7, 3600, HALF_LIFE_S), rel=1e-3)
+
+
+def _charge_statements(captured) -> int:
+    return sum("SUM(CASE WHEN" in query["sql"] for query in captured.captured_queries)
+
+
+def test_what_tenants_hold_is_read_again_only_after_a_write_and_then_counted(transactional_db):
+    """Every write commits on its own, as the loop's and the API's do: while no allocation or job
+    was written since the last cycle, what each tenant holds is not summed again; after one is,
+    the next cycle charges the new holding."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    tenant = TenantFactory(slug="vision", decayed_usage=0.0)
+    node = NodeFactory(name="n1")
+    gpus = [GpuFactory(node=node, index=i) for i in range(2)]
+    first = JobFactory(tenant=tenant, state=JobState.RUNNING)
+    Allocation.objects.create(job=first, gpu=gpus[0], gpu_milli=1000)
+    advance_usage(HALF_LIFE_S)
+    with CaptureQueriesContext(connection) as captured:
+        advance_usage(HALF_LIFE_S)
+    assert _charge_statements(captured) == 0
+
+    second = JobFactory(tenant=tenant, state=JobState.RUNNING)
+    Allocation.objects.create(job=second, gpu=gpus[1], gpu_milli=1000)
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    Tenant.objects.filter(pk=tenant.pk).update(decayed_usage=0.0, usage_updated_at=an_hour_ago)
+    with CaptureQueriesContext(connection) as captured:
+        advance_usage(HALF_LIFE_S)
+    assert _charge_statements(captured) == 1
+    tenant.refresh_from_db()
+    assert tenant.decayed_usage == pytest.approx(decay_usage(0.0, 2.0, 3600, HALF_LIFE_S), rel=1e-3)
