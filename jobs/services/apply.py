@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import eq, is_, itemgetter, not_
+from operator import eq, is_, itemgetter, ne, not_
 from datetime import datetime, timezone as dt_timezone
 
 from django.conf import settings
@@ -287,13 +287,27 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
     verdicts, pending = queue.verdicts, queue.pending
     settled = _settled
     if (settled is not None and settled.verdicts is verdicts and settled.generation == _verdict_versions.generation
-            and settled.pending is pending and settled.ids == ids and settled.etas == new_etas
-            and settled.canonical == new_canonical):
-        # The stored verdicts, the queue and every new verdict are those of the last cycle, which
-        # found nothing to write: the same jobs match to the letter, and of the others only the
-        # ETA tolerance can have moved (it narrows as the ETA comes nearer).
-        changed = [(ids[index], encoded[id(objects[index])][0], new_etas[index]) for index in settled.tolerated
-                   if not _eta_holds(verdicts[ids[index]][1], new_etas[index], now)]
+            and settled.pending is pending and settled.ids == ids and settled.canonical == new_canonical):
+        # The stored verdicts, the queue and every new reason are those of the last cycle, which
+        # found nothing to write: a job that matched to the letter still does unless its ETA
+        # moved since (a few, where running jobs overran their expected end), and of the others
+        # only the ETA tolerance can have moved (it narrows as the ETA comes nearer). Those alone
+        # are looked at: one moved ETA no longer sends 200,000 jobs through the full compare.
+        look = settled.tolerated
+        if settled.etas != new_etas:
+            look = sorted(set(look).union(compress(range(len(ids)), map(ne, settled.etas, new_etas))))
+        changed, tolerated = [], []
+        for index in look:
+            job_id = ids[index]
+            if job_id not in pending:
+                continue  # (as below: skipped then too, and still not pending)
+            stored_eta, eta = verdicts[job_id][1], new_etas[index]
+            if not _eta_holds(stored_eta, eta, now):
+                changed.append((job_id, encoded[id(objects[index])][0], eta))
+            elif stored_eta != eta or type(stored_eta) is not type(eta):
+                tolerated.append(index)
+        if not changed and look is not settled.tolerated:
+            settled = _Settled(verdicts, settled.generation, pending, ids, new_etas, new_canonical, tolerated)
     else:
         settled = None
         olds = list(map(verdicts.get, ids, repeat(_NO_VERDICT)))

@@ -299,3 +299,39 @@ def test_an_eta_kept_within_its_tolerance_is_rewritten_once_it_comes_near_though
     assert cycle_at(start + 20, start + 3090) == promised
     # The same estimate 590 s ahead: 90 s is past 10% of the wait now
     assert cycle_at(start + 2500, start + 3090) == start + 3090
+
+
+@POSTGRESQL
+def test_when_a_few_etas_move_in_a_settled_queue_only_those_are_rewritten_and_tolerance_still_holds(
+        transactional_db, monkeypatch):
+    # A settled queue (the cycle before wrote nothing) where a few ETAs move, as when a running job
+    # overruns its expected end: those jobs alone are compared with what is stored; one that moved
+    # past its tolerance is rewritten, one within it is kept and looked at again the next cycles.
+    from datetime import datetime, timezone as dt_timezone
+
+    from django.utils import timezone
+
+    jobs, start = [JobFactory() for _ in range(4)], 30 * 60_000_000.0
+    clock = [start]
+    monkeypatch.setattr(timezone, "now", lambda: datetime.fromtimestamp(clock[0], tz=dt_timezone.utc))
+
+    def cycle_at(moment: float, etas_at: list[float]) -> list[int | None]:
+        clock[0] = moment
+        apply_decisions(Decisions(pending=tuple(
+            Pending(job.pk, waiting(gpus=1), eta_at - moment) for job, eta_at in zip(jobs, etas_at))))
+        stored = dict(JobWait.objects.values_list("job_id", "eta_at"))
+        return [stored[job.pk] for job in jobs]
+
+    etas = [start + 3000 + 600 * i for i in range(4)]
+    assert cycle_at(start, etas) == etas
+    assert cycle_at(start + 2, etas) == etas  # settled: nothing written
+    # Job 1's ETA moves by 20 min (rewritten); job 2's by 60 s, within 10% of its 4,200 s wait (kept).
+    moved = [etas[0], etas[1] + 1200, etas[2] + 60, etas[3]]
+    assert cycle_at(start + 4, moved) == [etas[0], etas[1] + 1200, etas[2], etas[3]]
+    assert cycle_at(start + 6, moved) == [etas[0], etas[1] + 1200, etas[2], etas[3]]
+    # Settled again; job 3's ETA moves by 60 s too, within 10% of its 4,800 s wait: kept.
+    moved[3] += 60
+    assert cycle_at(start + 8, moved) == [etas[0], etas[1] + 1200, etas[2], etas[3]]
+    # Jobs 2 and 3 come near: 60 s is past 10% of a 560 s wait, and past the 30 s floor.
+    assert cycle_at(etas[2] - 500, moved) == [etas[0], etas[1] + 1200, etas[2] + 60, etas[3]]
+    assert cycle_at(etas[3] - 500, moved) == moved
