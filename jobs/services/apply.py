@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import compress, repeat
 from operator import eq, is_, itemgetter, ne, not_
 from datetime import datetime, timezone as dt_timezone
@@ -287,29 +287,35 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
     verdicts, pending = queue.verdicts, queue.pending
     settled = _settled
     if (settled is not None and settled.verdicts is verdicts and settled.generation == _verdict_versions.generation
-            and settled.pending is pending and settled.ids == ids and settled.canonical == new_canonical):
-        # The stored verdicts, the queue and every new reason are those of the last cycle, which
-        # found nothing to write: a job that matched to the letter still does unless its ETA
-        # moved since (a few, where running jobs overran their expected end), and of the others
-        # only the ETA tolerance can have moved (it narrows as the ETA comes nearer). Those alone
-        # are looked at: one moved ETA no longer sends 200,000 jobs through the full compare.
+            and settled.pending is pending and settled.ids == ids):
+        # The stored verdicts and the queue are those the last cycle settled (it found nothing to
+        # write, or wrote what differed and committed): a job that matched to the letter still
+        # does unless its reason or ETA moved since. Those alone are looked at, with the ones kept
+        # within tolerance (which narrows as the ETA comes nearer): a few moved (a running job
+        # past its expected end, a tenant's usage that drifted past its rounding) no longer send
+        # 500,000 jobs through the full compare below.
         look = settled.tolerated
-        if settled.etas != new_etas:
-            look = sorted(set(look).union(compress(range(len(ids)), map(ne, settled.etas, new_etas))))
+        moved_etas, moved_reasons = settled.etas != new_etas, settled.canonical != new_canonical
+        if moved_etas or moved_reasons:
+            look = set(look)
+            if moved_etas:
+                look.update(compress(range(len(ids)), map(ne, settled.etas, new_etas)))
+            if moved_reasons:
+                look.update(compress(range(len(ids)), map(ne, settled.canonical, new_canonical)))
+            look = sorted(look)
         changed, tolerated = [], []
         for index in look:
             job_id = ids[index]
             if job_id not in pending:
                 continue  # (as below: skipped then too, and still not pending)
             stored_eta, eta = verdicts[job_id][1], new_etas[index]
-            if not _eta_holds(stored_eta, eta, now):
+            if settled.canonical[index] != new_canonical[index] or not _eta_holds(stored_eta, eta, now):
                 changed.append((job_id, encoded[id(objects[index])][0], eta))
             elif stored_eta != eta or type(stored_eta) is not type(eta):
                 tolerated.append(index)
-        if not changed and look is not settled.tolerated:
+        if look is not settled.tolerated:
             settled = _Settled(verdicts, settled.generation, pending, ids, new_etas, new_canonical, tolerated)
     else:
-        settled = None
         olds = list(map(verdicts.get, ids, repeat(_NO_VERDICT)))
         stored = {text: _canonical_cached(text) for text in set(map(_first, olds)) if text is not None}
         stored[None] = None  # (no verdict stored: never the same)
@@ -328,14 +334,18 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
                     tolerated.append(index)
                     continue
             changed.append((job_id, encoded[id(objects[index])][0], eta))
-        if connection.vendor == "postgresql" and not changed:
-            settled = _Settled(verdicts, _verdict_versions.generation, pending, ids, new_etas, new_canonical,
-                               tolerated)
-    _settled = settled if not changed else None
-    if connection.vendor == "postgresql":
-        _write_reasons_postgresql(changed, verdicts)
-    else:
+        settled = _Settled(verdicts, _verdict_versions.generation, pending, ids, new_etas, new_canonical, tolerated)
+    if connection.vendor != "postgresql":
+        _settled = None
         _write_reasons(changed)
+    elif not changed:
+        _settled = settled
+    else:
+        # Settled once what differed is stored: then every job matches to the letter but the
+        # tolerated ones. Known only when the write commits (``_verdict_versions`` takes the rows
+        # then, at a new generation); a cycle rolled back leaves nothing settled.
+        _settled = None
+        _write_reasons_postgresql(changed, verdicts, settled)
 
 
 @dataclass(frozen=True)
@@ -388,7 +398,8 @@ def _canonical_text(text: str) -> str:
     return _canonical(decoded) if isinstance(decoded, dict) else ""
 
 
-def _write_reasons_postgresql(changed: list[tuple[int, dict, int | None]], stored: dict) -> None:
+def _write_reasons_postgresql(changed: list[tuple[int, dict, int | None]], stored: dict,
+                              settled: _Settled | None = None) -> None:
     """Verdicts a job already has are rewritten in place (``UPDATE``: the table leaves room on its
     pages, so PostgreSQL rewrites such a row without touching the index), new ones inserted, and
     only for jobs still pending. Each batch sends each distinct reason once (a JSON list the rows
@@ -426,7 +437,16 @@ def _write_reasons_postgresql(changed: list[tuple[int, dict, int | None]], store
             written.extend(_as_written(cursor.fetchall(), batch[4]))
     # Next cycle reads these rows at the version they have now: keep what was written instead of
     # fetching 40,000 reasons back. Only after commit (a rolled-back cycle wrote nothing).
-    transaction.on_commit(lambda: _verdict_versions.remember(written))
+    transaction.on_commit(lambda: _remember(written, settled if len(written) == len(changed) else None))
+
+
+def _remember(written: list, settled: _Settled | None) -> None:
+    global _settled
+    before = _verdict_versions.generation
+    _verdict_versions.remember(written)
+    if settled is not None and settled.generation == before:
+        # (the store the verdicts were compared with, and nothing but these rows since)
+        _settled = replace(settled, generation=_verdict_versions.generation)
 
 
 def _as_written(rows, texts: dict[int, str]):

@@ -335,3 +335,27 @@ def test_when_a_few_etas_move_in_a_settled_queue_only_those_are_rewritten_and_to
     # Jobs 2 and 3 come near: 60 s is past 10% of a 560 s wait, and past the 30 s floor.
     assert cycle_at(etas[2] - 500, moved) == [etas[0], etas[1] + 1200, etas[2] + 60, etas[3]]
     assert cycle_at(etas[3] - 500, moved) == moved
+
+
+@POSTGRESQL
+def test_a_settled_queue_stays_settled_across_its_own_writes_and_still_sees_everyone_elses(transactional_db):
+    # After a cycle writes the few verdicts that changed, the next cycles compare only what moves;
+    # a reason that changes back is written back, and a verdict someone else rewrote is corrected.
+    jobs = [JobFactory() for _ in range(3)]
+
+    def cycle(messages: list[str]) -> list[str]:
+        apply_decisions(Decisions(pending=tuple(
+            Pending(job.pk, waiting(message, gpus=1)) for job, message in zip(jobs, messages))))
+        stored = {job_id: reason["message"] for job_id, reason in JobWait.objects.values_list("job_id", "reason")}
+        return [stored[job.pk] for job in jobs]
+
+    usual = ["Waiting for 1 free GPU."] * 3
+    assert cycle(usual) == usual
+    assert cycle(usual) == usual
+    other = ["Waiting for 2 free GPUs.", *usual[1:]]
+    assert cycle(other) == other
+    assert cycle(other) == other
+    assert cycle(usual) == usual  # changed back: written back
+    JobWait.objects.filter(job_id=jobs[1].pk).update(reason={"code": "stale", "message": "old", "details": {}})
+    assert cycle(usual) == usual
+    assert cycle(other) == other
