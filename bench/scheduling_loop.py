@@ -327,8 +327,9 @@ def finish_some(rng: random.Random, count: int) -> None:
     Job.objects.filter(pk__in=ended).update(state=JobState.SUCCEEDED, finished_at=now, exit_code=0)
 
 
-def restarted(redis_server) -> Sample:
-    """Hand the lease back (a warm shutdown's) and measure one cycle of a new scheduler process."""
+def restarted(redis_server, profile: bool = False) -> Sample:
+    """Hand the lease back (a warm shutdown's) and measure one cycle of a new scheduler process
+    (``profile``: and print where its time went, cProfile's top functions)."""
     import json
     import subprocess
 
@@ -339,12 +340,14 @@ def restarted(redis_server) -> Sample:
     hand_back_on_shutdown()
     connection.close()  # (no transaction of this process's left open beside the new one's)
     redis_pid = getattr(getattr(redis_server, "process", None), "pid", None) or 0
-    done = subprocess.run([sys.executable, __file__, "--restarted-child", str(redis_pid)],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, __file__, "--restarted-child", str(redis_pid)]
+                          + (["--profile"] if profile else []), capture_output=True, text=True, check=True)
+    if profile:
+        print(done.stderr)
     return Sample(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def restarted_child(redis_pid: int) -> None:
+def restarted_child(redis_pid: int, profile: bool) -> None:
     """In the new process: the environment this bench set up (database, Redis, settings) is
     inherited; imports and the database connection are made before the clock starts."""
     import dataclasses
@@ -360,7 +363,19 @@ def restarted_child(redis_pid: int) -> None:
     connection.ensure_connection()
     gc.collect()
     meter = Meter(redis_pid=redis_pid or None)
-    result = meter.measure("restarted", run_scheduling_cycle)
+    if profile:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        result = meter.measure("restarted", lambda: profiler.runcall(run_scheduling_cycle))
+        print("--- profile of a restarted scheduler's first cycle (own time; its CPU figure is the profiled one)",
+              file=sys.stderr)
+        stats = pstats.Stats(profiler, stream=sys.stderr)
+        stats.sort_stats(os.environ.get("PROFILE_SORT", "tottime"))
+        stats.print_stats(int(os.environ.get("PROFILE_LINES", "25")))
+    else:
+        result = meter.measure("restarted", run_scheduling_cycle)
     hand_back_on_shutdown()
     if not result.ran or result.fenced:
         sys.exit(f"the new process's cycle did not run to the end: {result}")
@@ -411,7 +426,7 @@ def main() -> None:
                         help="after the measurements, profile one steady and one churn cycle (cProfile, top functions)")
     args = parser.parse_args()
     if args.restarted_child is not None:
-        return restarted_child(args.restarted_child)
+        return restarted_child(args.restarted_child, args.profile)
 
     db_label, redis_server = setup(args.database, DATABASE)
     import redis
@@ -615,7 +630,7 @@ def main() -> None:
                 f"{kinds[kind]} x {kind} {spent:.2f} s" for kind, spent in seconds.most_common(6)))
     if args.restart:
         heartbeats()
-        again = restarted(redis_server)
+        again = restarted(redis_server, args.profile)
         print(row("restarted: a new process's first", again, ("steady", baselines["steady"]),
                   f"; the lease handed over, nothing kept from the cycles above; {again.cpu / reference:.1f}x "
                   f"the reference loop"))
