@@ -95,3 +95,8 @@ class SchedulerConfig:
     # restart there alone, if it checkpoints: a borrower placed when the cluster was full otherwise
     # crawled at the duty cycle floor for the rest of its run (a 5.5 h job took 43 h).
     move_crowded_borrowers: bool = True
+    # Turnover's victims go most served first (GPU-seconds in all, earlier runs included), as LAS
+    # takes them; False: least progress lost first (the shortest current run), as a guarantee's
+    # reclaim takes them. Five Philly windows at interference 0.35, 5 seeds: geo-mean of average
+    # JCT over LAS's 1.017 -> 1.007 (mid Nov 1.053 -> 1.023), no window worse.
+    turnover_most_served_first: bool = True

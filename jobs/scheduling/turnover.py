@@ -7,8 +7,11 @@ preempted the most served job and ran the newcomer alone. So a borrower that has
 ``borrower_turnover_gpu_s`` of service, and that the placer could only put on a GPU it would
 over-commit, first tries to preempt borrowers past that much service that checkpoint (they
 resume where they were): the same search a guarantee's reclaim makes (``reclaim.Reclaimer``),
-over those victims only, least progress lost first. Guaranteed work is never a victim, nor is a
-job that does not checkpoint, nor a borrower of a tenant down to its own guarantee.
+over those victims only. Guaranteed work is never a victim, nor is a job that does not
+checkpoint, nor a borrower of a tenant down to its own guarantee. The victims are the most served
+in all first, earlier runs included, as LAS takes them (``config.turnover_most_served_first``):
+a checkpointing victim loses little whoever it is, and least progress lost first (a guarantee's
+rule: the shortest current run) took a job just restarted however much service it had had.
 
 The freed GPUs are promised to the newcomer, as a guarantee's reclaim promises them
 (``GuaranteedPass.keep_promises`` places it there first, as a borrower): left to the borrowers in
@@ -93,13 +96,19 @@ class _MostServed(Reclaimer):
             return None
         return total_loss(self._progress(j) for j in evictable), youngest_first(evictable)
 
+    def _progress(self, job: RunningJob) -> Loss:
+        if not (self.config.turnover_most_served_first and job.checkpoints):
+            return super()._progress(job)  # (a job that does not checkpoint is no victim; node estimates count it)
+        return 0.0, -self._served(job)  # (less is better: the most served cost the least)
+
+    def _served(self, job: RunningJob) -> float:
+        return job.attained_gpu_s + max(0.0, self.now - job.started_at) * job.quota_milli / WHOLE_GPU_MILLI
+
     def _evictable(self, job: RunningJob) -> bool:
         return self._may_be_victim(job) and super()._evictable(job)
 
     def _may_be_victim(self, job: RunningJob) -> bool:
         """What makes a victim that does not move within a cycle (``_evictable`` adds what does:
         its tenant's borrowing)."""
-        return (job.checkpoints and job.job_class is OPPORTUNISTIC
-                and job.attained_gpu_s + max(0.0, self.now - job.started_at) * job.quota_milli / WHOLE_GPU_MILLI
-                >= self.threshold)
+        return job.checkpoints and job.job_class is OPPORTUNISTIC and self._served(job) >= self.threshold
 

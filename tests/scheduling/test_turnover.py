@@ -116,3 +116,25 @@ def test_no_move_while_someone_queued_takes_the_empty_gpu():
     snapshot = dataclasses.replace(crowded(), pending=(job(1, tenant="old", mem_gib=20),))
     decisions = decide(snapshot, now=HOUR)
     assert placed(decisions) == {1: "a"} and not decisions.preemptions
+
+
+def two_served_borrowers():
+    """Two GPUs, each with a checkpointing borrower of ``old`` using half of it: job 8 ran 1.5 h
+    in all, job 9 ran 3 h this run after 10 h in earlier ones; a fresh borrower of ``new`` waits."""
+    now = 20 * HOUR
+    spec = dict(on="a", tenant="old", opportunistic=True, util=0.5, solo=0.5, checkpoints=True, mem_gib=20)
+    return now, cluster(node("a", gpus=2, util=0.5), tenants=BORROWERS,
+                        running=[running(8, gpus=[0], started_at=now - 1.5 * HOUR, **spec),
+                                 running(9, gpus=[1], started_at=now - 3 * HOUR, attained=10 * HOUR, **spec)],
+                        pending=[job(1, tenant="new", mem_gib=20)])
+
+
+def test_turnover_preempts_the_borrower_with_the_most_service_in_all_as_las_does():
+    now, snapshot = two_served_borrowers()
+    assert preempted(decide(snapshot, now=now)) == [9]
+
+
+def test_without_most_served_first_turnover_preempts_the_borrower_with_the_shortest_current_run():
+    now, snapshot = two_served_borrowers()
+    config = dataclasses.replace(SchedulerConfig(), turnover_most_served_first=False)
+    assert preempted(decide(snapshot, now=now, config=config)) == [8]
