@@ -106,8 +106,9 @@ KEPT = ("_node_states", "_all_nodes", "_facts", "_running_jobs", "_running_for",
 def forget() -> None:
     """Drop what was kept from earlier snapshots: the next one is built as a new process builds it."""
     global _node_states, _all_nodes, _facts, _running_jobs, _running_for, _built, _built_for, _derived, _whole
-    global _pending_versions, _served_before, _pending_read
+    global _pending_versions, _served_before, _pending_read, _allocation_rows
     _node_states, _all_nodes, _facts, _running_jobs, _running_for = {}, (None, ()), ((), ({}, {}, {})), {}, ()
+    _allocation_rows = ((None,), [])
     _built, _built_for, _derived, _whole = {}, (), (None, set(), set()), (None, ())
     _pending_versions = RowVersions(ordered=True)
     _served_before = {}
@@ -551,6 +552,10 @@ LIVE_STATES = (JobState.PLACED, JobState.RUNNING)
 # forgotten.
 _running_jobs: dict[int, tuple] = {}
 _running_for: tuple = ()
+# The live allocations' rows of the last snapshot, with the change marks of the two tables they
+# are read from (allocations, jobs) just before them: while neither mark moved, the same rows
+# (28,000 at 8,192 nodes: 0.35 s of PostgreSQL a cycle).
+_allocation_rows: tuple[tuple, list[tuple]] = ((None,), [])
 _job_id = itemgetter(0)
 # Per running job placed before: (its placement and when it began, the GPU-seconds of its earlier
 # runs). Those runs ended before this placement, so the figure holds while it does: read once per
@@ -561,13 +566,18 @@ _served_before: dict[int, tuple[tuple, float]] = {}
 def _running(gpu_nodes: dict[int, str], gpu_memory: dict[int, int], slugs: dict[int, str],
              unfenced: dict[int, bool]) -> tuple[tuple[RunningJob, ...], dict[int, tuple[str | None, ...]]]:
     """The jobs holding GPUs, and the nodes each holds them on."""
-    global _running_jobs, _running_for
+    global _running_jobs, _running_for, _allocation_rows
     # Every live allocation holds its GPU, whatever the job's state: a job settled while its
     # node may still run it (timed out by the control plane) keeps its GPUs until the exit.
     # A job's rows come together, its first allocation (by rank, then GPU index) first.
-    rows = _rows(Allocation.objects.filter(released_at__isnull=True).order_by("job_id", "rank", "gpu__index")
-                 .annotate(started_s=_epoch(Coalesce("job__started_at", "job__placed_at", "job__submitted_at")))
-                 .values_list(*RUNNING_FIELDS))
+    written = tuple(marks([Allocation, Job]))
+    if None not in written and written == _allocation_rows[0]:
+        rows = _allocation_rows[1]
+    else:
+        rows = _rows(Allocation.objects.filter(released_at__isnull=True).order_by("job_id", "rank", "gpu__index")
+                     .annotate(started_s=_epoch(Coalesce("job__started_at", "job__placed_at", "job__submitted_at")))
+                     .values_list(*RUNNING_FIELDS))
+        _allocation_rows = (written, rows)
     # (a semi-join, not thousands of ids as parameters: psycopg parses each in Python)
     held = Allocation.objects.filter(released_at__isnull=True).values("job_id")
     peaks = dict(JobUsage.objects.filter(job_id__in=held).values_list("job_id", "peak_gpu_memory_mib"))

@@ -143,3 +143,35 @@ def test_a_queue_whose_change_triggers_are_gone_is_scanned_every_cycle(cluster):
         with connection.cursor() as cursor:
             cursor.execute(on)
     assert marks([Job])[0] is not None
+
+
+def allocation_reads(captured) -> list[str]:
+    return [q["sql"] for q in captured.captured_queries
+            if re.search(r'FROM "jobs_allocation"', q["sql"]) and "released_at" in q["sql"]
+            and '"job_id", "jobs_allocation"."gpu_id"' in q["sql"]]
+
+
+def test_running_jobs_are_read_again_only_after_an_allocation_or_a_job_is_written(cluster):
+    """A steady cycle does not read every live allocation again; a GPU freed behind the loop's back
+    (a bulk update, as an operator's script would) is seen by the next cycle, which places the
+    job that waited for it."""
+    from jobs.models import Allocation
+
+    holder = JobFactory(tenant=cluster, gpus=2)
+    waiting = JobFactory(tenant=cluster, gpus=2)
+    first, _ = cycle()
+    assert first.placed == 1
+    Job.objects.filter(pk=holder.pk).update(state=JobState.RUNNING)
+    settle()
+    with CaptureQueriesContext(connection) as captured:
+        steady, _ = cycle()
+    assert steady.placed == 0 and allocation_reads(captured) == []
+
+    from django.utils import timezone
+
+    Allocation.objects.filter(job=holder).update(released_at=timezone.now())
+    Job.objects.filter(pk=holder.pk).update(state=JobState.SUCCEEDED)
+    with CaptureQueriesContext(connection) as captured:
+        freed, _ = cycle()
+    assert allocation_reads(captured) and freed.placed == 1
+    assert Job.objects.get(pk=waiting.pk).state == JobState.PLACED
