@@ -8,7 +8,7 @@ from django.utils import timezone
 from jobs.choices import RunClass
 from jobs.models import Allocation, Job, Tenant
 from jobs.scheduling.usage import decay_usage
-from jobs.services.table_changes import marks
+from jobs.services.table_changes import KeptWhileUnchanged
 
 
 def advance_usage(half_life_s: float) -> None:
@@ -35,9 +35,8 @@ def advance_usage(half_life_s: float) -> None:
                                    ["decayed_usage", "usage_updated_at"])
 
 
-# The change marks of the allocations and jobs tables (``table_changes``) and what the tenants
-# were charged then: while neither table was written, what they hold is the same.
-_charged: tuple[tuple[str | None, ...], dict[int, int]] = ((None,), {})
+# What the tenants were charged, kept while neither the allocations nor the jobs were written.
+_charged = KeptWhileUnchanged(Allocation, Job)
 
 
 def _charged_milli_by_tenant() -> dict[int, int]:
@@ -47,11 +46,10 @@ def _charged_milli_by_tenant() -> dict[int, int]:
     the GPU's total taken by a window function (PostgreSQL and SQLite alike), over every live
     allocation (28,000 at 8,192 nodes, 0.2 s of PostgreSQL): not made again while the marks of
     the tables it reads stay where they were."""
-    global _charged
-    # (read before the rows: a write between the two moves the marks the next cycle reads)
-    now = tuple(marks([Allocation, Job]))
-    if None not in now and now == _charged[0]:
-        return _charged[1]
+    return _charged.get(_read_charged_milli_by_tenant)
+
+
+def _read_charged_milli_by_tenant() -> dict[int, int]:
     allocations, jobs = Allocation._meta.db_table, Job._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
@@ -62,6 +60,4 @@ def _charged_milli_by_tenant() -> dict[int, int]:
             f"FROM {allocations} AS a JOIN {jobs} AS job ON job.id = a.job_id "
             f"WHERE a.released_at IS NULL) AS live GROUP BY tenant_id",
             [RunClass.OPPORTUNISTIC.value])
-        charged = {tenant_id: int(milli) for tenant_id, milli in cursor.fetchall()}
-    _charged = (now, charged)
-    return charged
+        return {tenant_id: int(milli) for tenant_id, milli in cursor.fetchall()}

@@ -25,7 +25,7 @@ from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, LiveReadings,
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, Promise, RecordedProfile, RunningJob
 from jobs.services.bulk_rows import ids_in
 from jobs.services.row_versions import RowVersions, listing
-from jobs.services.table_changes import mark_sql, marks
+from jobs.services.table_changes import KeptWhileUnchanged, mark_sql, marks
 from monitoring.choices import NodeHealth
 from monitoring.models import Gpu, JobUsage, Node
 from monitoring.services import live
@@ -100,7 +100,7 @@ MAX_PROMISED_GPUS = 4096
 
 # Everything kept from one snapshot to the next (see each): dropped by :func:`forget`.
 KEPT = ("_node_states", "_all_nodes", "_facts", "_running_jobs", "_running_for", "_built", "_built_for", "_derived",
-        "_whole", "_pending_versions", "_served_before", "_pending_read")
+        "_whole", "_pending_versions", "_served_before", "_pending_read", "_allocation_rows")
 
 
 def forget() -> None:
@@ -108,7 +108,7 @@ def forget() -> None:
     global _node_states, _all_nodes, _facts, _running_jobs, _running_for, _built, _built_for, _derived, _whole
     global _pending_versions, _served_before, _pending_read, _allocation_rows
     _node_states, _all_nodes, _facts, _running_jobs, _running_for = {}, (None, ()), ((), ({}, {}, {})), {}, ()
-    _allocation_rows = ((None,), [])
+    _allocation_rows = KeptWhileUnchanged(Allocation, Job)
     _built, _built_for, _derived, _whole = {}, (), (None, set(), set()), (None, ())
     _pending_versions = RowVersions(ordered=True)
     _served_before = {}
@@ -552,10 +552,9 @@ LIVE_STATES = (JobState.PLACED, JobState.RUNNING)
 # forgotten.
 _running_jobs: dict[int, tuple] = {}
 _running_for: tuple = ()
-# The live allocations' rows of the last snapshot, with the change marks of the two tables they
-# are read from (allocations, jobs) just before them: while neither mark moved, the same rows
-# (28,000 at 8,192 nodes: 0.35 s of PostgreSQL a cycle).
-_allocation_rows: tuple[tuple, list[tuple]] = ((None,), [])
+# The live allocations' rows of the last snapshot, kept while neither the allocations nor the
+# jobs were written (28,000 at 8,192 nodes: 0.35 s of PostgreSQL a cycle).
+_allocation_rows = KeptWhileUnchanged(Allocation, Job)
 _job_id = itemgetter(0)
 # Per running job placed before: (its placement and when it began, the GPU-seconds of its earlier
 # runs). Those runs ended before this placement, so the figure holds while it does: read once per
@@ -566,18 +565,14 @@ _served_before: dict[int, tuple[tuple, float]] = {}
 def _running(gpu_nodes: dict[int, str], gpu_memory: dict[int, int], slugs: dict[int, str],
              unfenced: dict[int, bool]) -> tuple[tuple[RunningJob, ...], dict[int, tuple[str | None, ...]]]:
     """The jobs holding GPUs, and the nodes each holds them on."""
-    global _running_jobs, _running_for, _allocation_rows
+    global _running_jobs, _running_for
     # Every live allocation holds its GPU, whatever the job's state: a job settled while its
     # node may still run it (timed out by the control plane) keeps its GPUs until the exit.
     # A job's rows come together, its first allocation (by rank, then GPU index) first.
-    written = tuple(marks([Allocation, Job]))
-    if None not in written and written == _allocation_rows[0]:
-        rows = _allocation_rows[1]
-    else:
-        rows = _rows(Allocation.objects.filter(released_at__isnull=True).order_by("job_id", "rank", "gpu__index")
-                     .annotate(started_s=_epoch(Coalesce("job__started_at", "job__placed_at", "job__submitted_at")))
-                     .values_list(*RUNNING_FIELDS))
-        _allocation_rows = (written, rows)
+    rows = _allocation_rows.get(lambda: _rows(
+        Allocation.objects.filter(released_at__isnull=True).order_by("job_id", "rank", "gpu__index")
+        .annotate(started_s=_epoch(Coalesce("job__started_at", "job__placed_at", "job__submitted_at")))
+        .values_list(*RUNNING_FIELDS)))
     # (a semi-join, not thousands of ids as parameters: psycopg parses each in Python)
     held = Allocation.objects.filter(released_at__isnull=True).values("job_id")
     peaks = dict(JobUsage.objects.filter(job_id__in=held).values_list("job_id", "peak_gpu_memory_mib"))

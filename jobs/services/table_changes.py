@@ -67,3 +67,22 @@ def marks(models: Sequence[type[Model]]) -> list[str | None]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT " + ", ".join(map(mark_sql, models)))
         return list(cursor.fetchone())
+
+
+class KeptWhileUnchanged:
+    """A value read from some tables, kept while their change marks stand: :meth:`get` reads the
+    marks (one small statement) and reads the value again only when one moved or cannot be trusted."""
+
+    def __init__(self, *models: type[Model]):
+        self.models = models
+        self._marks: tuple[str | None, ...] = (None,)
+        self._value = None
+
+    def get(self, read):
+        # (the marks read before the value: a write between the two moves the marks the next call reads)
+        now = tuple(marks(self.models))
+        if None not in now and now == self._marks:
+            return self._value
+        self._value = value = read()
+        self._marks = now
+        return value
