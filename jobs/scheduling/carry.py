@@ -434,6 +434,20 @@ class Carry:
         # The last snapshot's pending jobs (the very tuple) and those jobs by tenant, in its order:
         # a snapshot loader hands back the same tuple while no pending job changed.
         self.by_tenant: tuple[tuple[JobRequest, ...] | None, dict[str, list[JobRequest]]] = (None, {})
+        # The last cycle's working copy of the capacity, renewed for the next (``Capacity.renew``).
+        self.capacity: Capacity | None = None
+
+    def capacity_for(self, snapshot, config: SchedulerConfig) -> Capacity:
+        """The cycle's working copy of ``snapshot``'s capacity: the last cycle's, renewed, where
+        that can be done; else a new one (the last one is then let go)."""
+        kept, self.capacity = self.capacity, None  # (none kept if renewing fails half-way)
+        if kept is not None:
+            if kept.renew(snapshot, config):
+                self.capacity = kept
+                return kept
+            kept.dismantle()
+        self.capacity = Capacity(snapshot, config)
+        return self.capacity
 
     def tenants_of(self, pending: tuple[JobRequest, ...]) -> dict[str, list[JobRequest]]:
         """``pending`` by tenant, in its order (read-only: kept for the next cycle while it is the

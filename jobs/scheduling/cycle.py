@@ -91,7 +91,8 @@ def decide(snapshot: ClusterSnapshot, now: float, config: SchedulerConfig = Sche
         try:
             return cycle.run()
         finally:
-            cycle.inputs.capacity.dismantle()
+            if carry is None:  # (a carry keeps it for the next cycle: ``Carry.capacity_for``)
+                cycle.inputs.capacity.dismantle()
     finally:
         if paused:
             gc.enable()
@@ -101,7 +102,7 @@ class Cycle:
     """One run of the steps: the inputs, the state and the memo, and the pass objects built on them."""
 
     def __init__(self, snapshot: ClusterSnapshot, now: float, config: SchedulerConfig, carry: Carry | None = None):
-        capacity = Capacity(snapshot, config)
+        capacity = Capacity(snapshot, config) if carry is None else carry.capacity_for(snapshot, config)
         placer = Placer(capacity, config, FragmentationScore(snapshot_requests(snapshot), snapshot_hosts(snapshot))
                         if config.placement_score == "fgd" else None)
         inventory = InventoryCheck(capacity, placer)
