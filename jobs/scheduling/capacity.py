@@ -171,15 +171,23 @@ class _Source(NamedTuple):
         return cls(snapshot.nodes, snapshot.running, dict(readings.gpus), dict(readings.gpu_memory_used_mib),
                    dict(readings.jobs))
 
-    def moved_since(self, before: "_Source", by_id: dict[int, GpuSlot]) -> tuple[set[NodeSlot], list[RunningJob]]:
+    def moved_since(self, before: "_Source",
+                    by_id: dict[int, GpuSlot]) -> tuple[set[NodeSlot], list[RunningJob]] | None:
         """The nodes whose residents or readings differ from ``before``'s, and the running jobs
-        ``before`` did not have (new, or changed: a job is a new object when it changes)."""
+        ``before`` did not have (new, or changed: a job is a new object when it changes). None
+        where the jobs both had are listed in another order, or one is listed twice: each GPU
+        lists its residents in the snapshot's order, so every node would move."""
         moved: set[NodeSlot] = set()
         jobs_moved: list[RunningJob] = []
         arrived: list[RunningJob] = []
         if not _same_objects(self.running, before.running):
             then = {id(job) for job in before.running}
             now = {id(job) for job in self.running}
+            if len(now) != len(self.running) or len(then) != len(before.running):
+                return None
+            if not _same_objects(tuple(job for job in before.running if id(job) in now),
+                                 tuple(job for job in self.running if id(job) in then)):
+                return None
             arrived = [job for job in self.running if id(job) not in then]
             jobs_moved = [job for job in before.running if id(job) not in now] + arrived
         for mine, theirs in ((self.gpu_load, before.gpu_load), (self.gpu_used, before.gpu_used)):
@@ -268,16 +276,20 @@ class Capacity:
         """Make this working copy, which a cycle may have changed, exactly what
         ``Capacity(snapshot, config)`` would build, by building again only the nodes that cycle
         changed and those whose residents or readings moved since. False, and nothing done, where
-        that would not pay (the inventory or the config changed, or many nodes moved): build anew.
+        that would not pay or could not be done in place (the inventory or the config changed, many
+        nodes moved, the running jobs came in another order, a GPU id or a job twice): build anew.
 
         A steady cycle at 1,024 nodes changes a handful; building all 8,192 GPUs again was a
         third of ``decide()``'s CPU there."""
         source = self._source
         if (config.share_memory_headroom_mib != self.headroom or config.max_shared_load_milli != self.max_load
-                or not _same_objects(snapshot.nodes, source.nodes)):
+                or len(self.by_id) != len(self.gpus) or not _same_objects(snapshot.nodes, source.nodes)):
             return False
         now = _Source.of(snapshot)
-        moved, arrived = now.moved_since(source, self.by_id)
+        found = now.moved_since(source, self.by_id)
+        if found is None:
+            return False
+        moved, arrived = found
         dirty = self._touched | moved
         if len(dirty) > len(self.nodes) * RENEW_AT_MOST:
             return False
@@ -431,7 +443,9 @@ class Capacity:
                              (self.req_index[gpu.pool], gpu.req_entry)):
             if entry is not None:
                 bucket = index[entry[0]]
-                del bucket[bisect_left(bucket, entry[1])]
+                at = bisect_left(bucket, entry[1])
+                if at < len(bucket) and bucket[at] == entry[1]:  # (else an index update cut short)
+                    del bucket[at]
         gpu.opp_entry = gpu.guar_entry = gpu.req_entry = None
 
     # -- queries -----------------------------------------------------------------------------

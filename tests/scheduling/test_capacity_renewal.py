@@ -77,6 +77,8 @@ def _history(draw, snapshot: ClusterSnapshot, cycles: int, next_id: int, events:
         snapshot, config, now, next_id = advance(draw, snapshot, decisions, events, config, now, next_id)
         if draw(st.booleans()):
             snapshot = dataclasses.replace(snapshot, readings=draw(new_readings(snapshot)))
+        if draw(st.integers(0, 4)) == 0:  # (no loader does, but each GPU lists residents in this order)
+            snapshot = dataclasses.replace(snapshot, running=tuple(draw(st.permutations(snapshot.running))))
         del kept
 
 
@@ -124,6 +126,18 @@ def test_a_steady_cycle_builds_again_only_the_nodes_that_moved(monkeypatch):
     assert decide(moved, 1002.0, carry=carry) == decide(moved, 1002.0)
     touched = {g.node.name for g in carry.capacity.gpus if g.id in placed_on}
     assert placed_on and set(built) == touched | {"n3"}
+
+
+def test_running_jobs_listed_in_another_order_or_twice_are_a_new_copy_not_a_renewal():
+    snapshot = _busy_cluster()
+    carry = Carry()
+    decide(snapshot, 1000.0, carry=carry)
+    first = carry.capacity
+    for jobs in (snapshot.running[::-1], snapshot.running + snapshot.running[:1]):
+        changed = dataclasses.replace(snapshot, running=jobs)
+        assert state(carry.capacity_for(changed, CONFIGS[0])) == state(Capacity(changed, CONFIGS[0]))
+        assert carry.capacity is not first
+        first = carry.capacity
 
 
 def test_a_changed_inventory_or_config_builds_a_new_copy():
