@@ -248,10 +248,13 @@ def _queue() -> Queue:
     if verdicts is None:
         versions, waits_mark = listing(waits, "job_id", steady=steady, mark=mark_sql(JobWait))
 
-        def fetch(ids: list[str]):
+        def fetch(ids: list[str] | None):
             with connection.cursor() as cursor:
-                cursor.execute(f"SELECT job_id, xmin::text, reason::text, eta_at FROM {waits} "
-                               "WHERE job_id = ANY(string_to_array(%s, ',')::bigint[])", [",".join(ids)])
+                if ids is None:  # (as listed: every verdict)
+                    cursor.execute(f"SELECT job_id, xmin::text, reason::text, eta_at FROM {waits}")
+                else:
+                    cursor.execute(f"SELECT job_id, xmin::text, reason::text, eta_at FROM {waits} "
+                                   "WHERE job_id = ANY(string_to_array(%s, ',')::bigint[])", [",".join(ids)])
                 return [(job_id, version, (text, eta_at)) for job_id, version, text, eta_at in cursor.fetchall()]
 
         verdicts = _verdict_versions.read(versions, fetch, waits_mark)

@@ -57,7 +57,9 @@ def steady_scan_order(cursor) -> None:
     cursor.execute("SELECT set_config('synchronize_seqscans', 'off', true)")
 
 
-Fetch = Callable[[list[str]], Iterable[tuple[int, str, Any]]]
+# ``fetch(ids)``; ``fetch(None)``: every row the listing's condition matches, in one scan (a first
+# read holds none of them: looking 50,000 ids up cost PostgreSQL 120 ms where the scan costs 75).
+Fetch = Callable[[list[str] | None], Iterable[tuple[int, str, Any]]]
 
 
 class RowVersions:
@@ -102,7 +104,8 @@ class RowVersions:
 
     def read(self, rows: str, fetch: Fetch, mark: str | None = None) -> dict[int, Any]:
         """``rows``: every row wanted now, as :func:`listing` gives them. ``fetch(ids)``: (id,
-        version, value) of those rows, version and value read in one statement. Returns id ->
+        version, value) of those rows, version and value read in one statement (``fetch(None)``:
+        of every row the listing's condition matches; rows it did not list are left out). Returns id ->
         value (rows gone between the two reads are left out): by id if ``ordered``, else in no
         particular order. ``mark``: the table's change mark read with ``rows``."""
         values = self._read(rows, fetch)
@@ -184,8 +187,8 @@ class RowVersions:
             return self._values  # every row as last read and kept, and no other
         read = {}
         if stale:
-            read = {row_id: (version, value)
-                    for row_id, version, value in fetch([item.partition(":")[0] for item in stale])}
+            ids = [item.partition(":")[0] for item in stale] if seen else None
+            read = {row_id: (version, value) for row_id, version, value in fetch(ids)}
         own_suffix = None if own is None else ":" + own
         kept: dict[str, tuple[int, Any]] = {}
         key_of: dict[int, str] = {}

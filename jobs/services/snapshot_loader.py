@@ -438,8 +438,9 @@ def _pending_rows() -> dict[int, tuple]:
     table = connection.ops.quote_name(Job._meta.db_table)
     versions, mark = listing(table, "id", "state = %s", [JobState.PENDING.value], mark=mark_sql(Job))
 
-    def fetch(ids: list[str]):
-        read = _rows(_pending_queryset().filter(id__in=ids_in(ids))
+    def fetch(ids: list[str] | None):
+        pending = _pending_queryset() if ids is None else _pending_queryset().filter(id__in=ids_in(ids))
+        read = _rows(pending
                      .annotate(row_version=RawSQL(f"{table}.xmin::text", ()))
                      .values_list(*PENDING_FIELDS, PLACEMENTS, "row_version"))
         for version, row in zip([row[-1] for row in read], _with_attained([row[:-1] for row in read])):

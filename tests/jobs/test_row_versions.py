@@ -31,7 +31,9 @@ class Table:
         ids = self.rng.sample(sorted(self.rows), len(self.rows))
         return ",".join(f"{row_id}:{self.rows[row_id][0]}" for row_id in ids)
 
-    def fetch(self, ids: list[str]):
+    def fetch(self, ids: list[str] | None):
+        if ids is None:  # (every row there is now, listed or not)
+            ids = [str(row_id) for row_id in self.rows]
         self.fetched.extend(map(int, ids))
         for row_id, version in self.racing.items():
             if str(row_id) in ids:
