@@ -249,12 +249,11 @@ def _queue() -> Queue:
         versions, waits_mark = listing(waits, "job_id", steady=steady, mark=mark_sql(JobWait))
 
         def fetch(ids: list[str] | None):
+            # (None: every verdict, as listed)
+            where, params = ("", []) if ids is None else (
+                "WHERE job_id = ANY(string_to_array(%s, ',')::bigint[])", [",".join(ids)])
             with connection.cursor() as cursor:
-                if ids is None:  # (as listed: every verdict)
-                    cursor.execute(f"SELECT job_id, xmin::text, reason::text, eta_at FROM {waits}")
-                else:
-                    cursor.execute(f"SELECT job_id, xmin::text, reason::text, eta_at FROM {waits} "
-                                   "WHERE job_id = ANY(string_to_array(%s, ',')::bigint[])", [",".join(ids)])
+                cursor.execute(f"SELECT job_id, xmin::text, reason::text, eta_at FROM {waits} {where}", params)
                 return [(job_id, version, (text, eta_at)) for job_id, version, text, eta_at in cursor.fetchall()]
 
         verdicts = _verdict_versions.read(versions, fetch, waits_mark)
