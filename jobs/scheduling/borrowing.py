@@ -110,7 +110,7 @@ class BorrowingPass:
                     chunk = min(2 * chunk, LARGEST_CHUNK)
                 if not settled:
                     break
-                self._settle_known(ids[position:position + settled], found, needs, position)
+                self._settle_known(columns, ids[position:position + settled], found, needs, position)
                 position += settled
         return end
 
@@ -218,18 +218,20 @@ class BorrowingPass:
         self.memo.keys[tenant] = (backfill_until, keys)
         return keys
 
-    def _settle_known(self, ids: list[int], answers: list[tuple], needs: list[int], start: int) -> None:
-        """The jobs ``ids`` (the queue's from position ``start`` on) wait with their key's answer."""
+    def _settle_known(self, columns, ids: list[int], answers: list[tuple], needs: list[int], start: int) -> None:
+        """The jobs ``ids`` (the queue's from position ``start`` on, in ``columns``) wait with their
+        key's answer."""
         handled, queue_eta = self.state.handled, self.queue_eta
         pending = self.state.pending
         if handled and not handled.isdisjoint(ids):
             kept = [(job_id, answer, need) for job_id, answer, need in zip(ids, answers, needs[start:start + len(ids)])
                     if job_id not in handled]
             ids, answers, needs, start = [k[0] for k in kept], [k[1] for k in kept], [k[2] for k in kept], 0
+            if queue_eta.exhausted:  # (no longer the queue's positions: told anew)
+                pending.extend(map(new_pending, zip(ids, map(_reason_of, answers), map(_eta_of, answers))))
+                return
         if queue_eta.exhausted:  # (then no answer holds QUEUED: each is a (reason, ETA) to put after the id)
-            # (one tuple a job, which zip reuses, and the Pending made of it: fewer allocations
-            # than adding each answer to the id's own tuple)
-            pending.extend(map(new_pending, zip(ids, map(_reason_of, answers), map(_eta_of, answers))))
+            pending.extend(columns.told(start, ids, answers))
             return
         append = pending.append
         for job_id, (reason, eta), need in zip(ids, answers, needs[start:start + len(ids)]):
@@ -290,8 +292,7 @@ class BorrowingPass:
                 for need in dict.fromkeys(needs):  # (each distinct need once, in queue order)
                     if need not in by_need:
                         self.waits.ceiling_wait(quota, need)
-                found = list(map(by_need.__getitem__, needs))
-                pending.extend(map(new_pending, zip(ids, map(_reason_of, found), map(_eta_of, found))))
+                pending.extend(columns.told(position, ids, list(map(by_need.__getitem__, needs))))
                 return
         for job, _, need, _, _ in queue[position:]:
             if job.id in handled:

@@ -12,7 +12,10 @@ under the same config. What ``decide()`` derives from those alone is kept here:
   over the ceiling, impossible on this inventory): valid while the tenant's pending jobs, its
   ceiling, the config and the inventory stay the same; with it, the queue as columns
   (``QueueColumns``) and the memo keys the borrowing pass last made from them (made again when
-  a gang grows old or a hold allows other backfill).
+  a gang grows old or a hold allows other backfill);
+* what jobs were told: the reasons (``InternedReasons``) and the verdict at each position of a
+  queue settled in bulk (``QueueColumns.told``), handed out again as the very same objects where
+  a cycle would build equal ones, so that the loop can find the verdicts that changed by identity.
 
 Anything else a cycle computes depends on what is free or held now and is never carried. A carry
 only ever answers with what a cycle without one would have computed: ``decide(s, now, config,
@@ -35,13 +38,17 @@ from operator import attrgetter, getitem, is_, is_not, itemgetter
 
 from jobs.scheduling.capacity import Capacity
 from jobs.scheduling.config import SchedulerConfig
-from jobs.scheduling.decisions import Pending
+from jobs.scheduling.decisions import Pending, new_pending
+from jobs.scheduling.interned_reasons import InternedReasons
 from jobs.scheduling.placement import Shape
 from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.snapshot import JobRequest
 
 
 UNLIMITED_GPUS = 10**9
+# Never a verdict a job is told: the verdict at a queue position not told yet (``QueueColumns.told``).
+_NEVER_TOLD = new_pending((None, None, None))
+_reason_of, _eta_of = itemgetter(0), itemgetter(1)  # (of an answer: (reason, ETA))
 # Never an answer: a job with this memo key is settled one by one (``QueueColumns.keys``).
 ALONE = object()
 # Request keys come and go with the jobs (a recorded profile's peak memory alone takes many
@@ -238,7 +245,7 @@ class QueueColumns:
     sorted into its columns (``insert``), not read again with the whole queue."""
 
     __slots__ = ("ids", "needs", "outcomes", "gang_ids", "gang_submitted", "backfill_ids", "backfill_runtimes",
-                 "array_ids", "_positions", "_keys")
+                 "array_ids", "_positions", "_keys", "_told")
 
     def __init__(self, queue: list[Entry], read: QueueReadings | None = None):
         """``read``: what ``queue``'s jobs say, when the caller read it while it had each job at
@@ -271,6 +278,8 @@ class QueueColumns:
         self.array_ids = list(map(ids.__getitem__, read.arrays))
         self._positions: dict[int, int] | None = None  # job id -> position, made when first needed
         self._keys: tuple | None = None  # (what the last keys were made for, the keys)
+        # At each position, the verdict last told, the answer and the job it was told for (``told``).
+        self._told: tuple[list[Pending], list, list] | None = None
 
     def seed_keys(self, keys: list, young_gangs: int) -> None:
         """Take ``keys`` for what ``keys()`` would make without a hold, no job settled one by one
@@ -295,7 +304,7 @@ class QueueColumns:
             columns.gang_ids, columns.gang_submitted = _only(queued, self.gang_ids, self.gang_submitted)
             columns.backfill_ids, columns.backfill_runtimes = _only(queued, self.backfill_ids, self.backfill_runtimes)
             columns.array_ids = [job_id for job_id in self.array_ids if job_id in queued]
-        columns._positions = columns._keys = None
+        columns._positions = columns._keys = columns._told = None
         return columns
 
     def copy(self) -> QueueColumns:
@@ -305,7 +314,7 @@ class QueueColumns:
         columns.gang_ids, columns.gang_submitted = list(self.gang_ids), list(self.gang_submitted)
         columns.backfill_ids, columns.backfill_runtimes = list(self.backfill_ids), list(self.backfill_runtimes)
         columns.array_ids = list(self.array_ids)
-        columns._positions = columns._keys = None
+        columns._positions = columns._keys = columns._told = None
         return columns
 
     def insert(self, position: int, entry: Entry) -> None:
@@ -329,7 +338,26 @@ class QueueColumns:
             self.backfill_ids.insert(at, job_id)
         if job.array_limit is not None:
             self.array_ids.append(job_id)
-        self._positions = self._keys = None
+        self._positions = self._keys = self._told = None
+
+    def told(self, start: int, ids: list[int], answers: list[tuple]) -> list[Pending]:
+        """The verdicts of the jobs ``ids`` (the queue's from position ``start`` on), each waiting
+        with its answer (reason, ETA): the very ``Pending`` tuples told at these positions last
+        time where every job and answer is the same, else new ones, kept for the next time. A
+        steady queue is then told what it was told without a verdict built and freed again, and
+        the scheduling loop finds the verdicts that changed by identity (``jobs.services.apply``)."""
+        told = self._told
+        if told is None or len(told[0]) != len(self.ids):
+            told = self._told = ([_NEVER_TOLD] * len(self.ids), [None] * len(self.ids), [None] * len(self.ids))
+        verdicts, told_answers, told_ids = told
+        stop = start + len(ids)
+        # (answers compare at C speed: the same reason objects, ``InternedReasons``; a run whose
+        # ETAs moved, as they do every cycle, differs at its first job)
+        if told_answers[start:stop] == answers and told_ids[start:stop] == ids:
+            return verdicts[start:stop]
+        made = list(map(new_pending, zip(ids, map(_reason_of, answers), map(_eta_of, answers))))
+        verdicts[start:stop], told_answers[start:stop], told_ids[start:stop] = made, answers, ids
+        return made
 
     def _forget(self, job_id: int) -> None:
         """Drop ``job_id`` from the lists kept by id, where a job gone from the queue stays (passed
@@ -436,6 +464,8 @@ class Carry:
         self.by_tenant: tuple[tuple[JobRequest, ...] | None, dict[str, list[JobRequest]]] = (None, {})
         # The last cycle's working copy of the capacity, renewed for the next (``Capacity.renew``).
         self.capacity: Capacity | None = None
+        # The reasons jobs were told, handed out again as the same objects (``Memo.reason``).
+        self.reasons = InternedReasons()
 
     def capacity_for(self, snapshot, config: SchedulerConfig) -> Capacity:
         """The cycle's working copy of ``snapshot``'s capacity: the last cycle's, renewed, where

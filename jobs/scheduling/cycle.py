@@ -113,7 +113,7 @@ class Cycle:
         self.inputs = inputs = CycleInputs(snapshot, now, config, carry, capacity, placer, inventory,
                                            {t.name: t for t in snapshot.tenants})
         self.state = state = CycleState(leaving={job.id for job in snapshot.running if job.preempting})
-        self.memo = memo = Memo()
+        self.memo = memo = Memo(carry.reasons)
         borrowed, charged = self._count_running()
         start_held = dict(state.held)
         borrowing_at_start = frozenset(job.tenant for job in snapshot.running

@@ -16,6 +16,7 @@ from jobs.scheduling.carry import UNLIMITED_GPUS, Carry
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.decisions import Pending, Place, Preempt, Reservation
 from jobs.scheduling.explain import InventoryCheck
+from jobs.scheduling.interned_reasons import InternedReasons
 from jobs.scheduling.placement import FailureMemo, Placer
 from jobs.scheduling.reasons import PendingReason
 from jobs.scheduling.snapshot import ClusterSnapshot, JobRequest, Promise, TenantQuota
@@ -87,10 +88,10 @@ class Memo:
     * an answer about what is free now (``now``) lasts until ``CycleState.version`` moves.
     """
 
-    def __init__(self):
+    def __init__(self, reasons: InternedReasons | None = None):
         self.failed = FailureMemo()
-        # Lasting.
-        self.reasons: dict[tuple, object] = {}  # (constructor, *args) -> PendingReason, built once
+        # Lasting (the reasons from cycle to cycle, when the carry's are handed in).
+        self.reasons = InternedReasons() if reasons is None else reasons
         self.ceiling_waits: dict[tuple, dict] = {}  # (tenant, held) -> {need: (reason, eta)}
         self.start_shares: dict[str, float] = {}  # tenant -> weighted share before this cycle's placements
         self.lower_borrowing: dict[tuple, bool] = {}  # (tenant, borrowers this cycle) -> is one ahead of it borrowing
@@ -104,12 +105,9 @@ class Memo:
         self._now_at = 0
 
     def reason(self, build, *args) -> PendingReason:
-        """Reasons are frozen and many jobs share one: build each distinct sentence once."""
-        key = (build, *args)
-        reason = self.reasons.get(key)
-        if reason is None:
-            reason = self.reasons[key] = build(*args)
-        return reason
+        """Reasons are frozen and many jobs share one: build each distinct sentence once (and
+        hand out the same object in the cycles after, ``InternedReasons``)."""
+        return self.reasons.get(build, *args)
 
     def now(self, version: int) -> dict[tuple, object]:
         """Answers about what is free, valid at ``version`` (emptied when it has moved)."""

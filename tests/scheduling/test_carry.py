@@ -6,6 +6,7 @@ gives exactly what ``decide`` without one gives on the same snapshot."""
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -447,3 +448,29 @@ def test_the_memo_keys_a_queue_is_built_with_are_those_its_columns_make():
     assert seeded._keys[0] == made._keys[0]
     assert len(read.keys) == len(keys) and all(a is b for a, b in zip(read.keys, keys))
     assert any(key is ALONE for key in keys) and len({id(key) for key in keys}) > 3
+
+
+def test_a_carried_cycle_tells_a_steady_queue_the_very_verdicts_it_told_before():
+    """The scheduling loop finds the verdicts to rewrite by comparing two cycles' verdicts: a
+    queue whose situation did not change gets back the very ``Pending`` objects (none built and
+    freed again), and one whose situation changed gets what a fresh cycle says."""
+    from tests.scheduling.builders import cluster, node, running, tenant
+
+    def snapshot(heavy_usage: float, ceiling: int | None = None):
+        return cluster(node("a", gpus=1), tenants=[tenant("light"), tenant("heavy", usage=heavy_usage),
+                                                   tenant("capped", max_gpus=1)],
+                       running=[running(90, gpus=[0], tenant="light", opportunistic=True)],
+                       pending=[job(i, tenant="heavy") for i in range(1, 41)]
+                       + [job(i, tenant="capped", gpus=2) for i in range(41, 61)])
+
+    carry = Carry()
+    first = decide(snapshot(1e7), 10.0, carry=carry)
+    again = decide(snapshot(1e7 + 3600), 12.0, carry=carry)  # (usage drifting within its rounding)
+    assert again == decide(snapshot(1e7 + 3600), 12.0)
+    # (bar the first few of each tenant's run, told one by one before the rest are told in bulk)
+    from jobs.scheduling.borrowing import BULK_AFTER
+    assert len(again.pending) == 60
+    assert sum(map(operator.is_, first.pending, again.pending)) >= 60 - 2 * (BULK_AFTER + 2)
+    heavier = decide(snapshot(2e7), 14.0, carry=carry)
+    assert heavier == decide(snapshot(2e7), 14.0)
+    assert {p.reason.details["weighted_usage_gpu_h"] for p in heavier.pending if p.job_id <= 40} == {5600.0}

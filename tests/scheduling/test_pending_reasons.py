@@ -145,3 +145,27 @@ def test_the_borrowing_pass_stops_searching_at_the_search_limit_and_says_so():
     decisions = decide(snapshot, now=10, config=SchedulerConfig(max_placement_searches=2))
     assert sorted(placed(decisions)) == [1, 2]
     assert codes(decisions) == {3: "not_considered", 4: "not_considered"}
+
+
+def test_a_carried_cycle_tells_an_unchanged_verdict_with_the_very_reason_it_told_before():
+    """The scheduling loop finds the verdicts to rewrite by comparing two cycles' verdicts, mostly
+    by identity: a reason whose words stay the same (a tenant's usage drifting within its rounding,
+    a ceiling the tenant is still at) must come back as the same object, and new words as new."""
+    from jobs.scheduling.carry import Carry
+
+    def snapshot(heavy_usage: float):
+        return cluster(node("a", gpus=2), tenants=[tenant("light"), tenant("heavy", usage=heavy_usage),
+                                                   tenant("capped", max_gpus=1)],
+                       running=[running(90, gpus=[0], tenant="light", opportunistic=True),
+                                running(91, gpus=[1], tenant="capped", opportunistic=True)],
+                       pending=[job(1, tenant="heavy"), job(2, tenant="capped")])
+
+    carry = Carry()
+    first = decide(snapshot(1e7), now=0, carry=carry)
+    again = decide(snapshot(1e7 + 3600), now=2, carry=carry)
+    for job_id in (1, 2):
+        assert pending_of(again, job_id).reason is pending_of(first, job_id).reason
+    assert pending_of(first, 2).reason.code == ReasonCode.AT_MAX_GPUS
+    heavier = decide(snapshot(2e7), now=4, carry=carry)
+    assert pending_of(heavier, 1).reason.details["weighted_usage_gpu_h"] == 5600.0
+    assert pending_of(heavier, 2).reason is pending_of(first, 2).reason
