@@ -302,23 +302,27 @@ def test_an_eta_kept_within_its_tolerance_is_rewritten_once_it_comes_near_though
 
 
 @POSTGRESQL
+@pytest.mark.parametrize("one_reason", [True, False], ids=["the same reason object", "equal reasons"])
 def test_when_a_few_etas_move_in_a_settled_queue_only_those_are_rewritten_and_tolerance_still_holds(
-        transactional_db, monkeypatch):
+        transactional_db, monkeypatch, one_reason):
     # A settled queue (the cycle before wrote nothing) where a few ETAs move, as when a running job
     # overruns its expected end: those jobs alone are compared with what is stored; one that moved
     # past its tolerance is rewritten, one within it is kept and looked at again the next cycles.
+    # (The core hands out the same reason object cycle after cycle, ``InternedReasons``; an equal
+    # one built anew must be judged the same way.)
     from datetime import datetime, timezone as dt_timezone
 
     from django.utils import timezone
 
     jobs, start = [JobFactory() for _ in range(4)], 30 * 60_000_000.0
-    clock = [start]
+    clock, shared = [start], waiting(gpus=1)
     monkeypatch.setattr(timezone, "now", lambda: datetime.fromtimestamp(clock[0], tz=dt_timezone.utc))
 
     def cycle_at(moment: float, etas_at: list[float]) -> list[int | None]:
         clock[0] = moment
         apply_decisions(Decisions(pending=tuple(
-            Pending(job.pk, waiting(gpus=1), eta_at - moment) for job, eta_at in zip(jobs, etas_at))))
+            Pending(job.pk, shared if one_reason else waiting(gpus=1), eta_at - moment)
+            for job, eta_at in zip(jobs, etas_at))))
         stored = dict(JobWait.objects.values_list("job_id", "eta_at"))
         return [stored[job.pk] for job in jobs]
 
@@ -359,3 +363,33 @@ def test_a_settled_queue_stays_settled_across_its_own_writes_and_still_sees_ever
     JobWait.objects.filter(job_id=jobs[1].pk).update(reason={"code": "stale", "message": "old", "details": {}})
     assert cycle(usual) == usual
     assert cycle(other) == other
+
+
+@POSTGRESQL
+def test_a_settled_queue_whose_verdicts_trade_places_or_change_their_words_is_stored_right(transactional_db):
+    # Against a settled store, a cycle compares its verdicts with the last cycle's place by place
+    # and looks only at those that differ: two jobs that trade verdicts, a reason that changes its
+    # words, a job told an ETA and then none again must each end up stored as the core said.
+    jobs = [JobFactory() for _ in range(6)]
+    one, two = waiting(gpus=1), waiting("Waiting for 2 free GPUs.", gpus=2)
+
+    def cycle(told: list[tuple[PendingReason, float | None]]) -> list[tuple[str, bool]]:
+        apply_decisions(Decisions(pending=tuple(
+            Pending(job.pk, reason, eta_s) for job, (reason, eta_s) in zip(jobs, told))))
+        stored = {job_id: (reason["message"], eta_at is not None)
+                  for job_id, reason, eta_at in JobWait.objects.values_list("job_id", "reason", "eta_at")}
+        return [stored[job.pk] for job in jobs]
+
+    def expected(told):
+        return [(reason.message, eta_s is not None) for reason, eta_s in told]
+
+    told = [(one, None)] * 3 + [(two, None)] * 3
+    assert cycle(told) == expected(told)
+    assert cycle(told) == expected(told)  # settled
+    traded = [(one, None), (two, None), (one, None), (two, None), (one, None), (two, None)]
+    assert cycle(traded) == expected(traded)
+    reworded = [*traded[:2], (waiting("Waiting for 3 free GPUs.", gpus=3), None), *traded[3:]]
+    assert cycle(reworded) == expected(reworded)
+    with_eta = [*reworded[:4], (two, 600.0), reworded[5]]
+    assert cycle(with_eta) == expected(with_eta)
+    assert cycle(reworded) == expected(reworded)  # the ETA gone again
