@@ -393,3 +393,54 @@ def test_a_settled_queue_whose_verdicts_trade_places_or_change_their_words_is_st
     with_eta = [*reworded[:4], (two, 600.0), reworded[5]]
     assert cycle(with_eta) == expected(with_eta)
     assert cycle(reworded) == expected(reworded)  # the ETA gone again
+
+
+@POSTGRESQL
+def test_a_settled_queue_that_gains_and_loses_jobs_is_still_stored_right(transactional_db, monkeypatch):
+    # The queue moves between two cycles (a job placed, one submitted) while someone else rewrites
+    # a stored verdict: the verdicts no longer line up by place with the settled ones, and each job
+    # must still end up stored as the core said, its own reason and ETA.
+    from datetime import datetime, timezone as dt_timezone
+
+    from django.utils import timezone
+
+    clock = [30 * 60_000_000.0]
+    monkeypatch.setattr(timezone, "now", lambda: datetime.fromtimestamp(clock[0], tz=dt_timezone.utc))
+    jobs = [JobFactory() for _ in range(5)]
+    one, two = waiting(gpus=1), waiting("Waiting for 2 free GPUs.", gpus=2)
+
+    def cycle(told: dict) -> dict:
+        clock[0] += 300  # (an ETA in seconds from now: past its tolerance, its time must move)
+        apply_decisions(Decisions(pending=tuple(Pending(job.pk, reason, eta_s)
+                                                for job, (reason, eta_s) in told.items())))
+        stored = {job_id: (reason["message"], eta_at)
+                  for job_id, reason, eta_at in JobWait.objects.values_list("job_id", "reason", "eta_at")}
+        return {job: stored.get(job.pk) for job in told}
+
+    def expected(told: dict) -> dict:
+        return {job: (reason.message, None if eta_s is None else apply._eta_at(eta_s, clock[0]))
+                for job, (reason, eta_s) in told.items()}
+
+    told = {job: (one, None) for job in jobs}
+    assert cycle(told) == expected(told)
+    assert cycle(told) == expected(told)  # settled
+    Job.objects.filter(pk=jobs[0].pk).update(state=JobState.PLACED)
+    JobWait.objects.filter(job_id=jobs[0].pk).delete()
+    JobWait.objects.filter(job_id=jobs[3].pk).update(reason={"code": "stale", "message": "old", "details": {}})
+    newcomer = JobFactory()
+    told = {**{job: (one, None) for job in jobs[1:]}, jobs[2]: (two, None), newcomer: (one, None)}
+    assert cycle(told) == expected(told)
+    told[jobs[4]] = (two, 600.0)
+    assert cycle(told) == expected(told)
+    del told[newcomer]
+    Job.objects.filter(pk=newcomer.pk).update(state=JobState.CANCELLED)
+    assert cycle(told) == expected(told)  # (the same ETA in seconds, 300 s later)
+    # A job placed between snapshot and apply is told nothing (its verdict left as it was); back in
+    # the queue, the same verdict told again is stored.
+    Job.objects.filter(pk=jobs[1].pk).update(state=JobState.PLACED)
+    JobWait.objects.filter(job_id=jobs[1].pk).delete()
+    told[jobs[1]], told[jobs[4]] = (two, None), (one, None)
+    assert cycle(told)[jobs[1]] is None
+    Job.objects.filter(pk=jobs[1].pk).update(state=JobState.PENDING)
+    assert cycle(told) == expected(told)
+    assert cycle(told) == expected(told)
