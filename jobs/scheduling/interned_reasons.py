@@ -24,12 +24,13 @@ KEPT = 20_000
 
 class InternedReasons:
     def __init__(self) -> None:
-        self._by_call: dict[tuple, PendingReason] = {}  # (builder, *arguments) -> reason
+        self._by_call: dict[tuple, PendingReason] = {}  # (builder, arguments, their types) -> reason
         self._by_words: dict[tuple, PendingReason] = {}  # (code, message, repr of details) -> reason
 
     def get(self, build: Callable[..., PendingReason], *args) -> PendingReason:
-        """``build(*args)``, or the equal reason handed out before."""
-        key = (build, *args)
+        """``build(*args)``, or the equal reason handed out before. (The arguments' types are part
+        of the key: 2, 2.0 and True are equal, but a reason built from each is worded otherwise.)"""
+        key = (build, args, tuple(map(type, args)))
         found = self._by_call.get(key)
         if found is None:
             if len(self._by_call) >= KEPT or len(self._by_words) >= KEPT:

@@ -444,3 +444,21 @@ def test_a_settled_queue_that_gains_and_loses_jobs_is_still_stored_right(transac
     Job.objects.filter(pk=jobs[1].pk).update(state=JobState.PENDING)
     assert cycle(told) == expected(told)
     assert cycle(told) == expected(told)
+
+
+@POSTGRESQL
+@pytest.mark.parametrize("before,after", [(1, 1.0), (1, True)])
+def test_a_reason_equal_in_value_but_worded_otherwise_is_rewritten_in_a_settled_queue(
+        transactional_db, before, after):
+    # 1 == 1.0 == True, but they are stored as 1, 1.0 and true: a settled queue told a reason equal
+    # to the last one but written otherwise stores it as written, as a full comparison would.
+    jobs = [JobFactory() for _ in range(3)]
+
+    def cycle(value) -> list[str]:
+        reason = PendingReason(ReasonCode.WAITING_FOR_FREE_GPUS, "Waiting.", {"n": value})
+        apply_decisions(Decisions(pending=tuple(Pending(job.pk, reason, None) for job in jobs)))
+        return [repr(JobWait.objects.get(job_id=job.pk).reason["details"]["n"]) for job in jobs]
+
+    assert cycle(before) == [repr(before)] * 3
+    assert cycle(before) == [repr(before)] * 3  # settled
+    assert cycle(after) == [repr(after)] * 3

@@ -474,3 +474,19 @@ def test_a_carried_cycle_tells_a_steady_queue_the_very_verdicts_it_told_before()
     heavier = decide(snapshot(2e7), 14.0, carry=carry)
     assert heavier == decide(snapshot(2e7), 14.0)
     assert {p.reason.details["weighted_usage_gpu_h"] for p in heavier.pending if p.job_id <= 40} == {5600.0}
+
+
+def test_a_reason_built_from_an_equal_number_of_another_type_is_worded_as_a_fresh_cycle_words_it():
+    """2 == 2.0, but "after 2 placement searches" is not "after 2.0": the reasons a carry hands
+    out again are those built from arguments of the same types."""
+    from tests.scheduling.builders import cluster, node, tenant
+
+    snapshot = cluster(node("a", gpus=8), tenants=[tenant("nlp")],
+                       pending=[job(1, tenant="nlp"), job(2, tenant="nlp", gpus=2), job(3, tenant="nlp", gpus=4),
+                                job(4, tenant="nlp")])
+    carry = Carry()
+    decide(snapshot, 10.0, SchedulerConfig(max_placement_searches=2), carry)
+    config = SchedulerConfig(max_placement_searches=2.0)
+    carried = decide(snapshot, 12.0, config, carry)
+    assert carried == decide(snapshot, 12.0, config)
+    assert "after 2.0 placement searches" in carried.pending[-1].reason.message
