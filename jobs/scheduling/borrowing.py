@@ -227,15 +227,19 @@ class BorrowingPass:
             kept = [(job_id, answer, need) for job_id, answer, need in zip(ids, answers, needs[start:start + len(ids)])
                     if job_id not in handled]
             ids, answers, needs, start = [k[0] for k in kept], [k[1] for k in kept], [k[2] for k in kept], 0
-            if queue_eta.exhausted:  # (no longer the queue's positions: told anew)
-                pending.extend(map(new_pending, zip(ids, map(_reason_of, answers), map(_eta_of, answers))))
-                return
+            columns = None  # (no longer the queue's positions: told anew)
         if queue_eta.exhausted:  # (then no answer holds QUEUED: each is a (reason, ETA) to put after the id)
-            pending.extend(columns.told(start, ids, answers))
+            pending.extend(columns.told(start, ids, answers) if columns is not None
+                           else map(new_pending, zip(ids, map(_reason_of, answers), map(_eta_of, answers))))
             return
         append = pending.append
-        for job_id, (reason, eta), need in zip(ids, answers, needs[start:start + len(ids)]):
+        for offset, (job_id, (reason, eta), need) in enumerate(zip(ids, answers, needs[start:start + len(ids)])):
             if eta is QUEUED:
+                if queue_eta.exhausted and columns is not None:
+                    # (the queue's ETAs ran out here: the rest are told with none, as in bulk)
+                    rest = [(reason, None if eta is QUEUED else eta) for reason, eta in answers[offset:]]
+                    pending.extend(columns.told(start + offset, ids[offset:], rest))
+                    return
                 eta = None if queue_eta.exhausted else queue_eta.next(need)
             append(new_pending((job_id, reason, eta)))
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
 from itertools import compress
-from operator import attrgetter, getitem, is_, is_not, itemgetter
+from operator import attrgetter, getitem, is_, is_not, itemgetter, ne
 
 from jobs.scheduling.capacity import Capacity
 from jobs.scheduling.config import SchedulerConfig
@@ -351,11 +351,18 @@ class QueueColumns:
             told = self._told = ([_NEVER_TOLD] * len(self.ids), [None] * len(self.ids), [None] * len(self.ids))
         verdicts, told_answers, told_ids = told
         stop = start + len(ids)
-        # (answers compare at C speed: the same reason objects, ``InternedReasons``; a run whose
-        # ETAs moved, as they do every cycle, differs at its first job)
-        if told_answers[start:stop] == answers and told_ids[start:stop] == ids:
-            return verdicts[start:stop]
-        made = list(map(new_pending, zip(ids, map(_reason_of, answers), map(_eta_of, answers))))
+        if told_ids[start:stop] == ids:
+            # (answers compare at C speed: the same reason objects, ``InternedReasons``)
+            last = told_answers[start:stop]
+            if last == answers:
+                return verdicts[start:stop]
+            # Some answers moved (an ETA is in seconds from now: those with one move every
+            # cycle): only those jobs are told anew.
+            made = verdicts[start:stop]
+            for index in compress(range(len(ids)), map(ne, last, answers)):
+                made[index] = new_pending((ids[index], *answers[index]))
+        else:
+            made = list(map(new_pending, zip(ids, map(_reason_of, answers), map(_eta_of, answers))))
         verdicts[start:stop], told_answers[start:stop], told_ids[start:stop] = made, answers, ids
         return made
 
