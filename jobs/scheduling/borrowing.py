@@ -237,7 +237,7 @@ class BorrowingPass:
             if eta is QUEUED:
                 if queue_eta.exhausted and columns is not None:
                     # (the queue's ETAs ran out here: the rest are told with none, as in bulk)
-                    rest = [(reason, None if eta is QUEUED else eta) for reason, eta in answers[offset:]]
+                    rest = [(told, None if when is QUEUED else when) for told, when in answers[offset:]]
                     pending.extend(columns.told(start + offset, ids[offset:], rest))
                     return
                 eta = None if queue_eta.exhausted else queue_eta.next(need)

@@ -46,8 +46,6 @@ from jobs.scheduling.snapshot import JobRequest
 
 
 UNLIMITED_GPUS = 10**9
-# Never a verdict a job is told: the verdict at a queue position not told yet (``QueueColumns.told``).
-_NEVER_TOLD = new_pending((None, None, None))
 _reason_of, _eta_of = itemgetter(0), itemgetter(1)  # (of an answer: (reason, ETA))
 # Never an answer: a job with this memo key is settled one by one (``QueueColumns.keys``).
 ALONE = object()
@@ -279,7 +277,7 @@ class QueueColumns:
         self._positions: dict[int, int] | None = None  # job id -> position, made when first needed
         self._keys: tuple | None = None  # (what the last keys were made for, the keys)
         # At each position, the verdict last told, the answer and the job it was told for (``told``).
-        self._told: tuple[list[Pending], list, list] | None = None
+        self._told: tuple[list, list, list] | None = None
 
     def seed_keys(self, keys: list, young_gangs: int) -> None:
         """Take ``keys`` for what ``keys()`` would make without a hold, no job settled one by one
@@ -348,7 +346,7 @@ class QueueColumns:
         the scheduling loop finds the verdicts that changed by identity (``jobs.services.apply``)."""
         told = self._told
         if told is None or len(told[0]) != len(self.ids):
-            told = self._told = ([_NEVER_TOLD] * len(self.ids), [None] * len(self.ids), [None] * len(self.ids))
+            told = self._told = ([None] * len(self.ids), [None] * len(self.ids), [None] * len(self.ids))
         verdicts, told_answers, told_ids = told
         stop = start + len(ids)
         if told_ids[start:stop] == ids:

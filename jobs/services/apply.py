@@ -267,7 +267,8 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
     moved beyond the tolerance above. Each distinct reason (and each distinct stored text) is
     encoded once, and the jobs whose verdict is the stored one to the letter are found by C-level
     maps; only the others are looked at one by one. Against a store the last cycle settled, only
-    the verdicts that differ from that cycle's (and those with an ETA) are compared at all.
+    the verdicts that differ from that cycle's (and those with an ETA) are compared at all
+    (``_moved_since``).
     """
     global _settled
     if not decisions.pending:
@@ -278,41 +279,7 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
     kept: dict[int, int] = {}
     if (settled is not None and settled.verdicts is verdicts and settled.generation == _verdict_versions.generation
             and settled.pending is pending and len(settled.waiting) == len(waiting)):
-        # The stored verdicts and the queue are those the last cycle settled (it found nothing to
-        # write, or wrote what differed and committed). A verdict that is that cycle's at the same
-        # place, with no ETA, still matches the store to the letter: one C-level comparison of the
-        # two cycles' verdicts finds the rest, cheaply, because the core hands back the very same
-        # verdicts and reason objects while their words stay the same (``QueueColumns.told``,
-        # ``InternedReasons``), so most compare by identity. An ETA is in seconds from now, so a
-        # verdict with one differs every cycle: it is still the stored one if its rounded time is
-        # the one that matched the store to the letter last cycle (not merely within tolerance,
-        # which narrows as the time comes nearer).
-        before, timed, tolerated = settled.waiting, settled.timed, settled.tolerated
-        # (the very tuple told last cycle is the same verdict; another one is only if its job and
-        # its reason object are the same and neither has an ETA: a reason equal in value may still
-        # be written otherwise, as 1 == 1.0 == True)
-        moved = list(set(compress(range(len(waiting)), map(is_not, before, waiting))).difference(timed))
-        now_moved, then_moved = list(map(waiting.__getitem__, moved)), list(map(before.__getitem__, moved))
-        same = map(all, zip(map(eq, map(_first, now_moved), map(_first, then_moved)),
-                            map(is_, map(_second, now_moved), map(_second, then_moved)),
-                            map(is_, map(_third, now_moved), repeat(None)),
-                            map(is_, map(_third, then_moved), repeat(None))))
-        candidates = sorted(timed.keys() | set(compress(moved, map(not_, same))))
-        # (C-level passes over the candidates, not a Python step each: 21,000 at 197,000 waiting)
-        now_told, then_told = list(map(waiting.__getitem__, candidates)), list(map(before.__getitem__, candidates))
-        etas_s = list(map(_third, now_told))
-        eta_at = {eta_s: _eta_at(eta_s, now) for eta_s in set(etas_s) if eta_s is not None}
-        new_at, old_at = list(map(eta_at.get, etas_s)), list(map(timed.get, candidates))
-        same = list(map(all, zip(map(is_not, old_at, repeat(None)), map(eq, new_at, old_at),
-                                 map(is_, map(_second, now_told), map(_second, then_told)),
-                                 map(eq, map(_first, now_told), map(_first, then_told)))))
-        kept = dict(zip(compress(candidates, same), compress(new_at, same)))
-        look = list(compress(candidates, map(not_, same)))
-        if tolerated:  # (within tolerance last cycle: compared with the store again, as it narrows)
-            again = tolerated.intersection(kept)
-            for index in again:
-                del kept[index]
-            look = sorted(look + list(again)) if again else look
+        look, kept = _moved_since(settled, waiting, now)
         if not look:
             _settled = replace(settled, waiting=waiting, timed=kept)
             return
@@ -334,6 +301,47 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
         # rows then, at a new generation); a cycle rolled back leaves nothing settled.
         _settled = None
         _write_reasons_postgresql(changed, verdicts, settled)
+
+
+def _moved_since(settled: _Settled, waiting: tuple, now: float) -> tuple[list[int], dict[int, int]]:
+    """Against a store ``settled`` (the last cycle's verdicts, which the store holds), the
+    positions among ``waiting`` to compare with the store again, and position -> rounded ETA of
+    those with an ETA that still match it.
+
+    A verdict that is the last cycle's at the same place, with no ETA, still matches the store to
+    the letter: one C-level comparison of the two cycles' verdicts finds the rest, cheaply, because
+    the core hands back the very same verdicts and reason objects while their words stay the same
+    (``QueueColumns.told``, ``InternedReasons``), so most compare by identity. An ETA is in seconds
+    from now, so a verdict with one differs every cycle: it is still the stored one if its rounded
+    time is the one that matched the store to the letter last cycle (not merely within tolerance,
+    which narrows as the time comes nearer)."""
+    before, timed, tolerated = settled.waiting, settled.timed, settled.tolerated
+    # (the very tuple told last cycle is the same verdict; another one is only if its job and its
+    # reason object are the same and neither has an ETA: a reason equal in value may still be
+    # written otherwise, as 1 == 1.0 == True)
+    moved = list(set(compress(range(len(waiting)), map(is_not, before, waiting))).difference(timed))
+    now_moved, then_moved = list(map(waiting.__getitem__, moved)), list(map(before.__getitem__, moved))
+    same = map(all, zip(map(eq, map(_first, now_moved), map(_first, then_moved)),
+                        map(is_, map(_second, now_moved), map(_second, then_moved)),
+                        map(is_, map(_third, now_moved), repeat(None)),
+                        map(is_, map(_third, then_moved), repeat(None))))
+    candidates = sorted(timed.keys() | set(compress(moved, map(not_, same))))
+    # (C-level passes over the candidates, not a Python step each: 21,000 at 197,000 waiting)
+    now_told, then_told = list(map(waiting.__getitem__, candidates)), list(map(before.__getitem__, candidates))
+    etas_s = list(map(_third, now_told))
+    eta_at = {eta_s: _eta_at(eta_s, now) for eta_s in set(etas_s) if eta_s is not None}
+    new_at, old_at = list(map(eta_at.get, etas_s)), list(map(timed.get, candidates))
+    same = list(map(all, zip(map(is_not, old_at, repeat(None)), map(eq, new_at, old_at),
+                             map(is_, map(_second, now_told), map(_second, then_told)),
+                             map(eq, map(_first, now_told), map(_first, then_told)))))
+    kept = dict(zip(compress(candidates, same), compress(new_at, same)))
+    look = list(compress(candidates, map(not_, same)))
+    if tolerated:  # (within tolerance last cycle: compared with the store again, as it narrows)
+        again = tolerated.intersection(kept)
+        for index in again:
+            del kept[index]
+        look = sorted(look + list(again)) if again else look
+    return look, kept
 
 
 def _differences(waiting, verdicts: dict, pending: AbstractSet[int],

@@ -572,11 +572,10 @@ _running_last: tuple | None = None
 def _running(gpu_nodes: dict[int, str], gpu_memory: dict[int, int], slugs: dict[int, str],
              unfenced: dict[int, bool]) -> tuple[tuple[RunningJob, ...], dict[int, tuple[str | None, ...]]]:
     """The jobs holding GPUs, and the nodes each holds them on."""
-    global _running_jobs, _running_for
+    global _running_jobs, _running_for, _running_last
     # Every live allocation holds its GPU, whatever the job's state: a job settled while its
     # node may still run it (timed out by the control plane) keeps its GPUs until the exit.
     # A job's rows come together, its first allocation (by rank, then GPU index) first.
-    global _running_last
     rows = _allocation_rows.get(lambda: _rows(
         Allocation.objects.filter(released_at__isnull=True).order_by("job_id", "rank", "gpu__index")
         .annotate(started_s=_epoch(Coalesce("job__started_at", "job__placed_at", "job__submitted_at")))
