@@ -198,10 +198,18 @@ class PhaseClock:
         self.spent: dict[str, dict[str, list[float]]] = {}
 
     def install(self) -> None:
+        import importlib
+
         from jobs.services import scheduling_loop
 
         for stage in self.STAGES:
             setattr(scheduling_loop, stage, self._wrap(stage, getattr(scheduling_loop, stage)))
+        # ``BENCH_STAGES=jobs.services.apply:_queue,...``: module-level functions within the stages,
+        # timed the same way (a function called by its module-global name).
+        for spec in filter(None, os.environ.get("BENCH_STAGES", "").split(",")):
+            module_name, _, name = spec.partition(":")
+            module = importlib.import_module(module_name)
+            setattr(module, name, self._wrap(name, getattr(module, name)))
 
     def _wrap(self, stage: str, fn):
         def timed(*args, **kwargs):
@@ -327,9 +335,9 @@ def finish_some(rng: random.Random, count: int) -> None:
     Job.objects.filter(pk__in=ended).update(state=JobState.SUCCEEDED, finished_at=now, exit_code=0)
 
 
-def restarted(redis_server, profile: bool = False) -> Sample:
+def restarted(redis_server, profile: bool = False, phases: bool = False, statements: bool = False) -> Sample:
     """Hand the lease back (a warm shutdown's) and measure one cycle of a new scheduler process
-    (``profile``: and print where its time went, cProfile's top functions)."""
+    (``profile``: and print where its time went, cProfile's top functions; ``phases``: its stages)."""
     import json
     import subprocess
 
@@ -341,13 +349,14 @@ def restarted(redis_server, profile: bool = False) -> Sample:
     connection.close()  # (no transaction of this process's left open beside the new one's)
     redis_pid = getattr(getattr(redis_server, "process", None), "pid", None) or 0
     done = subprocess.run([sys.executable, __file__, "--restarted-child", str(redis_pid)]
-                          + (["--profile"] if profile else []), capture_output=True, text=True, check=True)
-    if profile:
-        print(done.stderr)
+                          + (["--profile"] if profile else []) + (["--phases"] if phases else [])
+                          + (["--statements"] if statements else []), capture_output=True, text=True, check=True)
+    if profile or phases or statements:
+        print(done.stderr, end="")
     return Sample(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def restarted_child(redis_pid: int, profile: bool) -> None:
+def restarted_child(redis_pid: int, profile: bool, phases: bool, statements: bool) -> None:
     """In the new process: the environment this bench set up (database, Redis, settings) is
     inherited; imports and the database connection are made before the clock starts."""
     import dataclasses
@@ -362,7 +371,10 @@ def restarted_child(redis_pid: int, profile: bool) -> None:
 
     connection.ensure_connection()
     gc.collect()
-    meter = Meter(redis_pid=redis_pid or None)
+    clock = PhaseClock() if phases else None
+    if clock:
+        clock.install()
+    meter = Meter(redis_pid=redis_pid or None, phases=clock)
     if profile:
         import cProfile
         import pstats
@@ -374,8 +386,20 @@ def restarted_child(redis_pid: int, profile: bool) -> None:
         stats = pstats.Stats(profiler, stream=sys.stderr)
         stats.sort_stats(os.environ.get("PROFILE_SORT", "tottime"))
         stats.print_stats(int(os.environ.get("PROFILE_LINES", "25")))
+        if os.environ.get("PROFILE_OUT"):  # (for pstats' callers and callees)
+            stats.dump_stats(os.environ["PROFILE_OUT"])
     else:
         result = meter.measure("restarted", run_scheduling_cycle)
+    if clock:
+        sys.stdout, stdout = sys.stderr, sys.stdout
+        try:
+            clock.print()
+        finally:
+            sys.stdout = stdout
+    if statements:
+        kinds, seconds = meter.statements["restarted"], meter.statement_s["restarted"]
+        print("  restarted (slowest first): " + "; ".join(
+            f"{kinds[kind]} x {kind} {spent:.3f} s" for kind, spent in seconds.most_common(8)), file=sys.stderr)
     hand_back_on_shutdown()
     if not result.ran or result.fenced:
         sys.exit(f"the new process's cycle did not run to the end: {result}")
@@ -421,12 +445,14 @@ def main() -> None:
     parser.add_argument("--restart", action="store_true",
                         help="after the measurements, a restarted scheduler's first cycle: a new process takes "
                              "the lease over and runs one cycle on the same database (see above)")
+    parser.add_argument("--restarts", type=int, default=1, metavar="N",
+                        help="with --restart: that many new processes one after another (their median)")
     parser.add_argument("--restarted-child", metavar="REDIS_PID", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--profile", action="store_true",
                         help="after the measurements, profile one steady and one churn cycle (cProfile, top functions)")
     args = parser.parse_args()
     if args.restarted_child is not None:
-        return restarted_child(args.restarted_child, args.profile)
+        return restarted_child(args.restarted_child, args.profile, args.phases, args.statements)
 
     db_label, redis_server = setup(args.database, DATABASE)
     import redis
@@ -629,11 +655,15 @@ def main() -> None:
             print(f"  {phase} (all runs, slowest first): " + "; ".join(
                 f"{kinds[kind]} x {kind} {spent:.2f} s" for kind, spent in seconds.most_common(6)))
     if args.restart:
-        heartbeats()
-        again = restarted(redis_server, args.profile)
+        runs = []
+        for _ in range(max(1, args.restarts)):
+            heartbeats()
+            runs.append(restarted(redis_server, args.profile, bool(phases), args.statements))
+        again = sorted(runs, key=lambda sample: sample.cpu)[len(runs) // 2]
         print(row("restarted: a new process's first", again, ("steady", baselines["steady"]),
                   f"; the lease handed over, nothing kept from the cycles above; {again.cpu / reference:.1f}x "
-                  f"the reference loop"))
+                  f"the reference loop" + (f" (median of {len(runs)}: " + ", ".join(
+                      f"{sample.cpu:.2f}" for sample in runs) + " s)" if len(runs) > 1 else "")))
     if args.save_snapshots:
         import pickle
 

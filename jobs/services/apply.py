@@ -246,17 +246,19 @@ def _queue() -> Queue:
     _, pending, reserved, _ = _queue_listed
     verdicts = _verdict_versions.unchanged(waits_mark)
     if verdicts is None:
-        versions, waits_mark = listing(waits, "job_id", steady=steady, mark=mark_sql(JobWait))
-
         def fetch(ids: list[str] | None):
-            # (None: every verdict, as listed)
+            # (None: every verdict)
             where, params = ("", []) if ids is None else (
                 "WHERE job_id = ANY(string_to_array(%s, ',')::bigint[])", [",".join(ids)])
             with connection.cursor() as cursor:
                 cursor.execute(f"SELECT job_id, xmin::text, reason::text, eta_at FROM {waits} {where}", params)
                 return [(job_id, version, (text, eta_at)) for job_id, version, text, eta_at in cursor.fetchall()]
 
-        verdicts = _verdict_versions.read(versions, fetch, waits_mark)
+        if _verdict_versions.never_read:
+            verdicts = _verdict_versions.read_every(fetch)  # (a new process's first read)
+        else:
+            versions, waits_mark = listing(waits, "job_id", steady=steady, mark=mark_sql(JobWait))
+            verdicts = _verdict_versions.read(versions, fetch, waits_mark)
     return Queue(pending, reserved, verdicts)
 
 

@@ -88,13 +88,42 @@ class RowVersions:
         self._last: str | None = None
         # Moves whenever what ``read`` returns may have changed (a caller may key its own
         # derived work on it); never the same for two instances.
-        self.generation = next(_generations)
+        self.generation = self._born = next(_generations)
         # (the generation before the last read, the ids whose value that read changed, added or
         # dropped): what a caller that derived something from the values at that generation needs
         # to redo; None after a read that looked at every row.
         self.delta: tuple[int, set[int]] | None = None
         # The change mark the listing in ``_last`` was read with (None: none to go by).
         self._mark: str | None = None
+
+    @property
+    def never_read(self) -> bool:
+        """Nothing read or remembered yet: :meth:`read_every` needs no listing."""
+        return self.generation == self._born
+
+    def read_every(self, fetch: Fetch) -> dict[int, Any]:
+        """A first read: every row ``fetch(None)`` finds, taken as they are, with no listing to
+        compare them with (a new process reads 50,000 rows this way; listing them too cost
+        PostgreSQL a second scan and this process a look at each of them). The next :meth:`read`
+        lists them and finds them all kept."""
+        own = own_xid()
+        kept: dict[str, tuple[int, Any]] = {}
+        key_of: dict[int, str] = {}
+        values: dict[int, Any] = {}
+        unkept: set[int] = set()
+        for row_id, version, value in fetch(None):
+            values[row_id] = value
+            if version != own:
+                key = key_of[row_id] = f"{row_id}:{version}"
+                kept[key] = (row_id, value)
+            else:
+                unkept.add(row_id)
+        if self.ordered:
+            values = dict(sorted(values.items(), key=_first))
+        self._seen, self._key_of, self._values, self._unkept = kept, key_of, values, unkept
+        self._unsorted, self.delta, self._last, self._mark = False, None, None, None
+        self.generation = next(_generations)
+        return values
 
     def unchanged(self, mark: str | None) -> dict[int, Any] | None:
         """What the last read returned, if ``mark`` (the table's change mark now) is the one its

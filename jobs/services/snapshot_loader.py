@@ -22,6 +22,7 @@ from jobs.choices import RunClass
 from jobs.choices import TERMINAL_STATES, JobState
 from jobs.models import Allocation, Job, JobArray, JobDependency, JobProfile, JobPromise, Membership, Tenant
 from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, LiveReadings, NodeState, TenantQuota, UserLimit
+from jobs.scheduling.frozen_builder import builder
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, Promise, RecordedProfile, RunningJob
 from jobs.services.bulk_rows import ids_in
 from jobs.services.row_versions import RowVersions, listing
@@ -409,7 +410,7 @@ class _Builder:
 
 
 def _pending_queryset():
-    return (Job.objects.filter(state=JobState.PENDING)
+    return (Job.objects.filter(state=JobState.PENDING).order_by()
             .annotate(submitted_s=_epoch("submitted_at"), reserved_since_s=_epoch("reserved_since"),
                       gpu_models_text=Cast("gpu_models", TextField())))
 
@@ -437,26 +438,28 @@ def _pending_rows() -> dict[int, tuple]:
     if kept is not None:
         return kept
     table = connection.ops.quote_name(Job._meta.db_table)
-    versions, mark = listing(table, "id", "state = %s", [JobState.PENDING.value], mark=mark_sql(Job))
 
     def fetch(ids: list[str] | None):
         pending = _pending_queryset() if ids is None else _pending_queryset().filter(id__in=ids_in(ids))
         read = _rows(pending
                      .annotate(row_version=RawSQL(f"{table}.xmin::text", ()))
                      .values_list(*PENDING_FIELDS, PLACEMENTS, "row_version"))
-        for version, row in zip([row[-1] for row in read], _with_attained([row[:-1] for row in read])):
-            yield row[0], version, row
+        return zip([row[0] for row in read], [row[-1] for row in read], _with_attained(read, 1))
 
+    if _pending_versions.never_read:
+        return _pending_versions.read_every(fetch)  # (a new process's first read: no listing to compare)
+    versions, mark = listing(table, "id", "state = %s", [JobState.PENDING.value], mark=mark_sql(Job))
     return _pending_versions.read(versions, fetch, mark)
 
 
-def _with_attained(rows: list[tuple]) -> list[tuple]:
-    """Pending rows that end with the job's placements so far, ending instead with the GPU-seconds
-    its earlier runs had (one query for all of them; none when no job of them was ever placed).
-    Only (re)read rows come here: a job goes back to the queue by a write to its row, so a row
-    kept by its version keeps the service it was read with."""
-    served = _earlier_service([row[0] for row in rows if row[-1]])
-    return [(*row[:-1], served.get(row[0], 0.0)) for row in rows]
+def _with_attained(rows: list[tuple], after: int = 0) -> list[tuple]:
+    """Pending rows that end with the job's placements so far (and ``after`` more columns), ending
+    instead with the GPU-seconds its earlier runs had (one query for all of them; none when no job
+    of them was ever placed). Only (re)read rows come here: a job goes back to the queue by a
+    write to its row, so a row kept by its version keeps the service it was read with."""
+    at = -1 - after
+    served = _earlier_service([row[0] for row in rows if row[at]])
+    return [(*row[:at], served.get(row[0], 0.0)) for row in rows]
 
 
 def _earlier_service(job_ids: list[int], *, before_attempt: bool = False) -> dict[int, float]:
@@ -493,7 +496,7 @@ def _request(row: tuple, slugs: dict[int, str], unfenced: dict[int, bool], core_
     core_profile, profile = core_profiles.get((tenant_id, profile_key), (None, None)) if profile_key else (None, None)
     if gpu_models not in models:
         models[gpu_models] = frozenset(json.loads(gpu_models) or ())
-    return JobRequest(
+    return _new_request(
         id=job_id, tenant=slugs[tenant_id], gpus=gpus, submitted_at=_seconds(submitted_at),
         gpu_memory_mib=gpu_memory_mib, priority=priority, gpu_milli=gpu_milli,
         gpu_models=models[gpu_models], opportunistic_only=opportunistic_only,
@@ -505,6 +508,10 @@ def _request(row: tuple, slugs: dict[int, str], unfenced: dict[int, bool], core_
         mig_profile=mig_profile or None, accepts_unfenced=_accepts_unfenced(accepts_unfenced, tenant_id, unfenced),
         attained_gpu_s=attained_gpu_s,
     )
+
+
+# (a first cycle builds 47,000 requests: a frozen dataclass's own __init__ was a tenth of it)
+_new_request = builder(JobRequest)
 
 
 def _accepts_unfenced(job_setting: bool | None, tenant_id: int, unfenced: dict[int, bool]) -> bool:
@@ -643,7 +650,7 @@ def _running_job(row: tuple, held: tuple[int, ...], peak_mib: int | None, profil
     (job_id, _, duty_cycle, memory_limit_mib, tenant_id, run_class, started_at, gpu_memory_mib, gpu_milli, priority,
      max_runtime_s, _, shareable, state, checkpoints, array_id, cpu_milli, host_memory_mib, owner_id,
      accepts_unfenced, _) = row
-    return RunningJob(
+    return _new_running_job(
         id=job_id, tenant=slugs[tenant_id],
         job_class=JobClass.OPPORTUNISTIC if run_class == RunClass.OPPORTUNISTIC else JobClass.GUARANTEED,
         gpu_ids=held,
@@ -663,6 +670,9 @@ def _running_job(row: tuple, held: tuple[int, ...], peak_mib: int | None, profil
         user=str(owner_id),
         accepts_unfenced=_accepts_unfenced(accepts_unfenced, tenant_id, unfenced),
     )
+
+
+_new_running_job = builder(RunningJob)
 
 
 def _memory_estimate(observed_peak_mib: int | None, memory_limit_mib: int | None, gpu_memory_mib: int | None,

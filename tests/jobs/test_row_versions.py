@@ -45,9 +45,10 @@ class Table:
                 yield row_id, *self.rows[row_id]
 
 
+@pytest.mark.parametrize("first", ["listed", "every row"])
 @pytest.mark.parametrize("ordered", [True, False])
 @pytest.mark.parametrize("seed", range(12))
-def test_a_read_after_any_history_is_what_a_first_read_gives(monkeypatch, seed, ordered):
+def test_a_read_after_any_history_is_what_a_first_read_gives(monkeypatch, seed, ordered, first):
     rng = random.Random(seed)
     own = {"xid": None}
     monkeypatch.setattr(row_versions, "own_xid", lambda: own["xid"])
@@ -55,6 +56,13 @@ def test_a_read_after_any_history_is_what_a_first_read_gives(monkeypatch, seed, 
     for row_id in rng.sample(range(1, 60), 30):
         table.write(row_id)
     kept = RowVersions(ordered)
+    if first == "every row":  # (a new process's first read, with no listing; a row maybe its own write)
+        own["xid"] = str(table.write(rng.choice(sorted(table.rows)))[1]) if seed % 2 else None
+        assert kept.never_read
+        got = kept.read_every(table.fetch)
+        assert got == {row_id: value for row_id, (_, value) in table.rows.items()} and not kept.never_read
+        if ordered:
+            assert list(got) == sorted(got)
     for _ in range(60):
         table.vanishing = set()
         for _ in range(rng.choice([0, 0, 1, 2, 5])):
@@ -110,3 +118,16 @@ def test_a_read_of_an_unchanged_listing_fetches_nothing_and_keeps_its_generation
     values = kept.read(table.listing(), table.fetch)
     assert sorted(table.fetched) == [0, 3] and list(values) == [0, 1, 2, 3, 4]
     assert kept.delta == (generation, {0, 3, 5})
+
+
+def test_a_read_after_a_first_read_of_every_row_fetches_nothing_while_nothing_changed(monkeypatch):
+    monkeypatch.setattr(row_versions, "own_xid", lambda: None)
+    table = Table(random.Random(2))
+    for row_id in range(1, 6):
+        table.write(row_id)
+    kept = RowVersions(ordered=True)
+    first = kept.read_every(table.fetch)
+    table.fetched = []
+    assert kept.read(table.listing(), table.fetch) == first and table.fetched == []
+    table.write(2)
+    assert kept.read(table.listing(), table.fetch) == {**first, 2: table.rows[2][1]} and table.fetched == [2]
