@@ -11,7 +11,8 @@ from jobs.scheduling.snapshot import JobClass, JobRequest, RecordedProfile, Runn
 
 def test_a_built_request_is_the_constructors_in_every_respect():
     arguments = dict(id=7, tenant="vision", gpus=2, submitted_at=12.5, gpu_memory_mib=30_000,
-                     gpu_models=frozenset({"A100"}), profile=RecordedProfile(peak_memory_mib=9000, mean_utilisation=0.4),
+                     gpu_models=frozenset({"A100"}),
+                     profile=RecordedProfile(peak_memory_mib=9000, mean_utilisation=0.4),
                      waiting_for=((3, "ok"),), user="11")
     made, built = JobRequest(**arguments), builder(JobRequest)(**arguments)
 
