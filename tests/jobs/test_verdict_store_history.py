@@ -1,0 +1,105 @@
+"""Whatever happens to the queue and its stored verdicts between cycles (jobs placed, submitted,
+cancelled and requeued, verdicts rewritten or deleted by someone else, the queue told in another
+order, ETAs coming and going), after each cycle every pending job the core told about holds its
+verdict in the store: the core's reason, and its ETA to within the tolerance the apply keeps.
+The apply compares only what moved since a settled cycle; this holds it to what a full
+comparison would store."""
+
+import random
+from datetime import datetime, timezone as dt_timezone
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from jobs.choices import JobState
+from jobs.models import Job, JobWait
+from jobs.scheduling.decisions import Decisions, Pending
+from jobs.scheduling.reasons import PendingReason, ReasonCode
+from jobs.services import apply, snapshot_loader
+from jobs.services.apply import apply_decisions
+from jobs.services.row_versions import RowVersions
+from tests.factories import JobFactory, TenantFactory
+
+pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="row versions are PostgreSQL's")
+
+REASONS = [PendingReason(ReasonCode.WAITING_FOR_FREE_GPUS, f"Waiting for {n} free GPUs.", {"gpus": n})
+           for n in (1, 2, 4)] + [PendingReason(ReasonCode.AT_MAX_GPUS, "At the ceiling.", {"used": 3})]
+
+
+def stored_as_told(told: dict[int, tuple[PendingReason, float | None]], now: float) -> dict[int, str]:
+    """What differs between the store and what the core told, for each job pending now."""
+    pending = set(Job.objects.filter(state=JobState.PENDING).values_list("id", flat=True))
+    stored = {job_id: (reason, eta_at) for job_id, reason, eta_at in JobWait.objects.values_list(
+        "job_id", "reason", "eta_at")}
+    wrong = {}
+    for job_id, (reason, eta_s) in told.items():
+        if job_id not in pending:
+            continue
+        found = stored.get(job_id)
+        if found is None:
+            wrong[job_id] = "no verdict stored"
+        elif apply._canonical(found[0]) != apply._canonical(reason.as_dict()):
+            wrong[job_id] = f"stored {found[0]['message']!r}, told {reason.message!r}"
+        elif not apply._eta_holds(found[1], None if eta_s is None else apply._eta_at(eta_s, now), now):
+            wrong[job_id] = f"stored ETA {found[1]}, told {eta_s} s from {now}"
+    return wrong
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, monkeypatch, seed):
+    rng = random.Random(seed)
+    monkeypatch.setattr(apply, "_verdict_versions", RowVersions())
+    monkeypatch.setattr(apply, "_settled", None)
+    monkeypatch.setattr(apply, "_queue_listed", apply._NOT_LISTED)
+    monkeypatch.setattr(snapshot_loader, "_pending_versions", RowVersions(ordered=True))
+    clock = [1_900_000_000.0]
+    monkeypatch.setattr(timezone, "now", lambda: datetime.fromtimestamp(clock[0], tz=dt_timezone.utc))
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant).pk for _ in range(10)]
+    told: dict[int, tuple[PendingReason, float | None]] = {
+        job_id: (rng.choice(REASONS), rng.choice([None, None, 600.0])) for job_id in jobs}
+    order = list(jobs)
+    for _ in range(40):
+        for _ in range(rng.choice([0, 0, 0, 1, 2, 3])):  # what happens between two cycles
+            event, pending = rng.randrange(8), [job for job in order if job in told]
+            job_id = rng.choice(pending) if pending else None
+            if event == 0 or job_id is None:  # submitted
+                job_id = JobFactory(tenant=tenant).pk
+                order.insert(rng.randrange(len(order) + 1), job_id)
+                told[job_id] = (rng.choice(REASONS), None)
+            elif event == 1:  # placed (the lifecycle drops its verdict)
+                Job.objects.filter(pk=job_id).update(state=JobState.PLACED)
+                JobWait.objects.filter(job_id=job_id).delete()
+                del told[job_id]
+                order.remove(job_id)
+            elif event == 2:  # cancelled, its verdict left behind
+                Job.objects.filter(pk=job_id).update(state=JobState.CANCELLED)
+                del told[job_id]
+                order.remove(job_id)
+            elif event == 3:  # someone else rewrites a verdict
+                JobWait.objects.filter(job_id=job_id).update(
+                    reason={"code": "stale", "message": "old", "details": {}}, eta_at=rng.choice([None, 5]))
+            elif event == 4:  # or deletes one
+                JobWait.objects.filter(job_id=job_id).delete()
+            elif event == 5:  # the core tells a job another reason (the very object, or an equal new one)
+                reason = rng.choice(REASONS)
+                if rng.random() < 0.5:
+                    reason = PendingReason(reason.code, reason.message, dict(reason.details))
+                told[job_id] = (reason, told[job_id][1])
+            elif event == 6:  # an ETA comes, moves or goes
+                told[job_id] = (told[job_id][0], rng.choice([None, 120.0, 600.0, 5000.0]))
+            else:  # the queue in another order
+                rng.shuffle(order)
+        clock[0] += rng.choice([2, 2, 30, 300])
+        waiting = [job for job in order if job in told]
+        # (now and then a job placed between the snapshot and the apply is told about still)
+        placed_meanwhile = []
+        if waiting and rng.random() < 0.1:
+            placed_meanwhile = [rng.choice(waiting)]
+            Job.objects.filter(pk=placed_meanwhile[0]).update(state=JobState.PLACED)
+            JobWait.objects.filter(job_id=placed_meanwhile[0]).delete()
+        apply_decisions(Decisions(pending=tuple(Pending(job_id, *told[job_id]) for job_id in waiting)))
+        assert stored_as_told(told, clock[0]) == {}
+        for job_id in placed_meanwhile:  # (back in the queue: told again next cycle)
+            Job.objects.filter(pk=job_id).update(state=JobState.PENDING)
