@@ -46,7 +46,9 @@ def stored_as_told(told: dict[int, tuple[PendingReason, float | None]], now: flo
     return wrong
 
 
-@pytest.mark.parametrize("seed", range(6))
+# (eight seeds of thirty tried; 19 and 22 are among them: their histories line a verdict kept within
+# tolerance up with a queue of another length, which few do)
+@pytest.mark.parametrize("seed", range(16, 24))
 def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, monkeypatch, seed):
     rng = random.Random(seed)
     monkeypatch.setattr(apply, "_verdict_versions", RowVersions())
@@ -60,6 +62,7 @@ def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, 
     told: dict[int, tuple[PendingReason, float | None]] = {
         job_id: (rng.choice(REASONS), rng.choice([None, None, 600.0])) for job_id in jobs}
     order = list(jobs)
+    fixed: dict[int, float] = {}  # job -> the time its ETA stays at
     for _ in range(40):
         for _ in range(rng.choice([0, 0, 0, 1, 2, 3])):  # what happens between two cycles
             event, pending = rng.randrange(8), [job for job in order if job in told]
@@ -87,11 +90,19 @@ def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, 
                 if rng.random() < 0.5:
                     reason = PendingReason(reason.code, reason.message, dict(reason.details))
                 told[job_id] = (reason, told[job_id][1])
-            elif event == 6:  # an ETA comes, moves or goes
-                told[job_id] = (told[job_id][0], rng.choice([None, 120.0, 600.0, 5000.0]))
+            elif event == 6:  # an ETA comes, moves or goes; or stays at one time as the clock nears it
+                eta = rng.choice([None, 120.0, 600.0, 5000.0, "fixed"])
+                if eta == "fixed":
+                    fixed[job_id], eta = clock[0] + rng.choice([200, 700, 3000]), None
+                else:
+                    fixed.pop(job_id, None)
+                told[job_id] = (told[job_id][0], eta)
             else:  # the queue in another order
                 rng.shuffle(order)
         clock[0] += rng.choice([2, 2, 30, 300])
+        for job_id, at in fixed.items():  # (in seconds from now: fewer as the time comes nearer)
+            if job_id in told:
+                told[job_id] = (told[job_id][0], max(1.0, at - clock[0]))
         waiting = [job for job in order if job in told]
         # (now and then a job placed between the snapshot and the apply is told about still)
         placed_meanwhile = []
