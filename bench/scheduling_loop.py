@@ -690,6 +690,8 @@ def main() -> None:
             stats = pstats.Stats(profiler)
             stats.sort_stats(os.environ.get("PROFILE_SORT", "tottime"))
             stats.print_stats(int(os.environ.get("PROFILE_LINES", "25")))
+            if os.environ.get("PROFILE_OUT"):
+                stats.dump_stats(f"{os.environ['PROFILE_OUT']}.{label.replace(' ', '-')}")
     redis_server.stop()
 
 

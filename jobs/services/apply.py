@@ -276,16 +276,12 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
     if not decisions.pending:
         return
     waiting, verdicts, pending = decisions.pending, queue.verdicts, queue.pending
-    settled = _settled and _in_line(_settled, waiting, verdicts, pending)
+    settled = _settled
     look = None  # (every verdict)
     kept: dict[int, int] = {}
-    if settled:
-        settled, also = settled
+    if (settled is not None and settled.verdicts is verdicts and settled.generation == _verdict_versions.generation
+            and settled.pending is pending and len(settled.waiting) == len(waiting)):
         look, kept = _moved_since(settled, waiting, now)
-        if also:
-            for index in also:
-                kept.pop(index, None)
-            look = sorted(also.union(look))
         if not look:
             _settled = replace(settled, waiting=waiting, timed=kept)
             return
@@ -307,49 +303,6 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
         # rows then, at a new generation); a cycle rolled back leaves nothing settled.
         _settled = None
         _write_reasons_postgresql(changed, verdicts, settled)
-
-
-def _in_line(settled: _Settled, waiting: tuple, verdicts: dict,
-             pending: AbstractSet[int]) -> tuple[_Settled, set[int]] | None:
-    """``settled`` lined up with this cycle's verdicts ``waiting``, and the positions among them
-    that must be compared with the store whatever they were told last cycle: those of jobs whose
-    stored verdict changed since (read again: someone else wrote or deleted it, a placement
-    dropped it) or that joined or left the queue as the store sees it (``pending``: a job not
-    pending is not written, so its verdict matched no store). None when the store moved by more
-    than one read since (compare every verdict).
-
-    A cycle after jobs were placed, submitted or ended tells a queue of another length, with each
-    job's verdict at another place: the last cycle's are then put at the places of the same jobs
-    (a job new to the queue against none), so that only what moved is compared, not 50,000
-    verdicts, when a few jobs changed."""
-    if settled.verdicts is verdicts and settled.generation == _verdict_versions.generation:
-        rewritten: AbstractSet[int] = frozenset()
-    else:
-        delta = _verdict_versions.delta
-        if delta is None or delta[0] != settled.generation or delta[2] != _verdict_versions.generation:
-            return None
-        rewritten = delta[1]
-    moved = frozenset() if settled.pending is pending else settled.pending ^ pending
-    before = settled.waiting
-    if len(before) == len(waiting) and not rewritten and not moved:
-        return settled, set()
-    ids = list(map(_first, waiting))
-    place = dict(zip(ids, range(len(ids))))
-    if len(before) != len(waiting):
-        # (C-level passes: the last cycle's place of each job now told, or the end, where a
-        # verdict of no job stands that no verdict can be taken for)
-        where = dict(zip(map(_first, before), range(len(before))))
-        at = list(map(where.get, ids, repeat(len(before))))
-        before = tuple(map((*before, _NO_JOB).__getitem__, at))
-        now_at = dict(zip(at, range(len(at))))
-        settled = replace(settled, waiting=before,
-                          timed={now_at[index]: eta for index, eta in settled.timed.items() if index in now_at},
-                          tolerated=frozenset(now_at[index] for index in settled.tolerated if index in now_at))
-    also = {place[job_id] for job_id in rewritten | moved if job_id in place}
-    return settled, also
-
-
-_NO_JOB = (None, None, None)
 
 
 def _moved_since(settled: _Settled, waiting: tuple, now: float) -> tuple[list[int], dict[int, int]]:

@@ -90,10 +90,9 @@ class RowVersions:
         # derived work on it); never the same for two instances.
         self.generation = self._born = next(_generations)
         # (the generation before the last read, the ids whose value that read changed, added or
-        # dropped, the generation it read): what a caller that derived something from the values
-        # at the first generation needs to redo to have the values at the second; None after a
-        # read that looked at every row.
-        self.delta: tuple[int, set[int], int] | None = None
+        # dropped): what a caller that derived something from the values at that generation needs
+        # to redo; None after a read that looked at every row.
+        self.delta: tuple[int, set[int]] | None = None
         # The change mark the listing in ``_last`` was read with (None: none to go by).
         self._mark: str | None = None
 
@@ -203,9 +202,9 @@ class RowVersions:
         if self.ordered and added:
             # (the kept rows are one sorted run, the added ones a short tail: merged, not sorted anew)
             values = dict(sorted(values.items(), key=_first))
+        self.delta = (self.generation, touched)
         self._values = values
-        self.delta = (self.generation, touched, next(_generations))
-        self.generation = self.delta[2]
+        self.generation = next(_generations)
         self._last = rows if not self._unkept and len(values) == len(items) else None
         return values
 

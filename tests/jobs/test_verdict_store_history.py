@@ -21,7 +21,7 @@ from jobs.services.apply import apply_decisions
 from jobs.services.row_versions import RowVersions
 from tests.factories import JobFactory, TenantFactory
 
-pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="row versions are PostgreSQL's")
+POSTGRESQL = pytest.mark.skipif(connection.vendor != "postgresql", reason="row versions are PostgreSQL's")
 
 REASONS = [PendingReason(ReasonCode.WAITING_FOR_FREE_GPUS, f"Waiting for {n} free GPUs.", {"gpus": n})
            for n in (1, 2, 4)] + [PendingReason(ReasonCode.AT_MAX_GPUS, "At the ceiling.", {"used": 3})]
@@ -48,6 +48,7 @@ def stored_as_told(told: dict[int, tuple[PendingReason, float | None]], now: flo
 
 # (eight seeds of thirty tried; 19 and 22 are among them: their histories line a verdict kept within
 # tolerance up with a queue of another length, which few do)
+@POSTGRESQL
 @pytest.mark.parametrize("seed", range(16, 24))
 def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, monkeypatch, seed):
     rng = random.Random(seed)
@@ -114,3 +115,4 @@ def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, 
         assert stored_as_told(told, clock[0]) == {}
         for job_id in placed_meanwhile:  # (back in the queue: told again next cycle)
             Job.objects.filter(pk=job_id).update(state=JobState.PENDING)
+
