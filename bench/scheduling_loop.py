@@ -20,6 +20,13 @@ runs ``run_scheduling_cycle()``:
   back, as a warm shutdown does, and a new process (this script, ``--restarted-child``) runs one
   cycle on the same database and Redis, with nothing kept from this one's cycles; its CPU (the
   new process's cycle, its database backend, Redis; not its start-up imports) is measured there.
+  ``--restarts N`` runs N such processes one after another and reports their median; with
+  ``--phases`` and ``--statements`` each prints its stages and slowest statements.
+
+``--phases`` splits each cycle's CPU by stage; ``BENCH_STAGES=module:function,...`` (for example
+``jobs.services.apply:_queue``) times module-level functions within the stages the same way.
+``--profile`` profiles whole cycles (cProfile); ``PROFILE_OUT=FILE`` keeps each profile for
+``pstats`` (callers, callees).
 
 With ``--grow-to N`` the queue then grows to N pending jobs in the same process (same cluster,
 same machine, minutes apart) and, once the loop has settled, the steady cycle is measured again:
