@@ -112,12 +112,7 @@ class RowVersions:
         values: dict[int, Any] = {}
         unkept: set[int] = set()
         for row_id, version, value in fetch(None):
-            values[row_id] = value
-            if version != own:
-                key = key_of[row_id] = f"{row_id}:{version}"
-                kept[key] = (row_id, value)
-            else:
-                unkept.add(row_id)
+            _take(row_id, version, value, own, kept, key_of, values, unkept)
         if self.ordered:
             values = dict(sorted(values.items(), key=_first))
         self._seen, self._key_of, self._values, self._unkept = kept, key_of, values, unkept
@@ -230,13 +225,7 @@ class RowVersions:
                 fresh = read.get(row_id)
                 if fresh is None:
                     continue  # gone since the listing
-                version, value = fresh
-                values[row_id] = value
-                if version != own:
-                    key = key_of[row_id] = f"{row_id}:{version}"
-                    kept[key] = (row_id, value)
-                else:
-                    unkept.add(row_id)
+                _take(row_id, *fresh, own, kept, key_of, values, unkept)
             else:
                 row_id = found[0]
                 values[row_id] = found[1]
@@ -269,3 +258,15 @@ class RowVersions:
             self._seen[key], self._key_of[row_id] = (row_id, value), key
             self._values[row_id] = value
             self._unkept.discard(row_id)
+
+
+def _take(row_id: int, version: str, value: Any, own: str | None, kept: dict, key_of: dict, values: dict,
+          unkept: set) -> None:
+    """A row read at ``version``: its value, kept by version unless the reading transaction wrote
+    it (``own``: it may write it again under the same version)."""
+    values[row_id] = value
+    if version != own:
+        key = key_of[row_id] = f"{row_id}:{version}"
+        kept[key] = (row_id, value)
+    else:
+        unkept.add(row_id)
