@@ -20,7 +20,7 @@ def builder(cls: type[T]) -> Callable[..., T]:
     """A callable taking what ``cls(...)`` takes and returning what it would: for a frozen
     dataclass with slots and no ``__post_init__`` (which the builder would not run)."""
     params = getattr(cls, "__dataclass_params__", None)
-    if params is None or not params.frozen or "__slots__" not in cls.__dict__:
+    if params is None or not params.frozen or not params.init or "__slots__" not in cls.__dict__:
         raise TypeError(f"{cls.__name__} is not a frozen dataclass with slots")
     fields = dataclasses.fields(cls)
     if hasattr(cls, "__post_init__") or any(not field.init or field.kw_only for field in fields):

@@ -73,12 +73,12 @@ def _build(redis_client, heard: tuple[set[str], dict] | None) -> ClusterSnapshot
     nodes = _node_rows()
     online, samples = heard if heard is not None else _heard(redis_client, nodes)
     node_states = _nodes(nodes, online)
-    gpu_nodes, gpu_memory, gpu_ids = _gpu_facts(node_states)
+    gpu_nodes, gpu_memory, gpu_ids, gpu_index = _gpu_facts(node_states)
     tenants = list(Tenant.objects.values_list("id", "slug", "guaranteed_gpus", "max_gpus", "weight", "decayed_usage",
                                               "unfenced_sharing"))
     slugs = {tenant_id: slug for tenant_id, slug, *_ in tenants}
     unfenced = {tenant_id: consent for tenant_id, *_, consent in tenants}
-    running, held_on = _running(gpu_nodes, gpu_memory, slugs, unfenced)
+    running, held_on = _running(gpu_nodes, gpu_memory, slugs, unfenced, gpu_index)
     return ClusterSnapshot(
         nodes=node_states,
         pending=_pending(max(gpu_memory.values(), default=None), slugs, unfenced),
@@ -110,9 +110,9 @@ def forget() -> None:
     global _node_states, _all_nodes, _facts, _running_jobs, _running_for, _built, _built_for, _derived, _whole
     global _pending_versions, _served_before, _pending_read, _allocation_rows, _running_last
     global _allocation_versions, _allocations_in_order
-    _node_states, _all_nodes, _facts, _running_jobs, _running_for = {}, (None, ()), ((), ({}, {}, {})), {}, ()
+    _node_states, _all_nodes, _facts, _running_jobs, _running_for = {}, (None, ()), ((), ({}, {}, {}, {})), {}, ()
     _allocation_rows = KeptWhileUnchanged(Allocation, Job)
-    _allocation_versions, _allocations_in_order = RowVersions(), (None, [])
+    _allocation_versions, _allocations_in_order = RowVersions(), (None, {}, [])
     _built, _built_for, _derived, _whole = {}, (), (None, set(), set()), (None, ())
     _pending_versions = RowVersions(ordered=True)
     _served_before = {}
@@ -244,15 +244,18 @@ def _node(row: tuple, gpus: list[tuple], online: bool) -> NodeState:
 
 # (the nodes they were derived from, (GPU id -> node name, GPU id -> memory, node name -> GPU
 # index -> id)): the same while the nodes are the same objects, as they are most cycles
-_facts: tuple = ((), ({}, {}, {}))
+_facts: tuple = ((), ({}, {}, {}, {}))
 
 
-def _gpu_facts(node_states: tuple[NodeState, ...]) -> tuple[dict[int, str], dict[int, int], dict[str, dict]]:
+def _gpu_facts(node_states: tuple[NodeState, ...]) -> tuple[dict[int, str], dict[int, int], dict[str, dict],
+                                                              dict[int, int]]:
+    """By GPU id: its node's name, its memory; by node, GPU index -> id; by GPU id, its index."""
     global _facts
     if len(_facts[0]) != len(node_states) or not all(map(is_, _facts[0], node_states)):
         _facts = (node_states, ({gpu.id: node.name for node in node_states for gpu in node.gpus},
                                 {gpu.id: gpu.memory_mib for node in node_states for gpu in node.gpus},
-                                {node.name: {gpu.index: gpu.id for gpu in node.gpus} for node in node_states}))
+                                {node.name: {gpu.index: gpu.id for gpu in node.gpus} for node in node_states},
+                                {gpu.id: gpu.index for node in node_states for gpu in node.gpus}))
     return _facts[1]
 
 
@@ -576,9 +579,9 @@ _allocation_rows = KeptWhileUnchanged(Allocation, Job)
 # PostgreSQL: the live allocations' rows by row version, the allocation's and its job's together
 # (the rows joined): after a job is submitted, placed or ends, only the rows written since are read
 # again, not every one (28,000 at 8,192 nodes: 0.35 s of PostgreSQL). With the rows in the order
-# ``_running`` groups them, as of the read (generation) that gave them.
+# ``_running`` groups them, as of the read (generation) and the GPUs' indexes that gave them.
 _allocation_versions = RowVersions()
-_allocations_in_order: tuple = (None, [])
+_allocations_in_order: tuple = (None, {}, [])
 _job_id = itemgetter(0)
 # Per running job placed before: (its placement and when it began, the GPU-seconds of its earlier
 # runs). Those runs ended before this placement, so the figure holds while it does: read once per
@@ -592,13 +595,14 @@ _running_last: tuple | None = None
 
 
 def _running(gpu_nodes: dict[int, str], gpu_memory: dict[int, int], slugs: dict[int, str],
-             unfenced: dict[int, bool]) -> tuple[tuple[RunningJob, ...], dict[int, tuple[str | None, ...]]]:
-    """The jobs holding GPUs, and the nodes each holds them on."""
+             unfenced: dict[int, bool],
+             gpu_index: dict[int, int]) -> tuple[tuple[RunningJob, ...], dict[int, tuple[str | None, ...]]]:
+    """The jobs holding GPUs, and the nodes each holds them on (``gpu_index``: GPU id -> index)."""
     global _running_jobs, _running_for, _running_last
     # Every live allocation holds its GPU, whatever the job's state: a job settled while its
     # node may still run it (timed out by the control plane) keeps its GPUs until the exit.
     # A job's rows come together, its first allocation (by rank, then GPU index) first.
-    rows = _live_allocation_rows()
+    rows = _live_allocation_rows(gpu_index)
     # (a semi-join, not thousands of ids as parameters: psycopg parses each in Python)
     held = Allocation.objects.filter(released_at__isnull=True).values("job_id")
     peaks = dict(JobUsage.objects.filter(job_id__in=held).values_list("job_id", "peak_gpu_memory_mib"))
@@ -647,34 +651,42 @@ def _live_allocations():
 _ALLOCATION_ORDER = ("job_id", "rank", "gpu__index", "id")
 
 
-def _live_allocation_rows() -> list[tuple]:
-    """The live allocations' RUNNING_FIELDS, a job's rows together, in ``_ALLOCATION_ORDER``:
-    while nothing was written to the allocations or the jobs, the very list of the last call."""
-    global _allocations_in_order
+def _live_allocation_rows(gpu_index: dict[int, int]) -> list[tuple]:
+    """The live allocations' RUNNING_FIELDS, a job's rows together, in ``_ALLOCATION_ORDER``
+    (``gpu_index``: GPU id -> index, as the nodes were read): while nothing was written to the
+    allocations, the jobs or the GPUs, the very list of the last call."""
+    global _allocations_in_order, _allocation_versions
     if connection.vendor != "postgresql":
         return _allocation_rows.get(
             lambda: list(_live_allocations().order_by(*_ALLOCATION_ORDER).values_list(*RUNNING_FIELDS)))
     allocation_mark, job_mark = marks([Allocation, Job])
-    values = _allocation_versions.unchanged(
-        None if None in (allocation_mark, job_mark) else f"{allocation_mark}/{job_mark}")
-    if values is None:
-        allocations, jobs = (connection.ops.quote_name(model._meta.db_table) for model in (Allocation, Job))
-        # (a row this transaction wrote, either of the two, reads as its own version, which
-        # RowVersions never keeps: the transaction may write it again under the same one)
-        own = "(SELECT mod(txid_current_if_assigned(), 4294967296)::text)"
-        version = (f"CASE WHEN {own} IN ({allocations}.xmin::text, {jobs}.xmin::text) THEN {own} "
-                   f"ELSE {allocations}.xmin::text || '.' || {jobs}.xmin::text END")
+    allocations, jobs = (connection.ops.quote_name(model._meta.db_table) for model in (Allocation, Job))
+    # (a row this transaction wrote, either of the two, reads as its own version, which
+    # RowVersions never keeps: the transaction may write it again under the same one)
+    own = "(SELECT mod(txid_current_if_assigned(), 4294967296)::text)"
+    version = (f"CASE WHEN {own} IN ({allocations}.xmin::text, {jobs}.xmin::text) THEN {own} "
+               f"ELSE {allocations}.xmin::text || '.' || {jobs}.xmin::text END")
 
-        def fetch(ids: list[str] | None):
-            live = _live_allocations() if ids is None else _live_allocations().filter(id__in=ids_in(ids))
-            read = _rows(live.annotate(row_version=RawSQL(version, ()))
-                         .values_list(*RUNNING_FIELDS, *_ALLOCATION_ORDER, "row_version"))
-            last = len(RUNNING_FIELDS)
-            return ((row[-2], row[-1], (row[last:-1], row[:last])) for row in read)
+    def fetch(ids: list[str] | None):
+        # (each row with its order but for the GPU's index, which is the GPU row's: by ``gpu_index``)
+        live = _live_allocations() if ids is None else _live_allocations().filter(id__in=ids_in(ids))
+        read = _rows(live.annotate(row_version=RawSQL(version, ()))
+                     .values_list(*RUNNING_FIELDS, "job_id", "rank", "id", "row_version"))
+        last = len(RUNNING_FIELDS)
+        return ((row[-2], row[-1], (row[last:-1], row[:last])) for row in read)
 
-        if _allocation_versions.never_read:
+    if None in (allocation_mark, job_mark):
+        # This transaction wrote one of the tables (inside a savepoint its rows carry the
+        # savepoint's id, which no version check recognises), or their triggers are missing: read
+        # every row, keep none.
+        _allocation_versions = RowVersions()
+        values = {row_id: value for row_id, _, value in fetch(None)}
+        generation = None
+    else:
+        values = _allocation_versions.unchanged(f"{allocation_mark}/{job_mark}")
+        if values is None and _allocation_versions.never_read:
             values = _allocation_versions.read_every(fetch)
-        else:
+        elif values is None:
             with transaction.atomic(savepoint=False), connection.cursor() as cursor:
                 steady_scan_order(cursor)
                 cursor.execute(
@@ -683,13 +695,15 @@ def _live_allocation_rows() -> list[tuple]:
                     f"JOIN {jobs} ON {jobs}.id = {allocations}.job_id WHERE {allocations}.released_at IS NULL")
                 listed, mark = cursor.fetchone()
             values = _allocation_versions.read(listed or "", fetch, mark)
-    if _allocations_in_order[0] != _allocation_versions.generation:
-        _allocations_in_order = (_allocation_versions.generation,
-                                 [row for _, row in sorted(values.values(), key=_first_item)])
-    return _allocations_in_order[1]
+        generation = _allocation_versions.generation
+    kept = _allocations_in_order
+    if generation is None or kept[0] != generation or not (kept[1] is gpu_index or kept[1] == gpu_index):
+        index_of = gpu_index.get
+        _allocations_in_order = (generation, gpu_index, [row for _, row in sorted(
+            values.values(), key=lambda entry: (entry[0][0], entry[0][1], index_of(entry[1][1], -1), entry[0][2]))])
+    return _allocations_in_order[2]
 
 
-_first_item = itemgetter(0)
 
 
 def _served_in_earlier_runs(rows: list[tuple]) -> dict[int, float]:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -182,21 +182,69 @@ def test_a_submission_reads_no_live_allocation_again_and_a_running_jobs_change_r
     jobs = [running_job(tenant, owner, gpus[i:i + 2]) for i in (0, 2)]
     build_snapshot(redis_client)
 
+    read: list[int] = []  # (the allocation rows each snapshot read)
+    rows = snapshot._rows
+
+    def counted(queryset):
+        found = rows(queryset)
+        if queryset.model is Allocation:
+            read.extend(row[0] for row in found)
+        return found
+
     def allocation_rows_read():
-        with CaptureQueriesContext(connection) as captured:
+        read.clear()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(snapshot, "_rows", counted)
             running = {job.id: job for job in build_snapshot(redis_client).running}
-        return running, [q["sql"] for q in captured.captured_queries if '"jobs_allocation"."duty_cycle"' in q["sql"]]
+        return running, list(read)
 
     JobFactory(tenant=tenant)  # submitted
-    running, read = allocation_rows_read()
-    assert read == [] and set(running) == {job.pk for job in jobs}
+    running, read_now = allocation_rows_read()
+    assert read_now == [] and set(running) == {job.pk for job in jobs}
     Job.objects.filter(pk=jobs[1].pk).update(state=JobState.PREEMPTING)
-    running, read = allocation_rows_read()
-    assert len(read) == 1 and running[jobs[1].pk].preempting and not running[jobs[0].pk].preempting
+    running, read_now = allocation_rows_read()
+    assert read_now == [jobs[1].pk] * 2  # (its two allocations, not the other job's)
+    assert running[jobs[1].pk].preempting and not running[jobs[0].pk].preempting
     Allocation.objects.filter(job=jobs[0]).update(released_at=timezone.now())
     Job.objects.filter(pk=jobs[0].pk).update(state=JobState.SUCCEEDED)
-    running, read = allocation_rows_read()
-    assert read == [] and list(running) == [jobs[1].pk] and running[jobs[1].pk].gpu_ids == (gpus[2].pk, gpus[3].pk)
+    running, read_now = allocation_rows_read()
+    assert read_now == [] and list(running) == [jobs[1].pk]
+    assert running[jobs[1].pk].gpu_ids == (gpus[2].pk, gpus[3].pk)
+
+
+@POSTGRESQL
+def test_a_running_jobs_gpus_come_in_index_order_after_their_indexes_change(transactional_db, redis_client):
+    """A node that registers again may number its GPUs otherwise: no allocation or job row moves,
+    but a job's GPUs (and which of its allocations comes first) follow the GPUs' new indexes."""
+    tenant = TenantFactory(slug="vision")
+    node = NodeFactory(name="n1")
+    gpus = [GpuFactory(node=node, index=i) for i in range(2)]
+    job = running_job(tenant, JobFactory(tenant=tenant).owner, gpus)
+    assert build_snapshot(redis_client).running[0].gpu_ids == (gpus[0].pk, gpus[1].pk)
+    Gpu.objects.filter(pk=gpus[0].pk).update(index=9)
+    Gpu.objects.filter(pk=gpus[1].pk).update(index=0)
+    Gpu.objects.filter(pk=gpus[0].pk).update(index=1)
+    JobFactory(tenant=tenant)  # (the jobs table written too: the allocations are listed again)
+    built = build_snapshot(redis_client)
+    assert built == fresh(redis_client) and built.running[0].id == job.pk
+    assert built.running[0].gpu_ids == (gpus[1].pk, gpus[0].pk)
+
+
+@POSTGRESQL
+def test_a_running_job_rewritten_in_a_savepoint_of_the_reading_transaction_is_read_again(
+        transactional_db, redis_client):
+    """A row written inside a savepoint carries the savepoint's id, not the transaction's: a
+    transaction that wrote the tables keeps none of their rows."""
+    tenant = TenantFactory(slug="vision")
+    gpu = GpuFactory(node=NodeFactory(name="n1"), index=0)
+    job = running_job(tenant, JobFactory(tenant=tenant).owner, [gpu])  # (committed)
+    build_snapshot(redis_client)
+    with transaction.atomic():
+        JobFactory(tenant=tenant)
+        with transaction.atomic():
+            for priority in (1, 2):
+                Job.objects.filter(pk=job.pk).update(priority=priority)
+                assert build_snapshot(redis_client).running[0].priority == priority
 
 
 def test_a_row_written_by_the_reading_transaction_is_read_again_next_time(db, redis_client):

@@ -131,3 +131,16 @@ def test_a_read_after_a_first_read_of_every_row_fetches_nothing_while_nothing_ch
     assert kept.read(table.listing(), table.fetch) == first and table.fetched == []
     table.write(2)
     assert kept.read(table.listing(), table.fetch) == {**first, 2: table.rows[2][1]} and table.fetched == [2]
+
+
+def test_a_row_the_reading_transaction_wrote_is_not_kept_by_a_first_read_of_every_row(monkeypatch):
+    own = {"xid": None}
+    monkeypatch.setattr(row_versions, "own_xid", lambda: own["xid"])
+    table = Table(random.Random(3))
+    for row_id in range(1, 4):
+        table.write(row_id)
+    own["xid"] = table.write(2)[1]  # (written by the reading transaction)
+    kept = RowVersions(ordered=True)
+    kept.read_every(table.fetch)
+    table.write(2, int(own["xid"]))  # written again, under the same version
+    assert kept.read(table.listing(), table.fetch)[2] == table.rows[2][1]

@@ -51,6 +51,13 @@ def test_classes_it_cannot_build_faithfully_are_refused():
             if self.x < 0:
                 raise ValueError(self.x)
 
-    for cls in (NoSlots, NotFrozen, Checked, int):
+    @dataclasses.dataclass(frozen=True, slots=True, init=False)
+    class OwnInit:
+        x: int
+
+        def __init__(self, x):
+            object.__setattr__(self, "x", abs(x))
+
+    for cls in (NoSlots, NotFrozen, Checked, OwnInit, int):
         with pytest.raises(TypeError):
             builder(cls)
