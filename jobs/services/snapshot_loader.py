@@ -26,7 +26,7 @@ from jobs.scheduling.frozen_builder import builder
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, Promise, RecordedProfile, RunningJob
 from jobs.services.bulk_rows import ids_in
 from jobs.services.row_versions import RowVersions, listing, steady_scan_order
-from jobs.services.table_changes import KeptWhileUnchanged, mark_sql, marks
+from jobs.services.table_changes import KeptWhileUnchanged, mark_sql, marks, written_here
 from monitoring.choices import NodeHealth
 from monitoring.models import Gpu, JobUsage, Node
 from monitoring.services import live
@@ -387,6 +387,7 @@ def _pending(largest_gpu_mib: int | None, slugs: dict[int, str], unfenced: dict[
 
 
 _request_id = attrgetter("id")
+_first_item = itemgetter(0)
 
 
 class _Builder:
@@ -431,7 +432,7 @@ _pending_read: tuple[str | None, dict[int, tuple]] = (None, {})
 def _pending_rows() -> dict[int, tuple]:
     """Job id -> row of every pending job, by id. While the jobs table's change mark stays where
     it was at the last read (nothing written to it since), that read's rows, without a scan."""
-    global _pending_read
+    global _pending_read, _pending_versions
     mark = marks([Job])[0]
     if connection.vendor != "postgresql":
         if mark is not None and mark == _pending_read[0]:
@@ -452,6 +453,10 @@ def _pending_rows() -> dict[int, tuple]:
                      .values_list(*PENDING_FIELDS, PLACEMENTS, "row_version"))
         return zip([row[0] for row in read], [row[-1] for row in read], _with_attained(read, 1))
 
+    if mark is None and written_here(Job):
+        # (this transaction wrote jobs, maybe inside a savepoint: every row read, none kept)
+        _pending_versions = RowVersions(ordered=True)
+        return dict(sorted(((row_id, value) for row_id, _, value in fetch(None)), key=_first_item))
     if _pending_versions.never_read:
         return _pending_versions.read_every(fetch)  # (a new process's first read: no listing to compare)
     versions, mark = listing(table, "id", "state = %s", [JobState.PENDING.value], mark=mark_sql(Job))

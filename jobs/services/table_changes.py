@@ -62,6 +62,17 @@ def mark_sql(model: type[Model]) -> str:
     return "NULL"
 
 
+def written_here(model: type[Model]) -> bool:
+    """Whether the transaction under way wrote ``model``'s table (PostgreSQL: its mark reads None
+    until it commits). Rows it wrote inside a savepoint carry the savepoint's id as their version,
+    which no comparison with the transaction's own id recognises."""
+    if connection.vendor != "postgresql":
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting(%s, true) = '1'", [flag(model._meta.db_table)])
+        return bool(cursor.fetchone()[0])
+
+
 def marks(models: Sequence[type[Model]]) -> list[str | None]:
     """The change marks of these models' tables now, in one statement."""
     with connection.cursor() as cursor:

@@ -247,6 +247,21 @@ def test_a_running_job_rewritten_in_a_savepoint_of_the_reading_transaction_is_re
                 assert build_snapshot(redis_client).running[0].priority == priority
 
 
+@POSTGRESQL
+def test_a_pending_job_rewritten_in_a_savepoint_of_the_reading_transaction_is_read_again(
+        transactional_db, redis_client):
+    tenant = TenantFactory(slug="vision")
+    job = JobFactory(tenant=tenant)  # (committed)
+    build_snapshot(redis_client)
+    with transaction.atomic():
+        JobFactory(tenant=tenant)
+        with transaction.atomic():
+            for priority in (1, 2):
+                Job.objects.filter(pk=job.pk).update(priority=priority)
+                assert {j.id: j.priority for j in build_snapshot(redis_client).pending}[job.pk] == priority
+    assert {j.id: j.priority for j in build_snapshot(redis_client).pending}[job.pk] == 2
+
+
 def test_a_row_written_by_the_reading_transaction_is_read_again_next_time(db, redis_client):
     """Inside one transaction a row can change again under the same version: never trusted."""
     job = JobFactory(tenant=TenantFactory(slug="vision"))
