@@ -42,9 +42,10 @@ def test_samples_reach_rollups_and_the_jobs_peak_memory(stack, api):
                     what="the job to finish")
     assert done["state"] == "SUCCEEDED", done
     assert done["peak_gpu_memory_mib"] == pytest.approx(12000, rel=0.02)
-    # Open 10 s buckets are written when they close, so the first rollup row can be the job's
-    # start (its memory still ramping): wait for the bucket that holds the peak, then check it.
-    peak = wait_for(lambda: JobRollup.objects.filter(job_id=job_id, mem_max__gte=11_000).order_by("-mem_max").first(),
+    # Open 10 s buckets are written when they close, so the first rollup rows can be the job's
+    # start, its memory still ramping (a bucket at 11,162 MiB on a busy machine): wait for the
+    # bucket that holds the peak, within the tolerance below, then check it is no more than that.
+    peak = wait_for(lambda: JobRollup.objects.filter(job_id=job_id, mem_max__gte=11_760).order_by("-mem_max").first(),
                     timeout=40, what="the job's peak in its rollups")
     assert peak.mem_max == pytest.approx(12000, rel=0.02)
     rollups = GpuRollup.objects.filter(gpu__node__name="e2e-node")
