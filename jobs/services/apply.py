@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from jobs.choices import TERMINAL_STATES, RunClass, JobState
 from jobs.models import Allocation, Job, JobPromise, JobWait
-from jobs.scheduling import Decisions
+from jobs.scheduling import Decisions, JobRequest
 from jobs.scheduling.decisions import Throttle
 from jobs.services import lifecycle
 from jobs.services.commands import duty_cycle_commands, publish_many, send_stop
@@ -39,7 +39,10 @@ class Applied:
     throttled: int = 0
 
 
-def apply_decisions(decisions: Decisions) -> Applied:
+def apply_decisions(decisions: Decisions, decided_on: tuple[JobRequest, ...] | None = None) -> Applied:
+    """``decided_on``: the pending jobs of the snapshot these decisions were made on (the loop's):
+    then the queue is not listed again to learn which jobs are pending and reserved (see
+    :func:`_as_read`)."""
     now = timezone.now()
     with transaction.atomic():
         placed = lifecycle.place_many(list(decisions.placements), now, {
@@ -47,7 +50,7 @@ def apply_decisions(decisions: Decisions) -> Applied:
             for place in decisions.placements})
         preempted = sum(lifecycle.begin_preempt(p.job_id, p.message) for p in decisions.preemptions)
         throttled = _throttle(decisions.throttles)
-        queue = _queue()
+        queue = _queue(None if decided_on is None else _as_read(decided_on, decisions))
         _store_reservations(decisions, queue.reserved)
         _store_promises(decisions)
         _store_pending_reasons(decisions, queue, now.timestamp())
@@ -206,10 +209,34 @@ class Queue:
     verdicts: dict[int, tuple[str, int | None]]
 
 
-def _queue() -> Queue:
+# The pending and reserved jobs of the last snapshot the loop decided on, by that snapshot's
+# pending requests (the very tuple, while nothing they are built from changed).
+_decided_on: tuple = (None, frozenset(), frozenset())
+
+
+def _as_read(decided_on: tuple[JobRequest, ...], decisions: Decisions) -> tuple[AbstractSet[int], AbstractSet[int]]:
+    """The pending jobs, and those of them holding a reservation, as the snapshot read them, less
+    the jobs this cycle placed. A job that left the queue since is told nothing all the same: a
+    verdict is written only where the job is pending in the same statement (an update finds no
+    verdict of a job placed or ended: the lifecycle dropped it). A job that joined it since waits
+    for the next cycle, as it would for the next snapshot. This saves listing 47,000 pending rows
+    again in a cycle after a change; unchanged requests keep the very same sets, so a settled
+    store stays settled."""
+    global _decided_on
+    if _decided_on[0] is not decided_on:
+        _decided_on = (decided_on, frozenset(request.id for request in decided_on),
+                       frozenset(request.id for request in decided_on if request.reserved_since is not None))
+    _, pending, reserved = _decided_on
+    placed = {place.job_id for place in decisions.placements}
+    return (pending - placed, reserved - placed) if placed else (pending, reserved)
+
+
+def _queue(as_read: tuple[AbstractSet[int], AbstractSet[int]] | None = None) -> Queue:
     """One read serves both writers. A table whose change mark stays where it was at the last
     read (nothing written to it since: no pending job submitted, placed, cancelled or edited, no
-    verdict written) is not read again: most cycles then scan neither the queue nor its verdicts."""
+    verdict written) is not read again: most cycles then scan neither the queue nor its verdicts.
+    ``as_read``: the pending and reserved jobs the loop's snapshot read (PostgreSQL: then they are
+    not listed again)."""
     global _queue_listed, _queue_read
     jobs_mark, waits_mark = now = marks([Job, JobWait])
     if connection.vendor != "postgresql":
@@ -227,7 +254,9 @@ def _queue() -> Queue:
         return queue
     jobs, waits = (connection.ops.quote_name(model._meta.db_table) for model in (Job, JobWait))
     steady = False  # (whether this transaction's scans keep an unchanged table's order yet)
-    if jobs_mark is None or jobs_mark != _queue_listed[3]:
+    if as_read is not None:
+        pending, reserved = as_read
+    elif jobs_mark is None or jobs_mark != _queue_listed[3]:
         # The pending rows by version, with their ids: the same listing as last cycle's means the
         # same pending and reserved jobs, and no 50,000 ids are turned into a set again.
         with connection.cursor() as cursor:
@@ -243,7 +272,8 @@ def _queue() -> Queue:
         else:
             _, pending, reserved, _ = _queue_listed
         _queue_listed = (listed, pending, reserved, jobs_mark)
-    _, pending, reserved, _ = _queue_listed
+    if as_read is None:
+        _, pending, reserved, _ = _queue_listed
     verdicts = _verdict_versions.unchanged(waits_mark)
     if verdicts is None:
         def fetch(ids: list[str] | None):

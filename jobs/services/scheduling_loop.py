@@ -170,7 +170,7 @@ def _cycle() -> CycleResult:
         # Taken before applying: a slow cycle must not re-send the launches it has just sent.
         applying_at = timezone.now()
         with leadership.fenced(lease, lease_s):
-            applied = apply_decisions(decisions)
+            applied = apply_decisions(decisions, snapshot.pending)
         clock.lap("apply")
         resend_unstarted_launches(client, as_of=applying_at, skip={place.job_id for place in decisions.placements})
         resend_stops(client)

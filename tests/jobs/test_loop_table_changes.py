@@ -177,3 +177,17 @@ def test_running_jobs_are_read_again_only_after_an_allocation_or_a_job_is_writte
         freed, _ = cycle()
     assert allocation_reads(captured) and freed.placed == 1
     assert Job.objects.get(pk=waiting.pk).state == JobState.PLACED
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row versions are PostgreSQL's")
+def test_a_cycle_after_a_submission_tells_it_why_it_waits_without_listing_the_queue_again(cluster):
+    """The apply learns which jobs are pending and reserved from the snapshot the cycle decided on
+    (less the jobs it placed), not from a second listing of the queue."""
+    JobFactory(tenant=cluster, gpus=4)  # waits: no node has 4 GPUs
+    cycle()
+    settle()
+    submitted = JobFactory(tenant=cluster, gpus=4)
+    with CaptureQueriesContext(connection) as captured:
+        assert run_scheduling_cycle().ran
+    assert not [q for q in captured.captured_queries if "reserved_since IS NOT NULL" in q["sql"]]
+    assert JobWait.objects.get(job_id=submitted.pk).reason["code"]
