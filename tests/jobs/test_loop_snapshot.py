@@ -231,35 +231,26 @@ def test_a_running_jobs_gpus_come_in_index_order_after_their_indexes_change(tran
 
 
 @POSTGRESQL
-def test_a_running_job_rewritten_in_a_savepoint_of_the_reading_transaction_is_read_again(
-        transactional_db, redis_client):
+def test_a_job_rewritten_in_a_savepoint_of_the_reading_transaction_is_read_again(transactional_db, redis_client):
     """A row written inside a savepoint carries the savepoint's id, not the transaction's: a
-    transaction that wrote the tables keeps none of their rows."""
+    transaction that wrote the tables keeps none of their rows, pending or running."""
     tenant = TenantFactory(slug="vision")
     gpu = GpuFactory(node=NodeFactory(name="n1"), index=0)
-    job = running_job(tenant, JobFactory(tenant=tenant).owner, [gpu])  # (committed)
-    build_snapshot(redis_client)
+    running = running_job(tenant, JobFactory(tenant=tenant).owner, [gpu])  # (committed)
+    pending = JobFactory(tenant=tenant)
+
+    def priorities() -> tuple[int, int]:
+        built = build_snapshot(redis_client)
+        return built.running[0].priority, {job.id: job.priority for job in built.pending}[pending.pk]
+
+    priorities()
     with transaction.atomic():
         JobFactory(tenant=tenant)
         with transaction.atomic():
             for priority in (1, 2):
-                Job.objects.filter(pk=job.pk).update(priority=priority)
-                assert build_snapshot(redis_client).running[0].priority == priority
-
-
-@POSTGRESQL
-def test_a_pending_job_rewritten_in_a_savepoint_of_the_reading_transaction_is_read_again(
-        transactional_db, redis_client):
-    tenant = TenantFactory(slug="vision")
-    job = JobFactory(tenant=tenant)  # (committed)
-    build_snapshot(redis_client)
-    with transaction.atomic():
-        JobFactory(tenant=tenant)
-        with transaction.atomic():
-            for priority in (1, 2):
-                Job.objects.filter(pk=job.pk).update(priority=priority)
-                assert {j.id: j.priority for j in build_snapshot(redis_client).pending}[job.pk] == priority
-    assert {j.id: j.priority for j in build_snapshot(redis_client).pending}[job.pk] == 2
+                Job.objects.filter(pk__in=[running.pk, pending.pk]).update(priority=priority)
+                assert priorities() == (priority, priority)
+    assert priorities() == (2, 2)
 
 
 def test_a_row_written_by_the_reading_transaction_is_read_again_next_time(db, redis_client):
