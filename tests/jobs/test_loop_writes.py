@@ -148,7 +148,9 @@ def test_throttles_take_a_bounded_number_of_queries_and_tell_each_node_once(node
     with CaptureQueriesContext(connection) as captured, django_capture_on_commit_callbacks(execute=True):
         applied = apply_decisions(Decisions(throttles=throttles))
     assert applied.throttled == 3  # the one already at 0.5 and the ended one are left alone
-    assert len(captured) <= 10
+    # One read of their allocations, one update for the one duty cycle. (Not every statement: how
+    # the apply reads the queue beside them depends on what earlier cycles left kept.)
+    assert len([q for q in captured.captured_queries if '"jobs_allocation"' in q["sql"]]) == 2
     assert sorted(Allocation.objects.values_list("duty_cycle", flat=True)) == [0.5] * 4
     sent = [(c.job_id, c.kind) for _, f in redis_client.xrange(protocol.command_stream("n1"))
             if (c := protocol.decode_command(f))]
