@@ -293,7 +293,10 @@ class JobWait(models.Model):
     No foreign-key constraint in the database: checking one locks each job row it names at commit,
     which cost a first cycle (47,000 new verdicts) more than writing them. The loop writes verdicts
     only for jobs it finds pending in the same statement, and Django still deletes a job's verdict
-    with the job."""
+    with the job.
+
+    PostgreSQL also keeps a digest of each reason in a column Django does not know (migration
+    0022, read by the scheduling loop): a change to ``reason``'s type must drop it first."""
 
     job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="wait",
                                db_constraint=False)

@@ -16,6 +16,7 @@ from jobs.scheduling.decisions import Decisions, NodeSlice, Pending, Place, Thro
 from jobs.scheduling.reasons import PendingReason, ReasonCode
 from jobs.services import apply
 from jobs.services.apply import apply_decisions
+from jobs.services.row_versions import RowVersions
 from jobs.services.scheduling_loop import run_scheduling_cycle
 from tests.factories import GpuFactory, JobFactory, NodeFactory, TenantFactory
 
@@ -228,8 +229,58 @@ POSTGRESQL = pytest.mark.skipif(connection.vendor != "postgresql", reason="row v
 
 
 def verdict_fetches(captured) -> list[str]:
-    """Reads of stored verdicts' text (rows whose version moved since the last cycle)."""
-    return [q["sql"] for q in captured.captured_queries if "reason::text" in q["sql"]]
+    """Reads of stored verdicts (rows whose version moved since the last cycle)."""
+    return [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT job_id, xmin::text, reason")]
+
+
+def as_a_new_process(monkeypatch) -> None:
+    """The apply's state as a scheduler process that has just started has it: nothing read yet."""
+    monkeypatch.setattr(apply, "_verdict_versions", RowVersions())
+    monkeypatch.setattr(apply, "_settled", None)
+    monkeypatch.setattr(apply, "_queue_listed", apply._NOT_LISTED)
+    monkeypatch.setattr(apply, "_text_of_digest", {})
+
+
+@POSTGRESQL
+def test_a_new_process_reads_each_distinct_stored_reason_once_and_rewrites_only_what_differs(
+        transactional_db, monkeypatch):
+    jobs = [JobFactory() for _ in range(6)]
+    decisions = Decisions(pending=tuple(
+        Pending(job.pk, waiting(gpus=1 + index % 2)) for index, job in enumerate(jobs)))
+    apply_decisions(decisions)
+    ours = verdicts([job.pk for job in jobs])
+    JobWait.objects.filter(job_id=jobs[3].pk).update(reason={"code": "stale", "message": "old", "details": {}})
+    as_a_new_process(monkeypatch)
+    with CaptureQueriesContext(connection) as captured:
+        apply_decisions(decisions)
+    # (three distinct reasons stored: ours two, the stale one; each read as text once)
+    texts = [q["sql"] for q in captured.captured_queries if "reason::text" in q["sql"]]
+    assert len(texts) == 1 and len(apply._text_of_digest) == 3
+    assert len(verdict_writes(captured)) == 1
+    assert verdicts([job.pk for job in jobs]) == ours
+
+
+@POSTGRESQL
+def test_a_stored_reason_rewritten_while_a_new_process_reads_the_store_is_written_again(
+        transactional_db, monkeypatch):
+    # Between the read of the digests and the read of their texts, the only verdict of one digest
+    # is rewritten: its text is not found, and the verdict reads as none stored.
+    jobs = [JobFactory() for _ in range(3)]
+    decisions = Decisions(pending=tuple(
+        Pending(job.pk, waiting("Waiting for a GPU.", rank=index)) for index, job in enumerate(jobs)))
+    apply_decisions(decisions)
+    ours = verdicts([job.pk for job in jobs])
+    as_a_new_process(monkeypatch)
+    read_texts = apply._reason_texts
+
+    def rewritten_meanwhile(cursor, table, digests):
+        gone = min(digests)
+        cursor.execute(f"UPDATE {table} SET reason = '{{\"code\": \"stale\"}}' WHERE reason_digest = %s", [gone])
+        return read_texts(cursor, table, digests)
+
+    monkeypatch.setattr(apply, "_reason_texts", rewritten_meanwhile)
+    apply_decisions(decisions)
+    assert verdicts([job.pk for job in jobs]) == ours
 
 
 @POSTGRESQL
