@@ -35,14 +35,18 @@ class JobOutcomes:
         state = self.state
         gpus = [gpu for _, node_gpus in choice.slices for gpu in node_gpus]
         next_to_guarantee = any(map(_guaranteed_count, gpus))
-        self.capacity.take(gpus, job_class, choice.memory_mib, shape.demand_milli, shape.gpu_milli, shape.shareable,
+        duty = self.config.shared_start_duty_cycle if job_class is OPPORTUNISTIC and next_to_guarantee else 1.0
+        # (the load it adds at the duty cycle it starts at, as the next cycle reads it back
+        # (``resident_load_milli``): counted whole here, the room it leaves opened only a cycle
+        # later, and a GPU took several cycles to pack, its queue's verdicts flapping meanwhile)
+        demand = shape.demand_milli if duty == 1.0 else round(shape.demand_milli * duty)
+        self.capacity.take(gpus, job_class, choice.memory_mib, demand, shape.gpu_milli, shape.shareable,
                            shape.cpu_per_gpu, shape.host_mb_per_gpu, shape.accepts_unfenced, shape.headroom_mib)
         self.count(job, job_class, gpus)
         biggest = max(choice.memory_mib)
         capacity = min(map(_capacity_mib, gpus))
         protected = job_class is GUARANTEED and not shape.shareable
         limit = None if protected or biggest >= capacity else min(capacity, biggest + shape.headroom_mib)
-        duty = self.config.shared_start_duty_cycle if job_class is OPPORTUNISTIC and next_to_guarantee else 1.0
         slices = slices_of(choice.slices)
         state.placements.append(Place(
             job_id=job.id, slices=slices, job_class=job_class, memory_limit_mib=limit, gpu_milli=job.gpu_milli,

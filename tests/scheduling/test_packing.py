@@ -207,3 +207,25 @@ def test_a_cpu_hungry_job_leaves_a_cpu_tight_node_the_cpu_its_free_gpus_need():
                                 running(9, on="full", gpus=[1], tenant="owner", cpus=12)],
                        pending=[job(1, tenant="owner", mem_gib=10, cpus=20)])
     assert placed(decide(snapshot, now=0)) == {1: "roomy"}
+
+
+def test_borrowers_packed_beside_a_guaranteed_job_are_all_that_fit_the_next_cycle_too():
+    # Each borrower starts throttled to the start duty cycle beside the guaranteed job, and the
+    # next cycle reads its load back at that duty cycle: the cycle that places them must count
+    # them so, or the room they leave opens one borrower at a time, cycle after cycle, and the
+    # queue's verdicts and ETAs move with every step.
+    config = SchedulerConfig()
+    snapshot = cluster(node("a", gpus=1), tenants=BORROWERS,
+                       running=[running(9, on="a", tenant="owner", milli=500, mem_gib=10, shareable=True)],
+                       pending=[job(i, tenant="borrower", milli=250, mem_gib=5) for i in range(1, 9)])
+    first = decide(snapshot, now=0, config=config)
+    assert len(first.placements) > 1
+    assert {p.duty_cycle for p in first.placements} == {config.shared_start_duty_cycle}
+    now_running = [running(p.job_id, on="a", tenant="borrower", opportunistic=True, milli=250, mem_gib=5,
+                           duty=p.duty_cycle) for p in first.placements]
+    started = {p.job_id for p in first.placements}
+    again = cluster(node("a", gpus=1), tenants=BORROWERS,
+                    running=[running(9, on="a", tenant="owner", milli=500, mem_gib=10, shareable=True),
+                             *now_running],
+                    pending=[j for j in snapshot.pending if j.id not in started])
+    assert decide(again, now=2, config=config).placements == ()
