@@ -143,12 +143,18 @@ def needs_headroom(job: RunningJob, capacity_mib: int) -> bool:
 
 
 def resident_load_milli(job: RunningJob, utilisation: float | None) -> int:
-    """Compute a resident uses: live (``utilisation``, its reading) if known, else its solo profile
-    or request, times its duty cycle."""
+    """Compute a resident uses: live (``utilisation``, its reading) if known, else :func:`load_milli`."""
     if utilisation is not None:
         return round(utilisation * WHOLE_GPU_MILLI)
-    solo = job.solo_utilisation if job.solo_utilisation is not None else job.gpu_milli / WHOLE_GPU_MILLI
-    return round(solo * job.duty_cycle * WHOLE_GPU_MILLI)
+    return load_milli(job.solo_utilisation, job.gpu_milli, job.duty_cycle)
+
+
+def load_milli(solo_utilisation: float | None, gpu_milli: int, duty_cycle: float) -> int:
+    """Compute a job uses with no live reading: its solo profile, else its request, times its duty
+    cycle. The cycle that places a job counts it so, as every cycle after reads it back: counted
+    otherwise, the room a placement leaves would open (or close) a cycle later."""
+    solo = solo_utilisation if solo_utilisation is not None else gpu_milli / WHOLE_GPU_MILLI
+    return round(solo * duty_cycle * WHOLE_GPU_MILLI)
 
 
 # A renewal that would build more than this share of the nodes again builds them all anew instead.

@@ -8,6 +8,7 @@ from __future__ import annotations
 from operator import attrgetter
 
 from jobs.scheduling import reasons
+from jobs.scheduling.capacity import load_milli
 from jobs.scheduling.cycle_state import CycleInputs, CycleState, Memo
 from jobs.scheduling.decisions import Place, Preempt, PreemptReason, new_pending
 from jobs.scheduling.placement import Choice, OneNodeWait, Shape
@@ -36,11 +37,12 @@ class JobOutcomes:
         gpus = [gpu for _, node_gpus in choice.slices for gpu in node_gpus]
         next_to_guarantee = any(map(_guaranteed_count, gpus))
         duty = self.config.shared_start_duty_cycle if job_class is OPPORTUNISTIC and next_to_guarantee else 1.0
-        # (the load it adds at the duty cycle it starts at, as the next cycle reads it back
-        # (``resident_load_milli``): counted whole here, the room it leaves opened only a cycle
-        # later, and a GPU took several cycles to pack, its queue's verdicts flapping meanwhile)
-        demand = shape.demand_milli if duty == 1.0 else round(shape.demand_milli * duty)
-        self.capacity.take(gpus, job_class, choice.memory_mib, demand, shape.gpu_milli, shape.shareable,
+        # (its load at the duty cycle it starts at, as the next cycle reads it back: a borrower
+        # beside a guaranteed job counted whole here left room that opened only a cycle later, one
+        # borrower a cycle, its queue's verdicts flapping meanwhile)
+        profile = job.profile
+        load = load_milli(profile.mean_utilisation if profile is not None else None, job.gpu_milli, duty)
+        self.capacity.take(gpus, job_class, choice.memory_mib, load, shape.gpu_milli, shape.shareable,
                            shape.cpu_per_gpu, shape.host_mb_per_gpu, shape.accepts_unfenced, shape.headroom_mib)
         self.count(job, job_class, gpus)
         biggest = max(choice.memory_mib)

@@ -183,7 +183,7 @@ def check_invariants(snapshot: ClusterSnapshot, decisions) -> None:
                     assert guaranteed_milli[gpu_id] <= 1000
                 memory[gpu_id] += planned_memory(request, gpu.memory_mib)
                 residents[gpu_id].append(request)
-                added_load[gpu_id] += _demand(request)
+                added_load[gpu_id] += _demand(request, place.duty_cycle)
         for gpu_id in gpu_ids:
             requested[gpu_id] += request.gpu_milli
         held[request.tenant] += charged_milli(request.gpu_milli, [requested[g] for g in gpu_ids],
@@ -207,10 +207,10 @@ def check_invariants(snapshot: ClusterSnapshot, decisions) -> None:
             assert held[name] <= quota.ceiling_milli
 
 
-def _demand(request: JobRequest) -> int:
-    if request.profile:
-        return min(request.gpu_milli, round(request.profile.mean_utilisation * 1000))
-    return request.gpu_milli
+def _demand(request: JobRequest, duty_cycle: float) -> int:
+    """What a placement adds to its GPU's load: as the next cycle reads it back (``_load``)."""
+    solo = request.profile.mean_utilisation if request.profile else request.gpu_milli / 1000
+    return round(solo * duty_cycle * 1000)
 
 
 def _load(job: RunningJob, utilisation: float | None) -> int:

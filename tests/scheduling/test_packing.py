@@ -209,23 +209,28 @@ def test_a_cpu_hungry_job_leaves_a_cpu_tight_node_the_cpu_its_free_gpus_need():
     assert placed(decide(snapshot, now=0)) == {1: "roomy"}
 
 
-def test_borrowers_packed_beside_a_guaranteed_job_are_all_that_fit_the_next_cycle_too():
+@pytest.mark.parametrize("profile", [None, (5, 0.9)], ids=["request", "profile above its share"])
+def test_borrowers_packed_beside_a_guaranteed_job_are_all_that_fit_the_next_cycle_too(profile):
     # Each borrower starts throttled to the start duty cycle beside the guaranteed job, and the
-    # next cycle reads its load back at that duty cycle: the cycle that places them must count
-    # them so, or the room they leave opens one borrower at a time, cycle after cycle, and the
-    # queue's verdicts and ETAs move with every step.
+    # next cycle reads its load back at that duty cycle (its profile's use, else its request):
+    # the cycle that places them must count them so, or the room they leave opens one borrower
+    # at a time, cycle after cycle (the queue's verdicts and ETAs moving with every step), or the
+    # GPU ends up loaded past what a borrower may join.
     config = SchedulerConfig()
-    snapshot = cluster(node("a", gpus=1), tenants=BORROWERS,
-                       running=[running(9, on="a", tenant="owner", milli=500, mem_gib=10, shareable=True)],
-                       pending=[job(i, tenant="borrower", milli=250, mem_gib=5) for i in range(1, 9)])
+    guaranteed = running(9, on="a", tenant="owner", milli=500, mem_gib=10, shareable=True)
+    snapshot = cluster(node("a", gpus=1), tenants=BORROWERS, running=[guaranteed],
+                       pending=[job(i, tenant="borrower", milli=250, mem_gib=5, profile=profile) for i in range(1, 9)])
     first = decide(snapshot, now=0, config=config)
-    assert len(first.placements) > 1
     assert {p.duty_cycle for p in first.placements} == {config.shared_start_duty_cycle}
+    # What fits, by the next cycle's reading: a borrower joins while the load leaves it its room.
+    each = round((profile[1] if profile else 0.25) * config.shared_start_duty_cycle * 1000)
+    load, fits = 500, 0
+    while fits < 8 and config.max_shared_load_milli - load >= min(250, config.min_shared_room_milli):
+        load, fits = load + each, fits + 1
+    assert len(first.placements) == fits > 1
     now_running = [running(p.job_id, on="a", tenant="borrower", opportunistic=True, milli=250, mem_gib=5,
-                           duty=p.duty_cycle) for p in first.placements]
+                           duty=p.duty_cycle, solo=profile[1] if profile else None) for p in first.placements]
     started = {p.job_id for p in first.placements}
-    again = cluster(node("a", gpus=1), tenants=BORROWERS,
-                    running=[running(9, on="a", tenant="owner", milli=500, mem_gib=10, shareable=True),
-                             *now_running],
+    again = cluster(node("a", gpus=1), tenants=BORROWERS, running=[guaranteed, *now_running],
                     pending=[j for j in snapshot.pending if j.id not in started])
     assert decide(again, now=2, config=config).placements == ()
