@@ -250,14 +250,44 @@ def test_a_new_process_reads_each_distinct_stored_reason_once_and_rewrites_only_
     apply_decisions(decisions)
     ours = verdicts([job.pk for job in jobs])
     JobWait.objects.filter(job_id=jobs[3].pk).update(reason={"code": "stale", "message": "old", "details": {}})
+    before = row_versions()
     as_a_new_process(monkeypatch)
     with CaptureQueriesContext(connection) as captured:
         apply_decisions(decisions)
     # (three distinct reasons stored: ours two, the stale one; each read as text once)
     texts = [q["sql"] for q in captured.captured_queries if "reason::text" in q["sql"]]
     assert len(texts) == 1 and len(apply._text_of_digest) == 3
-    assert len(verdict_writes(captured)) == 1
     assert verdicts([job.pk for job in jobs]) == ours
+    after = row_versions()
+    assert {job_id for job_id in before if before[job_id] != after[job_id]} == {jobs[3].pk}
+    # Someone else writes a reason known already: its row is read again, its text is not.
+    JobWait.objects.filter(job_id=jobs[4].pk).update(reason=JobWait.objects.get(job_id=jobs[0].pk).reason)
+    with CaptureQueriesContext(connection) as captured:
+        apply_decisions(decisions)
+    assert len(verdict_fetches(captured)) == 1
+    assert not [q for q in captured.captured_queries if "reason::text" in q["sql"]]
+    assert verdicts([job.pk for job in jobs]) == ours
+
+
+def row_versions() -> dict[int, str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT job_id, xmin::text FROM jobs_jobwait")
+        return dict(cursor.fetchall())
+
+
+@POSTGRESQL
+def test_a_new_process_tells_a_stored_reason_from_one_equal_in_value_but_worded_otherwise(
+        transactional_db, monkeypatch):
+    first, second = JobFactory(), JobFactory()
+    told = waiting(seconds=600.0)
+    apply_decisions(Decisions(pending=(Pending(first.pk, told), Pending(second.pk, told))))
+    JobWait.objects.filter(job_id=second.pk).update(reason={**told.as_dict(), "details": {"seconds": 600}})
+    as_a_new_process(monkeypatch)
+    apply_decisions(Decisions(pending=(Pending(first.pk, told), Pending(second.pk, told))))
+    assert [reason["details"] for reason in JobWait.objects.order_by("job_id").values_list("reason", flat=True)] == [
+        {"seconds": 600.0}, {"seconds": 600.0}]
+    assert [type(reason["details"]["seconds"]) for reason in
+            JobWait.objects.order_by("job_id").values_list("reason", flat=True)] == [float, float]
 
 
 @POSTGRESQL
