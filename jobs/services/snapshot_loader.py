@@ -313,7 +313,8 @@ PENDING_FIELDS = ("id", "tenant_id", "gpus", "submitted_s", "gpu_memory_mib", "p
                   "owner_id", "mig_profile", "accepts_unfenced")
 # Read after PENDING_FIELDS: the GPU-seconds of the job's earlier runs, computed by the database
 # (:func:`_attained`), so that a cached row tells whether its request must be built again; then the
-# row's version (PostgreSQL; None elsewhere), which a request ignores.
+# row's version (PostgreSQL; None elsewhere), which the request does not read (a row rewritten with
+# nothing changed reads as another row: its request is built again).
 LAST_FIELDS = ("attained_gpu_s", "row_version")
 
 
@@ -378,18 +379,22 @@ def _pending(largest_gpu_mib: int | None, slugs: dict[int, str], unfenced: dict[
         _whole = (inputs_now, tuple(requests))
         return _whole[1]
     previous = _built if _built_for == context else {}
-    built: dict[int, tuple[tuple, tuple, JobRequest]] = {}
-    requests = []
-    for job_id, row in rows.items():
-        built[job_id] = entry = build(row, previous.get(job_id))
-        requests.append(entry[2])
+    if previous:
+        built: dict[int, tuple[tuple, tuple, JobRequest]] = {}
+        requests = []
+        for job_id, row in rows.items():
+            built[job_id] = entry = build(row, previous.get(job_id))
+            requests.append(entry[2])
+    else:  # (nothing to keep, as in a new process: no look for a cached request per row)
+        entries = list(map(build.fresh, rows.values()))
+        built, requests = dict(zip(rows, entries)), list(map(_third_item, entries))
     _built, _built_for = built, context
     _whole = (inputs_now, tuple(requests))
     return _whole[1]
 
 
 _request_id = attrgetter("id")
-_first_item, _last_item = itemgetter(0), itemgetter(-1)
+_first_item, _third_item, _last_item = itemgetter(0), itemgetter(2), itemgetter(-1)
 
 
 class _Builder:
@@ -403,19 +408,27 @@ class _Builder:
         self.models: dict[str | None, frozenset] = {None: frozenset()}
 
     def __call__(self, row: tuple, cached: tuple | None) -> tuple[tuple, tuple, JobRequest]:
-        job_id, tenant_id, profile_key, array_id = row[0], row[1], row[12], row[15]
-        if profile_key or array_id is not None or job_id in self.waiting_for:
-            inputs = (self.waiting_for.get(job_id, ()),
-                      self.profile_inputs.get((tenant_id, profile_key)) if profile_key else None,
-                      self.array_limits.get(array_id) if array_id is not None else None)
-        else:
-            inputs = NO_INPUTS  # most jobs: one shared tuple, compared by identity
+        inputs = self._inputs(row)
         # (a row kept by its version is the very tuple built from last time)
         if cached is not None and (cached[0] is row or cached[0] == row) and (
                 cached[1] is inputs or cached[1] == inputs):
             return cached
         return row, inputs, _request(row, self.slugs, self.unfenced, self.core_profiles, self.models, inputs[0],
                                      inputs[2])
+
+    def fresh(self, row: tuple) -> tuple[tuple, tuple, JobRequest]:
+        """As a call with nothing cached (a new process's 47,000 rows)."""
+        inputs = self._inputs(row)
+        return row, inputs, _request(row, self.slugs, self.unfenced, self.core_profiles, self.models, inputs[0],
+                                     inputs[2])
+
+    def _inputs(self, row: tuple) -> tuple:
+        job_id, profile_key, array_id = row[0], row[12], row[15]
+        if profile_key or array_id is not None or job_id in self.waiting_for:
+            return (self.waiting_for.get(job_id, ()),
+                    self.profile_inputs.get((row[1], profile_key)) if profile_key else None,
+                    self.array_limits.get(array_id) if array_id is not None else None)
+        return NO_INPUTS  # most jobs: one shared tuple, compared by identity
 
 
 def _pending_queryset():
@@ -528,22 +541,26 @@ def _request(row: tuple, slugs: dict[int, str], unfenced: dict[int, bool], core_
     allowed_models = models.get(gpu_models)
     if allowed_models is None:
         allowed_models = models[gpu_models] = frozenset(json.loads(gpu_models) or ())
+    # (positionally, in REQUEST_FIELDS' order: matching 24 keywords cost 2.5x the call itself)
     return _new_request(
-        id=job_id, tenant=slugs[tenant_id], gpus=gpus, submitted_at=_seconds(submitted_at),
-        gpu_memory_mib=gpu_memory_mib, priority=priority, gpu_milli=gpu_milli,
-        gpu_models=allowed_models, opportunistic_only=opportunistic_only,
-        shareable=shareable, max_nodes=max_nodes, profile=core_profile, expected_runtime_s=expected_runtime_s,
-        reserved_since=_seconds(reserved_since),
-        needs_runtime=bool(image), array_id=array_id, array_limit=array_limit,
-        waiting_for=waiting_for, cpu_milli=cpu_milli, host_memory_mb=host_memory_mib, user=str(owner_id),
-        mig_profile=mig_profile or None,
-        accepts_unfenced=accepts_unfenced if accepts_unfenced is not None else unfenced.get(tenant_id, True),
-        attained_gpu_s=attained_gpu_s,
+        job_id, slugs[tenant_id], gpus, _seconds(submitted_at), gpu_memory_mib, priority, gpu_milli,
+        allowed_models, opportunistic_only, shareable, core_profile, expected_runtime_s, max_nodes, None,
+        _seconds(reserved_since), attained_gpu_s, array_id, array_limit, waiting_for, bool(image), cpu_milli,
+        host_memory_mib, str(owner_id), mig_profile or None,
+        accepts_unfenced if accepts_unfenced is not None else unfenced.get(tenant_id, True),
     )
 
 
 # (a first cycle builds 47,000 requests: a frozen dataclass's own __init__ was a tenth of it)
 _new_request = builder(JobRequest)
+# The order ``_request`` passes JobRequest's fields in: a field added or moved fails here, at import,
+# not as a request quietly built with one field's value in another.
+REQUEST_FIELDS = ("id", "tenant", "gpus", "submitted_at", "gpu_memory_mib", "priority", "gpu_milli", "gpu_models",
+                  "opportunistic_only", "shareable", "profile", "expected_runtime_s", "max_nodes", "allreduce_bytes",
+                  "reserved_since", "attained_gpu_s", "array_id", "array_limit", "waiting_for", "needs_runtime",
+                  "cpu_milli", "host_memory_mb", "user", "mig_profile", "accepts_unfenced")
+if tuple(field.name for field in fields(JobRequest)) != REQUEST_FIELDS:
+    raise ImportError("JobRequest's fields are not snapshot_loader.REQUEST_FIELDS: update _request and the tuple")
 
 
 def _accepts_unfenced(job_setting: bool | None, tenant_id: int, unfenced: dict[int, bool]) -> bool:

@@ -124,3 +124,26 @@ def test_nodes_come_by_name_whatever_order_they_registered_in(db, redis_client):
     for name in ("zeta", "alpha", "mid"):
         GpuFactory(node=NodeFactory(name=name), index=0)
     assert [node.name for node in build_snapshot(redis_client).nodes] == ["alpha", "mid", "zeta"]
+
+
+def test_every_field_of_a_pending_job_reaches_its_request_in_its_own_place(db, redis_client):
+    # (the loader passes a request's fields by position: each value here is one no other field has)
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    tenant = TenantFactory(slug="vision")
+    submitted, reserved = timezone.now() - timedelta(hours=2), timezone.now() - timedelta(minutes=5)
+    job = JobFactory(tenant=tenant, gpus=3, gpu_memory_mib=12345, priority=7, gpu_models=["A100-80GB"],
+                     opportunistic_only=True, shareable=True, max_nodes=2, max_runtime_s=5400, cpu_milli=3000,
+                     host_memory_mib=4096, accepts_unfenced=False, image="pytorch/pytorch:2.3")
+    type(job).objects.filter(pk=job.pk).update(submitted_at=submitted, reserved_since=reserved)
+    request = pending_by_id(build_snapshot(redis_client))[job.pk]
+    assert (request.id, request.tenant, request.gpus, request.gpu_memory_mib, request.priority, request.gpu_milli,
+            request.gpu_models, request.opportunistic_only, request.shareable, request.max_nodes,
+            request.expected_runtime_s, request.cpu_milli, request.host_memory_mb, request.user,
+            request.accepts_unfenced, request.needs_runtime, request.mig_profile, request.allreduce_bytes,
+            request.profile, request.array_id, request.waiting_for, request.attained_gpu_s) == (
+        job.pk, "vision", 3, 12345, 7, 1000, frozenset({"A100-80GB"}), True, True, 2, 5400.0, 3000, 4096,
+        str(job.owner_id), False, True, None, None, None, None, (), 0.0)
+    assert request.submitted_at == submitted.timestamp() and request.reserved_since == reserved.timestamp()
