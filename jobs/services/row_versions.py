@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Sequence
-from operator import itemgetter
 from typing import Any
 
 from django.db import connection, transaction
 
 _generations = itertools.count()
-_first = itemgetter(0)
 
 
 def own_xid() -> str | None:
@@ -114,7 +112,7 @@ class RowVersions:
         for row_id, version, value in fetch(None):
             _take(row_id, version, value, own, kept, key_of, values, unkept)
         if self.ordered:
-            values = dict(sorted(values.items(), key=_first))
+            values = {row_id: values[row_id] for row_id in sorted(values)}
         self._seen, self._key_of, self._values, self._unkept = kept, key_of, values, unkept
         self._unsorted, self.delta, self._last, self._mark = False, None, None, None
         self.generation = next(_generations)
@@ -196,7 +194,7 @@ class RowVersions:
                 seen[key] = (row_id, value)
         if self.ordered and added:
             # (the kept rows are one sorted run, the added ones a short tail: merged, not sorted anew)
-            values = dict(sorted(values.items(), key=_first))
+            values = {row_id: values[row_id] for row_id in sorted(values)}
         self.delta = (self.generation, touched)
         self._values = values
         self.generation = next(_generations)
@@ -234,7 +232,7 @@ class RowVersions:
                 else:
                     unkept.add(row_id)
         if self.ordered:
-            values = dict(sorted(values.items(), key=_first))
+            values = {row_id: values[row_id] for row_id in sorted(values)}
         self._seen, self._key_of, self._values, self._unkept = kept, key_of, values, unkept
         self._unsorted, self.delta = False, None
         self.generation = next(_generations)
