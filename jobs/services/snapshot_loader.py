@@ -413,12 +413,13 @@ class _Builder:
         if cached is not None and (cached[0] is row or cached[0] == row) and (
                 cached[1] is inputs or cached[1] == inputs):
             return cached
-        return row, inputs, _request(row, self.slugs, self.unfenced, self.core_profiles, self.models, inputs[0],
-                                     inputs[2])
+        return self._made(row, inputs)
 
     def fresh(self, row: tuple) -> tuple[tuple, tuple, JobRequest]:
         """As a call with nothing cached (a new process's 47,000 rows)."""
-        inputs = self._inputs(row)
+        return self._made(row, self._inputs(row))
+
+    def _made(self, row: tuple, inputs: tuple) -> tuple[tuple, tuple, JobRequest]:
         return row, inputs, _request(row, self.slugs, self.unfenced, self.core_profiles, self.models, inputs[0],
                                      inputs[2])
 
@@ -739,8 +740,6 @@ def _live_allocation_rows(gpu_index: dict[int, int]) -> list[tuple]:
         _allocations_in_order = (generation, gpu_index, [row for _, row in sorted(
             values.values(), key=lambda entry: (entry[0][0], entry[0][1], index_of(entry[1][1], -1), entry[0][2]))])
     return _allocations_in_order[2]
-
-
 
 
 def _served_in_earlier_runs(rows: list[tuple]) -> dict[int, float]:
