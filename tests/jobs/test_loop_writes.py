@@ -112,7 +112,11 @@ def test_reasons_are_written_in_the_same_few_statements_however_many_jobs_wait(d
 
 @pytest.mark.parametrize("count", [1, 12])
 def test_placements_take_the_same_few_statements_however_many_and_each_node_gets_its_launches(
-        db, redis_client, live_redis, count, django_capture_on_commit_callbacks):
+        db, redis_client, live_redis, count, django_capture_on_commit_callbacks, monkeypatch):
+    # (what the apply kept from earlier tests' cycles would change how it reads: a new process's)
+    monkeypatch.setattr(apply, "_verdict_versions", RowVersions())
+    monkeypatch.setattr(apply, "_settled", None)
+    monkeypatch.setattr(apply, "_queue_listed", apply._NOT_LISTED)
     nodes = [NodeFactory(name=f"p{n}") for n in range(3)]
     gpus = [GpuFactory(node=node, index=i) for node in nodes for i in range(4)]
     jobs = [JobFactory() for _ in range(count)]
@@ -123,7 +127,7 @@ def test_placements_take_the_same_few_statements_however_many_and_each_node_gets
     with CaptureQueriesContext(connection) as captured, django_capture_on_commit_callbacks(execute=True):
         applied = apply_decisions(decisions)
     assert applied.placed == count
-    assert len(captured) <= 16  # as many for 12 jobs as for 1
+    assert len(captured) <= 17  # as many for 12 jobs as for 1
     assert set(Job.objects.filter(state=JobState.PLACED).values_list("pk", flat=True)) == {j.pk for j in jobs}
     assert Allocation.objects.filter(job__in=jobs, attempt=1).count() == count
     assert Job.objects.get(pk=cancelled.pk).state == JobState.CANCELLED and not cancelled.allocations.exists()
