@@ -135,6 +135,30 @@ class RowVersions:
         self._mark = mark if self._last is not None else None
         return values
 
+    def read_changes(self, items: list[str], left: set[int], fetch: Fetch, mark: str | None) -> dict[int, Any] | None:
+        """The last read brought up to date with the rows written since it, as a feed of the table's
+        writes gives them (:mod:`jobs.services.job_feed`), not with a listing of every row:
+        ``items``, ``id:version`` of the rows written since that the listing's condition matches
+        now; ``left``, the ids of those written since that it does not. Same answer as
+        :meth:`read` given a listing made now. The reading transaction must have written none of
+        the table's rows. None where only a listing can tell (nothing read yet)."""
+        if self.never_read or self._unsorted:
+            return None
+        seen, key_of = self._seen, self._key_of
+        stale = set(items).difference(seen)
+        gone = {key_of[row_id] for row_id in left if row_id in key_of}
+        for item in stale:  # (a row at a new version: its old one is gone)
+            before = key_of.get(int(item.partition(":")[0]))
+            if before is not None:
+                gone.add(before)
+        if not stale and not gone and not self._unkept:
+            self._mark = mark
+            return self._values
+        values = self._patch("", items, stale, gone, fetch, None)
+        self._last = None  # (no listing of every row was read)
+        self._mark = mark if not self._unkept else None
+        return values
+
     def _read(self, rows: str, fetch: Fetch) -> dict[int, Any]:
         if rows == self._last:
             return self._values

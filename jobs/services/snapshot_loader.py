@@ -26,6 +26,7 @@ from jobs.scheduling import ClusterSnapshot, GpuState, JobRequest, LiveReadings,
 from jobs.scheduling.frozen_builder import builder
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, JobClass, Promise, RecordedProfile, RunningJob
 from jobs.services.bulk_rows import ids_in
+from jobs.services.job_feed import JobFeed
 from jobs.services.row_versions import RowVersions, listing, steady_scan_order
 from jobs.services.table_changes import KeptWhileUnchanged, mark_sql, marks, written_here
 from monitoring.choices import NodeHealth
@@ -103,19 +104,20 @@ MAX_PROMISED_GPUS = 4096
 # Everything kept from one snapshot to the next (see each): dropped by :func:`forget`.
 KEPT = ("_node_states", "_all_nodes", "_facts", "_running_jobs", "_running_for", "_built", "_built_for", "_derived",
         "_whole", "_pending_versions", "_served_before", "_pending_read", "_allocation_rows", "_allocation_versions",
-        "_allocations_in_order", "_running_last")
+        "_allocations_in_order", "_running_last", "_pending_feed")
 
 
 def forget() -> None:
     """Drop what was kept from earlier snapshots: the next one is built as a new process builds it."""
     global _node_states, _all_nodes, _facts, _running_jobs, _running_for, _built, _built_for, _derived, _whole
     global _pending_versions, _served_before, _pending_read, _allocation_rows, _running_last
-    global _allocation_versions, _allocations_in_order
+    global _allocation_versions, _allocations_in_order, _pending_feed
     _node_states, _all_nodes, _facts, _running_jobs, _running_for = {}, (None, ()), ((), ({}, {}, {}, {})), {}, ()
     _allocation_rows = KeptWhileUnchanged(Allocation, Job)
     _allocation_versions, _allocations_in_order = RowVersions(), (None, {}, [])
     _built, _built_for, _derived, _whole = {}, (), (None, set(), set()), (None, ())
     _pending_versions = RowVersions(ordered=True)
+    _pending_feed = JobFeed()
     _served_before = {}
     _running_last = None
     _pending_read = (None, {})
@@ -455,6 +457,8 @@ def _attained():
 # PostgreSQL: the pending rows of the last snapshot, by row version: only jobs submitted, requeued
 # or edited since are read in full (50,000 rows of 21 columns were a third of a steady snapshot).
 _pending_versions = RowVersions(ordered=True)
+# PostgreSQL: where the jobs written since the last read of the pending rows are found.
+_pending_feed = JobFeed()
 # Elsewhere (SQLite): the jobs table's change mark and the pending rows read after it.
 _pending_read: tuple[str | None, dict[int, tuple]] = (None, {})
 
@@ -493,9 +497,23 @@ def _pending_rows() -> dict[int, tuple]:
         _pending_versions = RowVersions(ordered=True)
         return dict(sorted(((row_id, value) for row_id, _, value in fetch(None)), key=_first_item))
     if _pending_versions.never_read:
-        return _pending_versions.read_every(fetch)  # (a new process's first read: no listing to compare)
+        token = _pending_feed.before_full_read(table)
+        rows = _pending_versions.read_every(fetch)  # (a new process's first read: no listing to compare)
+        _pending_feed.after_full_read(token)
+        return rows
+    if mark is not None:
+        # (the jobs written since the last read, by index: not a listing of every pending job)
+        changes = _pending_feed.changes(table, mark_sql(Job))
+        if changes is not None:
+            rows = _pending_versions.read_changes(changes.pending, changes.left, fetch, changes.mark)
+            if rows is not None:
+                _pending_feed.advance(changes)
+                return rows
+    token = _pending_feed.before_full_read(table)
     versions, mark = listing(table, "id", "state = %s", [JobState.PENDING.value], mark=mark_sql(Job))
-    return _pending_versions.read(versions, fetch, mark)
+    rows = _pending_versions.read(versions, fetch, mark)
+    _pending_feed.after_full_read(token)
+    return rows
 
 
 def _earlier_service(job_ids: list[int], *, before_attempt: bool = False) -> dict[int, float]:

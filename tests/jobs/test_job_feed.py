@@ -1,0 +1,138 @@
+"""A cycle finds the jobs written since its last read by their stamp (``jobs.services.job_feed``)
+instead of listing every pending job: whatever is written meanwhile, by whom and when it commits,
+the pending jobs it reads are those a fresh read finds, and it lists the queue only when it must."""
+
+import random
+
+import psycopg
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from jobs.choices import JobState
+from jobs.models import Job
+from jobs.services.snapshot_loader import build_snapshot
+from tests.factories import JobFactory, TenantFactory
+from tests.jobs.test_loop_snapshot import fresh
+
+pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="the feed is PostgreSQL's")
+
+
+def other_connection():
+    """A second client of the test database, as another process writing jobs would be."""
+    params = connection.get_connection_params()
+    return psycopg.connect(**{key: params[key] for key in ("dbname", "host", "port", "user", "password")
+                              if params.get(key) is not None})
+
+
+def pending_read(redis_client) -> tuple[dict[int, int], str | None]:
+    """Priority of each pending job the snapshot holds, and how the queue was read: "listed" (every
+    pending job's version), "feed" (only the jobs written since), None (nothing written since)."""
+    with CaptureQueriesContext(connection) as captured:
+        pending = build_snapshot(redis_client).pending
+    sql = [q["sql"] for q in captured.captured_queries]
+    listed = any("xmin::text" in q and 'FROM "jobs_job" WHERE state' in q for q in sql)
+    how = "listed" if listed else "feed" if any("changed_xid >=" in q for q in sql) else None
+    return {job.id: job.priority for job in pending}, how
+
+
+def fresh_priorities(redis_client) -> dict[int, int]:
+    return {job.id: job.priority for job in fresh(redis_client).pending}
+
+
+def test_after_a_few_jobs_are_written_only_they_are_found_and_no_queue_is_listed(transactional_db, redis_client):
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant) for _ in range(20)]
+    build_snapshot(redis_client)
+    Job.objects.filter(pk=jobs[3].pk).update(priority=4)
+    Job.objects.filter(pk=jobs[5].pk).update(state=JobState.PLACED)
+    added = JobFactory(tenant=tenant, priority=2)
+    read, how = pending_read(redis_client)
+    assert how == "feed"
+    assert read == fresh_priorities(redis_client)
+    assert read[jobs[3].pk] == 4 and jobs[5].pk not in read and read[added.pk] == 2
+    read, how = pending_read(redis_client)
+    assert how is None and len(read) == 20  # (nothing written since: neither)
+
+
+def test_a_write_committed_after_a_read_that_began_before_it_is_still_found(transactional_db, redis_client):
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant) for _ in range(5)]
+    build_snapshot(redis_client)
+    with other_connection() as other:
+        # Another process writes a job and has not committed when the queue is next read.
+        other.execute("UPDATE jobs_job SET priority = 7 WHERE id = %s", [jobs[1].pk])
+        Job.objects.filter(pk=jobs[2].pk).update(priority=1)  # (a change of this process's: the feed is asked)
+        read, how = pending_read(redis_client)
+        assert how == "feed" and read[jobs[1].pk] == 0 and read[jobs[2].pk] == 1
+        other.commit()
+    read, how = pending_read(redis_client)
+    assert how == "feed" and read[jobs[1].pk] == 7
+    assert read == fresh_priorities(redis_client)
+
+
+def test_a_deleted_job_makes_the_next_read_list_the_queue(transactional_db, redis_client):
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant) for _ in range(5)]
+    build_snapshot(redis_client)
+    Job.objects.filter(pk=jobs[0].pk).delete()
+    read, how = pending_read(redis_client)
+    assert how == "listed" and jobs[0].pk not in read and len(read) == 4
+    Job.objects.filter(pk=jobs[1].pk).update(priority=3)
+    read, how = pending_read(redis_client)
+    assert how == "feed" and read == fresh_priorities(redis_client)
+
+
+def test_with_the_stamp_switched_off_the_queue_is_listed_and_still_right(transactional_db, redis_client):
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant) for _ in range(5)]
+    build_snapshot(redis_client)
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE jobs_job DISABLE TRIGGER colony_stamp_xid")
+    try:
+        Job.objects.filter(pk=jobs[4].pk).update(priority=9)  # (no stamp: the feed would miss it)
+        read, how = pending_read(redis_client)
+        assert how == "listed" and read[jobs[4].pk] == 9
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE jobs_job ENABLE TRIGGER colony_stamp_xid")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_after_any_history_of_writes_by_many_clients_the_queue_read_is_a_fresh_one(
+        transactional_db, redis_client, seed):
+    rng = random.Random(seed)
+    tenant = TenantFactory(slug="vision")
+    for _ in range(12):
+        JobFactory(tenant=tenant)
+    build_snapshot(redis_client)
+    ways = []
+    with other_connection() as other:
+        locked = None  # (the job another client has written and not committed: not written here meanwhile)
+        for _ in range(40):
+            for _ in range(rng.randrange(4)):
+                ids = [pk for pk in Job.objects.values_list("pk", flat=True) if pk != locked]
+                job_id, step = rng.choice(ids), rng.randrange(7)
+                if step == 0:
+                    JobFactory(tenant=tenant, priority=rng.randrange(5))
+                elif step == 1:
+                    Job.objects.filter(pk=job_id).update(priority=rng.randrange(5))
+                elif step == 2:
+                    Job.objects.filter(pk=job_id).update(state=rng.choice([JobState.PLACED, JobState.CANCELLED]))
+                elif step == 3:
+                    Job.objects.filter(pk=job_id).update(state=JobState.PENDING)  # (back in the queue)
+                elif step == 4 and rng.random() < 0.2:
+                    Job.objects.filter(pk=job_id).delete()
+                elif step == 5 and locked is None:  # another client's write, committed some reads later
+                    other.execute("UPDATE jobs_job SET priority = %s WHERE id = %s", [rng.randrange(5), job_id])
+                    locked = job_id
+                elif step == 6 and locked is not None:
+                    other.commit()
+                    locked = None
+            read, how = pending_read(redis_client)
+            ways.append(how)
+            assert read == fresh_priorities(redis_client)
+        other.commit()
+    read, _ = pending_read(redis_client)
+    assert read == fresh_priorities(redis_client)
+    assert ways.count("feed") > 2 * ways.count("listed")  # (deletes alone list the queue again)
