@@ -142,8 +142,8 @@ class RowVersions:
         now; ``left``, the ids of those written since that it does not. Same answer as
         :meth:`read` given a listing made now. The reading transaction must have written none of
         the table's rows. None where only a listing can tell (nothing read yet)."""
-        if self.never_read or self._unsorted:
-            return None
+        if self.never_read or self._unsorted or self._unkept:
+            return None  # (rows read at the reading transaction's own version: only a listing names them)
         seen, key_of = self._seen, self._key_of
         stale = set(items).difference(seen)
         gone = {key_of[row_id] for row_id in left if row_id in key_of}

@@ -98,6 +98,55 @@ def test_with_the_stamp_switched_off_the_queue_is_listed_and_still_right(transac
             cursor.execute("ALTER TABLE jobs_job ENABLE TRIGGER colony_stamp_xid")
 
 
+def test_a_write_let_through_while_the_stamp_was_briefly_off_is_still_found(transactional_db, redis_client):
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant) for _ in range(5)]
+    build_snapshot(redis_client)
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE jobs_job DISABLE TRIGGER colony_stamp_xid")
+        cursor.execute("UPDATE jobs_job SET priority = 9 WHERE id = %s", [jobs[0].pk])  # (unstamped)
+        cursor.execute("ALTER TABLE jobs_job ENABLE ALWAYS TRIGGER colony_stamp_xid")
+    Job.objects.filter(pk=jobs[1].pk).update(priority=2)  # (stamped: the next read asks the feed)
+    read, how = pending_read(redis_client)
+    assert how == "listed" and read[jobs[0].pk] == 9 and read[jobs[1].pk] == 2
+    Job.objects.filter(pk=jobs[2].pk).update(priority=4)
+    read, how = pending_read(redis_client)
+    assert how == "feed" and read == fresh_priorities(redis_client)
+
+
+def test_writes_and_deletes_by_a_replica_session_are_found(transactional_db, redis_client):
+    """``session_replication_role = replica`` (a logical replication subscriber, pg_restore) skips
+    ordinary triggers; the feed's fire in every session."""
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant) for _ in range(5)]
+    build_snapshot(redis_client)
+    with other_connection() as other:
+        other.execute("SET session_replication_role = replica")
+        other.execute("UPDATE jobs_job SET priority = 7 WHERE id = %s", [jobs[1].pk])
+        other.commit()
+    Job.objects.filter(pk=jobs[2].pk).update(priority=1)
+    read, how = pending_read(redis_client)
+    assert how == "feed" and read[jobs[1].pk] == 7 and read == fresh_priorities(redis_client)
+    with other_connection() as other:
+        other.execute("SET session_replication_role = replica")
+        other.execute("DELETE FROM jobs_job WHERE id = %s", [jobs[3].pk])
+        other.commit()
+    Job.objects.filter(pk=jobs[2].pk).update(priority=3)
+    read, how = pending_read(redis_client)
+    assert how == "listed" and jobs[3].pk not in read
+
+
+def test_a_delete_that_deletes_nothing_lists_no_queue(transactional_db, redis_client):
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant) for _ in range(3)]
+    build_snapshot(redis_client)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM jobs_job WHERE id = -1")  # (a statement, no row: Django's delete asks first)
+    Job.objects.filter(pk=jobs[0].pk).update(priority=5)
+    read, how = pending_read(redis_client)
+    assert how == "feed" and read[jobs[0].pk] == 5
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_after_any_history_of_writes_by_many_clients_the_queue_read_is_a_fresh_one(
         transactional_db, redis_client, seed):
