@@ -39,6 +39,7 @@ from operator import attrgetter, getitem, is_, is_not, itemgetter, ne
 from jobs.scheduling.capacity import Capacity
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.decisions import Pending, new_pending
+from jobs.scheduling.fragmentation import QueueTallies
 from jobs.scheduling.interned_reasons import InternedReasons
 from jobs.scheduling.placement import Shape
 from jobs.scheduling.reasons import PendingReason
@@ -471,6 +472,8 @@ class Carry:
         self.capacity: Capacity | None = None
         # The reasons jobs were told, handed out again as the same objects (``Memo.reason``).
         self.reasons = InternedReasons()
+        # FGD's target workload's classes of each tenant's queue (``fragmentation.QueueTallies``).
+        self.tallies = QueueTallies()
 
     def capacity_for(self, snapshot, config: SchedulerConfig) -> Capacity:
         """The cycle's working copy of ``snapshot``'s capacity: the last cycle's, renewed, where

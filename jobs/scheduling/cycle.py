@@ -60,7 +60,8 @@ from jobs.scheduling.duty_cycles import throttles
 from jobs.scheduling.eta import QueueEta, ReleaseTimeline, releases_of
 from jobs.scheduling.moves import crowded_borrowers
 from jobs.scheduling.explain import InventoryCheck
-from jobs.scheduling.fragmentation_score import FragmentationScore, snapshot_hosts, snapshot_requests
+from jobs.scheduling.fragmentation_score import (FragmentationScore, cycle_workload, snapshot_hosts,
+                                                  snapshot_requests)
 from jobs.scheduling.guaranteed import GuaranteedPass
 from jobs.scheduling.outcomes import JobOutcomes
 from jobs.scheduling.placement import Placer
@@ -103,12 +104,14 @@ class Cycle:
 
     def __init__(self, snapshot: ClusterSnapshot, now: float, config: SchedulerConfig, carry: Carry | None = None):
         capacity = Capacity(snapshot, config) if carry is None else carry.capacity_for(snapshot, config)
-        placer = Placer(capacity, config, FragmentationScore(snapshot_requests(snapshot), snapshot_hosts(snapshot))
-                        if config.placement_score == "fgd" else None)
-        inventory = InventoryCheck(capacity, placer)
-        if carry is None:
+        fresh = carry is None
+        if fresh:
             carry = Carry()  # (kept for this cycle only: nothing to check it against)
-        else:
+        placer = Placer(capacity, config, FragmentationScore(
+            snapshot_requests(snapshot), snapshot_hosts(snapshot), cycle_workload(snapshot, carry))
+            if config.placement_score == "fgd" else None)
+        inventory = InventoryCheck(capacity, placer)
+        if not fresh:
             carry.begin(config, capacity, inventory.reason)
         self.inputs = inputs = CycleInputs(snapshot, now, config, carry, capacity, placer, inventory,
                                            {t.name: t for t in snapshot.tenants})

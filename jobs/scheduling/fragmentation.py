@@ -29,6 +29,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
+from operator import attrgetter
 
 WHOLE = 1000
 # FGD's simulator reads a request as Kubernetes' non-zero request: no CPU asked counts as 100m.
@@ -86,17 +87,16 @@ class Workload:
         pods in 8,152 (FGD protocol, seed 0: 79.7 / 89.6% at 80 / 90% arrived either way,
         squared 80.0 / 90.0)."""
         split = gangs_by_cpu or hosts is not None
-        members: dict[tuple, list] = {}
-        for r in requests:
-            milli = r.gpu_milli if r.gpus == 1 else WHOLE
-            cpu = r.cpu_milli if split and r.gpus > 1 else -1
-            members.setdefault((r.gpus, milli, r.gpu_models, cpu), []).append(r)
+        return cls.of_tally(tally(requests, split), hosts)
+
+    @classmethod
+    def of_tally(cls, members: dict[tuple, list], hosts=None) -> "Workload":
+        """``of`` from the classes ``tally`` counted (merged across parts with ``merge``)."""
         classes = []
-        for (gpus, milli, models, _), group in sorted(members.items(),
-                                                      key=lambda kv: (kv[0][0], kv[0][1], sorted(kv[0][2]), kv[0][3])):
-            cpu = sorted(r.cpu_milli for r in group)[len(group) // 2]
-            memory = sorted(r.host_memory_mb for r in group)[len(group) // 2]
-            classes.append(TaskClass(gpus, milli, models, cpu, memory, float(len(group))))
+        for (gpus, milli, models, _), (count, cpus, memories) in sorted(
+                members.items(), key=lambda kv: (kv[0][0], kv[0][1], sorted(kv[0][2]), kv[0][3])):
+            classes.append(TaskClass(gpus, milli, models, _median(cpus, count), _median(memories, count),
+                                     float(count)))
         if hosts is None:
             return cls(classes)
         return cls(classes, weights=[_rarity(c, hosts) for c in classes])
@@ -156,6 +156,67 @@ class Workload:
             else:
                 fragments += weight * partial
         return fragments
+
+
+def tally(requests, split: bool) -> dict[tuple, list]:
+    """``Workload.of``'s classes of ``requests``, counted: (GPUs, milli, models, exact CPU of a
+    multi-GPU request if ``split``, else -1) -> [members, Counter of their CPU, of their memory]."""
+    groups: dict[tuple, list] = {}
+    for r in requests:
+        milli = r.gpu_milli if r.gpus == 1 else WHOLE
+        groups.setdefault((r.gpus, milli, r.gpu_models, r.cpu_milli if split and r.gpus > 1 else -1), []).append(r)
+    return {key: [len(group), Counter(map(_cpu, group)), Counter(map(_memory, group))] for key, group in groups.items()}
+
+
+_cpu, _memory = attrgetter("cpu_milli"), attrgetter("host_memory_mb")
+
+
+def merge(into: dict[tuple, list], part: dict[tuple, list]) -> None:
+    """Add one tally to another (``part`` is left as it was)."""
+    for key, (count, cpus, memories) in part.items():
+        entry = into.get(key)
+        if entry is None:
+            into[key] = [count, Counter(cpus), Counter(memories)]
+        else:
+            entry[0] += count
+            entry[1].update(cpus)
+            entry[2].update(memories)
+
+
+def _median(counts: Counter, members: int):
+    """The value at ``members // 2`` of the counted values in order (as ``sorted(values)[n // 2]``)."""
+    seen = 0
+    for value in sorted(counts):
+        seen += counts[value]
+        if seen > members // 2:
+            return value
+    raise ValueError("no members")
+
+
+class QueueTallies:
+    """``Workload.of`` over a cycle's requests, the queue's counted by tenant and kept from one
+    cycle to the next while the tenant's pending jobs are the same: a cycle that places something
+    after a few jobs ended counted every one of 200,000 requests again (a quarter of a second),
+    where now it counts the few tenants whose queue changed. The same workload to the last digit
+    (``tests/scheduling/test_fragmentation.py``)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[list, dict[tuple, list]]] = {}
+
+    def workload(self, by_tenant: dict[str, list], running, hosts) -> Workload:
+        """``Workload.of`` of every request in ``by_tenant``'s lists (tenant -> its pending
+        requests, lists not changed in place) and in ``running``, weighed against ``hosts``."""
+        merged: dict[tuple, list] = {}
+        kept: dict[str, tuple[list, dict[tuple, list]]] = {}
+        for tenant, jobs in by_tenant.items():
+            found = self._kept.get(tenant)
+            if found is None or (found[0] is not jobs and found[0] != jobs):
+                found = (jobs, tally(jobs, True))
+            kept[tenant] = found
+            merge(merged, found[1])
+        self._kept = kept
+        merge(merged, tally(running, True))
+        return Workload.of_tally(merged, hosts)
 
 
 def _rarity(task: TaskClass, hosts) -> float:

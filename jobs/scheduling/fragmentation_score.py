@@ -28,11 +28,14 @@ def free_share(gpu) -> int:
 class FragmentationScore:
     name = "fgd"
 
-    def __init__(self, requests: Callable[[], Iterable], hosts: Callable[[], Iterable] | None = None):
+    def __init__(self, requests: Callable[[], Iterable], hosts: Callable[[], Iterable] | None = None,
+                 workload: Callable[[], Workload] | None = None):
         """``hosts``: the nodes as ``Workload.of`` reads them (``snapshot_hosts``), to weigh a gang
-        class by how few nodes fit it."""
+        class by how few nodes fit it. ``workload``: builds what ``Workload.of`` would of the
+        two (``cycle_workload``), sooner."""
         self._requests = requests
         self._hosts = hosts
+        self._build = workload
         self._workload = None
         # node key -> (its ``changes`` then, free milli per GPU, CPU, host memory, model, F_n(M))
         self._nodes: dict[int, tuple] = {}
@@ -40,7 +43,8 @@ class FragmentationScore:
     @property
     def workload(self):
         if self._workload is None:
-            self._workload = Workload.of(list(self._requests()), None if self._hosts is None else list(self._hosts()))
+            self._workload = (self._build() if self._build is not None else Workload.of(
+                list(self._requests()), None if self._hosts is None else list(self._hosts())))
         return self._workload
 
     def delta(self, node, gpus, shape) -> float:
@@ -107,6 +111,15 @@ def snapshot_requests(snapshot) -> Callable[[], Iterable]:
         for job in snapshot.running:
             yield RunningAsRequest(job)
     return requests
+
+
+def cycle_workload(snapshot, carry) -> Callable[[], Workload]:
+    """What ``Workload.of(snapshot_requests(snapshot)(), snapshot_hosts(snapshot)())`` builds, with
+    the queue counted by tenant and kept in ``carry`` (``QueueTallies``) while a tenant's jobs stay."""
+    def workload():
+        return carry.tallies.workload(carry.tenants_of(snapshot.pending), map(RunningAsRequest, snapshot.running),
+                                      list(snapshot_hosts(snapshot)()))
+    return workload
 
 
 def snapshot_hosts(snapshot) -> Callable[[], Iterable]:
