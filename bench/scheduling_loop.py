@@ -29,8 +29,8 @@ runs ``run_scheduling_cycle()``:
 ``pstats`` (callers, callees).
 
 With ``--grow-to N`` the queue then grows to N pending jobs in the same process (same cluster,
-same machine, minutes apart) and, once the loop has settled, the steady cycle is measured again:
-its cost against the queue's length, as a ratio from one run.
+same machine, minutes apart) and, once the loop has settled, the steady and the churn cycles are
+measured again: their cost against the queue's length, as ratios from one run.
 
 With ``--samples`` every node also publishes a live sample before each cycle, as its agent would:
 the snapshot then reads 1,024 samples, the core packs by live use (jobs use less than they
