@@ -28,7 +28,8 @@ from jobs.scheduling.decisions import Throttle
 from jobs.services import lifecycle
 from jobs.services.commands import duty_cycle_commands, publish_many, send_stop
 from jobs.services.launches import LAUNCH_RELATED, send_attempt
-from jobs.services.row_versions import LISTED, RowVersions, listing, steady_scan_order
+from jobs.services.job_feed import VerdictFeed, loop_writes_verdicts
+from jobs.services.row_versions import LISTED, RowVersions, listing, own_xid, steady_scan_order
 from jobs.services.table_changes import mark_sql, marks
 
 
@@ -196,6 +197,8 @@ _queue_read: tuple[list, "Queue | None"] = ([None, None], None)
 # loop or anyone else) are read again; reading 50,000 reasons as text every cycle was a quarter of a
 # steady cycle's database time.
 _verdict_versions = RowVersions()
+# PostgreSQL: where the verdicts others wrote or deleted since the last read are found.
+_verdict_feed = VerdictFeed()
 
 
 @dataclass(frozen=True)
@@ -287,11 +290,32 @@ def _queue(as_read: tuple[AbstractSet[int], AbstractSet[int]] | None = None) -> 
             return [(job_id, version, (texts.get(digest), eta_at)) for job_id, version, digest, eta_at in rows]
 
         if _verdict_versions.never_read:
+            token = _verdict_feed.before_full_read()
             verdicts = _verdict_versions.read_every(fetch)  # (a new process's first read)
+            _verdict_feed.after_full_read(token)
         else:
-            versions, waits_mark = listing(waits, "job_id", steady=steady, mark=mark_sql(JobWait))
-            verdicts = _verdict_versions.read(versions, fetch, waits_mark)
+            # (what others wrote or deleted since, by index: not a listing of every verdict)
+            changes = _verdict_feed.changes(mark_sql(JobWait))
+            if changes is not None and not _own_rows(changes.pending, waits_mark):
+                verdicts = _verdict_versions.read_changes(changes.pending, changes.left, fetch, changes.mark)
+            if verdicts is not None:
+                _verdict_feed.advance(changes)
+            else:
+                token = _verdict_feed.before_full_read()
+                versions, waits_mark = listing(waits, "job_id", steady=steady, mark=mark_sql(JobWait))
+                verdicts = _verdict_versions.read(versions, fetch, waits_mark)
+                _verdict_feed.after_full_read(token)
     return Queue(pending, reserved, verdicts)
+
+
+def _own_rows(items: list[str], mark: str | None) -> bool:
+    """Whether any of ``items`` (``id:xmin``) was written by the transaction under way (then only a
+    listing tells what it holds: ``RowVersions``). Only a transaction that wrote the table, whose
+    mark reads None, can hold one; the apply's own deletes of the placed jobs' verdicts leave none."""
+    if mark is not None or not items:
+        return False
+    own = own_xid()
+    return own is not None and any(item.endswith(":" + own) for item in items)
 
 
 # PostgreSQL: stored reasons as text by their digest (migration 0022), as read from the store. 47,000
@@ -504,7 +528,8 @@ def _write_reasons_postgresql(changed: list[tuple[int, dict, int | None]], store
     rewrites = [row for row in changed if row[0] in stored]
     additions = [row for row in changed if row[0] not in stored]
     written: list[tuple[int, str, tuple[str, int | None]]] = []
-    with connection.cursor() as cursor:
+    # (unstamped: every row these statements write is kept as written, see job_feed)
+    with loop_writes_verdicts(), connection.cursor() as cursor:
         for batch in _batches(rewrites):
             # A job that left the queue meanwhile lost its row (the lifecycle drops it): no match.
             cursor.execute(

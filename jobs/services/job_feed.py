@@ -1,5 +1,5 @@
-"""The jobs written since a read of the queue, found by an index rather than by listing every pending
-job (PostgreSQL, migration jobs 0023).
+"""The jobs, and the stored verdicts, written since a read of them, found by an index rather than by
+listing every pending job or every verdict (PostgreSQL, migrations jobs 0023 and 0024).
 
 Every write to a job row stamps it with the id of the writing transaction (``changed_xid``). A
 reader takes, before it reads the queue, the oldest transaction still running
@@ -17,25 +17,31 @@ ALWAYS``: a replica's too); one missing or disabled, or disabled and enabled aga
 full read (its row in ``pg_trigger`` at a new version), makes the feed answer nothing, and the
 reader lists as before: slower, never stale. So does a horizon past every transaction yet (one
 kept from another cluster).
+
+The verdicts (``VerdictFeed``) work the same way but for two things. Their main writer is the loop
+itself, which keeps what it wrote (``RowVersions.remember``): its writes are left unstamped (the
+setting ``colony.verdicts_by_loop`` around them, :func:`loop_writes_verdicts`), so that 47,000
+verdicts written keep their HOT updates and cost no trigger call. And a placement deletes a
+verdict every time, so deletes are logged by job id (``colony_deleted_waits``, pruned below the
+reader's horizon as it reads), not marked.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.db import connection
 
 from jobs.choices import JobState
 
-TRIGGERS = ("colony_count_job_delete", "colony_count_job_truncate", "colony_stamp_xid")
-DELETED = "jobs_job:deleted"
-
 
 @dataclass(frozen=True)
 class Changes:
-    """The jobs written since the last read: ``pending`` as ``id:xmin`` items of those pending now,
-    ``left`` the ids of those that are not; with the horizon and the feed's state to keep once applied,
-    and the table's change mark read in the same statement."""
+    """The rows written since the last read: ``pending`` as ``id:xmin`` items of those the reader's
+    listing holds now, ``left`` the ids of those it does not (gone from the queue, or deleted);
+    with the horizon and the feed's state to keep once applied, and the table's change mark read
+    in the same statement."""
 
     pending: list[str]
     left: set[int]
@@ -44,56 +50,57 @@ class Changes:
     mark: str | None
 
 
-def _state_sql(table: str) -> str:
-    """The horizon now; the feed's state, which a full read must have seen for the feed to serve
-    (the delete mark, and the triggers' own row versions: a trigger disabled and enabled again
-    between two reads may have let a write through unstamped); and whether the triggers are there
-    and on."""
-    names = ", ".join(f"'{name}'" for name in TRIGGERS)
-    triggers = f"FROM pg_trigger WHERE tgrelid = '{table}'::regclass AND tgname IN ({names})"
-    return ("pg_snapshot_xmin(pg_current_snapshot())::text, "
-            "(SELECT COALESCE(string_agg(slot::text || ':' || changed::text, ',' ORDER BY slot), '') "
-            f"FROM colony_table_changes WHERE table_name = '{DELETED}') "
-            f"|| ' ' || (SELECT string_agg(xmin::text, ',' ORDER BY tgname) {triggers}), "
-            f"(SELECT count(*) {triggers} AND tgenabled IN ('O', 'A')) = {len(TRIGGERS)}")
+class _Feed:
+    """Where the last read of a table left its feed: the horizon taken before it and the feed's
+    state then (the marks that make a reader list again, and the triggers' own row versions: a
+    trigger disabled and enabled again between two reads may have let a write through
+    unstamped). One per reader."""
 
-
-class JobFeed:
-    """Where the last read of the pending jobs left the feed: the horizon taken before it and the
-    feed's state then. One per reader of the queue."""
+    table = ""
+    triggers: tuple[str, ...] = ()
+    marks: tuple[str, ...] = ()
+    declines = "false"  # (SQL: true where the transaction under way wrote what the feed cannot show it)
 
     def __init__(self) -> None:
         self._horizon: str | None = None
         self._state: str | None = None
 
-    def before_full_read(self, table: str) -> tuple[str, str | None] | None:
-        """To be called before a full read of the queue, in the same connection; what to hand
+    def _state_sql(self) -> str:
+        """The horizon now, the feed's state, and whether the triggers are there and on."""
+        names = ", ".join(f"'{name}'" for name in self.triggers)
+        marks = ", ".join(f"'{name}'" for name in self.marks)
+        triggers = f"FROM pg_trigger WHERE tgrelid = '{self.table}'::regclass AND tgname IN ({names})"
+        return ("pg_snapshot_xmin(pg_current_snapshot())::text, "
+                "(SELECT COALESCE(string_agg(table_name || slot::text || ':' || changed::text, ',' "
+                f"ORDER BY table_name, slot), '') FROM colony_table_changes WHERE table_name IN ({marks})) "
+                f"|| ' ' || (SELECT string_agg(xmin::text, ',' ORDER BY tgname) {triggers}), "
+                f"(SELECT count(*) {triggers} AND tgenabled IN ('O', 'A')) = {len(self.triggers)}")
+
+    def before_full_read(self) -> tuple[str, str | None] | None:
+        """To be called before a full read, in the same connection; what to hand
         :meth:`after_full_read` once it is done (None: the feed cannot serve, and is not set)."""
         if connection.vendor != "postgresql":
             return None
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT {_state_sql(table)}")
+            cursor.execute(f"SELECT {self._state_sql()}")
             horizon, state, usable = cursor.fetchone()
         return (horizon, state) if usable else None
 
     def after_full_read(self, token: tuple[str, str | None] | None) -> None:
         self._horizon, self._state = token if token is not None else (None, None)
 
-    def changes(self, table: str, mark: str) -> Changes | None:
-        """The jobs written since the last read, or None where the feed cannot tell (no read yet,
-        a delete since, a trigger missing, off or switched since): then list the queue in full."""
+    def changes(self, mark: str) -> Changes | None:
+        """The rows written since the last read, or None where the feed cannot tell (no read yet,
+        a mark moved, a trigger missing, off or switched since): then list in full."""
         if self._horizon is None:
             return None
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT string_agg(id::text || ':' || xmin::text, ',') FILTER (WHERE state = %s), "
-                f"string_agg(id::text, ',') FILTER (WHERE state <> %s), "
-                f"{_state_sql(table)}, {mark}, %s::xid8 <= pg_snapshot_xmax(pg_current_snapshot()) "
-                f"FROM {table} WHERE changed_xid >= %s::xid8",
-                [JobState.PENDING.value, JobState.PENDING.value, self._horizon, self._horizon])
-            pending, left, horizon, state, usable, marked, plausible = cursor.fetchone()
+            cursor.execute(f"SELECT {self._changed_sql()}, {self._state_sql()}, {mark}, "
+                           f"%s::xid8 <= pg_snapshot_xmax(pg_current_snapshot()), {self.declines}",
+                           [*self._changed_params(), self._horizon])
+            pending, left, horizon, state, usable, marked, plausible, declines = cursor.fetchone()
         # (a horizon past every transaction yet: another cluster's, restored or failed over to)
-        if not usable or not plausible or state != self._state:
+        if not usable or not plausible or declines or state != self._state:
             return None
         return Changes(pending.split(",") if pending else [], set(map(int, left.split(","))) if left else set(),
                        horizon, state, marked)
@@ -101,3 +108,62 @@ class JobFeed:
     def advance(self, changes: Changes) -> None:
         """``changes`` were applied: the next read starts from where they were read."""
         self._horizon, self._state = changes.horizon, changes.state
+
+    def _changed_sql(self) -> str:
+        raise NotImplementedError
+
+    def _changed_params(self) -> list:
+        raise NotImplementedError
+
+
+class JobFeed(_Feed):
+    """The pending jobs: those written since that are pending now, and those that are not."""
+
+    table = "jobs_job"
+    triggers = ("colony_count_job_delete", "colony_count_job_truncate", "colony_stamp_xid")
+    marks = ("jobs_job:deleted",)
+
+    def _changed_sql(self) -> str:
+        stamped = "FROM jobs_job WHERE changed_xid >= %s::xid8"
+        return (f"(SELECT string_agg(id::text || ':' || xmin::text, ',') {stamped} AND state = %s), "
+                f"(SELECT string_agg(id::text, ',') {stamped} AND state <> %s)")
+
+    def _changed_params(self) -> list:
+        return [self._horizon, JobState.PENDING.value, self._horizon, JobState.PENDING.value]
+
+
+class VerdictFeed(_Feed):
+    """The stored verdicts others wrote since (the loop's own are kept as written), and those
+    deleted since, by anyone."""
+
+    table = "jobs_jobwait"
+    triggers = ("colony_count_wait_truncate", "colony_log_deleted_wait", "colony_stamp_xid")
+    marks = ("jobs_jobwait:truncated",)
+    # (verdicts this transaction wrote unstamped are kept only once it commits: until then only a
+    # listing shows them)
+    declines = "current_setting('colony.loop_wrote_verdicts', true) IS NOT DISTINCT FROM '1'"
+
+    def _changed_sql(self) -> str:
+        return ("(SELECT string_agg(job_id::text || ':' || xmin::text, ',') FROM jobs_jobwait "
+                "WHERE changed_xid >= %s::xid8), "
+                "(SELECT string_agg(DISTINCT job_id::text, ',') FROM colony_deleted_waits WHERE xid >= %s::xid8)")
+
+    def _changed_params(self) -> list:
+        return [self._horizon, self._horizon]
+
+    def advance(self, changes: Changes) -> None:
+        super().advance(changes)
+        # (every delete below the new horizon is in what was just read: no reader needs it again)
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM colony_deleted_waits WHERE xid < %s::xid8", [changes.horizon])
+
+
+@contextmanager
+def loop_writes_verdicts():
+    """The scheduling loop's own writes of verdicts, which it keeps as written: left unstamped."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('colony.verdicts_by_loop', '1', true), "
+                       "set_config('colony.loop_wrote_verdicts', '1', true)")
+    yield  # (an error aborts the transaction, and the setting with it)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('colony.verdicts_by_loop', '', true)")

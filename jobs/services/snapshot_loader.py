@@ -497,19 +497,19 @@ def _pending_rows() -> dict[int, tuple]:
         _pending_versions = RowVersions(ordered=True)
         return dict(sorted(((row_id, value) for row_id, _, value in fetch(None)), key=_first_item))
     if _pending_versions.never_read:
-        token = _pending_feed.before_full_read(table)
+        token = _pending_feed.before_full_read()
         rows = _pending_versions.read_every(fetch)  # (a new process's first read: no listing to compare)
         _pending_feed.after_full_read(token)
         return rows
     if mark is not None:
         # (the jobs written since the last read, by index: not a listing of every pending job)
-        changes = _pending_feed.changes(table, mark_sql(Job))
+        changes = _pending_feed.changes(mark_sql(Job))
         if changes is not None:
             rows = _pending_versions.read_changes(changes.pending, changes.left, fetch, changes.mark)
             if rows is not None:
                 _pending_feed.advance(changes)
                 return rows
-    token = _pending_feed.before_full_read(table)
+    token = _pending_feed.before_full_read()
     versions, mark = listing(table, "id", "state = %s", [JobState.PENDING.value], mark=mark_sql(Job))
     rows = _pending_versions.read(versions, fetch, mark)
     _pending_feed.after_full_read(token)

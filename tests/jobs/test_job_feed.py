@@ -1,6 +1,8 @@
-"""A cycle finds the jobs written since its last read by their stamp (``jobs.services.job_feed``)
-instead of listing every pending job: whatever is written meanwhile, by whom and when it commits,
-the pending jobs it reads are those a fresh read finds, and it lists the queue only when it must."""
+"""A cycle finds the jobs, and the stored verdicts, written since its last read by their stamp
+(``jobs.services.job_feed``) instead of listing every pending job or verdict: whatever is written
+meanwhile, by whom and when it commits, what it reads is what a fresh read finds, and it lists only
+when it must. (tests/jobs/test_verdict_store_history.py drives the verdicts' feed through random
+histories.)"""
 
 import random
 
@@ -10,7 +12,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from jobs.choices import JobState
-from jobs.models import Job
+from jobs.models import Job, JobWait
+from jobs.scheduling.decisions import Decisions, Pending
+from jobs.scheduling.reasons import PendingReason, ReasonCode
+from jobs.services import apply
+from jobs.services.apply import apply_decisions
+from jobs.services.job_feed import VerdictFeed
+from jobs.services.row_versions import RowVersions
 from jobs.services.snapshot_loader import build_snapshot
 from tests.factories import JobFactory, TenantFactory
 from tests.jobs.test_loop_snapshot import fresh
@@ -185,3 +193,69 @@ def test_after_any_history_of_writes_by_many_clients_the_queue_read_is_a_fresh_o
     read, _ = pending_read(redis_client)
     assert read == fresh_priorities(redis_client)
     assert ways.count("feed") > 2 * ways.count("listed")  # (deletes alone list the queue again)
+
+
+# The stored verdicts: the loop keeps its own writes, and finds others' by their stamp.
+
+def told(job_id: int, message: str = "Waiting for 1 free GPU.") -> Pending:
+    return Pending(job_id, PendingReason(ReasonCode.WAITING_FOR_FREE_GPUS, message, {"gpus": 1}), None)
+
+
+def verdicts_read(*pending: Pending) -> str | None:
+    """Apply a cycle that tells ``pending``; how it read the stored verdicts: "listed", "feed" or None."""
+    with CaptureQueriesContext(connection) as captured:
+        apply_decisions(Decisions(pending=pending))
+    sql = [q["sql"] for q in captured.captured_queries]
+    if any("string_agg(job_id::text || ':' || xmin::text" in q and "changed_xid" not in q for q in sql):
+        return "listed"
+    return "feed" if any("FROM jobs_jobwait WHERE changed_xid >=" in q for q in sql) else None
+
+
+def stored_message(job_id: int) -> str | None:
+    wait = JobWait.objects.filter(job_id=job_id).first()
+    return None if wait is None else wait.reason["message"]
+
+
+@pytest.fixture
+def fresh_apply(monkeypatch):
+    """The apply as a new process has it (no verdicts kept from other tests)."""
+    monkeypatch.setattr(apply, "_verdict_versions", RowVersions())
+    monkeypatch.setattr(apply, "_verdict_feed", VerdictFeed())
+    monkeypatch.setattr(apply, "_settled", None)
+    monkeypatch.setattr(apply, "_queue_listed", apply._NOT_LISTED)
+
+
+def test_after_its_own_writes_the_loop_lists_no_verdict_and_finds_anothers_late_commit(
+        transactional_db, fresh_apply):
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant).pk for _ in range(4)]
+    verdicts_read(*map(told, jobs))
+    # (only its own writes since: nothing listed)
+    assert verdicts_read(*map(told, jobs[:3]), told(jobs[3], "Waiting for 2 free GPUs.")) == "feed"
+    assert verdicts_read(*map(told, jobs)) == "feed"  # (its write of jobs[3] read back by the feed)
+    assert verdicts_read(*map(told, jobs)) == "feed"
+    assert verdicts_read(*map(told, jobs)) is None  # (nothing written since: nothing read)
+    with other_connection() as other:
+        # Another process rewrites a verdict and has not committed when the loop next reads.
+        other.execute("UPDATE jobs_jobwait SET reason = '{\"code\": \"stale\", \"message\": \"old\", "
+                      "\"details\": {}}' WHERE job_id = %s", [jobs[1]])
+        JobWait.objects.filter(job_id=jobs[2]).delete()  # (a committed delete: the loop reads again)
+        assert verdicts_read(*map(told, jobs)) == "feed"
+        assert stored_message(jobs[2]) == "Waiting for 1 free GPU."  # (written again)
+        other.commit()
+    assert verdicts_read(*map(told, jobs)) == "feed"
+    assert [stored_message(job_id) for job_id in jobs] == ["Waiting for 1 free GPU."] * 4
+
+
+def test_a_verdict_a_replica_session_rewrites_or_deletes_is_found(transactional_db, fresh_apply):
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant).pk for _ in range(3)]
+    verdicts_read(*map(told, jobs))
+    with other_connection() as other:
+        other.execute("SET session_replication_role = replica")
+        other.execute("UPDATE jobs_jobwait SET reason = '{\"code\": \"stale\", \"message\": \"old\", "
+                      "\"details\": {}}' WHERE job_id = %s", [jobs[0]])
+        other.execute("DELETE FROM jobs_jobwait WHERE job_id = %s", [jobs[1]])
+        other.commit()
+    assert verdicts_read(*map(told, jobs)) == "feed"
+    assert [stored_message(job_id) for job_id in jobs] == ["Waiting for 1 free GPU."] * 3

@@ -29,9 +29,10 @@ def cluster(transactional_db, redis_client, live_redis):
 
 
 def queue_scans(captured) -> list[str]:
-    """Statements that read the pending queue or the stored verdicts whole."""
+    """Statements that read the pending queue or the stored verdicts: whole, or what was written to
+    them since the last read (``jobs.services.job_feed``)."""
     return [q["sql"] for q in captured.captured_queries
-            if re.search(r'FROM "jobs_jobwait"', q["sql"])
+            if re.search(r'FROM "jobs_jobwait"', q["sql"]) or "changed_xid >=" in q["sql"]
             or (re.search(r'FROM "jobs_job"(?!\w)', q["sql"]) and f"'{JobState.PENDING.value}'" in q["sql"])]
 
 
