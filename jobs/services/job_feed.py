@@ -13,7 +13,8 @@ CPU a cycle there.
 
 A delete leaves no row to find: a transaction deleting jobs moves a mark of its own, and the
 reader lists the queue again when it moved. The triggers fire in every session (``ENABLE
-ALWAYS``: a replica's too); one missing or disabled, or disabled and enabled again since the last
+ALWAYS``: a replica's too); one missing, disabled or enabled for ordinary sessions only (a plain
+``ENABLE TRIGGER``, as ``pg_restore --disable-triggers`` leaves it), or switched since the last
 full read (its row in ``pg_trigger`` at a new version), makes the feed answer nothing, and the
 reader lists as before: slower, never stale. So does a horizon past every transaction yet (one
 kept from another cluster).
@@ -66,7 +67,8 @@ class _Feed:
         self._state: str | None = None
 
     def _state_sql(self) -> str:
-        """The horizon now, the feed's state, and whether the triggers are there and on."""
+        """The horizon now, the feed's state, and whether the triggers are there and on for every
+        session (``ENABLE ALWAYS``)."""
         names = ", ".join(f"'{name}'" for name in self.triggers)
         marks = ", ".join(f"'{name}'" for name in self.marks)
         triggers = f"FROM pg_trigger WHERE tgrelid = '{self.table}'::regclass AND tgname IN ({names})"
@@ -74,7 +76,8 @@ class _Feed:
                 "(SELECT COALESCE(string_agg(table_name || slot::text || ':' || changed::text, ',' "
                 f"ORDER BY table_name, slot), '') FROM colony_table_changes WHERE table_name IN ({marks})) "
                 f"|| ' ' || (SELECT string_agg(xmin::text, ',' ORDER BY tgname) {triggers}), "
-                f"(SELECT count(*) {triggers} AND tgenabled IN ('O', 'A')) = {len(self.triggers)}")
+                # (fired in every session: one enabled as the default 'O' misses a replica's writes)
+                f"(SELECT count(*) {triggers} AND tgenabled = 'A') = {len(self.triggers)}")
 
     def before_full_read(self) -> tuple[str, str | None] | None:
         """To be called before a full read, in the same connection; what to hand

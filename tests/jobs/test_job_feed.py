@@ -101,9 +101,17 @@ def test_with_the_stamp_switched_off_the_queue_is_listed_and_still_right(transac
         Job.objects.filter(pk=jobs[4].pk).update(priority=9)  # (no stamp: the feed would miss it)
         read, how = pending_read(redis_client)
         assert how == "listed" and read[jobs[4].pk] == 9
+        with connection.cursor() as cursor:  # (on again, but for ordinary sessions only: a replica's go unstamped)
+            cursor.execute("ALTER TABLE jobs_job ENABLE TRIGGER colony_stamp_xid")
+        Job.objects.filter(pk=jobs[3].pk).update(priority=2)
+        read, how = pending_read(redis_client)
+        assert how == "listed" and read[jobs[3].pk] == 2
+        Job.objects.filter(pk=jobs[3].pk).update(priority=3)
+        read, how = pending_read(redis_client)
+        assert how == "listed" and read[jobs[3].pk] == 3
     finally:
         with connection.cursor() as cursor:
-            cursor.execute("ALTER TABLE jobs_job ENABLE TRIGGER colony_stamp_xid")
+            cursor.execute("ALTER TABLE jobs_job ENABLE ALWAYS TRIGGER colony_stamp_xid")
 
 
 def test_a_write_let_through_while_the_stamp_was_briefly_off_is_still_found(transactional_db, redis_client):
