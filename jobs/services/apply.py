@@ -298,6 +298,7 @@ def _queue(as_read: tuple[AbstractSet[int], AbstractSet[int]] | None = None) -> 
             changes = _verdict_feed.changes(mark_sql(JobWait))
             if changes is not None and not _own_rows(changes.pending, waits_mark):
                 verdicts = _verdict_versions.read_changes(changes.pending, changes.left, fetch, changes.mark)
+            wrote = waits_mark is None  # (this transaction wrote verdicts: read with its own writes)
             if verdicts is not None:
                 _verdict_feed.advance(changes)
             else:
@@ -305,6 +306,11 @@ def _queue(as_read: tuple[AbstractSet[int], AbstractSet[int]] | None = None) -> 
                 versions, waits_mark = listing(waits, "job_id", steady=steady, mark=mark_sql(JobWait))
                 verdicts = _verdict_versions.read(versions, fetch, waits_mark)
                 _verdict_feed.after_full_read(token)
+            if wrote:
+                # What was kept of its own writes stands only if it commits (a savepoint's rows are
+                # not known for its own): rolled back, the next cycle lists.
+                held = _verdict_feed.held()
+                transaction.on_commit(lambda: _verdict_feed.after_full_read(held if held[0] is not None else None))
     return Queue(pending, reserved, verdicts)
 
 

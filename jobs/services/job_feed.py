@@ -29,6 +29,9 @@ reader's horizon as it reads), not marked.
 
 from __future__ import annotations
 
+import os
+import secrets
+import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -100,7 +103,7 @@ class _Feed:
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT {self._changed_sql()}, {self._state_sql()}, {mark}, "
                            f"%s::xid8 <= pg_snapshot_xmax(pg_current_snapshot()), {self.declines}",
-                           [*self._changed_params(), self._horizon])
+                           [*self._changed_params(), self._horizon, *self._declines_params()])
             pending, left, horizon, state, usable, marked, plausible, declines = cursor.fetchone()
         # (a horizon past every transaction yet: another cluster's, restored or failed over to)
         if not usable or not plausible or declines or state != self._state:
@@ -111,6 +114,9 @@ class _Feed:
     def advance(self, changes: Changes) -> None:
         """``changes`` were applied: the next read starts from where they were read."""
         self._horizon, self._state = changes.horizon, changes.state
+
+    def _declines_params(self) -> list:
+        return []
 
     def _changed_sql(self) -> str:
         raise NotImplementedError
@@ -142,31 +148,61 @@ class VerdictFeed(_Feed):
     table = "jobs_jobwait"
     triggers = ("colony_count_wait_truncate", "colony_log_deleted_wait", "colony_stamp_xid")
     marks = ("jobs_jobwait:truncated",)
-    # (verdicts this transaction wrote unstamped are kept only once it commits: until then only a
-    # listing shows them)
-    declines = "current_setting('colony.loop_wrote_verdicts', true) IS NOT DISTINCT FROM '1'"
+    # Declines where verdicts this transaction wrote unstamped are kept only once it commits (until
+    # then only a listing shows them), and where another scheduler process wrote some unstamped
+    # since (only it kept them: this one led before, and leads again).
+    declines = ("(current_setting('colony.loop_wrote_verdicts', true) IS NOT DISTINCT FROM '1' "
+                "OR EXISTS (SELECT FROM colony_verdict_writers WHERE xid >= %s::xid8 AND writer <> %s))")
+
+    def _declines_params(self) -> list:
+        return [self._horizon, writer()]
 
     def _changed_sql(self) -> str:
+        # (a job whose verdict was deleted and written again since is not gone: it is read again)
         return ("(SELECT string_agg(job_id::text || ':' || xmin::text, ',') FROM jobs_jobwait "
                 "WHERE changed_xid >= %s::xid8), "
-                "(SELECT string_agg(DISTINCT job_id::text, ',') FROM colony_deleted_waits WHERE xid >= %s::xid8)")
+                "(SELECT string_agg(DISTINCT job_id::text, ',') FROM colony_deleted_waits AS deleted "
+                "WHERE xid >= %s::xid8 AND NOT EXISTS (SELECT FROM jobs_jobwait AS wait "
+                "WHERE wait.job_id = deleted.job_id))")
 
     def _changed_params(self) -> list:
         return [self._horizon, self._horizon]
 
     def advance(self, changes: Changes) -> None:
         super().advance(changes)
-        # (every delete below the new horizon is in what was just read: no reader needs it again)
+        # (every delete and write below the new horizon is in what was just read: no reader needs
+        # it again; a new reader lists)
         with connection.cursor() as cursor:
             cursor.execute("DELETE FROM colony_deleted_waits WHERE xid < %s::xid8", [changes.horizon])
+            cursor.execute("DELETE FROM colony_verdict_writers WHERE xid < %s::xid8", [changes.horizon])
+
+    def held(self) -> tuple[str | None, str | None]:
+        """Where the feed stands, taken away until :meth:`after_full_read` hands it back: read in a
+        transaction that wrote verdicts, it stands only if that transaction commits."""
+        kept, (self._horizon, self._state) = (self._horizon, self._state), (None, None)
+        return kept
+
+
+_writer: tuple[int, str] | None = None
+
+
+def writer() -> str:
+    """This process's name among the scheduler processes that write verdicts (a forked child
+    gets its own)."""
+    global _writer
+    if _writer is None or _writer[0] != os.getpid():
+        _writer = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(8)}")
+    return _writer[1]
 
 
 @contextmanager
 def loop_writes_verdicts():
-    """The scheduling loop's own writes of verdicts, which it keeps as written: left unstamped."""
+    """The scheduling loop's own writes of verdicts, which it keeps as written: left unstamped,
+    the transaction noted as this process's."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT set_config('colony.verdicts_by_loop', '1', true), "
                        "set_config('colony.loop_wrote_verdicts', '1', true)")
+        cursor.execute("INSERT INTO colony_verdict_writers (writer) VALUES (%s)", [writer()])
     yield  # (an error aborts the transaction, and the setting with it)
     with connection.cursor() as cursor:
         cursor.execute("SELECT set_config('colony.verdicts_by_loop', '', true)")

@@ -4,18 +4,21 @@ meanwhile, by whom and when it commits, what it reads is what a fresh read finds
 when it must. (tests/jobs/test_verdict_store_history.py drives the verdicts' feed through random
 histories.)"""
 
+import json
+import os
 import random
 
 import psycopg
 import pytest
-from django.db import connection
+
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from jobs.choices import JobState
 from jobs.models import Job, JobWait
 from jobs.scheduling.decisions import Decisions, Pending
 from jobs.scheduling.reasons import PendingReason, ReasonCode
-from jobs.services import apply
+from jobs.services import apply, job_feed, waits
 from jobs.services.apply import apply_decisions
 from jobs.services.job_feed import VerdictFeed
 from jobs.services.row_versions import RowVersions
@@ -267,3 +270,79 @@ def test_a_verdict_a_replica_session_rewrites_or_deletes_is_found(transactional_
         other.commit()
     assert verdicts_read(*map(told, jobs)) == "feed"
     assert [stored_message(job_id) for job_id in jobs] == ["Waiting for 1 free GPU."] * 3
+
+
+# (from a review of the verdicts' feed: each failed on its first version)
+
+def as_new_process(monkeypatch):
+    monkeypatch.setattr(apply, "_verdict_versions", RowVersions())
+    monkeypatch.setattr(apply, "_verdict_feed", VerdictFeed())
+    monkeypatch.setattr(apply, "_settled", None)
+    monkeypatch.setattr(apply, "_queue_listed", apply._NOT_LISTED)
+
+
+def test_a_verdict_another_scheduler_wrote_while_it_led_is_found_when_this_one_leads_again(
+        transactional_db, fresh_apply, monkeypatch):
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant).pk for _ in range(2)]
+    # Scheduler B leads: writes its verdicts, reads them back.
+    verdicts_read(*map(told, jobs))
+    verdicts_read(*map(told, jobs))
+    b = (apply._verdict_versions, apply._verdict_feed, apply._settled, job_feed.writer())
+    # B's lease passes to scheduler A (another process), which tells jobs[0] something else.
+    as_new_process(monkeypatch)
+    monkeypatch.setattr(job_feed, "_writer", (os.getpid(), "scheduler-a"))
+    verdicts_read(told(jobs[0], "Held by quota."), told(jobs[1]))
+    assert stored_message(jobs[0]) == "Held by quota."
+    # B leads again (its process kept its state); the core tells what it told before.
+    monkeypatch.setattr(apply, "_verdict_versions", b[0])
+    monkeypatch.setattr(apply, "_verdict_feed", b[1])
+    monkeypatch.setattr(apply, "_settled", b[2])
+    monkeypatch.setattr(job_feed, "_writer", (os.getpid(), b[3]))
+    verdicts_read(*map(told, jobs))
+    verdicts_read(*map(told, jobs))
+    assert stored_message(jobs[0]) == "Waiting for 1 free GPU."
+
+
+def xmin(job_id: int) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT xmin::text FROM jobs_jobwait WHERE job_id = %s", [job_id])
+        return cursor.fetchone()[0]
+
+
+def test_a_verdict_deleted_and_written_again_is_not_dropped_while_the_delete_is_above_the_horizon(
+        transactional_db, fresh_apply):
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant).pk for _ in range(2)]
+    verdicts_read(*map(told, jobs))
+    verdicts_read(*map(told, jobs))
+    with other_connection() as old:
+        old.execute("SELECT pg_current_xact_id()")  # (a long transaction that wrote: pins the horizon)
+        # The job is placed (its verdict dropped), then requeued (one written again), by others.
+        JobWait.objects.filter(job_id=jobs[0]).delete()
+        JobWait.objects.create(job_id=jobs[0], reason={"code": "requeued", "message": "Requeued.", "details": {}})
+        verdicts_read(*map(told, jobs))  # (the loop writes its verdict over it)
+        assert stored_message(jobs[0]) == "Waiting for 1 free GPU."
+        written = xmin(jobs[0])
+        verdicts_read(*map(told, jobs))
+        assert xmin(jobs[0]) == written  # (not dropped as deleted, and so not written again)
+        assert jobs[0] in apply._verdict_versions._values
+        old.rollback()
+
+
+def test_a_rolled_back_cycle_leaves_no_verdict_of_its_own_in_what_the_loop_keeps(
+        transactional_db, fresh_apply, monkeypatch):
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant).pk for _ in range(2)]
+    verdicts_read(*map(told, jobs))
+    verdicts_read(*map(told, jobs))
+    throttle = apply._throttle
+    # A lifecycle write in the apply's transaction before it reads the verdicts (as begin_preempt's).
+    monkeypatch.setattr(apply, "_throttle", lambda throttles: waits.set_reason(
+        [jobs[0]], {"code": "preempted", "message": "Preempted.", "details": {}}) or 0)
+    with pytest.raises(RuntimeError), transaction.atomic():  # (as leadership.fenced: the apply is a savepoint)
+        apply_decisions(Decisions(pending=tuple(map(told, jobs))))
+        raise RuntimeError("the cycle is rolled back")
+    monkeypatch.setattr(apply, "_throttle", throttle)
+    kept = json.loads(apply._queue().verdicts[jobs[0]][0])["message"]
+    assert kept == stored_message(jobs[0]) == "Waiting for 1 free GPU."
