@@ -346,3 +346,19 @@ def test_a_rolled_back_cycle_leaves_no_verdict_of_its_own_in_what_the_loop_keeps
     monkeypatch.setattr(apply, "_throttle", throttle)
     kept = json.loads(apply._queue().verdicts[jobs[0]][0])["message"]
     assert kept == stored_message(jobs[0]) == "Waiting for 1 free GPU."
+
+
+def test_a_verdict_with_an_eta_told_new_words_is_written_though_jobs_left_the_queue(transactional_db, fresh_apply):
+    """Places move when a job leaves the queue: the verdicts are then matched with last cycle's by
+    job and reason object, an ETA's rounded time alone says nothing of the words."""
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant).pk for _ in range(3)]
+    waiting = told(jobs[1])
+    timed = Pending(jobs[2], waiting.reason, 600.0)
+    for _ in range(3):  # (settled: the same verdict objects, nothing written)
+        apply_decisions(Decisions(pending=(told(jobs[0]), waiting, timed)))
+    Job.objects.filter(pk=jobs[0]).update(state=JobState.PLACED)
+    waits.clear([jobs[0]])
+    apply_decisions(Decisions(pending=(waiting, Pending(jobs[2], told(jobs[2], "Waiting for 3 free GPUs.").reason,
+                                                         600.0))))
+    assert stored_message(jobs[2]) == "Waiting for 3 free GPUs."
