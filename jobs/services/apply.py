@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from itertools import compress, repeat
-from operator import and_, eq, is_, is_not, itemgetter, not_
+from operator import eq, is_, is_not, itemgetter, not_
 from datetime import datetime, timezone as dt_timezone
 
 from django.conf import settings
@@ -365,25 +365,19 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
     settled = _settled
     look = None  # (every verdict)
     kept: dict[int, int] = {}
-    touched = None if settled is None else _touched_since(settled, verdicts)
-    if touched is not None:
-        if not touched and settled.pending is pending and len(settled.waiting) == len(waiting):
-            look, kept = _moved_since(settled, waiting, now)
-            if not look:
-                _settled = replace(settled, waiting=waiting, timed=kept)
-                return
-        elif len(settled.unwritten) <= MAX_UNWRITTEN:
-            look, kept = _moved_by_identity(settled, waiting, now, touched)
-    changed, timed, tolerated, skipped = _differences(
+    if (settled is not None and settled.verdicts is verdicts and settled.generation == _verdict_versions.generation
+            and settled.pending is pending and len(settled.waiting) == len(waiting)):
+        look, kept = _moved_since(settled, waiting, now)
+        if not look:
+            _settled = replace(settled, waiting=waiting, timed=kept)
+            return
+    changed, timed, tolerated = _differences(
         waiting if look is None else list(map(waiting.__getitem__, look)), verdicts, pending, now)
-    unwritten = frozenset(skipped)
     if look is not None:  # (the subset's indexes, back to their places among every verdict)
         timed = {look[index]: at for index, at in timed.items()}
         tolerated = set(map(look.__getitem__, tolerated))
-        unwritten |= settled.unwritten  # (some may be written by now: looked at again, no harm)
     kept.update(timed)
-    settled = _Settled(verdicts, _verdict_versions.generation, pending, waiting, kept, frozenset(tolerated),
-                       unwritten)
+    settled = _Settled(verdicts, _verdict_versions.generation, pending, waiting, kept, frozenset(tolerated))
     if connection.vendor != "postgresql":
         _settled = None
         _write_reasons(changed)
@@ -395,60 +389,6 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
         # rows then, at a new generation); a cycle rolled back leaves nothing settled.
         _settled = None
         _write_reasons_postgresql(changed, verdicts, settled)
-
-
-def _touched_since(settled: _Settled, verdicts: dict) -> AbstractSet[int] | None:
-    """The jobs whose stored verdict was written or dropped since the store held ``settled``, by
-    anyone but this loop's writes it already counted (rows read again at a new version, or gone),
-    or None where that is not known (read whole since, or more than once)."""
-    if settled.generation == _verdict_versions.generation:
-        return frozenset() if settled.verdicts is verdicts else None
-    delta = _verdict_versions.delta
-    return delta[1] if delta is not None and delta[0] == settled.generation else None
-
-
-# Jobs told while no longer pending (their verdicts not written) that a settled store may carry
-# before the next cycle compares every verdict instead.
-MAX_UNWRITTEN = 10_000
-
-
-def _moved_by_identity(settled: _Settled, waiting: tuple, now: float,
-                       touched: AbstractSet[int]) -> tuple[list[int], dict[int, int]]:
-    """As ``_moved_since``, for a queue some jobs joined or left since ``settled`` (placed,
-    submitted, cancelled: every cycle in which jobs end), where places moved. A verdict with no
-    ETA that is the very tuple told last cycle, anywhere in it, is the same job and reason object
-    and still matches the store; one with an ETA (in seconds from now: a new tuple every cycle)
-    does if its job was told the very same reason object last cycle and its rounded time is the
-    one that matched the store then. Unless its row was touched since, or its job was not pending
-    then (its verdict not written). A few C-level passes, and one step per verdict with an ETA,
-    where comparing every verdict with the store cost 0.20 s at 197,000 waiting."""
-    before = settled.waiting
-    told_before = set(map(id, before))
-    count = len(waiting)
-    etas_s = list(map(_third, waiting))
-    untimed = list(map(is_, etas_s, repeat(None)))
-    candidates = set(compress(range(count), map(and_, untimed, map(not_, map(
-        told_before.__contains__, map(id, waiting))))))
-    ids = list(map(_first, waiting))
-    unsure = touched | settled.unwritten
-    if unsure:
-        candidates.update(compress(range(count), map(unsure.__contains__, ids)))
-    kept: dict[int, int] = {}
-    timed_positions = list(compress(range(count), map(not_, untimed)))
-    if timed_positions:
-        tolerated = settled.tolerated
-        matched = {before[index][0]: (at, before[index][1]) for index, at in settled.timed.items()
-                   if index not in tolerated}
-        eta_at = {eta_s: _eta_at(eta_s, now) for eta_s in set(map(etas_s.__getitem__, timed_positions))}
-        for index in timed_positions:
-            if index in candidates:
-                continue
-            at, found = eta_at[etas_s[index]], matched.get(ids[index])
-            if found is not None and found[0] == at and found[1] is waiting[index][1]:
-                kept[index] = at
-            else:
-                candidates.add(index)
-    return sorted(candidates), kept
 
 
 def _moved_since(settled: _Settled, waiting: tuple, now: float) -> tuple[list[int], dict[int, int]]:
@@ -492,11 +432,11 @@ def _moved_since(settled: _Settled, waiting: tuple, now: float) -> tuple[list[in
     return look, kept
 
 
-def _differences(waiting, verdicts: dict, pending: AbstractSet[int], now: float
-                 ) -> tuple[list[tuple[int, dict, int | None]], dict[int, int], list[int], list[int]]:
+def _differences(waiting, verdicts: dict, pending: AbstractSet[int],
+                 now: float) -> tuple[list[tuple[int, dict, int | None]], dict[int, int], list[int]]:
     """The verdicts of ``waiting`` that differ from the stored ones, as (job, reason, ETA) rows to
-    write (jobs no longer pending left out); index -> rounded ETA of those with an ETA; the
-    indexes of those whose stored ETA differs within tolerance (kept); and the jobs left out."""
+    write (jobs no longer pending left out); index -> rounded ETA of those with an ETA; and the
+    indexes of those whose stored ETA differs within tolerance (kept)."""
     # (a field of every verdict at a time: ``zip(*pending)`` made an iterator of each, 90 ms of
     # the cycle at 200,000 waiting jobs against 15 for these three passes)
     ids, objects, etas_s = list(map(_first, waiting)), list(map(_second, waiting)), list(map(_third, waiting))
@@ -518,11 +458,9 @@ def _differences(waiting, verdicts: dict, pending: AbstractSet[int], now: float
                         map(eq, old_etas, new_etas), map(is_, map(type, old_etas), map(type, new_etas))))
     changed: list[tuple[int, dict, int | None]] = []  # (job, reason, eta_at)
     tolerated: list[int] = []
-    skipped: list[int] = []
     for index in compress(range(len(ids)), map(not_, same)):
         job_id = ids[index]
         if job_id not in pending:
-            skipped.append(job_id)
             continue  # no longer pending (placed, cancelled) since the snapshot
         if (olds[index] is not _NO_VERDICT and stored[olds[index][0]] == new_canonical[index]
                 and _eta_holds(old_etas[index], new_etas[index], now)):
@@ -530,7 +468,7 @@ def _differences(waiting, verdicts: dict, pending: AbstractSet[int], now: float
             continue
         changed.append((job_id, encoded[id(objects[index])][0], new_etas[index]))
     timed = {index: new_etas[index] for index in compress(range(len(ids)), map(is_not, etas_s, repeat(None)))}
-    return changed, timed, tolerated, skipped
+    return changed, timed, tolerated
 
 
 @dataclass(frozen=True)
@@ -539,8 +477,7 @@ class _Settled:
     verdicts (the very dict ``_verdict_versions`` read, at its generation then), the pending jobs,
     the verdicts themselves (``Decisions.pending``), the rounded ETA of each that has one, by its
     position among them, and the positions of those whose stored ETA differs within tolerance
-    (every other verdict matches the store to the letter but those of the jobs in ``unwritten``,
-    told while no longer pending)."""
+    (every other verdict matches the store to the letter)."""
 
     verdicts: dict
     generation: int
@@ -548,7 +485,6 @@ class _Settled:
     waiting: tuple
     timed: dict[int, int]
     tolerated: frozenset[int]
-    unwritten: frozenset[int] = frozenset()
 
 
 # The last cycle's verdicts if it wrote none (``_Settled``): a cycle whose verdicts and store are
