@@ -227,13 +227,23 @@ def stored_message(job_id: int) -> str | None:
     return None if wait is None else wait.reason["message"]
 
 
-@pytest.fixture
-def fresh_apply(monkeypatch):
-    """The apply as a new process has it (no verdicts kept from other tests)."""
+def as_new_process(monkeypatch):
+    """The apply's state as a new scheduler process has it."""
     monkeypatch.setattr(apply, "_verdict_versions", RowVersions())
     monkeypatch.setattr(apply, "_verdict_feed", VerdictFeed())
     monkeypatch.setattr(apply, "_settled", None)
     monkeypatch.setattr(apply, "_queue_listed", apply._NOT_LISTED)
+
+
+@pytest.fixture
+def fresh_apply(monkeypatch):
+    """The apply as a new process has it (no verdicts kept from other tests)."""
+    as_new_process(monkeypatch)
+
+
+# What another writer leaves in a verdict's row.
+STALE = ("UPDATE jobs_jobwait SET reason = '{\"code\": \"stale\", \"message\": \"old\", \"details\": {}}' "
+         "WHERE job_id = %s")
 
 
 def test_after_its_own_writes_the_loop_lists_no_verdict_and_finds_anothers_late_commit(
@@ -248,8 +258,7 @@ def test_after_its_own_writes_the_loop_lists_no_verdict_and_finds_anothers_late_
     assert verdicts_read(*map(told, jobs)) is None  # (nothing written since: nothing read)
     with other_connection() as other:
         # Another process rewrites a verdict and has not committed when the loop next reads.
-        other.execute("UPDATE jobs_jobwait SET reason = '{\"code\": \"stale\", \"message\": \"old\", "
-                      "\"details\": {}}' WHERE job_id = %s", [jobs[1]])
+        other.execute(STALE, [jobs[1]])
         JobWait.objects.filter(job_id=jobs[2]).delete()  # (a committed delete: the loop reads again)
         assert verdicts_read(*map(told, jobs)) == "feed"
         assert stored_message(jobs[2]) == "Waiting for 1 free GPU."  # (written again)
@@ -264,8 +273,7 @@ def test_a_verdict_a_replica_session_rewrites_or_deletes_is_found(transactional_
     verdicts_read(*map(told, jobs))
     with other_connection() as other:
         other.execute("SET session_replication_role = replica")
-        other.execute("UPDATE jobs_jobwait SET reason = '{\"code\": \"stale\", \"message\": \"old\", "
-                      "\"details\": {}}' WHERE job_id = %s", [jobs[0]])
+        other.execute(STALE, [jobs[0]])
         other.execute("DELETE FROM jobs_jobwait WHERE job_id = %s", [jobs[1]])
         other.commit()
     assert verdicts_read(*map(told, jobs)) == "feed"
@@ -273,12 +281,6 @@ def test_a_verdict_a_replica_session_rewrites_or_deletes_is_found(transactional_
 
 
 # (from a review of the verdicts' feed: each failed on its first version)
-
-def as_new_process(monkeypatch):
-    monkeypatch.setattr(apply, "_verdict_versions", RowVersions())
-    monkeypatch.setattr(apply, "_verdict_feed", VerdictFeed())
-    monkeypatch.setattr(apply, "_settled", None)
-    monkeypatch.setattr(apply, "_queue_listed", apply._NOT_LISTED)
 
 
 def test_a_verdict_another_scheduler_wrote_while_it_led_is_found_when_this_one_leads_again(
