@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
+from bisect import bisect_left
+from collections import Counter, defaultdict
 from dataclasses import fields
 from itertools import groupby
 from operator import attrgetter, is_, itemgetter
@@ -333,7 +334,8 @@ NO_INPUTS = ((), None, None)
 
 # The same rows as last time (by their row versions' generation): what was derived from all of
 # them, and the requests built, with everything else they were built from.
-_derived: tuple = (None, set(), set())  # (generation, (tenant, profile key)s, array ids)
+# (generation, (tenant, profile key)s, array ids[, their counts, the rows counted]): ``_derived_now``
+_derived: tuple = (None, set(), set())
 _whole: tuple = (None, ())  # (every input, the requests)
 
 
@@ -343,9 +345,8 @@ def _pending(largest_gpu_mib: int | None, slugs: dict[int, str], unfenced: dict[
     rows = _pending_rows()
     generation = _pending_versions.generation if connection.vendor == "postgresql" else None
     if generation is None or _derived[0] != generation:
-        _derived = (generation, {(row[1], row[12]) for row in rows.values() if row[12]},
-                    {row[15] for row in rows.values() if row[15] is not None})
-    _, profile_keys, array_ids = _derived
+        _derived = _derived_now(rows, generation)
+    _, profile_keys, array_ids = _derived[:3]
     profiles = _profiles(profile_keys)
     core_profiles = {
         key: (RecordedProfile(peak_memory_mib=_bounded(profile.peak_gpu_memory_mib, largest_gpu_mib),
@@ -366,18 +367,17 @@ def _pending(largest_gpu_mib: int | None, slugs: dict[int, str], unfenced: dict[
         # Only some rows were read again since the last requests (a job submitted, placed or
         # edited), everything else they are built from is the same: those rows' requests change,
         # the rest stay where they are (a pass over 50,000 jobs was a tenth of a busy cycle).
-        touched = delta[1]
-        requests = [request for request in _whole[1] if request.id not in touched]
-        added = []
-        for job_id in touched:
+        # (each found by bisection in the requests, which are by id: no pass over all of them)
+        requests = list(_whole[1])
+        for job_id in sorted(delta[1]):
+            at = bisect_left(requests, job_id, key=_request_id)
+            if at < len(requests) and requests[at].id == job_id:
+                del requests[at]
             cached = _built.pop(job_id, None)
             row = rows.get(job_id)
             if row is not None:
                 _built[job_id] = entry = build(row, cached)
-                added.append(entry[2])
-        if added:
-            requests.extend(added)
-            requests.sort(key=_request_id)  # (one sorted run and a short tail: merged)
+                requests.insert(at, entry[2])
         _whole = (inputs_now, tuple(requests))
         return _whole[1]
     previous = _built if _built_for == context else {}
@@ -393,6 +393,27 @@ def _pending(largest_gpu_mib: int | None, slugs: dict[int, str], unfenced: dict[
     _built, _built_for = built, context
     _whole = (inputs_now, tuple(requests))
     return _whole[1]
+
+
+def _derived_now(rows: dict[int, tuple], generation: int | None) -> tuple:
+    """(generation, the (tenant, profile key)s and the array ids the pending rows name, counts of
+    each, the rows they were counted from): counted again only for the rows read again since the
+    last count (``RowVersions.delta``), not for every pending job."""
+    delta = _pending_versions.delta if generation is not None else None
+    if delta is not None and _derived[0] is not None and delta[0] == _derived[0] and len(_derived) > 3:
+        profiles, arrays, before = _derived[3], _derived[4], _derived[5]
+        for job_id in delta[1]:
+            for found, step in ((before.get(job_id), -1), (rows.get(job_id), 1)):
+                if found is not None:
+                    if found[12]:
+                        profiles[(found[1], found[12])] += step
+                    if found[15] is not None:
+                        arrays[found[15]] += step
+        profiles, arrays = +profiles, +arrays  # (those no row names any more dropped)
+    else:
+        profiles = Counter((row[1], row[12]) for row in rows.values() if row[12])
+        arrays = Counter(row[15] for row in rows.values() if row[15] is not None)
+    return generation, set(profiles), set(arrays), profiles, arrays, rows
 
 
 _request_id = attrgetter("id")
