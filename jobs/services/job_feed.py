@@ -173,8 +173,9 @@ class VerdictFeed(_Feed):
         # (every delete and write below the new horizon is in what was just read: no reader needs
         # it again; a new reader lists)
         with connection.cursor() as cursor:
-            cursor.execute("DELETE FROM colony_deleted_waits WHERE xid < %s::xid8", [changes.horizon])
-            cursor.execute("DELETE FROM colony_verdict_writers WHERE xid < %s::xid8", [changes.horizon])
+            cursor.execute("WITH deletes AS (DELETE FROM colony_deleted_waits WHERE xid < %s::xid8) "
+                           "DELETE FROM colony_verdict_writers WHERE xid < %s::xid8",
+                           [changes.horizon, changes.horizon])
 
     def held(self) -> tuple[str | None, str | None]:
         """Where the feed stands, taken away until :meth:`after_full_read` hands it back: read in a
@@ -200,9 +201,9 @@ def loop_writes_verdicts():
     """The scheduling loop's own writes of verdicts, which it keeps as written: left unstamped,
     the transaction noted as this process's."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('colony.verdicts_by_loop', '1', true), "
-                       "set_config('colony.loop_wrote_verdicts', '1', true)")
-        cursor.execute("INSERT INTO colony_verdict_writers (writer) VALUES (%s)", [writer()])
+        cursor.execute("WITH noted AS (INSERT INTO colony_verdict_writers (writer) VALUES (%s)) "
+                       "SELECT set_config('colony.verdicts_by_loop', '1', true), "
+                       "set_config('colony.loop_wrote_verdicts', '1', true)", [writer()])
     yield  # (an error aborts the transaction, and the setting with it)
     with connection.cursor() as cursor:
         cursor.execute("SELECT set_config('colony.verdicts_by_loop', '', true)")

@@ -151,13 +151,11 @@ class RowVersions:
             before = key_of.get(int(item.partition(":")[0]))
             if before is not None:
                 gone.add(before)
-        if not stale and not gone and not self._unkept:
-            self._mark = mark
-            return self._values
-        values = self._patch("", items, stale, gone, fetch, None)
-        self._last = None  # (no listing of every row was read)
-        self._mark = mark if not self._unkept else None
-        return values
+        if stale or gone:
+            self._values = self._patch("", items, stale, gone, fetch, None)
+            self._last = None  # (no listing of every row was read)
+        self._mark = mark  # (no row is read at the reading transaction's own version: none is unkept)
+        return self._values
 
     def _read(self, rows: str, fetch: Fetch) -> dict[int, Any]:
         if rows == self._last:

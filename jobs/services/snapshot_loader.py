@@ -400,7 +400,7 @@ def _derived_now(rows: dict[int, tuple], generation: int | None) -> tuple:
     each, the rows they were counted from): counted again only for the rows read again since the
     last count (``RowVersions.delta``), not for every pending job."""
     delta = _pending_versions.delta if generation is not None else None
-    if delta is not None and _derived[0] is not None and delta[0] == _derived[0] and len(_derived) > 3:
+    if delta is not None and _derived[0] is not None and delta[0] == _derived[0]:
         profiles, arrays, before = _derived[3], _derived[4], _derived[5]
         for job_id in delta[1]:
             for found, step in ((before.get(job_id), -1), (rows.get(job_id), 1)):
