@@ -368,10 +368,13 @@ def cpu_only_not_placed() -> PendingReason:
 def turning_over(gpus: int, victims: int, nodes: tuple[str, ...] = ()) -> PendingReason:
     """A borrower that preempted borrowers with more GPU time (``turnover``)."""
     where = f" on {', '.join(nodes)}" if nodes else ""
+    if victims:
+        source = (f"preempting {victims} borrowed job{'s' if victims != 1 else ''} that had more GPU time{where}; "
+                  "starts once they have stopped")
+    else:
+        source = f"{_gpus(gpus)}{where} are promised to it; starts once the borrowed jobs there have stopped"
     return PendingReason(
-        ReasonCode.RECLAIMING,
-        f"Borrowed GPUs go to the least served first: preempting {victims} borrowed "
-        f"job{'s' if victims != 1 else ''} that had more GPU time{where}; starts once they have stopped.",
+        ReasonCode.RECLAIMING, f"Borrowed GPUs go to the least served first: {source}.",
         # ("borrowed": reclaiming as a borrower, not within a guarantee)
         {"needed_gpus": gpus, "victims": victims, "borrowed": True, **({"nodes": list(nodes)} if nodes else {})})
 

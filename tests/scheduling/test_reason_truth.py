@@ -134,13 +134,18 @@ class World:
             if place.job_class is JobClass.GUARANTEED:
                 self.guaranteed_held[request.tenant] += request.quota_milli
             occupied.update(place.gpu_ids)
-        # A job reclaiming GPUs within its guarantee has been admitted: its GPUs count as the tenant's.
+        # A reclaiming job has been admitted: its GPUs count as the tenant's, and as guaranteed ones
+        # unless it reclaims as a borrower (turnover).
         for waiting in decisions.pending:
             if waiting.reason.code is ReasonCode.RECLAIMING:
                 request = self.jobs[waiting.job_id]
                 self.held[request.tenant] += request.quota_milli
-                self.guaranteed_held[request.tenant] += request.quota_milli
-        self.occupied = occupied  # (GPUs reclaimed for a job are still held by their victims)
+                if not waiting.reason.details.get("borrowed"):
+                    self.guaranteed_held[request.tenant] += request.quota_milli
+        # (GPUs reclaimed for a job are still held by their victims; free ones promised to it are not free)
+        for promise in decisions.promises:
+            occupied.update(promise.gpu_ids)
+        self.occupied = occupied
         self.reserved = {name: r for r in decisions.reservations for name in r.nodes}
 
     def ceiling(self, tenant_name: str) -> int:
@@ -230,7 +235,6 @@ def check(world: World, pending) -> None:
     code, details, message = reason.code, reason.details, reason.message
     need = request.quota_milli
     ceiling = world.ceiling(request.tenant)
-    event(str(code))
     if need > ceiling:  # nothing else matters, and it must not sound temporary
         assert code is ReasonCode.OVER_MAX_GPUS, (code, message)
     if code is ReasonCode.OVER_MAX_GPUS:
@@ -329,6 +333,7 @@ def test_every_pending_reason_names_an_obstacle_that_exists(cycle):
     decisions = decide(snapshot, now=now)
     world = World(snapshot, decisions, now)
     for pending in decisions.pending:
+        event(str(pending.reason.code))
         check(world, pending)
     by_id = {j.id: j for j in snapshot.pending}
     for place in decisions.placements:
@@ -371,3 +376,37 @@ def test_only_cordoned_nodes_with_the_jobs_model_are_named():
     assert pending.reason.code is ReasonCode.NEEDS_CORDONED_NODES
     assert pending.reason.details["cordoned"] == ["node-2"]
     assert "node-1" not in pending.reason.message
+
+
+def test_a_free_gpu_promised_to_a_reclaiming_job_is_not_offered_to_the_next():
+    """Found by the property above: the free GPU beside a reclaimed one is the reclaiming gang's."""
+    snapshot = cluster(node("n0", gpus=2),
+                       tenants=[tenant("t0", guaranteed=3, max_gpus=3), tenant("t1", guaranteed=0, max_gpus=0)],
+                       running=[running(100, on="n0", gpus=[0], tenant="t1", opportunistic=True)],
+                       pending=[job(1, tenant="t0", gpus=2), job(2, tenant="t0", gpus=1)])
+    decisions = decide(snapshot, now=0)
+    reasons = {p.job_id: p.reason for p in decisions.pending}
+    assert reasons[1].code is ReasonCode.RECLAIMING and reasons[1].details["victims"] == 1
+    assert reasons[2].code is ReasonCode.WAITING_FOR_FREE_GPUS
+    assert reasons[2].details["most_free_on_a_node"] == 0
+    (promise,) = decisions.promises
+    assert len(promise.gpu_ids) == 2  # both of n0's GPUs, the free one included
+    for pending in decisions.pending:
+        check(World(snapshot, decisions), pending)
+
+
+def test_a_borrower_waiting_on_gpus_already_stopping_is_told_so_not_zero_victims():
+    snapshot = cluster(node("n0", gpus=1), node("n1", gpus=2),
+                       tenants=[tenant("t0", guaranteed=0, max_gpus=4), tenant("t1", guaranteed=0, max_gpus=0)],
+                       running=[running(100, on="n0", gpus=[0], tenant="t0", opportunistic=True, preempting=True),
+                                running(101, on="n1", gpus=[0], tenant="t1")],
+                       pending=[job(1, tenant="t0", gpus=2), job(2, tenant="t0", gpus=1)])
+    decisions = decide(snapshot, now=0)
+    reasons = {p.job_id: p.reason for p in decisions.pending}
+    assert reasons[1].code is ReasonCode.RECLAIMING and reasons[1].details["borrowed"]
+    assert "preempting 0" not in reasons[1].message
+    assert "promised to it" in reasons[1].message and "n0, n1" in reasons[1].message
+    assert reasons[2].code is ReasonCode.OVER_QUOTA_CLUSTER_FULL
+    assert reasons[2].details["unused_guaranteed_gpus"] == 0
+    for pending in decisions.pending:
+        check(World(snapshot, decisions), pending)
