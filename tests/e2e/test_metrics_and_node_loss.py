@@ -62,9 +62,15 @@ def test_killed_node_is_lost_its_job_requeued_once_and_run_when_it_returns(stack
 
     # The job's supervisor and the job each lead a process group of their own.
     groups = {os.getpgid(child.pid) for child in psutil.Process(doomed.pid).children(recursive=True)}
-    # The node dies: its agent, the job's supervisor and the job's processes, all at once.
-    for pgid in {doomed.pid, *groups}:
-        os.killpg(pgid, signal.SIGKILL)
+    # The node dies: its agent, the job's supervisor and the job's processes, all at once. One
+    # killpg after another is not at once: a supervisor that outlives its job by a moment (this
+    # process preempted between two killpg on a busy machine) writes the job's exit, -9, and the
+    # returning agent reports it, a real exit that wins over the requeue: the job ends FAILED
+    # instead of running again. So every group is stopped first, then killed: no process runs
+    # while another dies.
+    for signum in (signal.SIGSTOP, signal.SIGKILL):
+        for pgid in {doomed.pid, *groups}:
+            os.killpg(pgid, signum)
     doomed.wait()
 
     wait_for(lambda: Node.objects.get(name="doomed").state == NodeHealth.LOST, timeout=30, what="LOST")
