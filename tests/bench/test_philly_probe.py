@@ -1,0 +1,25 @@
+"""The probe bench replays a changed setting beside LAS on the same trace (figures not checked)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import philly_probe
+
+
+def test_a_setting_is_read_with_its_fields_type_and_a_wrong_one_is_refused():
+    assert philly_probe.settings(["borrower_turnover_gpu_s=7200", "turnover_when_blocked=false"]) == {
+        "borrower_turnover_gpu_s": 7200.0, "turnover_when_blocked": False}
+    for wrong in ("no_such_field=1", "duty_cycle_floor", "turnover_when_blocked=maybe"):
+        with pytest.raises(ValueError):
+            philly_probe.settings([wrong])
+
+
+def test_the_changed_setting_reaches_the_replay_and_las_is_its_pair():
+    (plain,) = philly_probe.compare({}, ["2017-11-01"], [0], 0.35, workers=1)
+    (off,) = philly_probe.compare({"borrower_turnover_gpu_s": 0.0}, ["2017-11-01"], [0], 0.35, workers=1)
+    assert plain[3] == off[3]  # (LAS does not read fair_share's settings)
+    assert plain[2]["preemptions"] != off[2]["preemptions"]  # turnover off: fewer borrowers preempted
+    lines, geomean = philly_probe.report([plain])
+    assert geomean == pytest.approx(plain[2]["avg"] / plain[3]["avg"])
+    assert lines[1].startswith("2017-11-01")
