@@ -37,14 +37,15 @@ class SchedulerConfig:
     # Duty cycle of an opportunistic job started on a GPU that a guaranteed job already uses: low,
     # so the guaranteed job starts near its solo speed and AIMD probes upward from there.
     shared_start_duty_cycle: float = 0.25
-    # A guaranteed job is "slowed" when its live utilisation is this far below its solo profile:
-    # the promise is about 5% at most (AntMan: as fast as alone). At 0.1, replays of five Philly
-    # windows at interference 0.35 left guaranteed jobs 2.6-7.3% slower than alone; at 0.05 (with
-    # the start and raise below) 1.7-4.7% (3 seeds' medians), for -5% to +7% average JCT.
+    # A guaranteed job is "slowed" when its live utilisation is below its solo profile by more than
+    # this fraction of it: the promise is about 5% at most (AntMan: as fast as alone). It was 0.05
+    # utilisation points until the replay of windows it had not been tuned on: there a job at 6-14%
+    # solo utilisation beside borrowers ran 45-75% slower than alone (Philly from 2017-12-08, 7 of
+    # 118 guaranteed jobs over 20%); as a fraction none of the ten windows' runs has one over 5%.
     slowdown_margin: float = 0.05
-    # ... and a borrower speeds up only while every guaranteed neighbour is within this of its solo
-    # profile. Between the two it holds: without that band, a neighbour slowed by interference
-    # sent its borrower down and up every few cycles (a sawtooth of throttle commands).
+    # ... and a borrower speeds up only while every guaranteed neighbour is within this fraction of
+    # its solo profile. Between the two it holds: without that band, a neighbour slowed by
+    # interference sent its borrower down and up every few cycles (a sawtooth of throttle commands).
     raise_margin: float = 0.025
     # GPU utilisation at or above which a GPU with a guaranteed job counts as saturated.
     saturated_utilisation: float = 0.95

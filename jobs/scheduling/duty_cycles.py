@@ -3,7 +3,9 @@
 Per GPU that an opportunistic job runs on, one signal:
 
 * **decrease** (multiply by ``duty_cycle_decrease_factor``) when a guaranteed neighbour is slowed
-  (its live utilisation is more than ``slowdown_margin`` below its solo profile), when the GPU is
+  (its live utilisation below its solo profile by more than the fraction ``slowdown_margin`` of
+  it: the promise is relative, and a margin in utilisation points let a neighbour at 6% solo
+  utilisation run 75% slower on Philly from 2017-12-08), when the GPU is
   saturated (utilisation >= ``saturated_utilisation``) while a guaranteed job is on it, or when a
   guaranteed job was placed on it this cycle (act before the slowdown shows up);
 * **increase** (add ``duty_cycle_increase``) when the GPU's utilisation is known and below
@@ -48,7 +50,7 @@ def _signal(gpu: GpuSlot, config: SchedulerConfig, leaving: set[int],
     guaranteed = [j for j in gpu.residents if j.job_class is JobClass.GUARANTEED and j.id not in leaving]
     for job in guaranteed:
         if (job.solo_utilisation is not None and (live := utilisation.get(job.id)) is not None
-                and live < job.solo_utilisation - config.slowdown_margin):
+                and live < job.solo_utilisation * (1 - config.slowdown_margin)):
             return ThrottleReason.NEIGHBOUR_SLOWED
     if ((guaranteed or gpu.placed_guaranteed) and gpu.live_load is not None
             and gpu.live_load >= config.saturated_utilisation):
@@ -59,7 +61,7 @@ def _signal(gpu: GpuSlot, config: SchedulerConfig, leaving: set[int],
         return ThrottleReason.NO_GUARANTEED_NEIGHBOUR
     if gpu.live_load is not None and gpu.live_load < config.room_utilisation and all(
             job.solo_utilisation is None or (live := utilisation.get(job.id)) is None
-            or live >= job.solo_utilisation - config.raise_margin for job in guaranteed):
+            or live >= job.solo_utilisation * (1 - config.raise_margin) for job in guaranteed):
         return ThrottleReason.ROOM_AVAILABLE
     return None
 

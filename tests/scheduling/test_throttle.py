@@ -24,11 +24,14 @@ def throttled(gpu_util, guaranteed=None, duty=1.0, config=None, **borrower):
     (0.6, dict(util=0.4, solo=0.7), 0.15, (0.1, ThrottleReason.NEIGHBOUR_SLOWED)),  # floor
     # at the floor and still in the way: suspended (its memory stays, its compute is freed)
     (0.6, dict(util=0.4, solo=0.7), 0.1, (0.0, ThrottleReason.NEIGHBOUR_SLOWED)),
-    (0.97, dict(util=0.6, solo=0.65), 0.1, (0.0, ThrottleReason.GPU_SATURATED)),
+    (0.97, dict(util=0.63, solo=0.65), 0.1, (0.0, ThrottleReason.GPU_SATURATED)),
     # suspended, and the GPU has room again: back at the floor's level
     (0.5, dict(util=0.49, solo=0.5), 0.0, (0.1, ThrottleReason.ROOM_AVAILABLE)),
     # saturated GPU with a guaranteed job on it: halve
-    (0.97, dict(util=0.6, solo=0.65), 0.8, (0.4, ThrottleReason.GPU_SATURATED)),
+    (0.97, dict(util=0.63, solo=0.65), 0.8, (0.4, ThrottleReason.GPU_SATURATED)),
+    # the margins are fractions of the neighbour's solo profile: at 10% utilisation alone, 9% is
+    # 10% slower (in utilisation points a 0.05 margin let such a job run at half its speed)
+    (0.3, dict(util=0.09, solo=0.1), 0.5, (0.25, ThrottleReason.NEIGHBOUR_SLOWED)),
     # room again: add 0.1, up to the ceiling
     (0.5, dict(util=0.49, solo=0.5), 0.5, (0.6, ThrottleReason.ROOM_AVAILABLE)),
     (0.5, dict(util=0.49, solo=0.5), 0.95, (1.0, ThrottleReason.ROOM_AVAILABLE)),
@@ -44,11 +47,12 @@ def test_duty_cycle_moves_by_aimd(gpu_util, guaranteed, duty, expected):
 
 @pytest.mark.parametrize("gpu_util, guaranteed, duty", [
     (None, None, 0.5),                                # no reading next to guaranteed work: hold
-    (0.9, dict(util=0.65, solo=0.7), 0.5),            # busy but not saturated, neighbour fine: hold
+    (0.9, dict(util=0.69, solo=0.7), 0.5),            # busy but not saturated, neighbour fine: hold
     (0.5, dict(util=0.49, solo=0.5), 1.0),            # already at the ceiling
     (0.6, dict(util=0.4, solo=0.7), 0.0),             # already suspended
     (None, None, 0.0),                                # suspended, no reading: hold
-    (0.6, dict(util=0.66, solo=0.7), 0.5),            # neighbour in the dead band (slowed 0.04): hold
+    (0.6, dict(util=0.67, solo=0.7), 0.5),            # neighbour in the dead band (4% slower): hold
+    (0.3, dict(util=0.097, solo=0.1), 0.5),           # the same band at 10% utilisation alone
 ])
 def test_duty_cycle_is_left_alone(gpu_util, guaranteed, duty):
     assert throttled(gpu_util, guaranteed, duty) == {}
