@@ -66,6 +66,15 @@ RESTART_RESET_AFTER_S = 60.0
 DEFAULT_JOB_ACCOUNT = "colony-jobs"
 # settings.COLONY_SCHEDULER_QUEUE (this process does not load Django's settings).
 SCHEDULER_QUEUE = "scheduler"
+# Every worker runs without mingle, gossip and worker heartbeats (docker-compose.yml's and the e2e
+# stack's too): they are Celery's worker-to-worker chatter, which Colony does not use (the
+# scheduler's lease lives in the database), and with a Redis broker they are what a worker trips on
+# when Redis restarts. A devstack worker started with them logged kombu's AttributeError while
+# closing a consumer step's channel against a Redis that refused connections, then took no task for
+# 90 s while beat kept sending them (once in about a dozen runs of the devstack test; celery#8030
+# and #9054 report the same, and this is their workaround). Remote control, which the compose
+# healthcheck's ``inspect ping`` uses, stays.
+QUIET_WORKER = ("--without-mingle", "--without-gossip", "--without-heartbeat")
 # Variables that could carry a secret: never passed to a child (they get the *_FILE path instead).
 SECRET_VARS = ("COLONY_AGENT_SECRET", "DJANGO_SECRET_KEY", "REDIS_URL", "CELERY_BROKER_URL", "COLONY_CACHE_URL",
                "COLONY_REDIS_URL", "DATABASE_URL", "COLONY_AGENT_KEY", "COLONY_METRICS_TOKEN")
@@ -552,9 +561,10 @@ def celery_commands(python: str) -> list[tuple[str, list[str]]]:
     what they carry from one to the next: jobs/services/scheduling_loop.py) and beat."""
     celery = [python, "-m", "celery", "-A", "cluster_ui"]
     return [
-        ("worker", [*celery, "worker", "--loglevel=INFO", "--concurrency=2", "-Q", "celery", "-n", "worker@%h"]),
+        ("worker", [*celery, "worker", "--loglevel=INFO", "--concurrency=2", "-Q", "celery", "-n", "worker@%h",
+                    *QUIET_WORKER]),
         ("scheduler", [*celery, "worker", "--loglevel=INFO", "--pool=solo", "-Q", SCHEDULER_QUEUE, "-n",
-                       "scheduler@%h"]),
+                       "scheduler@%h", *QUIET_WORKER]),
         ("beat", [*celery, "beat", "--loglevel=INFO"]),
     ]
 

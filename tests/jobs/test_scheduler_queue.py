@@ -3,10 +3,12 @@
 stack (tests/deploy/test_compose.py) and the e2e stack. So what a cycle keeps for the next survives,
 and the lease does not pass between a worker's pool children (a new epoch with no failover)."""
 
+from pathlib import Path
+
 from django.conf import settings
 
 from cluster_ui.celery import app
-from cluster_ui.devstack.supervisor import SCHEDULER_QUEUE, celery_commands
+from cluster_ui.devstack.supervisor import QUIET_WORKER, SCHEDULER_QUEUE, celery_commands
 from tests.e2e.conftest import WORKER_ARGV
 
 
@@ -45,3 +47,17 @@ def test_the_devstack_runs_one_solo_scheduler_and_a_general_worker_without_its_q
 def test_the_e2e_worker_is_one_process_that_consumes_the_scheduler_queue():
     assert option(WORKER_ARGV, "--pool") == "solo"
     assert set(option(WORKER_ARGV, "-Q").split(",")) == {"celery", "scheduler"}
+
+
+def test_every_worker_runs_without_the_chatter_a_redis_restart_trips_on():
+    """Mingle, gossip and worker heartbeats off in the devstack, the e2e stack and compose alike
+    (``QUIET_WORKER``: a devstack worker that had them stopped taking tasks after Redis restarted)."""
+    import yaml
+
+    compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "docker-compose.yml").read_text())
+    workers = {name: argv for name, argv in celery_commands("python") if "worker" in argv}
+    workers.update({f"compose {name}": compose["services"][name]["command"] for name in ("worker", "scheduler")})
+    workers["e2e"] = WORKER_ARGV
+    assert len(workers) == 5
+    for name, argv in workers.items():
+        assert set(QUIET_WORKER) <= set(argv), name
