@@ -149,13 +149,15 @@ class VerdictFeed(_Feed):
     triggers = ("colony_count_wait_truncate", "colony_log_deleted_wait", "colony_stamp_xid")
     marks = ("jobs_jobwait:truncated",)
     # Declines where verdicts this transaction wrote unstamped are kept only once it commits (until
-    # then only a listing shows them), and where another scheduler process wrote some unstamped
-    # since (only it kept them: this one led before, and leads again).
+    # then only a listing shows them), where another scheduler process wrote some unstamped since
+    # (only it kept them: this one led before, and leads again), and where the logs that say so
+    # were pruned past this feed's horizon by another reader (migration jobs 0025).
     declines = ("(current_setting('colony.loop_wrote_verdicts', true) IS NOT DISTINCT FROM '1' "
-                "OR EXISTS (SELECT FROM colony_verdict_writers WHERE xid >= %s::xid8 AND writer <> %s))")
+                "OR EXISTS (SELECT FROM colony_verdict_writers WHERE xid >= %s::xid8 AND writer <> %s) "
+                "OR EXISTS (SELECT FROM colony_feed_pruned WHERE feed = 'verdicts' AND below > %s::xid8))")
 
     def _declines_params(self) -> list:
-        return [self._horizon, writer()]
+        return [self._horizon, writer(), self._horizon]
 
     def _changed_sql(self) -> str:
         # (a job whose verdict was deleted and written again since is not gone: it is read again)
@@ -170,12 +172,15 @@ class VerdictFeed(_Feed):
 
     def advance(self, changes: Changes) -> None:
         super().advance(changes)
-        # (every delete and write below the new horizon is in what was just read: no reader needs
-        # it again; a new reader lists)
+        # (every delete and write below the new horizon is in what was just read: this reader
+        # needs it no more; a new reader lists, and so does one whose feed stood below the floor)
         with connection.cursor() as cursor:
-            cursor.execute("WITH deletes AS (DELETE FROM colony_deleted_waits WHERE xid < %s::xid8) "
-                           "DELETE FROM colony_verdict_writers WHERE xid < %s::xid8",
-                           [changes.horizon, changes.horizon])
+            cursor.execute("WITH deletes AS (DELETE FROM colony_deleted_waits WHERE xid < %s::xid8), "
+                           "writes AS (DELETE FROM colony_verdict_writers WHERE xid < %s::xid8) "
+                           "INSERT INTO colony_feed_pruned AS pruned (feed, below) VALUES ('verdicts', %s::xid8) "
+                           "ON CONFLICT (feed) DO UPDATE SET below = EXCLUDED.below "
+                           "WHERE pruned.below < EXCLUDED.below",
+                           [changes.horizon, changes.horizon, changes.horizon])
 
     def held(self) -> tuple[str | None, str | None]:
         """Where the feed stands, taken away until :meth:`after_full_read` hands it back: read in a

@@ -306,6 +306,27 @@ def test_a_verdict_another_scheduler_wrote_while_it_led_is_found_when_this_one_l
     assert stored_message(jobs[0]) == "Waiting for 1 free GPU."
 
 
+def test_a_leader_back_after_another_pruned_the_feeds_logs_still_finds_what_the_other_wrote(
+        transactional_db, fresh_apply, monkeypatch):
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant).pk for _ in range(2)]
+    verdicts_read(*map(told, jobs))
+    verdicts_read(*map(told, jobs))
+    b = (apply._verdict_versions, apply._verdict_feed, apply._settled, job_feed.writer())
+    as_new_process(monkeypatch)
+    monkeypatch.setattr(job_feed, "_writer", (os.getpid(), "scheduler-a"))
+    # A leads for three cycles: its feed serves from the second on, and prunes the logs as it reads.
+    for _ in range(3):
+        verdicts_read(told(jobs[0], "Held by quota."), told(jobs[1]))
+    assert stored_message(jobs[0]) == "Held by quota."
+    monkeypatch.setattr(apply, "_verdict_versions", b[0])
+    monkeypatch.setattr(apply, "_verdict_feed", b[1])
+    monkeypatch.setattr(apply, "_settled", b[2])
+    monkeypatch.setattr(job_feed, "_writer", (os.getpid(), b[3]))
+    assert verdicts_read(*map(told, jobs)) == "listed"
+    assert stored_message(jobs[0]) == "Waiting for 1 free GPU."
+
+
 def xmin(job_id: int) -> str:
     with connection.cursor() as cursor:
         cursor.execute("SELECT xmin::text FROM jobs_jobwait WHERE job_id = %s", [job_id])
