@@ -227,6 +227,15 @@ def stored_message(job_id: int) -> str | None:
     return None if wait is None else wait.reason["message"]
 
 
+def settled_jobs(count: int = 2) -> list[int]:
+    """Ids of ``count`` pending jobs whose verdicts the loop wrote and read back (its feed serves)."""
+    tenant = TenantFactory(slug="vision")
+    jobs = [JobFactory(tenant=tenant).pk for _ in range(count)]
+    verdicts_read(*map(told, jobs))
+    verdicts_read(*map(told, jobs))
+    return jobs
+
+
 def as_new_process(monkeypatch):
     """The apply's state as a new scheduler process has it."""
     monkeypatch.setattr(apply, "_verdict_versions", RowVersions())
@@ -283,24 +292,31 @@ def test_a_verdict_a_replica_session_rewrites_or_deletes_is_found(transactional_
 # (from a review of the verdicts' feed: each failed on its first version)
 
 
-def test_a_verdict_another_scheduler_wrote_while_it_led_is_found_when_this_one_leads_again(
-        transactional_db, fresh_apply, monkeypatch):
-    tenant = TenantFactory(slug="vision")
-    jobs = [JobFactory(tenant=tenant).pk for _ in range(2)]
-    # Scheduler B leads: writes its verdicts, reads them back.
-    verdicts_read(*map(told, jobs))
-    verdicts_read(*map(told, jobs))
-    b = (apply._verdict_versions, apply._verdict_feed, apply._settled, job_feed.writer())
-    # B's lease passes to scheduler A (another process), which tells jobs[0] something else.
+def lead_as_another(monkeypatch) -> tuple:
+    """The lease passes to another scheduler process ("scheduler-a"); what this one kept, for
+    :func:`lead_again`."""
+    kept = (apply._verdict_versions, apply._verdict_feed, apply._settled, job_feed.writer())
     as_new_process(monkeypatch)
     monkeypatch.setattr(job_feed, "_writer", (os.getpid(), "scheduler-a"))
+    return kept
+
+
+def lead_again(monkeypatch, kept: tuple) -> None:
+    """This process leads again, with what it kept when the lease left it."""
+    for name, value in zip(("_verdict_versions", "_verdict_feed", "_settled"), kept):
+        monkeypatch.setattr(apply, name, value)
+    monkeypatch.setattr(job_feed, "_writer", (os.getpid(), kept[3]))
+
+
+def test_a_verdict_another_scheduler_wrote_while_it_led_is_found_when_this_one_leads_again(
+        transactional_db, fresh_apply, monkeypatch):
+    jobs = settled_jobs()  # (scheduler B leads: writes its verdicts, reads them back)
+    # B's lease passes to scheduler A (another process), which tells jobs[0] something else.
+    b = lead_as_another(monkeypatch)
     verdicts_read(told(jobs[0], "Held by quota."), told(jobs[1]))
     assert stored_message(jobs[0]) == "Held by quota."
     # B leads again (its process kept its state); the core tells what it told before.
-    monkeypatch.setattr(apply, "_verdict_versions", b[0])
-    monkeypatch.setattr(apply, "_verdict_feed", b[1])
-    monkeypatch.setattr(apply, "_settled", b[2])
-    monkeypatch.setattr(job_feed, "_writer", (os.getpid(), b[3]))
+    lead_again(monkeypatch, b)
     verdicts_read(*map(told, jobs))
     verdicts_read(*map(told, jobs))
     assert stored_message(jobs[0]) == "Waiting for 1 free GPU."
@@ -308,21 +324,13 @@ def test_a_verdict_another_scheduler_wrote_while_it_led_is_found_when_this_one_l
 
 def test_a_leader_back_after_another_pruned_the_feeds_logs_still_finds_what_the_other_wrote(
         transactional_db, fresh_apply, monkeypatch):
-    tenant = TenantFactory(slug="vision")
-    jobs = [JobFactory(tenant=tenant).pk for _ in range(2)]
-    verdicts_read(*map(told, jobs))
-    verdicts_read(*map(told, jobs))
-    b = (apply._verdict_versions, apply._verdict_feed, apply._settled, job_feed.writer())
-    as_new_process(monkeypatch)
-    monkeypatch.setattr(job_feed, "_writer", (os.getpid(), "scheduler-a"))
+    jobs = settled_jobs()
+    b = lead_as_another(monkeypatch)
     # A leads for three cycles: its feed serves from the second on, and prunes the logs as it reads.
     for _ in range(3):
         verdicts_read(told(jobs[0], "Held by quota."), told(jobs[1]))
     assert stored_message(jobs[0]) == "Held by quota."
-    monkeypatch.setattr(apply, "_verdict_versions", b[0])
-    monkeypatch.setattr(apply, "_verdict_feed", b[1])
-    monkeypatch.setattr(apply, "_settled", b[2])
-    monkeypatch.setattr(job_feed, "_writer", (os.getpid(), b[3]))
+    lead_again(monkeypatch, b)
     assert verdicts_read(*map(told, jobs)) == "listed"
     assert stored_message(jobs[0]) == "Waiting for 1 free GPU."
 
@@ -335,10 +343,7 @@ def xmin(job_id: int) -> str:
 
 def test_a_verdict_deleted_and_written_again_is_not_dropped_while_the_delete_is_above_the_horizon(
         transactional_db, fresh_apply):
-    tenant = TenantFactory(slug="vision")
-    jobs = [JobFactory(tenant=tenant).pk for _ in range(2)]
-    verdicts_read(*map(told, jobs))
-    verdicts_read(*map(told, jobs))
+    jobs = settled_jobs()
     with other_connection() as old:
         old.execute("SELECT pg_current_xact_id()")  # (a long transaction that wrote: pins the horizon)
         # The job is placed (its verdict dropped), then requeued (one written again), by others.
@@ -355,10 +360,7 @@ def test_a_verdict_deleted_and_written_again_is_not_dropped_while_the_delete_is_
 
 def test_a_rolled_back_cycle_leaves_no_verdict_of_its_own_in_what_the_loop_keeps(
         transactional_db, fresh_apply, monkeypatch):
-    tenant = TenantFactory(slug="vision")
-    jobs = [JobFactory(tenant=tenant).pk for _ in range(2)]
-    verdicts_read(*map(told, jobs))
-    verdicts_read(*map(told, jobs))
+    jobs = settled_jobs()
     throttle = apply._throttle
     # A lifecycle write in the apply's transaction before it reads the verdicts (as begin_preempt's).
     monkeypatch.setattr(apply, "_throttle", lambda throttles: waits.set_reason(
