@@ -123,7 +123,8 @@ class Cycle:
                                        if job.job_class is OPPORTUNISTIC and job.id not in state.leaving)
         # (``borrowed`` and ``leaving`` are shared: a reclaim's victims count for the turnover too)
         self.reclaimer = Reclaimer(capacity, placer, config, now, borrowed, state.leaving, charged)
-        turnover = Turnover.of(capacity, placer, config, now, borrowed, state.leaving, charged)
+        turnover = Turnover.of(capacity, placer, config, now, borrowed, state.leaving, charged,
+                               snapshot.readings.served_gpu_s)
         releases = releases_of(snapshot.running, now)  # (each tenant's timeline is cut from it)
         leaving = state.leaving
         timeline = ReleaseTimeline((), now, [r for r in releases if r[3] not in leaving] if leaving else releases)

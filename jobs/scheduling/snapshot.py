@@ -242,6 +242,10 @@ class LiveReadings:
     gpu_memory_used_mib: Mapping[int, int] = field(default_factory=dict)
     # A running job's mean utilisation over its GPUs, attributable to it (0..1).
     jobs: Mapping[int, float] = field(default_factory=dict)
+    # A running job's service in this run: GPU-seconds counted at the speed it ran (its live
+    # utilisation over its solo one; its duty cycle where either is unknown), as the caller
+    # measured it over the cycles it saw. Absent: the time it has held its GPUs.
+    served_gpu_s: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

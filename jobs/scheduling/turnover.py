@@ -22,6 +22,8 @@ other job, its service counted: it preempts no one until the newcomers have had 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from jobs.scheduling.placement import Choice, Shape
 from jobs.scheduling.capacity import GpuSlot, NodeSlot
 from jobs.scheduling.reclaim import NO_LOSS, Loss, Reclaim, Reclaimer, total_loss, youngest_first
@@ -42,13 +44,14 @@ class Turnover:
 
     @classmethod
     def of(cls, capacity, placer, config, now: float, borrowed: dict[str, int], leaving: set[int],
-           charged: dict[int, int] | None = None) -> "Turnover | None":
-        """``borrowed``, ``leaving`` and ``charged`` are the cycle's own (shared with its reclaims)."""
+           charged: dict[int, int] | None = None, served: Mapping[int, float] | None = None) -> "Turnover | None":
+        """``borrowed``, ``leaving`` and ``charged`` are the cycle's own (shared with its reclaims);
+        ``served``: the running jobs' service in this run where measured (``LiveReadings.served_gpu_s``)."""
         threshold = config.borrower_turnover_gpu_s
         if threshold <= 0:
             return None
-        return cls(_MostServed(capacity, placer, config, now, borrowed, leaving, charged, threshold=threshold),
-                   threshold)
+        return cls(_MostServed(capacity, placer, config, now, borrowed, leaving, charged, threshold=threshold,
+                               served={} if served is None else served), threshold)
 
     def wants(self, job: JobRequest, shape: Shape, choice: Choice) -> bool:
         return job.attained_gpu_s < self.served_gpu_s and over_commits(choice, shape)
@@ -60,9 +63,9 @@ class Turnover:
 class _MostServed(Reclaimer):
     """A reclaimer whose victims are borrowers served past ``threshold`` GPU-seconds that checkpoint."""
 
-    def __init__(self, *args, threshold: float):
+    def __init__(self, *args, threshold: float, served: Mapping[int, float]):
         super().__init__(*args)
-        self.threshold = threshold
+        self.threshold, self.served = threshold, served
         # Per node (by key), its GPUs where no resident is kept: a resident that can never be a
         # victim this cycle (guaranteed, no checkpoint, served less than the threshold) and is not
         # leaving makes the GPU no use. A cycle asks the same GPUs again for every shape whose
@@ -102,7 +105,10 @@ class _MostServed(Reclaimer):
         return 0.0, -self._served(job)  # (less is better: the most served cost the least)
 
     def _served(self, job: RunningJob) -> float:
-        return job.attained_gpu_s + max(0.0, self.now - job.started_at) * job.quota_milli / WHOLE_GPU_MILLI
+        served = self.served.get(job.id)
+        if served is None:
+            served = max(0.0, self.now - job.started_at) * job.quota_milli / WHOLE_GPU_MILLI
+        return job.attained_gpu_s + served
 
     def _evictable(self, job: RunningJob) -> bool:
         return self._may_be_victim(job) and super()._evictable(job)

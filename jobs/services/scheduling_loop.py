@@ -54,6 +54,7 @@ from jobs.scheduling.carry import Carry
 from jobs.services import avoided_nodes, leadership
 from jobs.services.apply import apply_decisions, resend_stops, resend_unstarted_launches
 from jobs.services.scheduler_config import scheduler_config
+from jobs.services.service_meter import ServiceMeter
 from jobs.services.fair_share import advance_usage
 from jobs.services.snapshot_loader import build_snapshot, checked_snapshot
 from monitoring.services.redis_client import get_redis
@@ -71,6 +72,8 @@ STATS_KEY = "colony:scheduler:stats"
 # What this process's cycles leave for its next one (sorted queues, request shapes): it only ever
 # answers as a cycle without it would, so a stale one (another process led meanwhile) is harmless.
 _carry = Carry()
+# Each running job's service in this run, measured at the speed it ran (turnover ranks by it).
+_service = ServiceMeter()
 STAGES = ("usage", "snapshot", "decide", "apply", "resend")
 # Every this many cycles of a process (~5 minutes at the 2 s interval), the snapshot built from
 # what the loader kept between cycles is checked against one built afresh (twice a snapshot's
@@ -160,9 +163,10 @@ def _cycle() -> CycleResult:
             advance_usage(config.usage_half_life_s)
         clock.lap("usage")
         snapshot = _snapshot(client)
+        now = time.time()
+        snapshot = _service.measured(snapshot, now)
         clock.lap("snapshot")
         keeper.check()
-        now = time.time()
         # (Jobs kept off a node for a while, a launch failed or an idle requeue there, are decided last.)
         decisions = avoided_nodes.decide_avoiding(snapshot, now, config, _carry, client, decide=decide)
         clock.lap("decide")

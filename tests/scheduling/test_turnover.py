@@ -138,3 +138,24 @@ def test_without_most_served_first_turnover_preempts_the_borrower_with_the_short
     now, snapshot = two_served_borrowers()
     config = dataclasses.replace(SchedulerConfig(), turnover_most_served_first=False)
     assert preempted(decide(snapshot, now=now, config=config)) == [8]
+
+
+def with_served(snapshot, **served_h):
+    """``snapshot`` with the running jobs' service in this run as the loop measured it (hours)."""
+    served = {int(job_id[1:]): hours * HOUR for job_id, hours in served_h.items()}
+    return dataclasses.replace(snapshot, readings=dataclasses.replace(snapshot.readings, served_gpu_s=served))
+
+
+def test_a_borrower_that_held_its_gpu_two_hours_at_a_quarter_speed_is_not_turned_over():
+    # Two hours held, half an hour of work done: turnover counts what it had, not how long it sat.
+    decisions = decide(with_served(half_busy_gpu(), j9=0.5), now=2 * HOUR)
+    assert not decisions.preemptions and placed(decisions) == {1: "a"}
+    assert preempted(decide(with_served(half_busy_gpu(), j9=1.5), now=2 * HOUR)) == [9]
+
+
+def test_turnover_takes_the_borrower_that_had_the_most_service_not_the_one_that_held_its_gpu_longest():
+    now, snapshot = two_served_borrowers()  # (job 9: 3 h held this run after 10 h before; job 8: 1.5 h)
+    assert preempted(decide(with_served(snapshot, j8=1.5, j9=0.2), now=now)) == [9]  # (10.2 h against 1.5)
+    snapshot = dataclasses.replace(snapshot, running=tuple(
+        dataclasses.replace(r, attained_gpu_s=0.0) for r in snapshot.running))
+    assert preempted(decide(with_served(snapshot, j8=1.5, j9=1.2), now=now)) == [8]

@@ -18,6 +18,7 @@ from django.test import TestCase
 from jobs.choices import JobState
 from jobs.models import Job, Tenant
 from jobs.scheduling.carry import Carry
+from jobs.services.service_meter import ServiceMeter
 from jobs.services import agent_events, apply, node_health, nudge, scheduling_loop, snapshot_loader
 from jobs.services import commands, lifecycle, launch_failures, profiles  # noqa: F401  (imported before the clock is patched)
 from jobs.services.row_versions import RowVersions
@@ -32,6 +33,7 @@ def isolate(monkeypatch, client, world) -> None:
     from another seed run in this process)."""
     monkeypatch.setattr(redis_client, "_client", lambda url: client)
     monkeypatch.setattr(scheduling_loop, "_carry", Carry())
+    monkeypatch.setattr(scheduling_loop, "_service", ServiceMeter())
     monkeypatch.setattr(scheduling_loop, "_held", scheduling_loop._Held())
     monkeypatch.setattr(scheduling_loop, "_cycles_unchecked", 0)
     monkeypatch.setattr(apply, "_verdict_versions", RowVersions())

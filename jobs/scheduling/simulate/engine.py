@@ -139,6 +139,7 @@ class _Run:
     attained_before: float  # GPU-seconds from earlier runs
     rate: float = 1.0
     settled_at: float = 0.0
+    served: float = 0.0  # GPU-seconds of this run at the speed it ran, up to ``settled_at``
     # Set anew on every change of speed or duty cycle, from the replay's one counter: a run that
     # restarts after a preemption must not match its earlier run's completion still in the heap
     # (per-run numbers did: a preempted job finished when its first run would have).
@@ -508,6 +509,7 @@ class Replay:
             self.used = 0.0
 
     def _settle(self, run: _Run) -> None:
+        run.served += run.rate * (self.now - run.settled_at) * run.held_milli / WHOLE_GPU_MILLI
         run.remaining = max(0.0, run.remaining - run.rate * (self.now - run.settled_at))
         run.settled_at = self.now
 
@@ -586,8 +588,13 @@ class Replay:
         tenants = tuple(
             replace(self._quota(tenant), decayed_usage=self.usage[tenant]) for tenant in sorted(self.usage)
         )
+        # (each run's service at the speed it ran: what the loop measures from the live readings,
+        # ``jobs.services.service_meter``, here exact)
+        now = self.now
         readings = LiveReadings(gpus=dict(self.gpu_load), gpu_memory_used_mib=dict(self.gpu_memory_used),
-                                jobs={run.job.id: run.job.utilisation * run.rate for run in self.running.values()})
+                                jobs={run.job.id: run.job.utilisation * run.rate for run in self.running.values()},
+                                served_gpu_s={run.job.id: run.served + run.rate * (now - run.settled_at)
+                                              * run.held_milli / WHOLE_GPU_MILLI for run in self.running.values()})
         return ClusterSnapshot(nodes=tuple(nodes), pending=tuple(self.pending.values()), tenants=tenants,
                                running=running, promises=self.promises, readings=readings)
 
