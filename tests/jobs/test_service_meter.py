@@ -28,7 +28,7 @@ def snapshot(*jobs: RunningJob, live: dict[int, float] | None = None) -> Cluster
 
 def borrower(job_id=1, started_at=0.0, **fields) -> RunningJob:
     spec = dict(tenant="nlp", job_class=JobClass.OPPORTUNISTIC, gpu_ids=(0,), started_at=started_at,
-                solo_utilisation=0.8)
+                solo_utilisation=0.8, checkpoints=True)
     spec.update(fields)
     return RunningJob(id=job_id, **spec)
 
@@ -78,11 +78,24 @@ def test_a_gap_between_two_measured_cycles_counts_as_held(monkeypatch):
     assert served_after(ServiceMeter(), [(0.0, job, 0.2), (gap, job, 0.2)]) == pytest.approx(gap / 4)
 
 
-def test_jobs_that_stopped_running_are_forgotten():
+def test_between_two_measures_a_job_runs_on_at_the_speed_read_last():
     meter = ServiceMeter()
-    meter.measured(snapshot(borrower(1), borrower(2)), 0.0)
-    assert meter.measured(snapshot(borrower(2)), 60.0).readings.served_gpu_s.keys() == {2}
-    assert len(meter._runs) == 1
+    job = borrower()
+    meter.measured(snapshot(job, live={1: 0.8}), 0.0)
+    meter.measured(snapshot(job, live={1: 0.8}), 60.0)  # (a minute at full speed)
+    every = service_meter.MEASURE_EVERY_S
+    # Cycles 2 s apart, crowded to a quarter speed from here: read again a measure's period on.
+    between = meter.measured(snapshot(job, live={1: 0.2}), 60.0 + every - 2).readings.served_gpu_s
+    assert between[1] == pytest.approx(60.0 + every - 2)
+    after = meter.measured(snapshot(job, live={1: 0.2}), 60.0 + every).readings.served_gpu_s
+    assert after[1] == pytest.approx(60.0 + every / 4)
+
+
+def test_only_borrowers_that_checkpoint_are_measured_and_those_that_stopped_are_forgotten():
+    meter = ServiceMeter()
+    guaranteed = borrower(3, job_class=JobClass.GUARANTEED)
+    meter.measured(snapshot(borrower(1), borrower(2), guaranteed, borrower(4, checkpoints=False)), 0.0)
+    assert set(meter.measured(snapshot(borrower(2), guaranteed), 60.0).readings.served_gpu_s) == {2}
 
 
 # -- through the scheduling loop ------------------------------------------------------------------
