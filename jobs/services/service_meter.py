@@ -8,13 +8,14 @@ window, 289 jobs shorter than an hour were preempted so, some with under a minut
 (docs/scheduling-quality.md has what counting service at speed changed).
 
 A job's speed is its live utilisation over its solo one (its profile's), at most 1; where either
-is unknown, its duty cycle. Every ``MEASURE_EVERY_S`` the time since the last measure is added at
-the speed read now (a reading is a mean over the last samples: it describes that time); in
-between, a job runs on at the speed read last. Only borrowers that checkpoint are measured:
-turnover asks for no one else's service. A run first seen (a new run, or a process that has just
-taken the scheduler's lease over) counts the time before as held time, as before, and so does a
-gap of more than ``MAX_GAP_S`` between two measures (another process led meanwhile): what
-another process measured is kept nowhere.
+is unknown, its duty cycle; alone on its GPUs and not throttled, 1 (nothing slows it but itself).
+Every ``MEASURE_EVERY_S`` the time since the last measure is added at the speed read now (a
+reading is a mean over the last samples: it describes that time); in between, a job runs on at the
+speed read last. Only borrowers that checkpoint are measured: turnover asks for no one else's
+service. A run first seen (a new run, or a process that has just taken the scheduler's lease over)
+counts the time before as held time, as before, and so does a gap of more than ``MAX_GAP_S``
+between two measures (another process led meanwhile): what another process measured is kept
+nowhere.
 
 Per scheduler process, Django-free: the loop hands it each cycle's snapshot and decides on the
 one it hands back.
@@ -36,10 +37,15 @@ MAX_GAP_S = 300.0
 MEASURE_EVERY_S = 30.0
 
 
-def speed(job: RunningJob, live_utilisation: float | None) -> float:
-    """The share of its solo speed ``job`` runs at, as measured: 0..1."""
+def speed(job: RunningJob, live_utilisation: float | None, shares: bool = True) -> float:
+    """The share of its solo speed ``job`` runs at, as measured: 0..1. ``shares``: whether another
+    job is on one of its GPUs. Alone and not throttled, nothing the scheduler did slows it: a job
+    that runs below its profile there (idle, or a profile recorded hot on purpose) has had the
+    time it held, or a borrower could keep its GPU from turnover by running slow."""
     if job.duty_cycle <= 0:
         return 0.0
+    if not shares and job.duty_cycle >= 1:
+        return 1.0
     solo = job.solo_utilisation
     if live_utilisation is None or not solo or solo <= 0:
         return min(1.0, job.duty_cycle)
@@ -85,12 +91,16 @@ class ServiceMeter:
     def _measure(self, snapshot: ClusterSnapshot, now: float) -> None:
         runs, kept = self._runs, {}
         live, max_gap = snapshot.readings.jobs.get, MAX_GAP_S
+        residents: dict[int, int] = {}
+        for job in snapshot.running:
+            for gpu_id in job.gpu_ids:
+                residents[gpu_id] = residents.get(gpu_id, 0) + 1
         for job in snapshot.running:
             if not job.checkpoints or job.job_class is not OPPORTUNISTIC:
                 continue
             job_id, started_at = job.id, job.started_at
             gpus = len(job.gpu_ids) * job.gpu_milli / WHOLE_GPU_MILLI
-            rate = speed(job, live(job_id))
+            rate = speed(job, live(job_id), any(residents[gpu_id] > 1 for gpu_id in job.gpu_ids))
             seen = runs.get(job_id)
             if seen is None or seen[0] != started_at:  # (a run this process has not seen before)
                 total = max(0.0, now - started_at) * gpus

@@ -22,8 +22,11 @@ from jobs.services.service_meter import ServiceMeter
 HOUR = 3600.0
 
 
-def snapshot(*jobs: RunningJob, live: dict[int, float] | None = None) -> ClusterSnapshot:
-    return ClusterSnapshot(nodes=(), pending=(), running=jobs, readings=LiveReadings(jobs=live or {}))
+def snapshot(*jobs: RunningJob, live: dict[int, float] | None = None, crowded: bool = True) -> ClusterSnapshot:
+    """The running ``jobs``; ``crowded``: with a guaranteed job on GPUs 0 and 1 beside them."""
+    neighbour = RunningJob(id=99, tenant="vision", job_class=JobClass.GUARANTEED, gpu_ids=(0, 1), started_at=0.0)
+    running = (*jobs, neighbour) if crowded else jobs
+    return ClusterSnapshot(nodes=(), pending=(), running=running, readings=LiveReadings(jobs=live or {}))
 
 
 def borrower(job_id=1, started_at=0.0, **fields) -> RunningJob:
@@ -54,6 +57,21 @@ def test_without_a_profile_or_a_reading_the_duty_cycle_is_the_speed():
     assert served_after(ServiceMeter(), cycles(no_profile, 0.9)) == pytest.approx(0.25 * HOUR)
     assert served_after(ServiceMeter(), cycles(borrower(duty_cycle=0.5), None)) == pytest.approx(0.5 * HOUR)
     assert served_after(ServiceMeter(), cycles(borrower(duty_cycle=0.0), 0.8)) == 0.0
+
+
+def test_alone_and_not_throttled_a_job_reading_below_its_profile_has_had_the_time_it_held():
+    # (nothing the scheduler did slows it: counted at its reading, running slow on purpose would
+    # keep its GPU from turnover)
+    job = borrower()
+    meter = ServiceMeter()
+    for now, _, reading in cycles(job, 0.2):
+        measured = meter.measured(snapshot(job, live={1: reading}, crowded=False), now)
+    assert measured.readings.served_gpu_s[1] == pytest.approx(HOUR)
+    throttled = borrower(duty_cycle=0.5)
+    meter = ServiceMeter()
+    for now, _, reading in cycles(throttled, 0.2):
+        measured = meter.measured(snapshot(throttled, live={1: reading}, crowded=False), now)
+    assert measured.readings.served_gpu_s[1] == pytest.approx(0.25 * HOUR)
 
 
 def test_a_half_gpu_counts_half_and_a_reading_past_solo_counts_full_speed():
@@ -116,9 +134,9 @@ class _LaterClock:
 @pytest.mark.parametrize("live_util_sm, turned_over", [(20.0, False), (80.0, True)])
 def test_the_loop_turns_over_a_borrower_by_the_service_it_had_not_the_time_it_held(
         db, redis_client, live_redis, monkeypatch, django_capture_on_commit_callbacks, live_util_sm, turned_over):
-    """A borrower that has held a GPU 90 minutes, the last hour at a quarter of its solo speed, has
-    had 45 minutes: a fresh borrower over-commits its GPU instead of preempting it. At full speed
-    it had 90 minutes, and is preempted."""
+    """A borrower that has held a GPU 90 minutes beside another, the last hour at a quarter of its
+    solo speed, has had 45 minutes: a fresh borrower over-commits their GPU instead of preempting
+    both. At full speed it had 90 minutes, and both are preempted."""
     clock = _LaterClock()
     monkeypatch.setattr(scheduling_loop, "time", clock)
     monkeypatch.setattr(scheduling_loop, "_service", ServiceMeter())
@@ -133,12 +151,16 @@ def test_the_loop_turns_over_a_borrower_by_the_service_it_had_not_the_time_it_he
                         state=JobState.RUNNING, run_class=RunClass.OPPORTUNISTIC,
                         started_at=timezone.now() - timedelta(minutes=30))
     Allocation.objects.create(job=victim, gpu=gpu, attempt=victim.attempt)
+    beside = JobFactory(tenant=old, gpus=1, gpu_memory_mib=1000, checkpoints=True, state=JobState.RUNNING,
+                        run_class=RunClass.OPPORTUNISTIC, started_at=timezone.now() - timedelta(hours=3))
+    Allocation.objects.create(job=beside, gpu=gpu, attempt=beside.attempt)
 
     def read(util_sm):
         live.store_latest(redis_client, [protocol.NodeSample(
             node="n1", ts=time.time(), seq=int(clock.ahead) + 1,
-            gpus=[protocol.GpuSample(index=0, util_sm=util_sm)],
-            jobs=[protocol.JobGpuSample(job_id=victim.pk, gpu_index=0, mem_used_mib=900, util_sm=util_sm)])])
+            gpus=[protocol.GpuSample(index=0, util_sm=util_sm + 10.0)],
+            jobs=[protocol.JobGpuSample(job_id=victim.pk, gpu_index=0, mem_used_mib=900, util_sm=util_sm),
+                  protocol.JobGpuSample(job_id=beside.pk, gpu_index=0, mem_used_mib=900, util_sm=10.0)])])
 
     read(live_util_sm)
     with django_capture_on_commit_callbacks(execute=True):
