@@ -172,32 +172,21 @@ class VerdictFeed(_Feed):
 
     def advance(self, changes: Changes) -> None:
         super().advance(changes)
-        _prune_verdict_logs(changes.horizon)
-
-    def after_full_read(self, token: tuple[str, str | None] | None) -> None:
-        super().after_full_read(token)
-        # (a reader that only ever lists, its feed declining every cycle, prunes too: a lease
-        # passing back and forth between two schedulers left a row a cycle in the logs)
-        if token is not None:
-            _prune_verdict_logs(token[0])
+        # (every delete and write below the new horizon is in what was just read: this reader
+        # needs it no more; a new reader lists, and so does one whose feed stood below the floor)
+        with connection.cursor() as cursor:
+            cursor.execute("WITH deletes AS (DELETE FROM colony_deleted_waits WHERE xid < %s::xid8), "
+                           "writes AS (DELETE FROM colony_verdict_writers WHERE xid < %s::xid8) "
+                           "INSERT INTO colony_feed_pruned AS pruned (feed, below) VALUES ('verdicts', %s::xid8) "
+                           "ON CONFLICT (feed) DO UPDATE SET below = EXCLUDED.below "
+                           "WHERE pruned.below < EXCLUDED.below",
+                           [changes.horizon, changes.horizon, changes.horizon])
 
     def held(self) -> tuple[str | None, str | None]:
         """Where the feed stands, taken away until :meth:`after_full_read` hands it back: read in a
         transaction that wrote verdicts, it stands only if that transaction commits."""
         kept, (self._horizon, self._state) = (self._horizon, self._state), (None, None)
         return kept
-
-
-def _prune_verdict_logs(horizon: str) -> None:
-    """Every delete and write below ``horizon`` is in what a reader just read: it needs them no
-    more. A new reader lists, and so does one whose feed stood below the floor noted here."""
-    with connection.cursor() as cursor:
-        cursor.execute("WITH deletes AS (DELETE FROM colony_deleted_waits WHERE xid < %s::xid8), "
-                       "writes AS (DELETE FROM colony_verdict_writers WHERE xid < %s::xid8) "
-                       "INSERT INTO colony_feed_pruned AS pruned (feed, below) VALUES ('verdicts', %s::xid8) "
-                       "ON CONFLICT (feed) DO UPDATE SET below = EXCLUDED.below "
-                       "WHERE pruned.below < EXCLUDED.below",
-                       [horizon, horizon, horizon])
 
 
 _writer: tuple[int, str] | None = None

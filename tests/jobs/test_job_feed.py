@@ -292,15 +292,10 @@ def test_a_verdict_a_replica_session_rewrites_or_deletes_is_found(transactional_
 # (from a review of the verdicts' feed: each failed on its first version)
 
 
-def state_kept() -> tuple:
-    """What a scheduler process keeps of the verdicts between cycles, and its name as a writer."""
-    return apply._verdict_versions, apply._verdict_feed, apply._settled, job_feed.writer()
-
-
 def lead_as_another(monkeypatch) -> tuple:
     """The lease passes to another scheduler process ("scheduler-a"); what this one kept, for
     :func:`lead_again`."""
-    kept = state_kept()
+    kept = (apply._verdict_versions, apply._verdict_feed, apply._settled, job_feed.writer())
     as_new_process(monkeypatch)
     monkeypatch.setattr(job_feed, "_writer", (os.getpid(), "scheduler-a"))
     return kept
@@ -338,31 +333,6 @@ def test_a_leader_back_after_another_pruned_the_feeds_logs_still_finds_what_the_
     lead_again(monkeypatch, b)
     assert verdicts_read(*map(told, jobs)) == "listed"
     assert stored_message(jobs[0]) == "Waiting for 1 free GPU."
-
-
-def log_rows() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT (SELECT count(*) FROM colony_verdict_writers) "
-                       "+ (SELECT count(*) FROM colony_deleted_waits)")
-        return cursor.fetchone()[0]
-
-
-def test_a_lease_passing_back_and_forth_every_cycle_leaves_the_feeds_logs_bounded(
-        transactional_db, fresh_apply, monkeypatch):
-    jobs = settled_jobs(3)  # (scheduler B leads)
-    kept = {"b": lead_as_another(monkeypatch)}
-    ways, rows = [], []
-    for cycle in range(8):
-        JobWait.objects.filter(job_id=jobs[cycle % 3]).delete()  # (a delete the trigger logs)
-        # Each leader finds the other's writes since it last led: its feed declines, and it lists.
-        ways.append(verdicts_read(*map(told, jobs)))
-        rows.append(log_rows())
-        leading, next_one = ("a", "b") if cycle % 2 == 0 else ("b", "a")
-        kept[leading] = state_kept()
-        lead_again(monkeypatch, kept[next_one])
-    assert ways[1:] == ["listed"] * 7  # (the first: a new process's read of every verdict)
-    assert max(rows) <= 2  # (before: a writer's row and a delete more every cycle)
-    assert [stored_message(job_id) for job_id in jobs] == ["Waiting for 1 free GPU."] * 3
 
 
 def xmin(job_id: int) -> str:
