@@ -99,7 +99,7 @@ class ServiceMeter:
             if not job.checkpoints or job.job_class is not OPPORTUNISTIC:
                 continue
             job_id, started_at = job.id, job.started_at
-            gpus = len(job.gpu_ids) * job.gpu_milli / WHOLE_GPU_MILLI
+            gpus = job.quota_milli / WHOLE_GPU_MILLI
             rate = speed(job, live(job_id), any(residents[gpu_id] > 1 for gpu_id in job.gpu_ids))
             seen = runs.get(job_id)
             if seen is None or seen[0] != started_at:  # (a run this process has not seen before)

@@ -150,6 +150,11 @@ class _Run:
     def held_milli(self) -> int:
         return len(self.gpu_ids) * self.job.gpu_milli
 
+    def served_at(self, now: float) -> float:
+        """GPU-seconds of this run at the speed it ran, up to ``now`` (its speed unchanged since
+        ``settled_at``)."""
+        return self.served + self.rate * (now - self.settled_at) * self.held_milli / WHOLE_GPU_MILLI
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -509,7 +514,7 @@ class Replay:
             self.used = 0.0
 
     def _settle(self, run: _Run) -> None:
-        run.served += run.rate * (self.now - run.settled_at) * run.held_milli / WHOLE_GPU_MILLI
+        run.served = run.served_at(self.now)
         run.remaining = max(0.0, run.remaining - run.rate * (self.now - run.settled_at))
         run.settled_at = self.now
 
@@ -593,8 +598,7 @@ class Replay:
         now = self.now
         readings = LiveReadings(gpus=dict(self.gpu_load), gpu_memory_used_mib=dict(self.gpu_memory_used),
                                 jobs={run.job.id: run.job.utilisation * run.rate for run in self.running.values()},
-                                served_gpu_s={run.job.id: run.served + run.rate * (now - run.settled_at)
-                                              * run.held_milli / WHOLE_GPU_MILLI for run in self.running.values()})
+                                served_gpu_s={run.job.id: run.served_at(now) for run in self.running.values()})
         return ClusterSnapshot(nodes=tuple(nodes), pending=tuple(self.pending.values()), tenants=tenants,
                                running=running, promises=self.promises, readings=readings)
 
