@@ -39,7 +39,8 @@ from jobs.scheduling.simulate.engine import DEFAULT_INTERFERENCE  # noqa: E402
 
 FILL_POLICIES = ("fair_share", "packing_without_quotas", "random_fit", "best_fit", "gpu_packing", "fgd",
                  "fifo_exclusive")
-WINDOW_POLICIES = ("fair_share", "packing_without_quotas", "fifo_exclusive", "least_attained_service")
+WINDOW_POLICIES = ("fair_share", "packing_without_quotas", "fifo_exclusive", "least_attained_service",
+                   "least_attained_guaranteed")
 # (first submission, label); 1,000 jobs each. Offered load is printed with each.
 PHILLY_WINDOWS = {
     "2017-10-03": "early Oct", "2017-10-17": "mid Oct (the busiest day)", "2017-11-01": "Nov 1",

@@ -15,11 +15,13 @@ def test_a_setting_is_read_with_its_fields_type_and_a_wrong_one_is_refused():
             philly_probe.settings([wrong])
 
 
-def test_the_changed_setting_reaches_the_replay_and_las_is_its_pair():
+def test_the_changed_setting_reaches_the_replay_and_both_las_are_its_pairs():
     (plain,) = philly_probe.compare({}, ["2017-11-01"], [0], 0.35, workers=1)
     (off,) = philly_probe.compare({"borrower_turnover_gpu_s": 0.0}, ["2017-11-01"], [0], 0.35, workers=1)
-    assert plain[3] == off[3]  # (LAS does not read fair_share's settings)
+    assert plain[3:] == off[3:]  # (neither LAS reads fair_share's settings)
     assert plain[2]["preemptions"] != off[2]["preemptions"]  # turnover off: fewer borrowers preempted
-    lines, geomean = philly_probe.report([plain])
+    assert plain[3] != plain[4]  # (LAS keeping the guarantees preempts less)
+    lines, geomean, geomean_kept = philly_probe.report([plain])
     assert geomean == pytest.approx(plain[2]["avg"] / plain[3]["avg"])
+    assert geomean_kept == pytest.approx(plain[2]["avg"] / plain[4]["avg"])
     assert lines[1].startswith("2017-11-01")

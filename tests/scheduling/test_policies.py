@@ -5,7 +5,8 @@ from dataclasses import replace
 import pytest
 
 from jobs.scheduling import decide
-from jobs.scheduling.policies import POLICIES, fifo_exclusive, least_attained_service, packing_without_quotas
+from jobs.scheduling.policies import (POLICIES, fifo_exclusive, least_attained_guaranteed, least_attained_service,
+                                      packing_without_quotas)
 from tests.scheduling.builders import classes, cluster, job, node, placed, preempted, running, tenant
 
 
@@ -51,8 +52,8 @@ def test_packing_without_quotas_shares_gpus_that_fifo_keeps_exclusive():
     assert placed(fifo_exclusive(snapshot, now=0)) == {}
 
 
-def las_job(id, attained=0.0, gpus=1, submitted_at=None):
-    return replace(job(id, gpus=gpus, submitted_at=submitted_at or float(id)), attained_gpu_s=attained)
+def las_job(id, attained=0.0, gpus=1, submitted_at=None, tenant="vision"):
+    return replace(job(id, gpus=gpus, submitted_at=submitted_at or float(id), tenant=tenant), attained_gpu_s=attained)
 
 
 def test_least_attained_service_runs_the_least_served_job_first():
@@ -70,3 +71,25 @@ def test_least_attained_service_preempts_only_jobs_of_a_lower_queue():
     # A job that has had more than the threshold itself waits instead of preempting.
     snapshot = cluster(node("a", gpus=1), running=[served], pending=[las_job(2, attained=4000.0)])
     assert preempted(least_attained_service(snapshot, now=0)) == []
+
+
+def test_las_keeping_guarantees_never_takes_another_tenant_below_its_guarantee():
+    # cv holds 2 GPUs on a guarantee of 1: one of them may go, the most served; never both.
+    more, less = (running(9, on="a", gpus=[0], tenant="cv", attained=9000.0),
+                  running(8, on="b", gpus=[0], tenant="cv", attained=7200.0))
+    nodes = (node("a", gpus=1), node("b", gpus=1))
+    tenants = [tenant("cv", guaranteed=1), tenant("nlp", guaranteed=1)]
+    snapshot = cluster(*nodes, tenants=tenants, running=[more, less],
+                       pending=[las_job(1, tenant="nlp"), las_job(2, tenant="nlp")])
+    assert sorted(preempted(least_attained_service(snapshot, now=0))) == [8, 9]
+    decisions = least_attained_guaranteed(snapshot, now=0)
+    assert preempted(decisions) == [9]
+    assert {p.job_id: p.reason.code for p in decisions.pending} == {1: "reclaiming", 2: "waiting_for_free_gpus"}
+
+
+def test_las_keeping_guarantees_puts_a_tenants_own_fresh_job_before_its_served_one():
+    # Within a tenant LAS order rules, guarantee or not: cv's fresh job takes its served job's GPU.
+    served = running(9, on="a", gpus=[0], tenant="cv", attained=7200.0)
+    snapshot = cluster(node("a", gpus=1), tenants=[tenant("cv", guaranteed=1)], running=[served],
+                       pending=[las_job(1, tenant="cv")])
+    assert preempted(least_attained_guaranteed(snapshot, now=0)) == [9]

@@ -8,6 +8,11 @@ Tiresias assumes jobs checkpoint, so preempted work resumes; the replay models t
 policy. GPUs are exclusive and whole, placed as ``fifo_exclusive`` places them; quotas,
 fractions and packing are ignored, as in the paper. Tiresias' starvation guard (promoting a job
 that waited too long) is left out: the replays here are short enough not to need it.
+
+``least_attained_guaranteed`` is the same policy bound by the promise Colony keeps: a job preempts
+only its own tenant's work, or that of a tenant holding more GPUs than its guarantee, and never
+takes such a tenant below it (``TenantQuota.guaranteed_gpus``). Within a tenant, LAS order rules.
+It prices the guarantee: what LAS loses on a trace when it may not preempt what was promised.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from bisect import bisect_right
 from jobs.scheduling.decisions import Decisions, Pending, Place, Preempt, PreemptReason
 from jobs.scheduling.policies.fifo_exclusive import ExclusiveGpus, place_exclusive
 from jobs.scheduling import reasons
-from jobs.scheduling.snapshot import ClusterSnapshot, GpuState, RunningJob
+from jobs.scheduling.snapshot import ClusterSnapshot, GpuState, JobRequest, RunningJob
 
 # Tiresias' two-queue setting; one GPU-hour is its order of magnitude for the Philly-like traces.
 THRESHOLDS_GPU_S = (3600.0,)
@@ -28,6 +33,37 @@ def queue_of(attained_gpu_s: float) -> int:
 
 
 def least_attained_service(snapshot: ClusterSnapshot, now: float, config=None) -> Decisions:
+    return _least_attained(snapshot, now, None)
+
+
+def least_attained_guaranteed(snapshot: ClusterSnapshot, now: float, config=None) -> Decisions:
+    return _least_attained(snapshot, now, _Guarantees(snapshot))
+
+
+class _Guarantees:
+    """Who may preempt whom while every tenant keeps its guarantee: a tenant's own jobs, or jobs of
+    a tenant that holds more than its guaranteed GPUs once they and the victims already chosen
+    this cycle have stopped."""
+
+    def __init__(self, snapshot: ClusterSnapshot):
+        self.guaranteed = {quota.name: quota.guaranteed_gpus for quota in snapshot.tenants}
+        self.held: dict[str, int] = {}
+        for job in snapshot.running:
+            if not job.preempting:
+                self.held[job.tenant] = self.held.get(job.tenant, 0) + len(job.gpu_ids)
+
+    def allows(self, job: JobRequest, victim: RunningJob, picked: list[RunningJob]) -> bool:
+        if victim.tenant == job.tenant:
+            return True
+        taken = sum(len(v.gpu_ids) for v in picked if v.tenant == victim.tenant)
+        return self.held.get(victim.tenant, 0) - taken - len(victim.gpu_ids) >= self.guaranteed.get(victim.tenant, 0)
+
+    def take(self, victims: list[RunningJob]) -> None:
+        for victim in victims:
+            self.held[victim.tenant] -= len(victim.gpu_ids)
+
+
+def _least_attained(snapshot: ClusterSnapshot, now: float, guarantees: _Guarantees | None) -> Decisions:
     exclusive = ExclusiveGpus(snapshot)
     gpus = {gpu.id: (node.name, gpu) for node in snapshot.nodes for gpu in node.gpus}
     # Victims, least deserving first: highest queue, then the most served.
@@ -50,7 +86,7 @@ def least_attained_service(snapshot: ClusterSnapshot, now: float, config=None) -
         if queue_of(job.attained_gpu_s) >= lowest_victim_queue or job.gpus >= hopeless.get(key, job.gpus + 1):
             freed = []  # nobody runs in a lower queue, or a job this wide already found no victims
         else:
-            freed = _preempt_for(job, victims, served, chosen, exclusive, gpus)
+            freed = _preempt_for(job, victims, served, chosen, exclusive, gpus, guarantees)
         if not freed:
             hopeless[key] = min(job.gpus, hopeless.get(key, job.gpus))
             pending.append(Pending(job.id, outcome))
@@ -62,7 +98,8 @@ def least_attained_service(snapshot: ClusterSnapshot, now: float, config=None) -
 
 
 def _preempt_for(job, victims: list[RunningJob], served: dict[int, float], chosen: set[int],
-                 exclusive: ExclusiveGpus, gpus: dict[int, tuple[str, GpuState]]) -> list[RunningJob]:
+                 exclusive: ExclusiveGpus, gpus: dict[int, tuple[str, GpuState]],
+                 guarantees: _Guarantees | None = None) -> list[RunningJob]:
     """Victims of lower queues whose GPUs, added to the free ones, fit the job; [] if none do.
 
     The freed GPUs are promised: they leave the free ones for the rest of the cycle, and the job
@@ -72,6 +109,8 @@ def _preempt_for(job, victims: list[RunningJob], served: dict[int, float], chose
     picked: list[RunningJob] = []
     for victim in victims:
         if victim.id in chosen or queue_of(served[victim.id]) <= rank:
+            continue
+        if guarantees is not None and not guarantees.allows(job, victim, picked):
             continue
         picked.append(victim)
         for gpu_id in victim.gpu_ids:
@@ -86,6 +125,8 @@ def _preempt_for(job, victims: list[RunningJob], served: dict[int, float], chose
             needed = set(placement.gpu_ids)
             picked = [v for v in picked if needed & set(v.gpu_ids)]
             chosen.update(v.id for v in picked)
+            if guarantees is not None:
+                guarantees.take(picked)
             exclusive.remove(needed, tuple(name for name in placement.nodes if name in exclusive.free))
             return picked
     return []
