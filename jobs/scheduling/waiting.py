@@ -93,7 +93,7 @@ class WaitExplainer:
               and state.held[job.tenant] + job.quota_milli <= self.inputs.quota(job.tenant).guaranteed_milli):
             reason = reason_of(reasons.no_spare_capacity, job.gpus)
         elif self._lower_usage_borrowing(job.tenant):
-            reason = reason_of(reasons.behind_lower_usage, job.tenant, self._start_share(job.tenant))
+            reason = reason_of(reasons.behind_lower_usage, job.tenant)
         else:
             quota = self.inputs.quota(job.tenant)
             unused = quota.guaranteed_milli - state.guaranteed_held[job.tenant]

@@ -456,9 +456,9 @@ def test_a_carried_cycle_tells_a_steady_queue_the_very_verdicts_it_told_before()
     freed again), and one whose situation changed gets what a fresh cycle says."""
     from tests.scheduling.builders import cluster, node, running, tenant
 
-    def snapshot(heavy_usage: float, ceiling: int | None = None):
+    def snapshot(heavy_usage: float, ceiling: int = 1):
         return cluster(node("a", gpus=1), tenants=[tenant("light"), tenant("heavy", usage=heavy_usage),
-                                                   tenant("capped", max_gpus=1)],
+                                                   tenant("capped", max_gpus=ceiling)],
                        running=[running(90, gpus=[0], tenant="light", opportunistic=True)],
                        pending=[job(i, tenant="heavy") for i in range(1, 41)]
                        + [job(i, tenant="capped", gpus=2) for i in range(41, 61)])
@@ -471,9 +471,13 @@ def test_a_carried_cycle_tells_a_steady_queue_the_very_verdicts_it_told_before()
     from jobs.scheduling.borrowing import BULK_AFTER
     assert len(again.pending) == 60
     assert sum(map(operator.is_, first.pending, again.pending)) >= 60 - 2 * (BULK_AFTER + 2)
-    heavier = decide(snapshot(2e7), 14.0, carry=carry)
+    heavier = decide(snapshot(2e7), 14.0, carry=carry)  # (usage doubled, still behind the lighter tenant)
     assert heavier == decide(snapshot(2e7), 14.0)
-    assert {p.reason.details["weighted_usage_gpu_h"] for p in heavier.pending if p.job_id <= 40} == {5600.0}
+    assert sum(map(operator.is_, first.pending, heavier.pending)) >= 60 - 2 * (BULK_AFTER + 2)
+    raised = decide(snapshot(2e7, ceiling=3), 16.0, carry=carry)  # (capped's jobs now fit its ceiling)
+    assert raised == decide(snapshot(2e7, ceiling=3), 16.0)
+    assert {p.reason.code for p in raised.pending if p.job_id > 40}.isdisjoint({"over_max_gpus", "at_max_gpus"})
+    assert {p.reason.code for p in first.pending if p.job_id > 40} == {"over_max_gpus"}
 
 
 def test_a_reason_built_from_an_equal_number_of_another_type_is_worded_as_a_fresh_cycle_words_it():

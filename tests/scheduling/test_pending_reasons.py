@@ -60,7 +60,7 @@ def test_job_behind_lower_usage_tenants_says_so():
     pending = pending_of(decide(snapshot, now=0), 1)
     assert pending.reason.code == ReasonCode.BEHIND_LOWER_USAGE_TENANTS
     assert "Tenants with lower recent usage than heavy (per unit of weight) are borrowing" in pending.reason.message
-    assert pending.reason.details == {"tenant": "heavy", "weighted_usage_gpu_h": 2800.0}  # 1e7 GPU-s
+    assert pending.reason.details == {"tenant": "heavy"}
 
 
 def test_behind_lower_usage_tenants_reads_the_same_whichever_of_them_borrowed_this_cycle():
@@ -149,13 +149,13 @@ def test_the_borrowing_pass_stops_searching_at_the_search_limit_and_says_so():
 
 def test_a_carried_cycle_tells_an_unchanged_verdict_with_the_very_reason_it_told_before():
     """The scheduling loop finds the verdicts to rewrite by comparing two cycles' verdicts, mostly
-    by identity: a reason whose words stay the same (a tenant's usage drifting within its rounding,
-    a ceiling the tenant is still at) must come back as the same object, and new words as new."""
+    by identity: a reason whose words stay the same (a tenant's usage drifting, a ceiling the
+    tenant is still at) must come back as the same object, and new words as new."""
     from jobs.scheduling.carry import Carry
 
-    def snapshot(heavy_usage: float):
+    def snapshot(heavy_usage: float, ceiling: int = 1):
         return cluster(node("a", gpus=2), tenants=[tenant("light"), tenant("heavy", usage=heavy_usage),
-                                                   tenant("capped", max_gpus=1)],
+                                                   tenant("capped", max_gpus=ceiling)],
                        running=[running(90, gpus=[0], tenant="light", opportunistic=True),
                                 running(91, gpus=[1], tenant="capped", opportunistic=True)],
                        pending=[job(1, tenant="heavy"), job(2, tenant="capped")])
@@ -166,6 +166,10 @@ def test_a_carried_cycle_tells_an_unchanged_verdict_with_the_very_reason_it_told
     for job_id in (1, 2):
         assert pending_of(again, job_id).reason is pending_of(first, job_id).reason
     assert pending_of(first, 2).reason.code == ReasonCode.AT_MAX_GPUS
-    heavier = decide(snapshot(2e7), now=4, carry=carry)
-    assert pending_of(heavier, 1).reason.details["weighted_usage_gpu_h"] == 5600.0
-    assert pending_of(heavier, 2).reason is pending_of(first, 2).reason
+    heavier = decide(snapshot(2e7), now=4, carry=carry)  # (still behind the lighter tenant: same words)
+    for job_id in (1, 2):
+        assert pending_of(heavier, job_id).reason is pending_of(first, job_id).reason
+    raised = decide(snapshot(2e7, ceiling=2), now=6, carry=carry)
+    assert raised == decide(snapshot(2e7, ceiling=2), now=6)
+    assert pending_of(raised, 2).reason.code != ReasonCode.AT_MAX_GPUS
+    assert pending_of(raised, 1).reason is pending_of(first, 1).reason
