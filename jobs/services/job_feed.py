@@ -156,6 +156,17 @@ class VerdictFeed(_Feed):
                 "OR EXISTS (SELECT FROM colony_verdict_writers WHERE xid >= %s::xid8 AND writer <> %s) "
                 "OR EXISTS (SELECT FROM colony_feed_pruned WHERE feed = 'verdicts' AND below > %s::xid8))")
 
+    # A reader whose feed declines cycle after cycle (a lease passing back and forth between two
+    # scheduler processes: each finds the other's writes) lists every cycle and never reaches
+    # :meth:`advance`, where the logs are pruned: it prunes once in this many listings instead, so
+    # they hold that many cycles' rows at most (one writer's row and the deletes of each), and a
+    # process's first read costs no statement more.
+    prune_every = 64
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._listings = 0
+
     def _declines_params(self) -> list:
         return [self._horizon, writer(), self._horizon]
 
@@ -172,21 +183,36 @@ class VerdictFeed(_Feed):
 
     def advance(self, changes: Changes) -> None:
         super().advance(changes)
-        # (every delete and write below the new horizon is in what was just read: this reader
-        # needs it no more; a new reader lists, and so does one whose feed stood below the floor)
-        with connection.cursor() as cursor:
-            cursor.execute("WITH deletes AS (DELETE FROM colony_deleted_waits WHERE xid < %s::xid8), "
-                           "writes AS (DELETE FROM colony_verdict_writers WHERE xid < %s::xid8) "
-                           "INSERT INTO colony_feed_pruned AS pruned (feed, below) VALUES ('verdicts', %s::xid8) "
-                           "ON CONFLICT (feed) DO UPDATE SET below = EXCLUDED.below "
-                           "WHERE pruned.below < EXCLUDED.below",
-                           [changes.horizon, changes.horizon, changes.horizon])
+        self._listings = 0
+        _prune_verdict_logs(changes.horizon)
+
+    def after_full_read(self, token: tuple[str, str | None] | None) -> None:
+        super().after_full_read(token)
+        if token is None:
+            return
+        self._listings += 1
+        if self._listings >= self.prune_every:
+            self._listings = 0
+            _prune_verdict_logs(token[0])
 
     def held(self) -> tuple[str | None, str | None]:
         """Where the feed stands, taken away until :meth:`after_full_read` hands it back: read in a
         transaction that wrote verdicts, it stands only if that transaction commits."""
         kept, (self._horizon, self._state) = (self._horizon, self._state), (None, None)
         return kept
+
+
+def _prune_verdict_logs(horizon: str) -> None:
+    """Every delete and write below ``horizon`` is in what a reader just read (its feed's, or a
+    listing taken after it): it needs them no more. A new reader lists, and so does one whose feed
+    stood below the floor noted here (migration jobs 0025)."""
+    with connection.cursor() as cursor:
+        cursor.execute("WITH deletes AS (DELETE FROM colony_deleted_waits WHERE xid < %s::xid8), "
+                       "writes AS (DELETE FROM colony_verdict_writers WHERE xid < %s::xid8) "
+                       "INSERT INTO colony_feed_pruned AS pruned (feed, below) VALUES ('verdicts', %s::xid8) "
+                       "ON CONFLICT (feed) DO UPDATE SET below = EXCLUDED.below "
+                       "WHERE pruned.below < EXCLUDED.below",
+                       [horizon, horizon, horizon])
 
 
 _writer: tuple[int, str] | None = None

@@ -292,10 +292,15 @@ def test_a_verdict_a_replica_session_rewrites_or_deletes_is_found(transactional_
 # (from a review of the verdicts' feed: each failed on its first version)
 
 
+def state_kept() -> tuple:
+    """What a scheduler process keeps of the verdicts between cycles, and its name as a writer."""
+    return apply._verdict_versions, apply._verdict_feed, apply._settled, job_feed.writer()
+
+
 def lead_as_another(monkeypatch) -> tuple:
     """The lease passes to another scheduler process ("scheduler-a"); what this one kept, for
     :func:`lead_again`."""
-    kept = (apply._verdict_versions, apply._verdict_feed, apply._settled, job_feed.writer())
+    kept = state_kept()
     as_new_process(monkeypatch)
     monkeypatch.setattr(job_feed, "_writer", (os.getpid(), "scheduler-a"))
     return kept
@@ -333,6 +338,40 @@ def test_a_leader_back_after_another_pruned_the_feeds_logs_still_finds_what_the_
     lead_again(monkeypatch, b)
     assert verdicts_read(*map(told, jobs)) == "listed"
     assert stored_message(jobs[0]) == "Waiting for 1 free GPU."
+
+
+def log_rows_below(horizon: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT (SELECT count(*) FROM colony_verdict_writers WHERE xid < %s::xid8) "
+                       "+ (SELECT count(*) FROM colony_deleted_waits WHERE xid < %s::xid8)", [horizon, horizon])
+        return cursor.fetchone()[0]
+
+
+def test_a_lease_passing_back_and_forth_every_cycle_keeps_pruning_the_feeds_logs(
+        transactional_db, fresh_apply, monkeypatch):
+    """Before, only a feed that served pruned its logs: two schedulers passing the lease every
+    cycle each listed, and a writer's row and a delete stayed every cycle, without bound. (How
+    much a prune removes stops at the oldest transaction of the whole PostgreSQL cluster, which
+    other sessions hold back: so what is checked is that readers prune, and leave nothing below.)"""
+    monkeypatch.setattr(job_feed.VerdictFeed, "prune_every", 3)
+    horizons = []
+    prune = job_feed._prune_verdict_logs
+    monkeypatch.setattr(job_feed, "_prune_verdict_logs", lambda horizon: (horizons.append(horizon), prune(horizon)))
+    jobs = settled_jobs(3)  # (scheduler B leads)
+    kept = {"b": lead_as_another(monkeypatch)}
+    horizons.clear()
+    ways = []
+    for cycle in range(16):
+        JobWait.objects.filter(job_id=jobs[cycle % 3]).delete()  # (a delete the trigger logs)
+        # Each leader finds the other's writes since it last led: its feed declines, and it lists.
+        ways.append(verdicts_read(*map(told, jobs)))
+        leading, next_one = ("a", "b") if cycle % 2 == 0 else ("b", "a")
+        kept[leading] = state_kept()
+        lead_again(monkeypatch, kept[next_one])
+    assert ways[1:] == ["listed"] * 15  # (the first: a new process's read of every verdict)
+    assert len(horizons) >= 4  # (each leader prunes every third of its listings; before, never)
+    assert log_rows_below(max(horizons, key=int)) == 0
+    assert [stored_message(job_id) for job_id in jobs] == ["Waiting for 1 free GPU."] * 3
 
 
 def xmin(job_id: int) -> str:
