@@ -150,7 +150,7 @@ def windows_table(document: dict, baseline: str = "fifo_exclusive") -> str:
                      "median [min-max]")
         for interference, level in entry["levels"].items():
             lines.append(f"  interference {float(interference):.2f} per co-resident")
-            lines.append(f"  {'policy':24s}" + "".join(f"{label:>22s}" for label, _, _ in WINDOW_FIGURES)
+            lines.append(f"  {'policy':26s}" + "".join(f"{label:>22s}" for label, _, _ in WINDOW_FIGURES)
                          + f"{'avg JCT / ' + baseline:>28s}")
             base = level.get(baseline, {}).get("avg JCT (h)", {}).get("median")
             for name, figures in level.items():
@@ -161,7 +161,7 @@ def windows_table(document: dict, baseline: str = "fifo_exclusive") -> str:
                     cells.append(f"{_cell(spread, scale, digits):>22s}")
                 mine = figures["avg JCT (h)"]["median"]
                 ratio = f"x{mine / base:.3f}" if base and mine is not None else "-"
-                lines.append(f"  {name:24s}" + "".join(cells) + f"{ratio:>28s}")
+                lines.append(f"  {name:26s}" + "".join(cells) + f"{ratio:>28s}")
         if entry["synthetic"]:
             synthetic = "; ".join(entry["synthetic"])
             lines.append(f"  JCT, queueing and fairness of sharing policies rest on synthetic {synthetic}"
