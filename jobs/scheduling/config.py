@@ -101,3 +101,7 @@ class SchedulerConfig:
     # reclaim takes them. Five Philly windows at interference 0.35, 5 seeds: geo-mean of average
     # JCT over LAS's 1.017 -> 1.007 (mid Nov 1.053 -> 1.023), no window worse.
     turnover_most_served_first: bool = True
+    # On a saturated GPU shared only by one-GPU borrowers, the least served runs at the ceiling and
+    # the others at this duty cycle (``duty_cycles``: least attained service inside a GPU). 0 or
+    # the ceiling: off.
+    borrower_yield_duty: float = 0.6

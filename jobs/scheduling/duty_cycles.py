@@ -23,6 +23,13 @@ utilisation falling far below its profile as it exits, or no reading at all) it 
 borrowing neighbours halved, then suspended, for as long as its stop took, and what was left
 climbed back 0.1 a cycle (the review's "7 A100s at 19% while 13 GPUs were idle").
 
+**Least served first among borrowers.** A GPU shared only by one-GPU borrowers whose live load
+reaches ``saturated_utilisation`` runs its least served borrower (by its earlier runs, then the
+one started last) at the ceiling and the others at ``borrower_yield_duty``: the order least
+attained service gives across GPUs (``turnover``), inside one, without leaving it idle. They stay
+yielded while the GPU would saturate with them back at the ceiling (their live use scaled up to
+it), and go back to it when it would not.
+
 A job on several GPUs decreases if any GPU says so and increases only if all do (to full speed
 only if none of its GPUs has a guaranteed neighbour). Duty cycles stay
 within [floor, ceiling], except that a job at the floor told to decrease again is suspended
@@ -111,4 +118,43 @@ def throttles(capacity: Capacity, running: tuple[RunningJob, ...], utilisation: 
         duty = round(duty, 3)
         if abs(duty - job.duty_cycle) > 1e-9:
             decisions.append(Throttle(job_id=job.id, duty_cycle=duty, reason=reason))
+    if 0 < config.borrower_yield_duty < config.duty_cycle_ceiling:
+        shared = [by_id[gpu_id] for gpu_id, signal in signals.items()
+                  if signal is ThrottleReason.NO_GUARANTEED_NEIGHBOUR and gpu_id in by_id]
+        if shared:
+            decisions = _least_served_first(shared, decisions, utilisation, leaving, config)
     return decisions
+
+
+def _least_served_first(gpus: list[GpuSlot], decisions: list[Throttle], utilisation: Mapping[int, float],
+                        leaving: set[int], config: SchedulerConfig) -> list[Throttle]:
+    """``decisions`` with the borrowers of each of ``gpus`` (no guaranteed resident) that share a
+    saturated GPU yielding to the least served of them (module docstring)."""
+    wanted: dict[int, tuple[float, ThrottleReason, float]] = {}  # job -> (duty, why, its duty now)
+    ceiling, yielded = config.duty_cycle_ceiling, config.borrower_yield_duty
+    for gpu in gpus:
+        residents = [j for j in gpu.residents if j.id not in leaving]
+        if len(residents) < 2 or gpu.live_load is None or any(len(j.gpu_ids) != 1 for j in residents):
+            continue
+        # The load with every borrower at the ceiling: each one's live use scaled up to it.
+        at_ceiling = gpu.live_load + sum(
+            utilisation.get(j.id, 0.0) * (ceiling / j.duty_cycle - 1) for j in residents if 0 < j.duty_cycle < ceiling)
+        if at_ceiling < config.saturated_utilisation:
+            continue  # (AIMD's "no guaranteed neighbour": all at the ceiling)
+        # (stable for as long as they run: by the service before this run, then the latest start.
+        # By the service this run as well, the yielding borrower caught up, the two swapped, and
+        # the GPU was shared as before: 1.0354 against 1.0302 on seed 0)
+        first = min(residents, key=lambda j: (j.attained_gpu_s, -j.started_at, j.id))
+        for job in residents:
+            if job is first:
+                wanted[job.id] = (ceiling, ThrottleReason.NO_GUARANTEED_NEIGHBOUR, job.duty_cycle)
+            else:
+                wanted[job.id] = (yielded, ThrottleReason.GPU_SATURATED, job.duty_cycle)
+    if not wanted:
+        return decisions
+    kept = [throttle for throttle in decisions if throttle.job_id not in wanted]
+    for job_id, (duty, reason, now_duty) in wanted.items():
+        if abs(duty - now_duty) > 1e-9:
+            kept.append(Throttle(job_id=job_id, duty_cycle=round(duty, 3), reason=reason))
+    return kept
+

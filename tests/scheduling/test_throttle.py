@@ -114,3 +114,38 @@ def test_a_throttled_job_is_back_at_full_speed_soon_after_its_neighbour_leaves()
         history.append(min(duty.values()))
     assert min(history[2:]) >= 0.19, history  # never cut for a neighbour on its way out
     assert history[3] == 1.0, history  # the cycle after it was told to stop: nothing left to protect
+
+
+# -- least served first among borrowers sharing a saturated GPU ---------------------------------------
+
+def shared_by_borrowers(gpu_util, duties, config=None):
+    """One GPU shared by two borrowers of one tenant: 2 started at 100 s, 3 (the newcomer) at 500 s,
+    each at its duty cycle with a live use of 0.5 x it."""
+    residents = [running(job_id, tenant="borrower", opportunistic=True, mem_gib=10, duty=duty, util=0.5 * duty,
+                         started_at=started) for (job_id, started), duty in zip(((2, 100.0), (3, 500.0)), duties)]
+    snapshot = cluster(node("a", gpus=1, util=gpu_util), tenants=TENANTS, running=residents)
+    decisions = decide(snapshot, now=600, config=config or SchedulerConfig())
+    return {t.job_id: (t.duty_cycle, t.reason) for t in decisions.throttles}
+
+
+def test_borrowers_saturating_a_gpu_yield_to_the_least_served_one():
+    # Both at full speed on a saturated GPU: the one running longer yields, the newcomer runs on.
+    assert shared_by_borrowers(1.0, (1.0, 1.0)) == {2: (0.6, ThrottleReason.GPU_SATURATED)}
+    # Yielded, it stays so while the GPU would saturate with it back at full speed (0.8 + 0.3 x
+    # (1 / 0.6 - 1) = 1.0), rather than go up and be cut again every other cycle.
+    assert shared_by_borrowers(0.8, (0.6, 1.0)) == {}
+    # A GPU with room for both at full speed: back to full speed.
+    assert shared_by_borrowers(0.5, (0.6, 1.0)) == {2: (1.0, ThrottleReason.NO_GUARANTEED_NEIGHBOUR)}
+    # Off: both stay at full speed however saturated (AIMD only protects guaranteed neighbours).
+    assert shared_by_borrowers(1.0, (1.0, 1.0), SchedulerConfig(borrower_yield_duty=0)) == {}
+
+
+def test_a_borrower_with_earlier_service_yields_even_to_an_older_run():
+    """The order is least attained service: service from earlier runs first, then the run started
+    last, so that it does not swap every cycle as the yielding one's service catches up."""
+    residents = [running(2, tenant="borrower", opportunistic=True, mem_gib=10, util=0.5, started_at=100.0),
+                 running(3, tenant="borrower", opportunistic=True, mem_gib=10, util=0.5, started_at=500.0,
+                         attained=7200.0)]
+    snapshot = cluster(node("a", gpus=1, util=1.0), tenants=TENANTS, running=residents)
+    throttles = {t.job_id: t.duty_cycle for t in decide(snapshot, now=600).throttles}
+    assert throttles == {3: 0.6}
