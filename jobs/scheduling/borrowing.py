@@ -229,8 +229,10 @@ class BorrowingPass:
             ids, answers, needs, start = [k[0] for k in kept], [k[1] for k in kept], [k[2] for k in kept], 0
             columns = None  # (no longer the queue's positions: told anew)
         if queue_eta.exhausted:  # (then no answer holds QUEUED: each is a (reason, ETA) to put after the id)
-            pending.extend(columns.told(start, ids, answers) if columns is not None
-                           else map(new_pending, zip(ids, map(_reason_of, answers), map(_eta_of, answers))))
+            if columns is not None:
+                self._tell(columns, start, ids, answers)
+            else:
+                pending.extend(map(new_pending, zip(ids, map(_reason_of, answers), map(_eta_of, answers))))
             return
         append = pending.append
         for offset, (job_id, (reason, eta), need) in enumerate(zip(ids, answers, needs[start:start + len(ids)])):
@@ -238,10 +240,20 @@ class BorrowingPass:
                 if queue_eta.exhausted and columns is not None:
                     # (the queue's ETAs ran out here: the rest are told with none, as in bulk)
                     rest = [(told, None if when is QUEUED else when) for told, when in answers[offset:]]
-                    pending.extend(columns.told(start + offset, ids[offset:], rest))
+                    self._tell(columns, start + offset, ids[offset:], rest)
                     return
                 eta = None if queue_eta.exhausted else queue_eta.next(need)
             append(new_pending((job_id, reason, eta)))
+
+    def _tell(self, columns, start: int, ids: list[int], answers: list[tuple]) -> None:
+        """The jobs ``ids`` (the queue's from position ``start`` on, in ``columns``) wait with
+        ``answers``, told as a run (``QueueColumns.told``, ``Decisions.told_at``)."""
+        pending = self.state.pending
+        at = len(pending)
+        made, was_at = columns.told(start, ids, answers, at)
+        pending.extend(made)
+        if was_at is not None:
+            self.state.told_at.append((at, was_at))
 
     def _turn_over(self, job: JobRequest, shape: Shape) -> bool:
         """Preempt more-served borrowers for a fresh one that would otherwise over-commit a GPU
@@ -296,7 +308,7 @@ class BorrowingPass:
                 for need in dict.fromkeys(needs):  # (each distinct need once, in queue order)
                     if need not in by_need:
                         self.waits.ceiling_wait(quota, need)
-                pending.extend(columns.told(position, ids, list(map(by_need.__getitem__, needs))))
+                self._tell(columns, position, ids, list(map(by_need.__getitem__, needs)))
                 return
         for job, _, need, _, _ in queue[position:]:
             if job.id in handled:

@@ -27,14 +27,14 @@ at once).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
 from itertools import compress
-from operator import attrgetter, getitem, is_, is_not, itemgetter, ne
+from operator import and_, attrgetter, eq, getitem, is_, is_not, itemgetter, ne, not_
 
 from jobs.scheduling.capacity import Capacity
 from jobs.scheduling.config import SchedulerConfig
@@ -47,7 +47,6 @@ from jobs.scheduling.snapshot import JobRequest
 
 
 UNLIMITED_GPUS = 10**9
-_reason_of, _eta_of = itemgetter(0), itemgetter(1)  # (of an answer: (reason, ETA))
 # Never an answer: a job with this memo key is settled one by one (``QueueColumns.keys``).
 ALONE = object()
 # Request keys come and go with the jobs (a recorded profile's peak memory alone takes many
@@ -142,6 +141,20 @@ class TenantQueue:
     columns: QueueColumns | None = field(default=None, compare=False, repr=False)
     # How many of ``outcomes`` its entries hold (``outcomes`` keeps those of jobs gone since).
     held_outcomes: int | None = field(default=None, compare=False, repr=False)
+    # Where among the verdicts of the cycle that last told them each of ``waits`` was told (-1:
+    # never; None: none was), as ``QueueColumns.told`` keeps it (``tell_waits``).
+    waits_at: list[int] | None = field(default=None, compare=False, repr=False)
+
+    def tell_waits(self, pending: list[Pending], told_at: list[tuple[int, list[int]]]) -> None:
+        """Tell ``waits`` at the end of ``pending``, with where each was told before in
+        ``told_at`` (``CycleState.told_at``) where that is not here."""
+        at = len(pending)
+        pending.extend(self.waits)
+        if self.waits:
+            now_at = shared_positions(at, at + len(self.waits))
+            if self.waits_at != now_at:  # (the very int objects: compared at C speed, by identity)
+                told_at.append((at, [-1] * len(self.waits) if self.waits_at is None else self.waits_at))
+                self.waits_at = now_at
 
     @property
     def shares_keys(self) -> bool:
@@ -175,6 +188,7 @@ class TenantQueue:
             if len(arrived_ids) != len(arrived) or not arrived_ids.isdisjoint(map(_id, self.jobs)):
                 return None
             queue, waits, columns, now_by_id = list(self.queue), list(self.waits), self.columns, None
+            waits_at = list(self.waits_at or [-1] * len(waits))
             smallest = self.smallest_guaranteed_ask  # (lowered below by the arrivals')
         else:
             now_by_id = {job.id: job for job in jobs}
@@ -193,7 +207,10 @@ class TenantQueue:
                     columns = columns.restricted(kept)
             else:
                 queue = [entry for entry in entries if now_by_id.get(entry[0].id) is entry[0]]
-            waits = [wait for wait in self.waits if now_by_id.get(wait.job_id) is before[wait.job_id]]
+            stayed = [index for index, wait in enumerate(self.waits)
+                      if now_by_id.get(wait.job_id) is before[wait.job_id]]
+            waits = list(map(self.waits.__getitem__, stayed))
+            waits_at = list(map((self.waits_at or [-1] * len(self.waits)).__getitem__, stayed))
             smallest = min((need for job, _, need, _, _ in queue if not job.opportunistic_only), default=UNLIMITED_GPUS)
         if arrived:
             arrived.sort(key=queue_order)
@@ -210,8 +227,11 @@ class TenantQueue:
                 if now_by_id is None:
                     now_by_id = {job.id: job for job in jobs}
                 for wait in new_waits:
-                    insort(waits, wait, key=lambda pending: queue_order(now_by_id[pending.job_id]))
-        return TenantQueue(jobs, self.ceiling_milli, queue, waits, smallest, self.outcomes, columns)
+                    at = bisect_right(waits, queue_order(now_by_id[wait.job_id]),
+                                      key=lambda pending: queue_order(now_by_id[pending.job_id]))
+                    waits.insert(at, wait)
+                    waits_at.insert(at, -1)
+        return TenantQueue(jobs, self.ceiling_milli, queue, waits, smallest, self.outcomes, columns, waits_at=waits_at)
 
 
 class QueueReadings(NamedTuple):
@@ -277,8 +297,9 @@ class QueueColumns:
         self.array_ids = list(map(ids.__getitem__, read.arrays))
         self._positions: dict[int, int] | None = None  # job id -> position, made when first needed
         self._keys: tuple | None = None  # (what the last keys were made for, the keys)
-        # At each position, the verdict last told, the answer and the job it was told for (``told``).
-        self._told: tuple[list, list, list] | None = None
+        # At each position, the verdict last told, the answer, the job it was told for and where
+        # among the cycle's verdicts it was told (``told``).
+        self._told: tuple[list, list, list, list] | None = None
 
     def seed_keys(self, keys: list, young_gangs: int) -> None:
         """Take ``keys`` for what ``keys()`` would make without a hold, no job settled one by one
@@ -303,7 +324,12 @@ class QueueColumns:
             columns.gang_ids, columns.gang_submitted = _only(queued, self.gang_ids, self.gang_submitted)
             columns.backfill_ids, columns.backfill_runtimes = _only(queued, self.backfill_ids, self.backfill_runtimes)
             columns.array_ids = [job_id for job_id in self.array_ids if job_id in queued]
-        columns._positions = columns._keys = columns._told = None
+        columns._positions = columns._keys = None
+        # (the jobs that stay keep what they were told: a placement elsewhere in the queue does not
+        # make every verdict of its tenant new)
+        told = self._told
+        columns._told = (None if told is None or len(told[0]) != len(self.ids)
+                         else tuple(list(map(column.__getitem__, kept)) for column in told))
         return columns
 
     def copy(self) -> QueueColumns:
@@ -313,7 +339,9 @@ class QueueColumns:
         columns.gang_ids, columns.gang_submitted = list(self.gang_ids), list(self.gang_submitted)
         columns.backfill_ids, columns.backfill_runtimes = list(self.backfill_ids), list(self.backfill_runtimes)
         columns.array_ids = list(self.array_ids)
-        columns._positions = columns._keys = columns._told = None
+        columns._positions = columns._keys = None
+        told = self._told
+        columns._told = None if told is None else tuple(map(list, told))
         return columns
 
     def insert(self, position: int, entry: Entry) -> None:
@@ -337,33 +365,45 @@ class QueueColumns:
             self.backfill_ids.insert(at, job_id)
         if job.array_limit is not None:
             self.array_ids.append(job_id)
-        self._positions = self._keys = self._told = None
+        self._positions = self._keys = None
+        told = self._told
+        if told is not None:  # (nothing told at the new position: the others keep theirs)
+            for column, nothing in zip(told, (None, None, None, -1)):
+                column.insert(position, nothing)
 
-    def told(self, start: int, ids: list[int], answers: list[tuple]) -> list[Pending]:
+    def told(self, start: int, ids: list[int], answers: list[tuple], at: int) -> tuple[list[Pending], list[int] | None]:
         """The verdicts of the jobs ``ids`` (the queue's from position ``start`` on), each waiting
-        with its answer (reason, ETA): the very ``Pending`` tuples told at these positions last
-        time where every job and answer is the same, else new ones, kept for the next time. A
-        steady queue is then told what it was told without a verdict built and freed again, and
-        the scheduling loop finds the verdicts that changed by identity (``jobs.services.apply``)."""
+        with its answer (reason, ETA), to be told at position ``at`` among the cycle's verdicts:
+        the very ``Pending`` tuples told last time where the job and the answer at a position are
+        the same, else new ones, kept for the next time; and where among the verdicts of the cycle
+        that last told them each position was told (-1: never), or None where that is ``at`` on
+        (nothing moved). A steady queue is then told what it was told without a verdict built and
+        freed again, and the scheduling loop finds the verdicts that changed by identity, at the
+        place each was last told (``Decisions.told_at``, ``jobs.services.apply``)."""
         told = self._told
         if told is None or len(told[0]) != len(self.ids):
-            told = self._told = ([None] * len(self.ids), [None] * len(self.ids), [None] * len(self.ids))
-        verdicts, told_answers, told_ids = told
+            told = self._told = ([None] * len(self.ids), [None] * len(self.ids), [None] * len(self.ids),
+                                 [-1] * len(self.ids))
+        verdicts, told_answers, told_ids, told_at = told
         stop = start + len(ids)
+        made = verdicts[start:stop]
+        # (answers compare at C speed: the same reason objects, ``InternedReasons``)
+        last = told_answers[start:stop]
         if told_ids[start:stop] == ids:
-            # (answers compare at C speed: the same reason objects, ``InternedReasons``)
-            last = told_answers[start:stop]
-            if last == answers:
-                return verdicts[start:stop]
-            # Some answers moved (an ETA is in seconds from now: those with one move every
-            # cycle): only those jobs are told anew.
-            made = verdicts[start:stop]
-            for index in compress(range(len(ids)), map(ne, last, answers)):
-                made[index] = new_pending((ids[index], *answers[index]))
-        else:
-            made = list(map(new_pending, zip(ids, map(_reason_of, answers), map(_eta_of, answers))))
+            # Some answers may have moved (an ETA is in seconds from now: those with one move
+            # every cycle): only those jobs are told anew.
+            moved = () if last == answers else compress(range(len(ids)), map(ne, last, answers))
+        else:  # (jobs joined or left the queue here: those at a position that kept its job and answer stay)
+            moved = compress(range(len(ids)), map(not_, map(and_, map(eq, told_ids[start:stop], ids),
+                                                                map(eq, last, answers))))
+        for index in moved:
+            made[index] = new_pending((ids[index], *answers[index]))
         verdicts[start:stop], told_answers[start:stop], told_ids[start:stop] = made, answers, ids
-        return made
+        was_at, now_at = told_at[start:stop], shared_positions(at, at + len(ids))
+        if was_at == now_at:  # (the very int objects: compared at C speed, by identity)
+            return made, None
+        told_at[start:stop] = now_at
+        return made, was_at
 
     def _forget(self, job_id: int) -> None:
         """Drop ``job_id`` from the lists kept by id, where a job gone from the queue stays (passed
@@ -426,6 +466,19 @@ _id, _expected_runtime_s, _spread_gang = attrgetter("id"), attrgetter("expected_
 _young_key, _backfill_keys = attrgetter("young_key"), attrgetter("backfill_key", "both_key")
 _is_position = partial(is_not, None)
 _consume = deque(maxlen=0).extend  # (runs a map for what each step does)
+
+
+# Positions among a cycle's verdicts as shared int objects (``shared_positions``): a run told where it was
+# told last cycle compares equal to what is kept of it at C speed, by identity, and keeping a
+# run's positions builds no int.
+_SHARED_POSITIONS: list[int] = []
+
+
+def shared_positions(start: int, stop: int) -> list[int]:
+    """``list(range(start, stop))``, of the shared int objects."""
+    if len(_SHARED_POSITIONS) < stop:
+        _SHARED_POSITIONS.extend(range(len(_SHARED_POSITIONS), max(stop, 2 * len(_SHARED_POSITIONS))))
+    return _SHARED_POSITIONS[start:stop]
 
 
 def _only(queued: set[int], ids: list[int], values: list) -> tuple[list[int], list]:

@@ -189,7 +189,7 @@ class Cycle:
             placements=tuple(state.placements), pending=tuple(state.pending), preemptions=tuple(state.preemptions),
             throttles=tuple(throttles(inputs.capacity, snapshot.running, snapshot.readings.jobs, state.leaving,
                                       inputs.config)),
-            reservations=tuple(state.reservations), promises=tuple(state.promises),
+            reservations=tuple(state.reservations), promises=tuple(state.promises), told_at=tuple(state.told_at),
         )
 
 

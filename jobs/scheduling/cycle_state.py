@@ -53,6 +53,10 @@ class CycleState:
     # The decisions so far.
     placements: list[Place] = field(default_factory=list)
     pending: list[Pending] = field(default_factory=list)
+    # Runs of ``pending`` told from a carried queue elsewhere than where it was last told: (where
+    # the run starts, where among the verdicts of the cycle that last told them each was told
+    # then; -1: never). ``Decisions.told_at``.
+    told_at: list[tuple[int, list[int]]] = field(default_factory=list)
     preemptions: list[Preempt] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
     promises: list[Promise] = field(default_factory=list)

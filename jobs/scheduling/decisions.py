@@ -164,3 +164,9 @@ class Decisions:
     # GPUs promised to reclaiming jobs, new or still held: the service keeps them with their jobs
     # and puts them in the next snapshot (``ClusterSnapshot.promises``), replacing the old ones.
     promises: tuple[Promise, ...] = field(default=())
+    # Where verdicts of ``pending`` were told in the cycle before, as runs: (index of the run's
+    # first verdict in ``pending``, the index in the verdicts of the cycle that last told each;
+    # -1: none); a verdict in no run was told at its own index, if at all. A hint, not a decision
+    # (so not compared): a verdict that is the very object found there was told then, which lets
+    # the service find what changed without a look at each job.
+    told_at: tuple[tuple[int, list[int]], ...] = field(default=(), compare=False)

@@ -68,7 +68,7 @@ class TenantQueues:
                          or self._tenant_queue(tenant, jobs, ceiling))
             carried[tenant] = found
             queues[tenant] = found.queue
-            self.state.pending.extend(found.waits)
+            found.tell_waits(self.state.pending, self.state.told_at)
             self.state.smallest_guaranteed_ask[tenant] = found.smallest_guaranteed_ask
         self.carry.queues = carried
         return queues

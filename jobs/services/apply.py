@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from itertools import compress, repeat
-from operator import eq, is_, is_not, itemgetter, not_
+from operator import and_, eq, is_, is_not, itemgetter, not_
 from datetime import datetime, timezone as dt_timezone
 
 from django.conf import settings
@@ -210,6 +210,9 @@ class Queue:
     pending: AbstractSet[int]
     reserved: AbstractSet[int]
     verdicts: dict[int, tuple[str, int | None]]
+    # Whether ``pending`` holds every job the decisions tell a verdict (it is the pending jobs of
+    # the snapshot they were made on, less those placed: ``_as_read``).
+    decided: bool = False
 
 
 # The pending and reserved jobs of the last snapshot the loop decided on, by that snapshot's
@@ -311,7 +314,7 @@ def _queue(as_read: tuple[AbstractSet[int], AbstractSet[int]] | None = None) -> 
                 # not known for its own): rolled back, the next cycle lists.
                 held = _verdict_feed.held()
                 transaction.on_commit(lambda: _verdict_feed.after_full_read(held if held[0] is not None else None))
-    return Queue(pending, reserved, verdicts)
+    return Queue(pending, reserved, verdicts, as_read is not None)
 
 
 def _own_rows(items: list[str], mark: str | None) -> bool:
@@ -354,22 +357,24 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
     A verdict changed when its code, message or details differ from the stored ones, or its ETA
     moved beyond the tolerance above. Each distinct reason (and each distinct stored text) is
     encoded once, and the jobs whose verdict is the stored one to the letter are found by C-level
-    maps; only the others are looked at one by one. Against a store the last cycle settled, only
-    the verdicts that differ from that cycle's (and those with an ETA) are compared at all
-    (``_moved_since``).
+    maps; only the others are looked at one by one. Against a store the last cycle settled (or
+    that store with a few rows read again since, none of a job waiting now), only the verdicts
+    that differ from that cycle's (and those with an ETA) are compared at all (``_moved_since``).
     """
     global _settled
     if not decisions.pending:
         return
     waiting, verdicts, pending = decisions.pending, queue.verdicts, queue.pending
     settled = _settled
+    found = None
+    if settled is not None and _store_holds(settled, queue):
+        found = _moved_since(settled, waiting, decisions.told_at, now)
     look = None  # (every verdict)
     kept: dict[int, int] = {}
-    if (settled is not None and settled.verdicts is verdicts and settled.generation == _verdict_versions.generation
-            and settled.pending is pending and len(settled.waiting) == len(waiting)):
-        look, kept = _moved_since(settled, waiting, now)
+    if found is not None:
+        look, kept = found
         if not look:
-            _settled = replace(settled, waiting=waiting, timed=kept)
+            _settled = _Settled(verdicts, _verdict_versions.generation, waiting, kept, frozenset())
             return
     changed, timed, tolerated = _differences(
         waiting if look is None else list(map(waiting.__getitem__, look)), verdicts, pending, now)
@@ -377,7 +382,7 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
         timed = {look[index]: at for index, at in timed.items()}
         tolerated = set(map(look.__getitem__, tolerated))
     kept.update(timed)
-    settled = _Settled(verdicts, _verdict_versions.generation, pending, waiting, kept, frozenset(tolerated))
+    settled = _Settled(verdicts, _verdict_versions.generation, waiting, kept, frozenset(tolerated))
     if connection.vendor != "postgresql":
         _settled = None
         _write_reasons(changed)
@@ -391,45 +396,78 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
         _write_reasons_postgresql(changed, verdicts, settled)
 
 
-def _moved_since(settled: _Settled, waiting: tuple, now: float) -> tuple[list[int], dict[int, int]]:
+def _store_holds(settled: _Settled, queue: Queue) -> bool:
+    """Whether the store holds what it held when ``settled`` was settled, for every job told a
+    verdict now: nothing read since, or only rows read again that are of no pending job
+    (``RowVersions.delta``: those of jobs placed or cancelled since, dropped with them), where the
+    pending jobs are known to hold every job told."""
+    if settled.generation == _verdict_versions.generation:
+        return settled.verdicts is queue.verdicts
+    delta = _verdict_versions.delta
+    return (queue.decided and delta is not None and delta[0] == settled.generation
+            and queue.pending.isdisjoint(delta[1]))
+
+
+def _moved_since(settled: _Settled, waiting: tuple, told_at: tuple,
+                 now: float) -> tuple[list[int], dict[int, int]] | None:
     """Against a store ``settled`` (the last cycle's verdicts, which the store holds), the
     positions among ``waiting`` to compare with the store again, and position -> rounded ETA of
-    those with an ETA that still match it.
+    those with an ETA that still match it; None where the core's hints do not fit the last
+    cycle's verdicts (then compare them all).
 
-    A verdict that is the last cycle's at the same place, with no ETA, still matches the store to
-    the letter: one C-level comparison of the two cycles' verdicts finds the rest, cheaply, because
-    the core hands back the very same verdicts and reason objects while their words stay the same
-    (``QueueColumns.told``, ``InternedReasons``), so most compare by identity. An ETA is in seconds
-    from now, so a verdict with one differs every cycle: it is still the stored one if its rounded
-    time is the one that matched the store to the letter last cycle (not merely within tolerance,
-    which narrows as the time comes nearer)."""
-    before, timed, tolerated = settled.waiting, settled.timed, settled.tolerated
-    # (the very tuple told last cycle is the same verdict; another one is only if its job and its
-    # reason object are the same and neither has an ETA: a reason equal in value may still be
-    # written otherwise, as 1 == 1.0 == True)
-    moved = list(set(compress(range(len(waiting)), map(is_not, before, waiting))).difference(timed))
-    now_moved, then_moved = list(map(waiting.__getitem__, moved)), list(map(before.__getitem__, moved))
+    A verdict that is the very one told last cycle, with no ETA, still matches the store. It is
+    looked for where the core says it was told then (``Decisions.told_at``: a queue that lost or
+    gained jobs moves the rest of the verdicts), else at the same place; one C-level comparison
+    of the two finds the rest, cheaply, because the core hands back the very same verdicts and
+    reason objects while their words stay the same (``QueueColumns.told``, ``InternedReasons``),
+    so most compare by identity. (Identity is the proof, the hint only where to look: a stale hint
+    finds another verdict, and its job is compared.) Another verdict still matches if it has the
+    same job and reason object as the one found there and neither has an ETA. An ETA is in
+    seconds from now, so a verdict with one differs every cycle: it is still the stored one if its
+    rounded time is the one that matched the store to the letter last cycle (not merely within
+    tolerance, which narrows as the time comes nearer)."""
+    before, timed, unmatched = settled.waiting, settled.timed, settled.tolerated
+    then_count, count = len(before), len(waiting)
+    if then_count == count and not told_at:
+        was_at, found = None, before
+    else:
+        # (-1, a job new to its queue, finds the last verdict as Python indexes, and is looked
+        # up as that position)
+        was_at = list(range(count)) if count <= then_count else [*range(then_count), *repeat(-1, count - then_count)]
+        for at, then in told_at:
+            was_at[at:at + len(then)] = then
+        try:
+            found = list(map(before.__getitem__, was_at))
+        except IndexError:  # (a queue last told in a cycle before the settled one)
+            return None
+    # Every verdict that had an ETA or did not match the store is looked at again.
+    again_then = timed.keys() | unmatched
+    if was_at is None:
+        again = again_then
+    else:
+        if then_count - 1 in again_then:
+            again_then.add(-1)
+        again = set(compress(range(count), map(again_then.__contains__, was_at))) if again_then else set()
+    moved = list(set(compress(range(count), map(is_not, found, waiting))).difference(again))
+    now_moved, then_moved = list(map(waiting.__getitem__, moved)), list(map(found.__getitem__, moved))
     same = map(all, zip(map(eq, map(_first, now_moved), map(_first, then_moved)),
                         map(is_, map(_second, now_moved), map(_second, then_moved)),
                         map(is_, map(_third, now_moved), repeat(None)),
                         map(is_, map(_third, then_moved), repeat(None))))
-    candidates = sorted(timed.keys() | set(compress(moved, map(not_, same))))
+    candidates = sorted(again.union(compress(moved, map(not_, same))))
+    then_at = candidates if was_at is None else [at % then_count for at in map(was_at.__getitem__, candidates)]
     # (C-level passes over the candidates, not a Python step each: 21,000 at 197,000 waiting)
-    now_told, then_told = list(map(waiting.__getitem__, candidates)), list(map(before.__getitem__, candidates))
+    now_told, then_told = list(map(waiting.__getitem__, candidates)), list(map(found.__getitem__, candidates))
     etas_s = list(map(_third, now_told))
     eta_at = {eta_s: _eta_at(eta_s, now) for eta_s in set(etas_s) if eta_s is not None}
-    new_at, old_at = list(map(eta_at.get, etas_s)), list(map(timed.get, candidates))
+    new_at, old_at = list(map(eta_at.get, etas_s)), list(map(timed.get, then_at))
     same = list(map(all, zip(map(is_not, old_at, repeat(None)), map(eq, new_at, old_at),
                              map(is_, map(_second, now_told), map(_second, then_told)),
                              map(eq, map(_first, now_told), map(_first, then_told)))))
+    if unmatched:  # (within tolerance or not stored last cycle: compared with the store again)
+        same = list(map(and_, same, map(not_, map(unmatched.__contains__, then_at))))
     kept = dict(zip(compress(candidates, same), compress(new_at, same)))
-    look = list(compress(candidates, map(not_, same)))
-    if tolerated:  # (within tolerance last cycle: compared with the store again, as it narrows)
-        again = tolerated.intersection(kept)
-        for index in again:
-            del kept[index]
-        look = sorted(look + list(again)) if again else look
-    return look, kept
+    return list(compress(candidates, map(not_, same))), kept
 
 
 def _differences(waiting, verdicts: dict, pending: AbstractSet[int],
@@ -461,6 +499,7 @@ def _differences(waiting, verdicts: dict, pending: AbstractSet[int],
     for index in compress(range(len(ids)), map(not_, same)):
         job_id = ids[index]
         if job_id not in pending:
+            tolerated.append(index)  # (not stored: looked at again, should it be pending again)
             continue  # no longer pending (placed, cancelled) since the snapshot
         if (olds[index] is not _NO_VERDICT and stored[olds[index][0]] == new_canonical[index]
                 and _eta_holds(old_etas[index], new_etas[index], now)):
@@ -474,14 +513,14 @@ def _differences(waiting, verdicts: dict, pending: AbstractSet[int],
 @dataclass(frozen=True)
 class _Settled:
     """A cycle's verdicts whose store holds them, and what they were compared with: the stored
-    verdicts (the very dict ``_verdict_versions`` read, at its generation then), the pending jobs,
-    the verdicts themselves (``Decisions.pending``), the rounded ETA of each that has one, by its
-    position among them, and the positions of those whose stored ETA differs within tolerance
-    (every other verdict matches the store to the letter)."""
+    verdicts (the very dict ``_verdict_versions`` read, at its generation then), the verdicts
+    themselves (``Decisions.pending``), the rounded ETA of each that has one, by its position
+    among them, and the positions of those the store does not hold to the letter: an ETA that
+    differs within tolerance, or a job no longer pending, not written (every other verdict
+    matches the store to the letter)."""
 
     verdicts: dict
     generation: int
-    pending: AbstractSet[int]
     waiting: tuple
     timed: dict[int, int]
     tolerated: frozenset[int]

@@ -267,7 +267,7 @@ class RowVersions:
         for good, in ``transaction.on_commit``: until then it could change them again under the
         same version. A row that is changed or gone later reads as stale or missing as usual."""
         for row_id, version, value in written:
-            self._last = self._mark = None
+            self._last = self._mark = self.delta = None  # (the delta tells of a read only)
             self.generation = next(_generations)
             key = f"{row_id}:{version}"
             before = self._key_of.get(row_id)

@@ -6,6 +6,7 @@ The apply compares only what moved since a settled cycle; this holds it to what 
 comparison would store."""
 
 import random
+from typing import NamedTuple
 from datetime import datetime, timezone as dt_timezone
 
 import pytest
@@ -46,9 +47,20 @@ def stored_as_told(told: dict[int, tuple[PendingReason, float | None]], now: flo
     return wrong
 
 
+class Request(NamedTuple):
+    """What the apply reads of the snapshot's pending requests (``decided_on``)."""
+
+    id: int
+    reserved_since: float | None = None
+
+
 @POSTGRESQL
 @pytest.mark.parametrize("seed", range(8))
-def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, monkeypatch, seed):
+@pytest.mark.parametrize("as_the_loop", [False, True], ids=["listed", "decided"])
+def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, monkeypatch, seed, as_the_loop):
+    """``as_the_loop``: the apply is handed the snapshot's pending jobs and where each verdict was
+    told last cycle, as the loop hands them (now and then a hint that is wrong: stale or out of
+    range), and a job placed meanwhile is one the snapshot read as pending."""
     rng = random.Random(seed)
     monkeypatch.setattr(apply, "_verdict_versions", RowVersions())
     monkeypatch.setattr(apply, "_settled", None)
@@ -59,10 +71,11 @@ def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, 
     tenant = TenantFactory(slug="vision")
     jobs = [JobFactory(tenant=tenant).pk for _ in range(10)]
     told: dict[int, tuple[PendingReason, float | None]] = {
-        job_id: (rng.choice(REASONS), rng.choice([None, None, 600.0])) for job_id in jobs}
+        job_id: (rng.choice(REASONS), rng.choice([None, None, 600.0 + 60 * rng.randrange(20)])) for job_id in jobs}
     order = list(jobs)
     fixed: dict[int, float] = {}  # job -> the time its ETA stays at
     told_as: dict[int, Pending] = {}
+    told_at: dict[int, int] = {}  # job -> where it was told last cycle
 
     def verdict(job_id: int) -> Pending:
         """The verdict told ``job_id``: the very object told last time while its words and ETA are
@@ -101,7 +114,9 @@ def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, 
                     reason = PendingReason(reason.code, reason.message, dict(reason.details))
                 told[job_id] = (reason, told[job_id][1])
             elif event == 6:  # an ETA comes, moves or goes; or stays at one time as the clock nears it
+                # (ETAs of their own: one job's ETA is never taken for another's by chance)
                 eta = rng.choice([None, 120.0, 600.0, 5000.0, "fixed"])
+                eta = eta + 60 * rng.randrange(20) if isinstance(eta, float) else eta
                 if eta == "fixed":
                     fixed[job_id], eta = clock[0] + rng.choice([200, 700, 3000]), None
                 else:
@@ -120,7 +135,15 @@ def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, 
             placed_meanwhile = [rng.choice(waiting)]
             Job.objects.filter(pk=placed_meanwhile[0]).update(state=JobState.PLACED)
             JobWait.objects.filter(job_id=placed_meanwhile[0]).delete()
-        apply_decisions(Decisions(pending=tuple(map(verdict, waiting))))
+        if as_the_loop:
+            hints = [told_at.get(job_id, -1) for job_id in waiting]
+            if hints and rng.random() < 0.2:  # (a queue last told before the last cycle)
+                hints[rng.randrange(len(hints))] = rng.choice([-1, 0, len(hints) - 1, len(hints) + 5])
+            apply_decisions(Decisions(pending=tuple(map(verdict, waiting)), told_at=((0, hints),)),
+                            tuple(Request(job_id) for job_id in waiting))
+            told_at = {job_id: at for at, job_id in enumerate(waiting)}
+        else:
+            apply_decisions(Decisions(pending=tuple(map(verdict, waiting))))
         assert stored_as_told(told, clock[0]) == {}
         for job_id in placed_meanwhile:  # (back in the queue: told again next cycle)
             Job.objects.filter(pk=job_id).update(state=JobState.PENDING)

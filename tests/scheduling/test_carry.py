@@ -480,6 +480,41 @@ def test_a_carried_cycle_tells_a_steady_queue_the_very_verdicts_it_told_before()
     assert {p.reason.code for p in first.pending if p.job_id > 40} == {"over_max_gpus"}
 
 
+def test_a_queue_that_lost_and_gained_jobs_tells_the_rest_the_very_verdicts_and_where_they_were_told():
+    """A job leaving a tenant's queue (placed, cancelled) and one joining it move every verdict
+    told after them: the jobs that stayed get back the very ``Pending`` objects all the same, and
+    ``Decisions.told_at`` says where each was told last cycle, so the loop finds what changed
+    without a look at each of them (``jobs.services.apply``)."""
+    from jobs.scheduling.borrowing import BULK_AFTER
+    from tests.scheduling.builders import cluster, node, running, tenant
+
+    # (the very request objects from one cycle to the next, as the snapshot loader hands them back)
+    requests = {i: job(i, tenant="heavy" if i <= 40 or i > 60 else "capped", gpus=1 if i <= 40 else 2)
+                for i in range(1, 62)}
+
+    def snapshot(pending: list[int]):
+        return cluster(node("a", gpus=1), tenants=[tenant("light"), tenant("heavy", usage=1e7),
+                                                   tenant("capped", max_gpus=1)],
+                       running=[running(90, gpus=[0], tenant="light", opportunistic=True)],
+                       pending=[requests[i] for i in pending])
+
+    carry = Carry()
+    queued = list(range(1, 61))
+    first = decide(snapshot(queued), 10.0, carry=carry)
+    queued.remove(20)  # (the heavy tenant's, told before the capped tenant's jobs)
+    queued.remove(45)
+    queued.append(61)
+    again = decide(snapshot(queued), 12.0, carry=carry)
+    assert again == decide(snapshot(queued), 12.0)
+    was_at = list(range(len(again.pending)))
+    for at, then in again.told_at:
+        was_at[at:at + len(then)] = then
+    very = [index for index, verdict in enumerate(again.pending) if any(verdict is told for told in first.pending)]
+    assert len(very) >= 59 - 2 * (BULK_AFTER + 2) - 1
+    assert all(first.pending[was_at[index]] is again.pending[index] for index in very)
+    assert any(was_at[index] != index for index in very)  # (the places moved: the hints say where)
+
+
 def test_a_reason_built_from_an_equal_number_of_another_type_is_worded_as_a_fresh_cycle_words_it():
     """2 == 2.0, but "after 2 placement searches" is not "after 2.0": the reasons a carry hands
     out again are those built from arguments of the same types."""
