@@ -605,13 +605,18 @@ def main() -> None:
             import cProfile
             import pstats
 
-            heartbeats()
-            profiler = cProfile.Profile()
-            profiler.runcall(run_scheduling_cycle)
-            print(f"--- profile of one steady cycle at {args.grow_to:,} pending (own time)")
-            stats = pstats.Stats(profiler)
-            stats.sort_stats(os.environ.get("PROFILE_SORT", "tottime"))
-            stats.print_stats(int(os.environ.get("PROFILE_LINES", "25")))
+            for kind in ("steady", "churn"):
+                heartbeats()
+                if kind == "churn":
+                    finish_some(rng, args.finish)
+                profiler = cProfile.Profile()
+                profiler.runcall(run_scheduling_cycle)
+                print(f"--- profile of one {kind} cycle at {args.grow_to:,} pending (own time)")
+                stats = pstats.Stats(profiler)
+                stats.sort_stats(os.environ.get("PROFILE_SORT", "tottime"))
+                stats.print_stats(int(os.environ.get("PROFILE_LINES", "25")))
+                if kind == "churn":
+                    agents_start_placed()
 
     meter._last = "after"  # (what the report and the extras below allocate is not a cycle's)
     print(f"scheduling loop bench: {args.nodes} nodes x {GPUS_PER_NODE} GPUs, {args.tenants} tenants, "

@@ -280,14 +280,17 @@ def insufficient_host(resource: str, gpus: int, needed: int) -> PendingReason:
     )
 
 
-def at_max_gpus(tenant: str, used_milli: int, max_milli: int, need_milli: int) -> PendingReason:
-    used, ceiling, need = used_milli / 1000, max_milli / 1000, need_milli / 1000
+def at_max_gpus(tenant: str, max_milli: int, need_milli: int) -> PendingReason:
+    # No figure of what the tenant runs now: it moves with each of its jobs that starts or ends,
+    # and each step rewrote the verdict of every job of the tenant waiting at its ceiling
+    # (thousands a cycle at 200,000 pending). What it runs is on the usage page.
+    ceiling, need = max_milli / 1000, need_milli / 1000
     return PendingReason(
         ReasonCode.AT_MAX_GPUS,
-        f"Tenant {tenant} is using {used:g} of its {ceiling:g}-GPU ceiling and this job needs {need:g} "
-        f"(together {used + need:g}). It starts when the tenant's other jobs finish (a borrower on a GPU shared "
-        f"past its capacity counts its share of it).",
-        {"tenant": tenant, "used_gpus": used, "max_gpus": ceiling, "needed_gpus": need},
+        f"Tenant {tenant} is at its {ceiling:g}-GPU ceiling: what it runs now and this job's {need:g} would "
+        f"be more than that. It starts when the tenant's other jobs finish (a borrower on a GPU shared past its "
+        f"capacity counts its share of it).",
+        {"tenant": tenant, "max_gpus": ceiling, "needed_gpus": need},
     )
 
 

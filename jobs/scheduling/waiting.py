@@ -48,7 +48,7 @@ class WaitExplainer:
         name, ceiling = quota.name, quota.ceiling_milli
         held = self.state.held[name]
         eta = self._tenant_timeline(name).eta(held + need - ceiling)
-        found = self.ceiling_waits(name)[need] = (self.memo.reason(reasons.at_max_gpus, name, held, ceiling, need), eta)
+        found = self.ceiling_waits(name)[need] = (self.memo.reason(reasons.at_max_gpus, name, ceiling, need), eta)
         return found
 
     def _tenant_timeline(self, tenant: str) -> ReleaseTimeline:

@@ -28,7 +28,7 @@ T = [tenant("nlp", guaranteed=2, max_gpus=4), tenant("cv", guaranteed=0, max_gpu
     ([node("a")], [], job(1, tenant="nlp", gpus=2, milli=500), ReasonCode.INVALID_REQUEST, "only be asked for one GPU"),
     ([node("a")], [], job(1, tenant="nlp", gpus=0), ReasonCode.INVALID_REQUEST, "asks for 0 GPUs"),
     ([node("a", gpus=4)], [running(9, gpus=[0, 1, 2, 3], tenant="nlp")], job(1, tenant="nlp"),
-     ReasonCode.AT_MAX_GPUS, "Tenant nlp is using 4 of its 4-GPU ceiling"),
+     ReasonCode.AT_MAX_GPUS, "Tenant nlp is at its 4-GPU ceiling"),
     ([node("a", gpus=2)], [running(9, gpus=[0, 1], tenant="nlp")], job(1, tenant="nlp"),
      ReasonCode.OVER_QUOTA_CLUSTER_FULL, "is using all of its 2-GPU guarantee, so it must borrow"),
     # (the borrower is behind nlp in the borrowing order: equal usage, and "other" > "nlp")

@@ -52,14 +52,29 @@ def test_tenant_never_exceeds_max_gpus(guaranteed, max_gpus, held, pending, plac
     assert set(codes(decisions).values()) <= {"at_max_gpus", "over_max_gpus"}
 
 
-def test_at_ceiling_says_how_much_is_used():
+def test_at_ceiling_says_the_ceiling_and_when():
     snapshot = cluster(node("a", gpus=8), tenants=[tenant("nlp", guaranteed=1, max_gpus=2)],
                        running=[running(9, on="a", gpus=[0, 1], tenant="nlp", runtime=100, started_at=0)],
                        pending=[job(1, tenant="nlp")])
     (pending,) = decide(snapshot, now=40).pending
     assert pending.reason.code == "at_max_gpus"
-    assert "using 2 of its 2-GPU ceiling" in pending.reason.message
+    assert "at its 2-GPU ceiling" in pending.reason.message
     assert pending.eta_s == 60
+
+
+def test_a_job_at_its_ceiling_is_told_the_same_words_whatever_its_tenant_runs_under_it():
+    """What a tenant runs moves with each of its jobs that starts or ends; a job waiting at the
+    ceiling is told the same, so its verdict (one of thousands) is not rewritten each time."""
+    def told(running_gpus: int):
+        snapshot = cluster(node("a", gpus=8), tenants=[tenant("nlp", guaranteed=1, max_gpus=4)],
+                           running=[running(9 + i, on="a", gpus=[i], tenant="nlp", runtime=100, started_at=0)
+                                    for i in range(running_gpus)],
+                           pending=[job(1, tenant="nlp", gpus=2)])
+        (pending,) = decide(snapshot, now=40).pending
+        assert pending.reason.code == "at_max_gpus"
+        return pending.reason
+
+    assert told(3) == told(4)
 
 
 @pytest.mark.parametrize("a, b, first", [

@@ -6,10 +6,9 @@ import pytest
 from jobs.scheduling import reasons
 
 
-def test_the_ceiling_reason_says_what_the_job_needs_in_total():
-    message = reasons.at_max_gpus("vision", used_milli=15000, max_milli=16000, need_milli=2000).message
-    assert "using 15 of its 16-GPU ceiling and this job needs 2 (together 17)" in message
-    assert "more" not in message
+def test_the_ceiling_reason_names_the_ceiling_and_what_the_job_needs():
+    message = reasons.at_max_gpus("vision", max_milli=16000, need_milli=2000).message
+    assert "is at its 16-GPU ceiling: what it runs now and this job's 2 would be more than that" in message
 
 
 @pytest.mark.parametrize("needed, words", [(1, "the 1 spare GPU it needs is not free"),
