@@ -266,18 +266,22 @@ class RowVersions:
         need not fetch them back. Call it only once the (sub)transaction that wrote them has ended
         for good, in ``transaction.on_commit``: until then it could change them again under the
         same version. A row that is changed or gone later reads as stale or missing as usual."""
-        for row_id, version, value in written:
-            self._last = self._mark = self.delta = None  # (the delta tells of a read only)
-            self.generation = next(_generations)
+        rows = list(written)
+        if not rows:
+            return
+        self._last = self._mark = self.delta = None  # (the delta tells of a read only)
+        self.generation = next(_generations)  # (once for all the rows: thousands a cycle)
+        seen, key_of, values, unkept = self._seen, self._key_of, self._values, self._unkept
+        for row_id, version, value in rows:
             key = f"{row_id}:{version}"
-            before = self._key_of.get(row_id)
+            before = key_of.get(row_id)
             if before is not None and before != key:
-                del self._seen[before]  # (the row is at its new version now: no read will list the old)
-            if self.ordered and row_id not in self._values:
+                del seen[before]  # (the row is at its new version now: no read will list the old)
+            if self.ordered and row_id not in values:
                 self._unsorted = True
-            self._seen[key], self._key_of[row_id] = (row_id, value), key
-            self._values[row_id] = value
-            self._unkept.discard(row_id)
+            seen[key], key_of[row_id] = (row_id, value), key
+            values[row_id] = value
+            unkept.discard(row_id)
 
 
 def _take(row_id: int, version: str, value: Any, own: str | None, kept: dict, key_of: dict, values: dict,
