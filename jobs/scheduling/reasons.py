@@ -336,8 +336,8 @@ def behind_lower_usage(tenant: str) -> PendingReason:
     # what matters; a tenant's use is on the usage page.
     return PendingReason(
         ReasonCode.BEHIND_LOWER_USAGE_TENANTS,
-        f"Tenants with lower recent usage than {tenant} (per unit of weight) are borrowing the spare GPUs; "
-        "borrowing is shared out lowest usage first.",
+        f"Tenants with lower or about the same recent usage as {tenant} (per unit of weight) are borrowing the "
+        "spare GPUs; borrowing is shared out lowest usage first, and tenants level in usage take turns.",
         {"tenant": tenant},
     )
 

@@ -31,9 +31,9 @@ T = [tenant("nlp", guaranteed=2, max_gpus=4), tenant("cv", guaranteed=0, max_gpu
      ReasonCode.AT_MAX_GPUS, "Tenant nlp is at its 4-GPU ceiling"),
     ([node("a", gpus=2)], [running(9, gpus=[0, 1], tenant="nlp")], job(1, tenant="nlp"),
      ReasonCode.OVER_QUOTA_CLUSTER_FULL, "is using all of its 2-GPU guarantee, so it must borrow"),
-    # (the borrower is behind nlp in the borrowing order: equal usage, and "other" > "nlp")
+    # (the borrower's tenant has far more usage than nlp: nlp is not behind it)
     ([node("a", gpus=2)],
-     [running(9, gpus=[0], tenant="nlp"), running(8, gpus=[1], tenant="other", opportunistic=True)],
+     [running(9, gpus=[0], tenant="nlp"), running(8, gpus=[1], tenant="busy", opportunistic=True)],
      job(1, tenant="nlp", gpus=2, reserved_since=-700),  # its reservation window is cooling down
      ReasonCode.OVER_QUOTA_CLUSTER_FULL, "has 1 GPU of its 2-GPU guarantee unused, too few for this job"),
     ([node("a", gpus=2)], [running(9, gpus=[0, 1], tenant="cv", opportunistic=True)],
@@ -46,8 +46,8 @@ T = [tenant("nlp", guaranteed=2, max_gpus=4), tenant("cv", guaranteed=0, max_gpu
      ReasonCode.HOLDING_RESERVATION, "node a is held for it"),
 ])
 def test_pending_job_says_why(nodes, running_, request_, code, words):
-    snapshot = cluster(*nodes, tenants=T + [tenant("other", guaranteed=2, max_gpus=2)], running=running_,
-                       pending=[request_])
+    snapshot = cluster(*nodes, tenants=T + [tenant("other", guaranteed=2, max_gpus=2), tenant("busy", usage=1e7)],
+                       running=running_, pending=[request_])
     (pending,) = decide(snapshot, now=0).pending
     assert pending.reason.code == code
     assert words in pending.reason.message
@@ -59,8 +59,29 @@ def test_job_behind_lower_usage_tenants_says_so():
                        pending=[job(1, tenant="heavy"), job(2, tenant="light")])
     pending = pending_of(decide(snapshot, now=0), 1)
     assert pending.reason.code == ReasonCode.BEHIND_LOWER_USAGE_TENANTS
-    assert "Tenants with lower recent usage than heavy (per unit of weight) are borrowing" in pending.reason.message
+    assert ("Tenants with lower or about the same recent usage as heavy (per unit of weight) are borrowing"
+            in pending.reason.message)
     assert pending.reason.details == {"tenant": "heavy"}
+
+
+def test_tenants_level_in_usage_taking_turns_to_borrow_are_each_told_the_same_every_turn():
+    """Each placement pushes its tenant back in the borrowing order, so two tenants level in usage
+    take turns. Whichever is a little ahead this turn, each one's waiting jobs are told they wait
+    behind tenants as low in usage, not that the cluster is full one turn and behind the next
+    (which rewrote every waiting job of both, each turn)."""
+    def told(usage_a: float, usage_b: float) -> dict[str, str]:
+        snapshot = cluster(node("n", gpus=2), tenants=[tenant("a", usage=usage_a), tenant("b", usage=usage_b)],
+                           running=[running(8, on="n", gpus=[0], tenant="a", opportunistic=True),
+                                    running(9, on="n", gpus=[1], tenant="b", opportunistic=True)],
+                           pending=[job(1, tenant="a"), job(2, tenant="b")])
+        decisions = decide(snapshot, now=0)
+        return {"a": pending_of(decisions, 1).reason, "b": pending_of(decisions, 2).reason}
+
+    a_ahead, b_ahead = told(1.00e6, 1.02e6), told(1.02e6, 1.00e6)
+    assert a_ahead == b_ahead
+    assert {reason.code for reason in a_ahead.values()} == {ReasonCode.BEHIND_LOWER_USAGE_TENANTS}
+    # (one clearly ahead is still told the cluster is full: nobody borrows as low as it)
+    assert told(1e6, 2e6)["a"].code == ReasonCode.OVER_QUOTA_CLUSTER_FULL
 
 
 def test_behind_lower_usage_tenants_reads_the_same_whichever_of_them_borrowed_this_cycle():
