@@ -105,18 +105,19 @@ MAX_PROMISED_GPUS = 4096
 # Everything kept from one snapshot to the next (see each): dropped by :func:`forget`.
 KEPT = ("_node_states", "_all_nodes", "_facts", "_running_jobs", "_running_for", "_built", "_built_for", "_derived",
         "_whole", "_pending_versions", "_served_before", "_pending_read", "_allocation_rows", "_allocation_versions",
-        "_allocations_in_order", "_running_last", "_pending_feed")
+        "_allocations_in_order", "_running_last", "_pending_feed", "_step")
 
 
 def forget() -> None:
     """Drop what was kept from earlier snapshots: the next one is built as a new process builds it."""
     global _node_states, _all_nodes, _facts, _running_jobs, _running_for, _built, _built_for, _derived, _whole
     global _pending_versions, _served_before, _pending_read, _allocation_rows, _running_last
-    global _allocation_versions, _allocations_in_order, _pending_feed
+    global _allocation_versions, _allocations_in_order, _pending_feed, _step
     _node_states, _all_nodes, _facts, _running_jobs, _running_for = {}, (None, ()), ((), ({}, {}, {}, {})), {}, ()
     _allocation_rows = KeptWhileUnchanged(Allocation, Job)
     _allocation_versions, _allocations_in_order = RowVersions(), (None, {}, [])
     _built, _built_for, _derived, _whole = {}, (), (None, set(), set()), (None, ())
+    _step = (None, None, frozenset())
     _pending_versions = RowVersions(ordered=True)
     _pending_feed = JobFeed()
     _served_before = {}
@@ -337,11 +338,21 @@ NO_INPUTS = ((), None, None)
 # (generation, (tenant, profile key)s, array ids[, their counts, the rows counted]): ``_derived_now``
 _derived: tuple = (None, set(), set())
 _whole: tuple = (None, ())  # (every input, the requests)
+# The last requests made from the ones before them by building only some rows' requests again:
+# (the requests before, after, the ids of those rows). ``pending_step``.
+_step: tuple = (None, None, frozenset())
+
+
+def pending_step(before: tuple[JobRequest, ...], now: tuple[JobRequest, ...]) -> frozenset[int] | None:
+    """The ids of the jobs whose request changed, came or went between the pending requests
+    ``before`` and ``now`` (both this loader's, by job id), where ``now`` was made from ``before``
+    by building only those again; else None (compare them whole)."""
+    return _step[2] if _step[0] is before and _step[1] is now else None
 
 
 def _pending(largest_gpu_mib: int | None, slugs: dict[int, str], unfenced: dict[int, bool]) -> tuple[JobRequest, ...]:
     """The pending requests, by job id."""
-    global _built, _built_for, _derived, _whole
+    global _built, _built_for, _derived, _whole, _step
     rows = _pending_rows()
     generation = _pending_versions.generation if connection.vendor == "postgresql" else None
     if generation is None or _derived[0] != generation:
@@ -378,8 +389,10 @@ def _pending(largest_gpu_mib: int | None, slugs: dict[int, str], unfenced: dict[
             if row is not None:
                 _built[job_id] = entry = build(row, cached)
                 requests.insert(at, entry[2])
-        _whole = (inputs_now, tuple(requests))
+        _step = (_whole[1], tuple(requests), frozenset(delta[1]))
+        _whole = (inputs_now, _step[1])
         return _whole[1]
+    _step = (None, None, frozenset())
     previous = _built if _built_for == context else {}
     if previous:
         built: dict[int, tuple[tuple, tuple, JobRequest]] = {}

@@ -16,7 +16,8 @@ from agents import protocol
 from agents.protocol import heartbeat_key
 from jobs.choices import JobState
 from jobs.models import Allocation, Job, JobArray, JobDependency, JobProfile, Tenant
-from jobs.services import snapshot_loader as snapshot
+from jobs.scheduling import Decisions
+from jobs.services import apply, snapshot_loader as snapshot
 from jobs.services.snapshot_loader import build_snapshot
 from monitoring.models import Gpu, JobUsage, Node
 from monitoring.services import live
@@ -128,9 +129,15 @@ def random_history_matches_a_fresh_build(redis_client, seed):
         JobFactory(tenant=tenants[i % 3], gpus=rng.choice([1, 2]), profile_key=rng.choice(["", "k"]))
     for _ in range(12):
         mutate(rng, tenants, array, redis_client)
+    apply._decided_on = (None, frozenset(), frozenset())
     for _ in range(40):
         built = build_snapshot(redis_client)
         assert built == fresh(redis_client)
+        # (the apply's pending and reserved jobs, kept from one snapshot to the next by the requests
+        # built again: ``snapshot_loader.pending_step``)
+        assert apply._as_read(built.pending, Decisions()) == (
+            {request.id for request in built.pending},
+            {request.id for request in built.pending if request.reserved_since is not None})
         for _ in range(rng.randrange(3)):
             mutate(rng, tenants, array, redis_client)
 
