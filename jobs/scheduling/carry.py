@@ -151,10 +151,11 @@ class TenantQueue:
         at = len(pending)
         pending.extend(self.waits)
         if self.waits:
-            now_at = shared_positions(at, at + len(self.waits))
-            if self.waits_at != now_at:  # (the very int objects: compared at C speed, by identity)
-                told_at.append((at, [-1] * len(self.waits) if self.waits_at is None else self.waits_at))
-                self.waits_at = now_at
+            if self.waits_at is None:
+                self.waits_at = [-1] * len(self.waits)
+            was_at = _tell_at(self.waits_at, 0, len(self.waits), at)
+            if was_at is not None:
+                told_at.append((at, was_at))
 
     @property
     def shares_keys(self) -> bool:
@@ -399,11 +400,7 @@ class QueueColumns:
         for index in moved:
             made[index] = new_pending((ids[index], *answers[index]))
         verdicts[start:stop], told_answers[start:stop], told_ids[start:stop] = made, answers, ids
-        was_at, now_at = told_at[start:stop], shared_positions(at, at + len(ids))
-        if was_at == now_at:  # (the very int objects: compared at C speed, by identity)
-            return made, None
-        told_at[start:stop] = now_at
-        return made, was_at
+        return made, _tell_at(told_at, start, stop, at)
 
     def _forget(self, job_id: int) -> None:
         """Drop ``job_id`` from the lists kept by id, where a job gone from the queue stays (passed
@@ -472,6 +469,17 @@ _consume = deque(maxlen=0).extend  # (runs a map for what each step does)
 # told last cycle compares equal to what is kept of it at C speed, by identity, and keeping a
 # run's positions builds no int.
 _SHARED_POSITIONS: list[int] = []
+
+
+def _tell_at(told_at: list[int], start: int, stop: int, at: int) -> list[int] | None:
+    """Keep in ``told_at`` (where among a cycle's verdicts each position of a queue was told)
+    that ``start`` to ``stop`` are told from ``at`` on; return where they were told before, or
+    None where that is here already."""
+    was_at, now_at = told_at[start:stop], shared_positions(at, at + stop - start)
+    if was_at == now_at:  # (the very int objects: compared at C speed, by identity)
+        return None
+    told_at[start:stop] = now_at
+    return was_at
 
 
 def shared_positions(start: int, stop: int) -> list[int]:
