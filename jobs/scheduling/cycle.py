@@ -124,7 +124,7 @@ class Cycle:
         # (``borrowed`` and ``leaving`` are shared: a reclaim's victims count for the turnover too)
         self.reclaimer = Reclaimer(capacity, placer, config, now, borrowed, state.leaving, charged)
         turnover = Turnover.of(capacity, placer, config, now, borrowed, state.leaving, charged,
-                               snapshot.readings.served_gpu_s)
+                               snapshot.readings.served_gpu_s, snapshot.running)
         releases = releases_of(snapshot.running, now)  # (each tenant's timeline is cut from it)
         leaving = state.leaving
         timeline = ReleaseTimeline((), now, [r for r in releases if r[3] not in leaving] if leaving else releases)

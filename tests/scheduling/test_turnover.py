@@ -2,12 +2,17 @@
 preempts instead a borrower served past ``borrower_turnover_gpu_s`` that checkpoints."""
 
 import dataclasses
+from unittest import mock
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from jobs.scheduling import PreemptReason, decide
 from jobs.scheduling.config import SchedulerConfig
+from jobs.scheduling.turnover import _MostServed
 from tests.scheduling.builders import cluster, codes, job, node, placed, preempted, running, tenant
+from tests.scheduling.test_invariants import warm_clusters
 
 BORROWERS = [tenant("old", guaranteed=0, max_gpus=8), tenant("new", guaranteed=0, max_gpus=8)]
 HOUR = 3600.0
@@ -159,3 +164,21 @@ def test_turnover_takes_the_borrower_that_had_the_most_service_not_the_one_that_
     snapshot = dataclasses.replace(snapshot, running=tuple(
         dataclasses.replace(r, attained_gpu_s=0.0) for r in snapshot.running))
     assert preempted(decide(with_served(snapshot, j8=1.5, j9=1.2), now=now)) == [8]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(warm_clusters(), st.data())
+def test_turnover_skips_only_nodes_that_offer_it_nothing(snapshot, data):
+    """A turnover asks only the nodes with an empty GPU or a resident it could take
+    (``_MostServed._may_have_open_gpus``): the decisions are those of asking every node."""
+    running = tuple(dataclasses.replace(j, checkpoints=data.draw(st.booleans()),
+                                        attained_gpu_s=data.draw(st.sampled_from([0.0, 200.0, 5000.0])))
+                    for j in snapshot.running)
+    snapshot = dataclasses.replace(snapshot, running=running)
+    config = dataclasses.replace(SchedulerConfig(), borrower_turnover_gpu_s=300)
+    decisions = decide(snapshot, now=1000.0, config=config)
+    every_node = lambda self: {node.key for node in self.capacity.nodes}  # noqa: E731
+    with mock.patch.object(_MostServed, "_may_have_open_gpus", every_node):
+        assert decide(snapshot, now=1000.0, config=config) == decisions
+    event("turns over" if any(p.reason is PreemptReason.LEAST_ATTAINED for p in decisions.preemptions)
+          else "no turnover")
