@@ -27,7 +27,7 @@ at once).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -529,6 +529,8 @@ class Carry:
         # The last snapshot's pending jobs (the very tuple) and those jobs by tenant, in its order:
         # a snapshot loader hands back the same tuple while no pending job changed.
         self.by_tenant: tuple[tuple[JobRequest, ...] | None, dict[str, list[JobRequest]]] = (None, {})
+        # The caller's word on how the next pending requests were made (``pending_step``).
+        self._step: tuple = (None, None, frozenset())
         # The last cycle's working copy of the capacity, renewed for the next (``Capacity.renew``).
         self.capacity: Capacity | None = None
         # The reasons jobs were told, handed out again as the same objects (``Memo.reason``).
@@ -548,10 +550,26 @@ class Carry:
         self.capacity = Capacity(snapshot, config)
         return self.capacity
 
+    def pending_step(self, before: tuple[JobRequest, ...] | None, after: tuple[JobRequest, ...] | None,
+                     changed: frozenset[int]) -> None:
+        """The caller's word that the pending requests ``after`` were made from ``before`` (both by
+        job id) by building again only the requests of the jobs ``changed``, which came, went or
+        changed; every other request of ``after`` is the very object it was in ``before``. Where
+        the last cycle's requests are ``before`` and this one's ``after``, ``tenants_of`` moves
+        those jobs only, and the other tenants keep their very lists. (A loop cycle after a few
+        placements went over every pending job: 40 ms at 200,000.)"""
+        self._step = (before, after, changed)
+
     def tenants_of(self, pending: tuple[JobRequest, ...]) -> dict[str, list[JobRequest]]:
         """``pending`` by tenant, in its order (read-only: kept for the next cycle while it is the
-        same tuple; a list may change in place)."""
+        same tuple, each list while its tenant's jobs are the same)."""
         if self.by_tenant[0] is not pending or type(pending) is not tuple:
+            before, after, changed = self._step
+            if before is not None and before is self.by_tenant[0] and after is pending and type(pending) is tuple:
+                stepped = _stepped(self.by_tenant[1], before, after, changed)
+                if stepped is not None:
+                    self.by_tenant = (pending, stepped)
+                    return stepped
             by_tenant: dict[str, list[JobRequest]] = {}
             for job in pending:
                 jobs = by_tenant.get(job.tenant)
@@ -585,3 +603,36 @@ class Carry:
                 if not invalid and (now := inventory_reason(shape)) != reason:
                     shapes[key] = (shape, now, False)
                     self.queues = {}
+
+
+def _stepped(by_tenant: dict[str, list[JobRequest]], before: tuple[JobRequest, ...], after: tuple[JobRequest, ...],
+             changed: frozenset[int]) -> dict[str, list[JobRequest]] | None:
+    """``by_tenant`` (``before`` by tenant) made ``after``'s, where only the jobs ``changed`` differ
+    (``Carry.pending_step``): the lists of the tenants those jobs were or are of made again, the
+    others the same lists; tenants in the order a pass over ``after`` would give (each tenant's
+    first job, by id). None where the lists do not add up to ``after`` (not made as the caller said)."""
+    gone = [job for job in map(partial(_by_id, before), changed) if job is not None]
+    came = sorted((job for job in map(partial(_by_id, after), changed) if job is not None), key=_id)
+    stepped = dict(by_tenant)
+    for tenant in {job.tenant for job in gone} | {job.tenant for job in came}:
+        jobs = [job for job in by_tenant.get(tenant, ()) if job.id not in changed]
+        for job in came:
+            if job.tenant == tenant:
+                insort(jobs, job, key=_id)
+        if jobs:
+            stepped[tenant] = jobs
+        else:
+            stepped.pop(tenant, None)
+    if sum(map(len, stepped.values())) != len(after):
+        return None
+    return dict(sorted(stepped.items(), key=_first_job_id))
+
+
+def _by_id(requests: tuple[JobRequest, ...], job_id: int) -> JobRequest | None:
+    """The request of ``job_id`` in ``requests`` (by job id), or None."""
+    at = bisect_left(requests, job_id, key=_id)
+    return requests[at] if at < len(requests) and requests[at].id == job_id else None
+
+
+def _first_job_id(item: tuple[str, list[JobRequest]]) -> int:
+    return item[1][0].id

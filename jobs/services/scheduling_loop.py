@@ -56,7 +56,7 @@ from jobs.services.apply import apply_decisions, resend_stops, resend_unstarted_
 from jobs.services.scheduler_config import scheduler_config
 from jobs.services.service_meter import ServiceMeter
 from jobs.services.fair_share import advance_usage
-from jobs.services.snapshot_loader import build_snapshot, checked_snapshot
+from jobs.services.snapshot_loader import build_snapshot, checked_snapshot, last_pending_step
 from monitoring.services.redis_client import get_redis
 
 log = logging.getLogger(__name__)
@@ -163,6 +163,7 @@ def _cycle() -> CycleResult:
             advance_usage(config.usage_half_life_s)
         clock.lap("usage")
         snapshot = _snapshot(client)
+        _carry.pending_step(*last_pending_step())
         now = time.time()
         snapshot = _service.measured(snapshot, now)
         clock.lap("snapshot")

@@ -350,6 +350,12 @@ def pending_step(before: tuple[JobRequest, ...], now: tuple[JobRequest, ...]) ->
     return _step[2] if _step[0] is before and _step[1] is now else None
 
 
+def last_pending_step() -> tuple[tuple[JobRequest, ...] | None, tuple[JobRequest, ...] | None, frozenset[int]]:
+    """How the last pending requests were made, as ``Carry.pending_step`` takes it: (the requests
+    before, after, the ids of the rows built again); (None, None, ...) where they were built whole."""
+    return _step
+
+
 def _pending(largest_gpu_mib: int | None, slugs: dict[int, str], unfenced: dict[int, bool]) -> tuple[JobRequest, ...]:
     """The pending requests, by job id."""
     global _built, _built_for, _derived, _whole, _step

@@ -17,6 +17,7 @@ from agents.protocol import heartbeat_key
 from jobs.choices import JobState
 from jobs.models import Allocation, Job, JobArray, JobDependency, JobProfile, Tenant
 from jobs.scheduling import Decisions
+from jobs.scheduling.carry import Carry
 from jobs.services import apply, snapshot_loader as snapshot
 from jobs.services.snapshot_loader import build_snapshot
 from monitoring.models import Gpu, JobUsage, Node
@@ -130,8 +131,12 @@ def random_history_matches_a_fresh_build(redis_client, seed):
     for _ in range(12):
         mutate(rng, tenants, array, redis_client)
     apply._decided_on = (None, frozenset(), frozenset())
+    carry = Carry()
     for _ in range(40):
         built = build_snapshot(redis_client)
+        # (the core's pending jobs by tenant, moved by the requests built again, as the loop has it)
+        carry.pending_step(*snapshot.last_pending_step())
+        assert list(carry.tenants_of(built.pending).items()) == list(Carry().tenants_of(built.pending).items())
         assert built == fresh(redis_client)
         # (the apply's pending and reserved jobs, kept from one snapshot to the next by the requests
         # built again: ``snapshot_loader.pending_step``)

@@ -139,6 +139,15 @@ def check_columns(carry: Carry) -> None:
         columns._keys = cached
 
 
+def hint_step(carry: Carry, before: tuple, after: tuple) -> None:
+    """Tell ``carry`` how ``after`` was made from ``before``, as the snapshot loader would, where
+    both are by job id as the loader's are: the jobs whose request is not the very same object."""
+    if all(a.id < b.id for pending in (before, after) for a, b in zip(pending, pending[1:])):
+        was, now = {j.id: j for j in before}, {j.id: j for j in after}
+        changed = {i for i in was.keys() | now.keys() if was.get(i) is not now.get(i)}
+        carry.pending_step(before, after, frozenset(changed))
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_decisions_with_a_carry_equal_decisions_without(data):
@@ -167,7 +176,10 @@ def test_decisions_with_a_carry_equal_decisions_without(data):
             assert queues(carry) == queues(fresh)  # (what the next cycle starts from)
             check_columns(carry)
             check_promises(snapshot, decisions)
+            before = snapshot.pending
             snapshot, config, now, next_id = advance(draw, snapshot, decisions, EVENTS, config, now, next_id)
+            if draw(st.booleans()):
+                hint_step(carry, before, snapshot.pending)
     finally:
         carry_module.MAX_SHAPES, carry_module.MAX_ARRIVED_SHARE = bound, share
         carry_module.MAX_RECHECKED_SHAPES, carry_module.SHARED_KEY_JOBS = rechecked, shared
@@ -529,3 +541,39 @@ def test_a_reason_built_from_an_equal_number_of_another_type_is_worded_as_a_fres
     carried = decide(snapshot, 12.0, config, carry)
     assert carried == decide(snapshot, 12.0, config)
     assert "after 2.0 placement searches" in carried.pending[-1].reason.message
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_pending_by_tenant_moves_only_the_jobs_the_loader_says_changed(data):
+    """Told how the pending requests were made (``Carry.pending_step``), the carry moves those
+    jobs only: the same lists, in the same order, as a pass over every job; the other tenants'
+    very lists kept (their queues are then known unchanged without a compare)."""
+    draw = data.draw
+    names = ["a", "b", "c", "d"]
+    ids = sorted(draw(st.sets(st.integers(1, 60), max_size=30)))
+    before = tuple(job(i, tenant=draw(st.sampled_from(names))) for i in ids)
+    carry = Carry()
+    old = dict(carry.tenants_of(before))
+    gone = set(draw(st.sets(st.sampled_from(ids), max_size=5))) if ids else set()
+    edited = {i: job(i, tenant=draw(st.sampled_from(names)), gpus=2)
+              for i in draw(st.sets(st.sampled_from(ids), max_size=3))} if ids else {}
+    came = {i: job(i, tenant=draw(st.sampled_from(names))) for i in draw(st.sets(st.integers(61, 80), max_size=5))}
+    after = tuple(sorted([edited.get(j.id, j) for j in before if j.id not in gone] + list(came.values()),
+                         key=operator.attrgetter("id")))
+    carry.pending_step(before, after, frozenset(gone | edited.keys() | came.keys()))
+    stepped = carry.tenants_of(after)
+    whole = Carry().tenants_of(after)
+    assert list(stepped.items()) == list(whole.items())
+    touched = {j.tenant for j in before if j.id in gone or j.id in edited} | {j.tenant for j in (*edited.values(),
+                                                                                               *came.values())}
+    assert all(stepped[t] is old[t] for t in stepped if t not in touched)
+
+
+def test_a_step_from_requests_the_carry_did_not_decide_on_is_a_pass_over_every_job():
+    first = (job(1, tenant="a"), job(2, tenant="b"))
+    other = (job(1, tenant="a"), job(2, tenant="a"))
+    carry = Carry()
+    carry.tenants_of(first)
+    carry.pending_step(other, other, frozenset())  # (how ``other`` was made, not the requests it decided on)
+    assert carry.tenants_of(other) == {"a": list(other)}
