@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
           f"placements x{len(fair[2].placements) / max(1, len(fifo[2].placements)):.2f}")
     codes = Counter(p.reason.code.value for p in fair[2].pending)
     print("fair_share pending reasons: " + ", ".join(f"{code} {n}" for code, n in codes.most_common()))
-    with_eta = sum(1 for p in fair[2].pending if p.eta_s is not None)
+    with_eta = sum(1 for p in fair[2].pending if p.eta_at is not None)
     print(f"fair_share pending with an ETA: {with_eta}")
 
 

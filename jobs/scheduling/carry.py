@@ -391,8 +391,8 @@ class QueueColumns:
         # (answers compare at C speed: the same reason objects, ``InternedReasons``)
         last = told_answers[start:stop]
         if told_ids[start:stop] == ids:
-            # Some answers may have moved (an ETA is in seconds from now: those with one move
-            # every cycle): only those jobs are told anew.
+            # Some answers may have moved (an ETA, when a job ended or came ahead): only those
+            # jobs are told anew.
             moved = () if last == answers else compress(range(len(ids)), map(ne, last, answers))
         else:  # (jobs joined or left the queue here: those at a position that kept its job and answer stay)
             moved = compress(range(len(ids)), map(not_, map(and_, map(eq, told_ids[start:stop], ids),

@@ -130,14 +130,21 @@ class Pending(NamedTuple):
 
     job_id: int
     reason: PendingReason
-    # Seconds from ``now`` until it could start, when running jobs' expected ends allow a guess.
-    eta_s: float | None = None
+    # When it could start, on the clock ``decide`` was given (the epoch, in production), where
+    # running jobs' expected ends allow a guess. A time already past: any moment (what it waits
+    # for is overdue). A time, not seconds from now: a guess that holds is the same from one cycle
+    # to the next, so a steady queue is told the very verdicts it was told (``QueueColumns.told``).
+    eta_at: float | None = None
 
     def as_dict(self) -> dict:
-        return {**self.reason.as_dict(), "eta_s": self.eta_s}
+        return {**self.reason.as_dict(), "eta_at": self.eta_at}
+
+    def eta_s(self, now: float) -> float | None:
+        """Seconds from ``now`` until it could start (0: any moment), where there is a guess."""
+        return None if self.eta_at is None else max(0.0, self.eta_at - now)
 
 
-# ``new_pending((job_id, reason, eta_s))``: the same Pending, built without the Python-level
+# ``new_pending((job_id, reason, eta_at))``: the same Pending, built without the Python-level
 # ``__new__`` a named tuple has (all three fields given; for the loops that see every waiting job).
 new_pending = partial(tuple.__new__, Pending)
 

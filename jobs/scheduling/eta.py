@@ -5,6 +5,10 @@ ahead of it in this cycle's order (queue-aware, like Slurm's expected start). Ru
 an expected runtime release at an unknown time: they are left out, so the estimate is None once
 the known releases do not cover the demand. A job past its expected end counts as ending now.
 Topology is ignored (a gang may need its GPUs on one node): this is a guide, not a promise.
+
+An ETA is a time on the cycle's clock, not seconds from it: while the running jobs and the queue
+stay, each job's ETA stays the same number from one cycle to the next. A release already overdue
+keeps its expected end (in the past: any moment), so that holds for those too.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, RunningJob
 def releases_of(running: list[RunningJob], now: float) -> list[tuple[float, int, str, int]]:
     """(when, milli-GPUs released, tenant, job id) for each of ``running`` with an expected end,
     in time order: what ``ReleaseTimeline`` is made of, for the whole cluster or one tenant."""
-    return sorted((max(now, end), job.quota_milli, job.tenant, job.id)
+    return sorted((end, job.quota_milli, job.tenant, job.id)
                   for job in running if (end := job.expected_end) is not None)
 
 
@@ -28,19 +32,18 @@ class ReleaseTimeline:
         """``releases``: ``releases_of(running, now)`` (or some of it), made already."""
         self.now = now
         if releases is None:
-            releases = sorted((max(now, end), job.quota_milli) for job in running
-                              if (end := job.expected_end) is not None)
+            releases = sorted((end, job.quota_milli) for job in running if (end := job.expected_end) is not None)
         self.times = list(map(_when, releases))
         self.released_milli = list(accumulate(map(_milli, releases)))
 
     def eta(self, needed_milli: int) -> float | None:
-        """Seconds from now until ``needed_milli`` milli-GPUs have been released."""
+        """When ``needed_milli`` milli-GPUs will have been released (now, or earlier: any moment)."""
         if needed_milli <= 0:
-            return 0.0
+            return self.now
         position = bisect_left(self.released_milli, needed_milli)
         if position == len(self.released_milli):
             return None
-        return self.times[position] - self.now
+        return self.times[position]
 
 
 _when, _milli = itemgetter(0), itemgetter(1)

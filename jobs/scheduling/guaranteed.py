@@ -96,7 +96,7 @@ class GuaranteedPass:
             state.promises.append(promise)
             outcomes.count(job, job_class)
             outcomes.wait(job, reasons.reclaiming(job.gpus, 0, node_names(gpus)) if job_class is GUARANTEED
-                          else reasons.turning_over(job.gpus, 0, node_names(gpus)), eta=0.0)
+                          else reasons.turning_over(job.gpus, 0, node_names(gpus)), eta_at=self.inputs.now)
 
     def run(self, queues: dict[str, list[Entry]]) -> None:
         cursors = dict.fromkeys(queues, 0)

@@ -91,8 +91,8 @@ class JobOutcomes:
         if job_class is GUARANTEED:
             self.state.guaranteed_held[job.tenant] += job.quota_milli
 
-    def wait(self, job: JobRequest, reason: PendingReason, eta: float | None = None) -> None:
-        self.state.pending.append(new_pending((job.id, reason, eta)))
+    def wait(self, job: JobRequest, reason: PendingReason, eta_at: float | None = None) -> None:
+        self.state.pending.append(new_pending((job.id, reason, eta_at)))
 
     def take_back(self, job: JobRequest, job_class: JobClass, victims, gpus, why: PreemptReason, told: str,
                   reason: PendingReason) -> None:
@@ -103,7 +103,7 @@ class JobOutcomes:
             self.state.preemptions.append(Preempt(victim.id, why, told, for_job_id=job.id))
         self.state.promises.append(Promise(job.id, job.tenant, tuple(gpu.id for gpu in gpus)))
         self.count(job, job_class)
-        self.wait(job, reason, eta=0.0)
+        self.wait(job, reason, eta_at=self.now)
 
     def array_full(self, job: JobRequest, more: int = 0) -> bool:
         """Is ``job``'s array at its limit (with ``more`` of its jobs about to run)?"""
@@ -117,14 +117,14 @@ class JobOutcomes:
         position = running - limit + state.array_blocked[array]
         state.array_blocked[array] += 1
         ends = state.array_ends.get(array)
-        eta = None
+        eta_at = None
         if ends and position < len(ends):
             ends.sort()
-            eta = max(0.0, ends[position] - self.now)
-        self.wait(job, self.memo.reason(reasons.array_limit, array, running, limit), eta)
+            eta_at = ends[position]
+        self.wait(job, self.memo.reason(reasons.array_limit, array, running, limit), eta_at)
 
     def wait_for_one_node(self, job: JobRequest, wait: OneNodeWait) -> None:
         bound = self.config.gang_single_node_wait_s
         reason = self.memo.reason(reasons.waiting_for_one_node, job.gpus, wait.spread_nodes, bound)
         # At the latest it is spread then (if the spread is still possible).
-        self.wait(job, reason, max(0.0, job.submitted_at + bound - self.now))
+        self.wait(job, reason, job.submitted_at + bound)

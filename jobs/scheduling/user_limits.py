@@ -59,11 +59,11 @@ class UserLimits:
         position = self.blocked[key]
         self.blocked[key] += 1
         ends = sorted(self.ends.get(key, ()))
-        eta = max(0.0, ends[position] - self.now) if position < len(ends) else None
+        eta_at = ends[position] if position < len(ends) else None
         reason = reasons.user_limit(limit.name or job.user, job.tenant, running, limit.max_running,
                                     milli / WHOLE_GPU_MILLI, limit.max_gpus, job.quota_milli / WHOLE_GPU_MILLI,
                                     "jobs" if over_jobs else "gpus")
-        return reason, eta
+        return reason, eta_at
 
     def placed(self, job: JobRequest) -> None:
         key = (job.tenant, job.user)

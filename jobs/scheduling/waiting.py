@@ -143,7 +143,7 @@ class WaitExplainer:
         state.version += 1
         state.reservations.append(Reservation(job.id, names, since=span[0], until=span[1], eta_s=eta))
         reason = reasons.holding_reservation(job.gpus, names, span[1], self.now)
-        self.outcomes.wait(job, reason, eta)
+        self.outcomes.wait(job, reason, None if eta is None else self.now + eta)
         return reason
 
     def _fits_reserved(self, shape: Shape, job_class: JobClass) -> bool:

@@ -21,7 +21,7 @@ WAITING = PendingReason(ReasonCode.WAITING_FOR_FREE_GPUS, "Waiting for 1 free GP
 def test_a_placed_job_has_no_verdict_left_and_its_eta_error_is_measured(db, live_redis):
     gpu = GpuFactory(node=NodeFactory(name="n1"), index=0)
     job = JobFactory()
-    apply_decisions(Decisions(pending=(Pending(job.pk, WAITING, 0.0),)))
+    apply_decisions(Decisions(pending=(Pending(job.pk, WAITING, time.time()),)))
     assert Job.objects.get(pk=job.pk).pending_reason["code"] == "waiting_for_free_gpus"
     apply_decisions(Decisions(placements=(Place(job.pk, slices=(NodeSlice("n1", (gpu.pk,), (0,)),)),)))
     job = Job.objects.get(pk=job.pk)
@@ -81,10 +81,10 @@ def test_verdict_pages_keep_room_for_rewrites_in_place(db):
 
 def test_a_verdict_rewritten_in_place_keeps_the_first_promise(db):
     job = JobFactory()
-    apply_decisions(Decisions(pending=(Pending(job.pk, WAITING, 600.0),)))
+    apply_decisions(Decisions(pending=(Pending(job.pk, WAITING, time.time() + 600),)))
     promised = JobWait.objects.get(job=job).first_eta_at
     moved = PendingReason(ReasonCode.WAITING_FOR_FREE_GPUS, "Waiting for 2 free GPUs.", {"gpus": 2})
-    apply_decisions(Decisions(pending=(Pending(job.pk, moved, 3600.0),)))
+    apply_decisions(Decisions(pending=(Pending(job.pk, moved, time.time() + 3600),)))
     wait = JobWait.objects.get(job=job)
     assert wait.reason["message"] == "Waiting for 2 free GPUs." and wait.first_eta_at == promised
     assert wait.eta_at == pytest.approx(time.time() + 3600, abs=60)

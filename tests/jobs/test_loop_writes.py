@@ -69,7 +69,8 @@ def test_an_eta_that_holds_within_its_tolerance_is_kept_and_one_that_moved_is_re
     now = time.time()
 
     def cycle_with(eta_s, message="Waiting for 1 free GPU."):
-        apply_decisions(Decisions(pending=(Pending(job.pk, waiting(message, gpus=1), eta_s),)))
+        eta_at = None if eta_s is None else now + eta_s
+        apply_decisions(Decisions(pending=(Pending(job.pk, waiting(message, gpus=1), eta_at),)))
         job.refresh_from_db()
         return job.pending_reason
 
@@ -375,7 +376,7 @@ def test_an_eta_kept_within_its_tolerance_is_rewritten_once_it_comes_near_though
 
     def cycle_at(moment: float, eta_at: float) -> int | None:
         clock[0] = moment
-        apply_decisions(Decisions(pending=(Pending(job.pk, waiting(gpus=1), eta_at - moment),)))
+        apply_decisions(Decisions(pending=(Pending(job.pk, waiting(gpus=1), eta_at),)))
         return JobWait.objects.get(job=job).eta_at
 
     promised = cycle_at(start, start + 3000)
@@ -408,7 +409,7 @@ def test_when_a_few_etas_move_in_a_settled_queue_only_those_are_rewritten_and_to
     def cycle_at(moment: float, etas_at: list[float]) -> list[int | None]:
         clock[0] = moment
         apply_decisions(Decisions(pending=tuple(
-            Pending(job.pk, shared if one_reason else waiting(gpus=1), eta_at - moment)
+            Pending(job.pk, shared if one_reason else waiting(gpus=1), eta_at)
             for job, eta_at in zip(jobs, etas_at))))
         stored = dict(JobWait.objects.values_list("job_id", "eta_at"))
         return [stored[job.pk] for job in jobs]
@@ -462,13 +463,13 @@ def test_a_settled_queue_whose_verdicts_trade_places_or_change_their_words_is_st
 
     def cycle(told: list[tuple[PendingReason, float | None]]) -> list[tuple[str, bool]]:
         apply_decisions(Decisions(pending=tuple(
-            Pending(job.pk, reason, eta_s) for job, (reason, eta_s) in zip(jobs, told))))
+            Pending(job.pk, reason, eta_at) for job, (reason, eta_at) in zip(jobs, told))))
         stored = {job_id: (reason["message"], eta_at is not None)
                   for job_id, reason, eta_at in JobWait.objects.values_list("job_id", "reason", "eta_at")}
         return [stored[job.pk] for job in jobs]
 
     def expected(told):
-        return [(reason.message, eta_s is not None) for reason, eta_s in told]
+        return [(reason.message, eta_at is not None) for reason, eta_at in told]
 
     told = [(one, None)] * 3 + [(two, None)] * 3
     assert cycle(told) == expected(told)
@@ -497,15 +498,15 @@ def test_a_settled_queue_that_gains_and_loses_jobs_is_still_stored_right(transac
     one, two = waiting(gpus=1), waiting("Waiting for 2 free GPUs.", gpus=2)
 
     def cycle(told: dict) -> dict:
-        clock[0] += 300  # (an ETA in seconds from now: past its tolerance, its time must move)
-        apply_decisions(Decisions(pending=tuple(Pending(job.pk, reason, eta_s)
+        clock[0] += 300  # (an ETA 600 s from now each time: past its tolerance, its time must move)
+        apply_decisions(Decisions(pending=tuple(Pending(job.pk, reason, None if eta_s is None else clock[0] + eta_s)
                                                 for job, (reason, eta_s) in told.items())))
         stored = {job_id: (reason["message"], eta_at)
                   for job_id, reason, eta_at in JobWait.objects.values_list("job_id", "reason", "eta_at")}
         return {job: stored.get(job.pk) for job in told}
 
     def expected(told: dict) -> dict:
-        return {job: (reason.message, None if eta_s is None else apply._eta_at(eta_s, clock[0]))
+        return {job: (reason.message, None if eta_s is None else apply._eta_at(clock[0] + eta_s))
                 for job, (reason, eta_s) in told.items()}
 
     told = {job: (one, None) for job in jobs}

@@ -34,7 +34,7 @@ def stored_as_told(told: dict[int, tuple[PendingReason, float | None]], now: flo
     stored = {job_id: (reason, eta_at) for job_id, reason, eta_at in JobWait.objects.values_list(
         "job_id", "reason", "eta_at")}
     wrong = {}
-    for job_id, (reason, eta_s) in told.items():
+    for job_id, (reason, eta_at) in told.items():
         if job_id not in pending:
             continue
         found = stored.get(job_id)
@@ -42,8 +42,8 @@ def stored_as_told(told: dict[int, tuple[PendingReason, float | None]], now: flo
             wrong[job_id] = "no verdict stored"
         elif apply._canonical(found[0]) != apply._canonical(reason.as_dict()):
             wrong[job_id] = f"stored {found[0]['message']!r}, told {reason.message!r}"
-        elif not apply._eta_holds(found[1], None if eta_s is None else apply._eta_at(eta_s, now), now):
-            wrong[job_id] = f"stored ETA {found[1]}, told {eta_s} s from {now}"
+        elif not apply._eta_holds(found[1], None if eta_at is None else apply._eta_at(eta_at), now):
+            wrong[job_id] = f"stored ETA {found[1]}, told {eta_at} at {now}"
     return wrong
 
 
@@ -71,19 +71,19 @@ def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, 
     tenant = TenantFactory(slug="vision")
     jobs = [JobFactory(tenant=tenant).pk for _ in range(10)]
     told: dict[int, tuple[PendingReason, float | None]] = {
-        job_id: (rng.choice(REASONS), rng.choice([None, None, 600.0 + 60 * rng.randrange(20)])) for job_id in jobs}
+        job_id: (rng.choice(REASONS), rng.choice([None, None, clock[0] + 600.0 + 60 * rng.randrange(20)]))
+        for job_id in jobs}
     order = list(jobs)
-    fixed: dict[int, float] = {}  # job -> the time its ETA stays at
     told_as: dict[int, Pending] = {}
     told_at: dict[int, int] = {}  # job -> where it was told last cycle
 
     def verdict(job_id: int) -> Pending:
         """The verdict told ``job_id``: the very object told last time while its words and ETA are
         the same, as the core hands them back (the apply finds what moved by identity)."""
-        reason, eta_s = told[job_id]
+        reason, eta_at = told[job_id]
         found = told_as.get(job_id)
-        if found is None or found.reason is not reason or found.eta_s != eta_s:
-            found = told_as[job_id] = Pending(job_id, reason, eta_s)
+        if found is None or found.reason is not reason or found.eta_at != eta_at:
+            found = told_as[job_id] = Pending(job_id, reason, eta_at)
         return found
 
     for _ in range(40):
@@ -113,21 +113,13 @@ def test_after_any_history_the_store_holds_what_the_core_told(transactional_db, 
                 if rng.random() < 0.5:
                     reason = PendingReason(reason.code, reason.message, dict(reason.details))
                 told[job_id] = (reason, told[job_id][1])
-            elif event == 6:  # an ETA comes, moves or goes; or stays at one time as the clock nears it
+            elif event == 6:  # an ETA comes, moves or goes (else it stays at one time as the clock nears it)
                 # (ETAs of their own: one job's ETA is never taken for another's by chance)
-                eta = rng.choice([None, 120.0, 600.0, 5000.0, "fixed"])
-                eta = eta + 60 * rng.randrange(20) if isinstance(eta, float) else eta
-                if eta == "fixed":
-                    fixed[job_id], eta = clock[0] + rng.choice([200, 700, 3000]), None
-                else:
-                    fixed.pop(job_id, None)
-                told[job_id] = (told[job_id][0], eta)
+                eta = rng.choice([None, 120.0, 600.0, 5000.0])
+                told[job_id] = (told[job_id][0], None if eta is None else clock[0] + eta + 60 * rng.randrange(20))
             else:  # the queue in another order
                 rng.shuffle(order)
         clock[0] += rng.choice([2, 2, 30, 300])
-        for job_id, at in fixed.items():  # (in seconds from now: fewer as the time comes nearer)
-            if job_id in told:
-                told[job_id] = (told[job_id][0], max(1.0, at - clock[0]))
         waiting = [job for job in order if job in told]
         # (now and then a job placed between the snapshot and the apply is told about still)
         placed_meanwhile = []

@@ -91,7 +91,7 @@ def test_a_long_queue_waits_with_the_reason_and_the_queue_eta_each_job_would_get
     assert decisions == one_by_one(warm, 0.0, SchedulerConfig())
     assert len(decisions.pending) == 38
     assert len({p.reason.message for p in decisions.pending}) == 1
-    assert [p.eta_s for p in decisions.pending[:3]] == [100.0, 200.0, None]
+    assert [p.eta_at for p in decisions.pending[:3]] == [100.0, 200.0, None]
 
 
 def test_a_job_deep_in_a_queue_that_kept_its_promise_waits_once_as_reclaiming():
@@ -141,7 +141,7 @@ def test_when_the_queue_s_etas_run_out_inside_a_run_the_rest_of_the_run_gets_non
                                              for k, r in enumerate(warm.running)))
     decisions = decide(warm, 0.0)
     assert decisions == one_by_one(warm, 0.0, SchedulerConfig())
-    etas = [p.eta_s for p in decisions.pending]
+    etas = [p.eta_at for p in decisions.pending]
     assert etas[:32] == [60.0 * (k + 1) for k in range(32)] and etas[32:] == [None] * 58
 
 

@@ -78,8 +78,9 @@ def test_array_limit_eta_comes_from_the_arrays_own_expected_ends():
                                 running(51, gpus=[1], tenant="team", array=7, opportunistic=True, started_at=0)],
                        pending=[job(1, tenant="team", array=(7, 2)), job(2, tenant="team", array=(7, 2))])
     decisions = decide(snapshot, now=40)
-    assert pending_of(decisions, 1).eta_s == 60.0  # job 50 is expected to end at 100
-    assert pending_of(decisions, 2).eta_s is None  # needs job 51 too, whose end is unknown
+    assert pending_of(decisions, 1).eta_at == 100.0  # job 50 is expected to end then
+    assert pending_of(decisions, 1).eta_s(40) == 60.0
+    assert pending_of(decisions, 2).eta_at is None  # needs job 51 too, whose end is unknown
 
 
 # -- dependencies ----------------------------------------------------------------------------------------
@@ -165,7 +166,7 @@ def test_a_young_gang_waits_for_one_node_rather_than_spreading():
     assert pending.reason.code is ReasonCode.WAITING_FOR_ONE_NODE
     assert pending.reason.message.startswith(
         "Waiting up to 5 min after submission for one node with 8 free GPUs rather than spreading it over 3 nodes")
-    assert pending.eta_s == pytest.approx(240.0)  # spread at the latest then
+    assert pending.eta_at == pytest.approx(400.0)  # spread at the latest then
     assert decisions.reservations == ()
 
 

@@ -120,7 +120,7 @@ def test_blocked_gang_holds_its_best_node_and_small_jobs_do_not_take_it():
     assert (reservation.since, reservation.until, reservation.eta_s) == (20, 20 + WINDOW, 80)
     assert codes(decisions)[1] == "holding_reservation"
     assert codes(decisions)[2] == "reserved_for_gang"
-    assert pending_of(decisions, 1).eta_s == 80
+    assert pending_of(decisions, 1).eta_at == 20 + 80
 
 
 def test_jobs_that_end_before_the_gang_could_start_backfill_the_held_node():

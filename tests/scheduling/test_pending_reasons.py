@@ -138,7 +138,7 @@ def test_eta_is_when_enough_gpus_are_released(ends, needed, eta):
                        running=[running(10 + i, gpus=[i], tenant="other", started_at=0.0, runtime=end)
                                 for i, end in enumerate(ends)],
                        pending=[job(1, tenant="nlp", gpus=needed)])
-    assert pending_of(decide(snapshot, now=50), 1).eta_s == eta
+    assert pending_of(decide(snapshot, now=50), 1).eta_s(50) == eta
 
 
 def test_eta_counts_the_queue_ahead():
@@ -147,12 +147,12 @@ def test_eta_counts_the_queue_ahead():
                                 for i in range(3)],
                        pending=[job(1, tenant="nlp", submitted_at=1), job(2, tenant="nlp", submitted_at=2)])
     decisions = decide(snapshot, now=0)
-    assert [pending_of(decisions, i).eta_s for i in (1, 2)] == [100.0, 200.0]
+    assert [pending_of(decisions, i).eta_at for i in (1, 2)] == [100.0, 200.0]
 
 
 def test_impossible_requests_have_no_eta():
     snapshot = cluster(node("a", mem_gib=32), tenants=T, pending=[job(1, tenant="nlp", mem_gib=40)])
-    assert decide(snapshot, now=0).pending[0].eta_s is None
+    assert decide(snapshot, now=0).pending[0].eta_at is None
 
 
 def test_the_borrowing_pass_stops_searching_at_the_search_limit_and_says_so():

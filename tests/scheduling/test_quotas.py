@@ -59,7 +59,7 @@ def test_at_ceiling_says_the_ceiling_and_when():
     (pending,) = decide(snapshot, now=40).pending
     assert pending.reason.code == "at_max_gpus"
     assert "at its 2-GPU ceiling" in pending.reason.message
-    assert pending.eta_s == 60
+    assert pending.eta_at == 100
 
 
 def test_a_job_at_its_ceiling_is_told_the_same_words_whatever_its_tenant_runs_under_it():

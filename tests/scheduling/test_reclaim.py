@@ -24,7 +24,7 @@ def test_guaranteed_job_reclaims_from_borrower():
     (preempt,) = decisions.preemptions
     assert (preempt.reason, preempt.for_job_id, preempt.requeue) == (PreemptReason.RECLAIM_FOR_GUARANTEE, 1, True)
     assert codes(decisions) == {1: "reclaiming"}
-    assert pending_of(decisions, 1).eta_s == 0.0
+    assert pending_of(decisions, 1).eta_s(100) == 0.0
 
 
 @pytest.mark.parametrize("started, victim", [

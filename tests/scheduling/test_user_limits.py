@@ -25,7 +25,7 @@ def test_a_member_at_their_most_running_jobs_waits_and_a_teammate_does_not():
     assert codes(decisions) == {2: "user_limit"}
     waiting = pending_of(decisions, 2)
     assert "alice has 2 jobs running in vision" in waiting.reason.message
-    assert waiting.eta_s == 500.0  # her running job ends at 600
+    assert waiting.eta_at == 600.0  # when her running job ends
 
 
 def test_a_gpu_cap_counts_the_gpus_asked_for():
@@ -58,4 +58,4 @@ def test_a_promised_job_at_its_user_s_limit_takes_one_place_in_their_line_not_tw
                        promises=(Promise(1, "vision", (snapshot.nodes[0].gpus[2].id,)),))
     decisions = decide(snapshot, now=100)
     assert codes(decisions) == {1: "user_limit", 2: "user_limit"}
-    assert (pending_of(decisions, 1).eta_s, pending_of(decisions, 2).eta_s) == (500.0, 800.0)
+    assert (pending_of(decisions, 1).eta_at, pending_of(decisions, 2).eta_at) == (600.0, 900.0)

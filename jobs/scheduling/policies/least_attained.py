@@ -93,7 +93,7 @@ def _least_attained(snapshot: ClusterSnapshot, now: float, guarantees: _Guarante
             continue
         preemptions.extend(Preempt(v.id, PreemptReason.RECLAIM_FOR_GUARANTEE,
                                    f"Job {job.id} has had less GPU time", for_job_id=job.id) for v in freed)
-        pending.append(Pending(job.id, reasons.preempting_more_served(job.gpus, len(freed)), eta_s=0.0))
+        pending.append(Pending(job.id, reasons.preempting_more_served(job.gpus, len(freed)), eta_at=now))
     return Decisions(placements=tuple(placements), pending=tuple(pending), preemptions=tuple(preemptions))
 
 
