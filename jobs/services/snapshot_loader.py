@@ -73,9 +73,9 @@ def _heard(redis_client, nodes: list[tuple]) -> tuple[set[str], dict[str, live.N
 
 def _build(redis_client, heard: tuple[set[str], dict] | None) -> ClusterSnapshot:
     """``heard``: what :func:`_heard` said, when already asked."""
-    nodes = _node_rows()
+    nodes, gpus = _inventory_rows.get(_inventory)
     online, samples = heard if heard is not None else _heard(redis_client, nodes)
-    node_states = _nodes(nodes, online)
+    node_states = _nodes(nodes, gpus, online)
     gpu_nodes, gpu_memory, gpu_ids, gpu_index = _gpu_facts(node_states)
     tenants = list(Tenant.objects.values_list("id", "slug", "guaranteed_gpus", "max_gpus", "weight", "decayed_usage",
                                               "unfenced_sharing"))
@@ -103,17 +103,20 @@ MAX_PROMISED_GPUS = 4096
 
 
 # Everything kept from one snapshot to the next (see each): dropped by :func:`forget`.
-KEPT = ("_node_states", "_all_nodes", "_facts", "_running_jobs", "_running_for", "_built", "_built_for", "_derived",
+KEPT = ("_node_states", "_all_nodes", "_inventory_rows", "_facts", "_running_jobs", "_running_for", "_built",
+        "_built_for", "_derived",
         "_whole", "_pending_versions", "_served_before", "_pending_read", "_allocation_rows", "_allocation_versions",
         "_allocations_in_order", "_running_last", "_pending_feed", "_step")
 
 
 def forget() -> None:
     """Drop what was kept from earlier snapshots: the next one is built as a new process builds it."""
-    global _node_states, _all_nodes, _facts, _running_jobs, _running_for, _built, _built_for, _derived, _whole
+    global _node_states, _all_nodes, _inventory_rows, _facts, _running_jobs, _running_for, _built, _built_for
+    global _derived, _whole
     global _pending_versions, _served_before, _pending_read, _allocation_rows, _running_last
     global _allocation_versions, _allocations_in_order, _pending_feed, _step
     _node_states, _all_nodes, _facts, _running_jobs, _running_for = {}, (None, ()), ((), ({}, {}, {}, {})), {}, ()
+    _inventory_rows = KeptWhileUnchanged(Node, Gpu)
     _allocation_rows = KeptWhileUnchanged(Allocation, Job)
     _allocation_versions, _allocations_in_order = RowVersions(), (None, {}, [])
     _built, _built_for, _derived, _whole = {}, (), (None, set(), set()), (None, ())
@@ -198,12 +201,13 @@ NODE_FIELDS = ("id", "name", "cordoned", "rack", "topology_text", "runtimes_text
 _node_states: dict[int, tuple[tuple, NodeState]] = {}
 # (every row and who is up, the nodes): most cycles nothing of it changed at all.
 _all_nodes: tuple = (None, ())
+# The rows ``_inventory`` reads, kept while neither table's change mark moved: a node registers or
+# changes health a few times a day, and a cycle read 1,024 + 8,192 rows every 2 s to find them the same.
+_inventory_rows = KeptWhileUnchanged(Node, Gpu)
 
 
-def _nodes(nodes: list[tuple], online: set[str]) -> tuple[NodeState, ...]:
+def _nodes(nodes: list[tuple], gpus: list[tuple], online: set[str]) -> tuple[NodeState, ...]:
     global _node_states, _all_nodes
-    gpus = _rows(Gpu.objects.filter(present=True).order_by("node_id", "index").values_list(
-        "node_id", "id", "index", "model", "memory_mib", "isolation", "mig_profile"))
     if _all_nodes[0] == (nodes, gpus, online):
         return _all_nodes[1]
     gpus_by_node: dict[int, list[tuple]] = defaultdict(list)
@@ -219,6 +223,12 @@ def _nodes(nodes: list[tuple], online: set[str]) -> tuple[NodeState, ...]:
         states.append(state)
     _node_states, _all_nodes = kept, ((nodes, gpus, online), tuple(states))
     return _all_nodes[1]
+
+
+def _inventory() -> tuple[list[tuple], list[tuple]]:
+    """The nodes' rows and their present GPUs' rows."""
+    return _node_rows(), _rows(Gpu.objects.filter(present=True).order_by("node_id", "index").values_list(
+        "node_id", "id", "index", "model", "memory_mib", "isolation", "mig_profile"))
 
 
 def _node_rows() -> list[tuple]:

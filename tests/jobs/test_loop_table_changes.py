@@ -192,3 +192,44 @@ def test_a_cycle_after_a_submission_tells_it_why_it_waits_without_listing_the_qu
         assert run_scheduling_cycle().ran
     assert not [q for q in captured.captured_queries if "reserved_since IS NOT NULL" in q["sql"]]
     assert JobWait.objects.get(job_id=submitted.pk).reason["code"]
+
+
+def inventory_reads(captured) -> list[str]:
+    """The statements that read the nodes' or the GPUs' rows."""
+    return [q["sql"] for q in captured.captured_queries
+            if re.search(r'FROM "monitoring_(node|gpu)"(?!\w)', q["sql"]) and "colony_table_changes" not in q["sql"]]
+
+
+def test_a_steady_cycle_reads_no_node_or_gpu_row_and_a_gpu_written_behind_its_back_is_seen_next_cycle(cluster):
+    """The nodes' and GPUs' rows are kept while their tables' change marks stand: a GPU that
+    registers (an ORM save) is placed on by the next cycle, and one marked gone by a bulk update
+    (no save, no signal) is no longer offered."""
+    from monitoring.models import Gpu, Node
+
+    big = TenantFactory(slug="big", guaranteed_gpus=3, max_gpus=3)
+    wide = JobFactory(tenant=big, gpus=3)  # waits: the node has 2 GPUs
+    cycle()
+    settle()
+    with CaptureQueriesContext(connection) as captured:
+        steady, _ = cycle()
+    assert steady.pending == 1 and inventory_reads(captured) == []
+    too_wide = JobWait.objects.get(job=wide).reason["code"]
+
+    node = Node.objects.get(name="n1")
+    GpuFactory(node=node, index=2)
+    with CaptureQueriesContext(connection) as captured:
+        grown, _ = cycle()
+    assert inventory_reads(captured) and grown.placed == 1
+    assert Job.objects.get(pk=wide.pk).state == JobState.PLACED
+
+    from django.utils import timezone
+
+    from jobs.models import Allocation
+
+    Allocation.objects.filter(job=wide).update(released_at=timezone.now())
+    Job.objects.filter(pk=wide.pk).update(state=JobState.SUCCEEDED)
+    settle()
+    Gpu.objects.filter(node=node, index=2).update(present=False)
+    again = JobFactory(tenant=big, gpus=3)
+    result, _ = cycle()
+    assert result.placed == 0 and JobWait.objects.get(job=again).reason["code"] == too_wide
