@@ -57,7 +57,7 @@ from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.cycle_state import CycleInputs, CycleState, Memo
 from jobs.scheduling.decisions import Decisions, Preempt, PreemptReason
 from jobs.scheduling.duty_cycles import throttles
-from jobs.scheduling.eta import QueueEta, ReleaseTimeline, releases_of
+from jobs.scheduling.eta import QueueEta, ReleaseTimeline
 from jobs.scheduling.moves import crowded_borrowers
 from jobs.scheduling.explain import InventoryCheck
 from jobs.scheduling.fragmentation_score import (FragmentationScore, cycle_workload, snapshot_hosts,
@@ -125,7 +125,7 @@ class Cycle:
         self.reclaimer = Reclaimer(capacity, placer, config, now, borrowed, state.leaving, charged)
         turnover = Turnover.of(capacity, placer, config, now, borrowed, state.leaving, charged,
                                snapshot.readings.served_gpu_s, snapshot.running)
-        releases = releases_of(snapshot.running, now)  # (each tenant's timeline is cut from it)
+        releases = carry.releases_of(snapshot.running)  # (each tenant's timeline is cut from it)
         leaving = state.leaving
         timeline = ReleaseTimeline((), now, [r for r in releases if r[3] not in leaving] if leaving else releases)
         queue_eta = QueueEta(timeline, sum(capacity.start_total_empty) * WHOLE_GPU_MILLI)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from itertools import accumulate
+from collections.abc import Sequence
 from operator import itemgetter
 
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, RunningJob
 
 
-def releases_of(running: list[RunningJob], now: float) -> list[tuple[float, int, str, int]]:
+def releases_of(running: Sequence[RunningJob]) -> list[tuple[float, int, str, int]]:
     """(when, milli-GPUs released, tenant, job id) for each of ``running`` with an expected end,
     in time order: what ``ReleaseTimeline`` is made of, for the whole cluster or one tenant."""
     return sorted((end, job.quota_milli, job.tenant, job.id)
@@ -29,7 +30,7 @@ def releases_of(running: list[RunningJob], now: float) -> list[tuple[float, int,
 
 class ReleaseTimeline:
     def __init__(self, running: list[RunningJob], now: float, releases: list[tuple] | None = None):
-        """``releases``: ``releases_of(running, now)`` (or some of it), made already."""
+        """``releases``: ``releases_of(running)`` (or some of it), made already."""
         self.now = now
         if releases is None:
             releases = sorted((end, job.quota_milli) for job in running if (end := job.expected_end) is not None)
