@@ -39,11 +39,11 @@ from operator import and_, attrgetter, eq, getitem, is_, is_not, itemgetter, ne,
 from jobs.scheduling.capacity import Capacity
 from jobs.scheduling.config import SchedulerConfig
 from jobs.scheduling.decisions import Pending, new_pending
+from jobs.scheduling.eta import releases_of
 from jobs.scheduling.fragmentation import QueueTallies
 from jobs.scheduling.interned_reasons import InternedReasons
 from jobs.scheduling.placement import Shape
 from jobs.scheduling.reasons import PendingReason
-from jobs.scheduling.eta import releases_of
 from jobs.scheduling.snapshot import JobRequest, RunningJob
 
 

@@ -14,8 +14,8 @@ keeps its expected end (in the past: any moment), so that holds for those too.
 from __future__ import annotations
 
 from bisect import bisect_left
-from itertools import accumulate
 from collections.abc import Sequence
+from itertools import accumulate
 from operator import itemgetter
 
 from jobs.scheduling.snapshot import WHOLE_GPU_MILLI, RunningJob

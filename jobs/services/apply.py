@@ -391,7 +391,7 @@ def _store_pending_reasons(decisions: Decisions, queue: Queue, now: float) -> No
     settled = _settled
     found = None
     if settled is not None and _store_holds(settled, queue):
-        found = _moved_since(settled, waiting, decisions.told_at, now)
+        found = _moved_since(settled, waiting, decisions.told_at)
     look = None  # (every verdict)
     kept: dict[int, int] = {}
     if found is not None:
@@ -431,8 +431,7 @@ def _store_holds(settled: _Settled, queue: Queue) -> bool:
             and queue.pending.isdisjoint(delta[1]))
 
 
-def _moved_since(settled: _Settled, waiting: tuple, told_at: tuple,
-                 now: float) -> tuple[list[int], dict[int, int]] | None:
+def _moved_since(settled: _Settled, waiting: tuple, told_at: tuple) -> tuple[list[int], dict[int, int]] | None:
     """Against a store ``settled`` (the last cycle's verdicts, which the store holds), the
     positions among ``waiting`` to compare with the store again, and position -> rounded ETA of
     those with an ETA that still match it; None where the core's hints do not fit the last
